@@ -1,0 +1,30 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both create .venv and install SkyFed
+# with the pinned constraints on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.skyfed-installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test bench lint clean
+
+$(STAMP): setup.cfg pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,broker]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m skyfed demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,1 @@
+"""The edge daemon: config, round state machine, local trainers, durable progress."""

@@ -1,0 +1,88 @@
+"""``agent.toml``: what one edge agent needs, checked completely at start.
+
+Example: ``deploy/examples/agent.toml``. Relative paths are relative to the config file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
+from protocol.mqtt import BrokerSettings
+from protocol.topics import check_level
+
+
+@dataclass(frozen=True)
+class AgentSection:
+    id: str
+    federation: str
+    state_dir: str
+    data: str
+    seed: int = 0
+    status_interval_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class KeysSection:
+    identity: str
+    server: str
+
+
+@dataclass(frozen=True)
+class TrainingSection:
+    device: str = "auto"
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f'training.device must be "auto", "cpu" or "cuda", got {self.device!r}')
+        if self.threads < 0:
+            raise ValueError(f"training.threads must be >= 0 (0 = PyTorch's default), got {self.threads}")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    path: Path
+    agent: AgentSection
+    broker: BrokerSettings
+    keys: KeysSection
+    training: TrainingSection = field(default_factory=TrainingSection)
+
+    @property
+    def state_dir(self) -> Path:
+        return (self.path.parent / self.agent.state_dir).resolve()
+
+    @property
+    def data_path(self) -> Path:
+        return existing_path(self.path, "agent.data", self.agent.data, "training data")
+
+    @property
+    def identity_path(self) -> Path:
+        return existing_path(self.path, "keys.identity", self.keys.identity, "agent key file")
+
+    @property
+    def server_key_path(self) -> Path:
+        return existing_path(self.path, "keys.server", self.keys.server, "server public key")
+
+
+def load_agent_config(path: Path) -> AgentConfig:
+    """Parse and check ``agent.toml``; raise ``ConfigError`` naming the key and the fix."""
+    data = read_toml(path)
+    check_tables(path, data, {"agent", "broker", "keys", "training"})
+    try:
+        config = AgentConfig(
+            path=path,
+            agent=table(path, data, "agent", AgentSection),
+            broker=broker_settings(path, data),
+            keys=table(path, data, "keys", KeysSection),
+            training=table(path, data, "training", TrainingSection, required=False),
+        )
+        check_level("agent.id", config.agent.id)
+        check_level("agent.federation", config.agent.federation)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    config.data_path, config.identity_path, config.server_key_path  # noqa: B018 - fail now, not mid-run
+    return config

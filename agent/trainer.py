@@ -1,0 +1,56 @@
+"""Local trainers: the plug-in point between a round task and a model update.
+
+A trainer gets the global weights (named arrays) and the round's settings and returns new weights
+plus what the server weighs them by. ``ClassifierTrainer`` covers the PyTorch CNNs and MLPs; an
+Ultralytics YOLO trainer will implement the same ``Trainer`` protocol.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from models.datasets import Dataset
+from models.training import train_sgd
+from models.weights import NamedArrays, load_arrays, to_arrays
+from models.zoo import build_model
+from protocol.messages import RoundTask
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    arrays: NamedArrays
+    samples: int
+    loss: float
+
+
+class Trainer(Protocol):
+    def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult: ...
+
+
+class ClassifierTrainer:
+    """SGD with momentum on this agent's dataset, with the round's epochs, batch size and learning rate."""
+
+    def __init__(self, data: Dataset, *, device: torch.device, agent_id: str, seed: int = 0) -> None:
+        self.data = data
+        self.device = device
+        self.seed_base = seed * 1_000_003 + zlib.crc32(agent_id.encode())
+
+    def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
+        model = build_model(task.model, num_classes=task.num_classes)
+        load_arrays(model, global_arrays)
+        torch.manual_seed(self.seed_base + task.round)
+        outcome = train_sgd(
+            model,
+            self.data,
+            epochs=task.train.epochs,
+            batch_size=task.train.batch_size,
+            lr=task.train.lr,
+            momentum=task.train.momentum,
+            seed=self.seed_base + task.round,
+            device=self.device,
+        )
+        return TrainResult(arrays=to_arrays(model), samples=outcome.samples, loss=outcome.loss)

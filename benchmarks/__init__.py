@@ -1,0 +1,1 @@
+"""Performance benchmarks with their targets (``make bench``); each reports a ratio to a same-run baseline."""

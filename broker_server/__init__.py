@@ -1,0 +1,1 @@
+"""The aggregator daemon: agent registry, round engine, strategies, checkpoints, monitor."""

@@ -1,0 +1,50 @@
+"""``skyfed server run --config server.toml`` and ``skyfed monitor``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from protocol.config import ConfigError
+
+
+def run_server(args: argparse.Namespace) -> int:
+    from broker_server.config import load_server_config
+    from broker_server.daemon import Aggregator
+    from skyfed import stop_on_signals
+
+    try:
+        config = load_server_config(Path(args.config))
+        aggregator = Aggregator(config)
+    except (ConfigError, ValueError, OSError) as exc:
+        logging.getLogger("skyfed.server").error("cannot start: %s", exc)
+        print(f"skyfed server: {exc}", file=sys.stderr)
+        return 2
+    aggregator.run(stop_on_signals(), exit_when_finished=not args.keep_running)
+    return 0
+
+
+def run_monitor(args: argparse.Namespace) -> int:
+    from broker_server.monitor import monitor
+    from protocol.mqtt import BrokerSettings
+
+    return monitor(BrokerSettings.from_address(args.broker), args.federation, once=args.once, timeout_s=args.timeout)
+
+
+def add_server_commands(commands: argparse._SubParsersAction) -> None:
+    server = commands.add_parser("server", help="the aggregator daemon").add_subparsers(dest="action", required=True)
+    run = server.add_parser("run", help="run the aggregator (systemd runs this)")
+    run.add_argument("--config", required=True, help="path to server.toml")
+    run.add_argument("--keep-running", action="store_true", help="stay up after server.rounds are done (serve status)")
+    run.set_defaults(handler=run_server)
+
+
+def add_monitor_command(commands: argparse._SubParsersAction) -> None:
+    mon = commands.add_parser("monitor", help="live view of server and agents from the status topics")
+    mon.add_argument("--broker", default="127.0.0.1:1883", help="HOST:PORT of the MQTT broker")
+    mon.add_argument("--federation", default="demo")
+    mon.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    mon.add_argument("--timeout", type=float, default=3.0, help="with --once: seconds to collect status")
+    mon.set_defaults(handler=run_monitor)

@@ -1,0 +1,123 @@
+"""``server.toml``: what the aggregator needs, checked completely at start.
+
+Example: ``deploy/examples/server.toml``. Relative paths are relative to the config file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from broker_server.rounds import RoundRules
+from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
+from protocol.messages import TrainSettings
+from protocol.mqtt import BrokerSettings
+from protocol.topics import check_level
+from protocol.transfer import TransferLimits
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    federation: str
+    state_dir: str
+    model: str = "digits_cnn"
+    num_classes: int = 10
+    rounds: int = 0
+    eval_data: str | None = None
+    seed: int = 0
+    status_interval_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class KeysSection:
+    identity: str
+    enrolled: str
+
+
+@dataclass(frozen=True)
+class StrategySection:
+    name: str = "fedavg"
+    weighting: str = "samples"
+    max_update_norm: float = 0.0
+
+
+@dataclass(frozen=True)
+class LimitsSection:
+    max_transfer_mb: float = 512.0
+    max_chunks: int = 1024
+    max_partial_per_agent: int = 2
+    partial_timeout_s: float = 120.0
+
+    def to_limits(self) -> TransferLimits:
+        return TransferLimits(
+            max_bytes=int(self.max_transfer_mb * (1 << 20)),
+            max_chunks=self.max_chunks,
+            max_partial_per_sender=self.max_partial_per_agent,
+            partial_timeout_s=self.partial_timeout_s,
+        )
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    path: Path
+    server: ServerSection
+    broker: BrokerSettings
+    keys: KeysSection
+    rounds: RoundRules = field(default_factory=RoundRules)
+    training: TrainSettings = field(default_factory=TrainSettings)
+    strategy: StrategySection = field(default_factory=StrategySection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
+
+    @property
+    def state_dir(self) -> Path:
+        return (self.path.parent / self.server.state_dir).resolve()
+
+    @property
+    def identity_path(self) -> Path:
+        return existing_path(self.path, "keys.identity", self.keys.identity, "server key file")
+
+    @property
+    def enrolled_dir(self) -> Path:
+        return existing_path(self.path, "keys.enrolled", self.keys.enrolled, "enrolled-agents folder")
+
+    @property
+    def eval_path(self) -> Path | None:
+        if self.server.eval_data is None:
+            return None
+        return existing_path(self.path, "server.eval_data", self.server.eval_data, "evaluation data")
+
+
+def load_server_config(path: Path) -> ServerConfig:
+    """Parse and check ``server.toml``; raise ``ConfigError`` naming the key and the fix."""
+    from broker_server.strategies import STRATEGIES
+    from models.zoo import MODELS
+
+    data = read_toml(path)
+    check_tables(path, data, {"server", "broker", "keys", "rounds", "training", "strategy", "limits"})
+    try:
+        config = ServerConfig(
+            path=path,
+            server=table(path, data, "server", ServerSection),
+            broker=broker_settings(path, data),
+            keys=table(path, data, "keys", KeysSection),
+            rounds=table(path, data, "rounds", RoundRules, required=False),
+            training=table(path, data, "training", TrainSettings, required=False),
+            strategy=table(path, data, "strategy", StrategySection, required=False),
+            limits=table(path, data, "limits", LimitsSection, required=False),
+        )
+        check_level("server.federation", config.server.federation)
+        config.limits.to_limits()
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if config.server.model not in MODELS:
+        raise ConfigError(f"{path}: server.model {config.server.model!r} is unknown; choose one of {sorted(MODELS)}")
+    if config.strategy.name not in STRATEGIES:
+        raise ConfigError(
+            f"{path}: strategy.name {config.strategy.name!r} is unknown; choose one of {sorted(STRATEGIES)}"
+        )
+    if config.server.rounds < 0:
+        raise ConfigError(f"{path}: server.rounds must be >= 0 (0 = run forever), got {config.server.rounds}")
+    config.identity_path, config.enrolled_dir, config.eval_path  # noqa: B018 - fail now, not mid-run
+    return config

@@ -1,0 +1,75 @@
+"""The round engine: selection, quorum and deadline, as pure bookkeeping (no I/O, injectable clock).
+
+ARCHITECTURE.md, round lifecycle: select agents (fraction, minimum), announce, accept updates, and
+close when every selected agent has reported, or when the deadline passed with the quorum met. A
+deadline without quorum re-announces the same round (``attempt`` + 1) to the agents still pending.
+The daemon turns these decisions into MQTT messages; this module can be tested without a broker.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class RoundRules:
+    """From ``[rounds]`` in server.toml."""
+
+    fraction: float = 1.0
+    min_agents: int = 2
+    quorum: int = 2
+    deadline_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"rounds.fraction must be in (0, 1], got {self.fraction}")
+        if self.min_agents < 1:
+            raise ValueError(f"rounds.min_agents must be >= 1, got {self.min_agents}")
+        if not 1 <= self.quorum <= self.min_agents:
+            raise ValueError(
+                f"rounds.quorum must be between 1 and rounds.min_agents ({self.min_agents}), got {self.quorum}"
+            )
+        if self.deadline_s <= 0:
+            raise ValueError(f"rounds.deadline_s must be > 0, got {self.deadline_s}")
+
+
+def select_agents(eligible: list[str], rules: RoundRules, seed: int) -> list[str]:
+    """max(min_agents, ceil(fraction * eligible)) agents drawn without replacement, reproducibly."""
+    count = min(len(eligible), max(rules.min_agents, math.ceil(rules.fraction * len(eligible))))
+    return sorted(random.Random(seed).sample(sorted(eligible), count))
+
+
+@dataclass
+class RoundState:
+    """One round in progress; serializable for the checkpoint."""
+
+    round: int
+    attempt: int
+    selected: list[str]
+    deadline: float
+    started_at: float
+    accepted: list[str] = field(default_factory=list)
+    rejected: list[dict[str, str]] = field(default_factory=list)
+    bytes_up: int = 0
+
+    @property
+    def pending(self) -> list[str]:
+        return [a for a in self.selected if a not in self.accepted]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RoundState:
+        return cls(**data)
+
+
+def decide(state: RoundState, rules: RoundRules, now: float) -> str:
+    """``"wait"``, ``"close"`` or ``"reannounce"`` for the round in progress."""
+    if not state.pending:
+        return "close"
+    if now < state.deadline:
+        return "wait"
+    return "close" if len(state.accepted) >= rules.quorum else "reannounce"

@@ -1,0 +1,66 @@
+"""Local training and evaluation loops for classifiers (shared by the agent's trainer and the server).
+
+Plain PyTorch: SGD with momentum over mini-batches, cross-entropy loss. Runs on CUDA when present and
+on the CPU otherwise. The YOLO trainer (Ultralytics) will be a separate plug-in with its own loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models.datasets import Dataset, to_loader
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    samples: int
+    loss: float
+
+
+def train_sgd(
+    model: nn.Module,
+    data: Dataset,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    momentum: float,
+    seed: int,
+    device: torch.device,
+) -> TrainOutcome:
+    """Train ``model`` in place; return the sample count and the mean loss of the last epoch."""
+    model.to(device).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    loss_fn = nn.CrossEntropyLoss()
+    loader = to_loader(data, batch_size=batch_size, shuffle=True, seed=seed)
+    last_loss = float("nan")
+    for _ in range(epochs):
+        total, seen = 0.0, 0
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            total += float(loss) * len(y)
+            seen += len(y)
+        last_loss = total / max(seen, 1)
+    return TrainOutcome(samples=len(data), loss=last_loss)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Dataset, device: torch.device, batch_size: int = 1024) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of ``model`` on ``data``."""
+    model.to(device).eval()
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    correct, total_loss = 0, 0.0
+    for x, y in to_loader(data, batch_size=batch_size, shuffle=False, seed=0):
+        x, y = x.to(device), y.to(device)
+        logits = model(x)
+        total_loss += float(loss_fn(logits, y))
+        correct += int((logits.argmax(dim=1) == y).sum())
+    n = max(len(data), 1)
+    return {"accuracy": correct / n, "loss": total_loss / n}

@@ -1,0 +1,197 @@
+"""Versioned JSON messages: round tasks, status and metrics (ARCHITECTURE.md, "MQTT topics").
+
+These payloads are meant to be read by people (``mosquitto_sub -v -t 'skyfed/#'``) and by dashboards,
+so they are plain JSON with a ``schema`` field such as ``"skyfed.agent-status/1"``. A reader accepts
+its own major version and ignores fields it does not know, so a newer sender can add fields without
+breaking older readers. Model bytes never travel here: they go through ``protocol.transfer``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+from protocol.typed import SchemaError, build
+
+MAX_JSON_BYTES = 256 * 1024
+
+M = TypeVar("M", bound="Message")
+
+
+class MessageError(ValueError):
+    """A JSON message that is not valid for its schema; ``str()`` says why."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of every JSON message: ``to_json``/``from_json`` with schema and type checks.
+
+    Nested messages (no ``SCHEMA`` of their own) are parsed from their JSON objects.
+    """
+
+    SCHEMA: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        body = asdict(self)
+        if self.SCHEMA:
+            body = {"schema": self.SCHEMA, **body}
+        return body
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False).encode()
+
+    @classmethod
+    def from_dict(cls: type[M], data: Any) -> M:
+        if not isinstance(data, dict):
+            raise MessageError(f"{cls.__name__} must be a JSON object")
+        if cls.SCHEMA:
+            schema = data.get("schema")
+            expected_name, expected_major = cls.SCHEMA.rsplit("/", 1)
+            if not isinstance(schema, str) or schema.rsplit("/", 1)[0] != expected_name:
+                raise MessageError(f"expected schema {cls.SCHEMA!r}, got {schema!r}")
+            if schema.rsplit("/", 1)[1].split(".")[0] != expected_major:
+                raise MessageError(f"unsupported version {schema!r}; this reader speaks {cls.SCHEMA!r}")
+        try:
+            return build(cls, data, where=cls.__name__, strict=False)
+        except SchemaError as exc:
+            raise MessageError(str(exc)) from None
+
+    @classmethod
+    def from_json(cls: type[M], payload: bytes | str) -> M:
+        if len(payload) > MAX_JSON_BYTES:
+            raise MessageError(f"message of {len(payload)} bytes exceeds {MAX_JSON_BYTES}")
+        try:
+            data = json.loads(payload)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise MessageError(f"not JSON: {exc}") from None
+        return cls.from_dict(data)
+
+
+@dataclass(frozen=True)
+class TrainSettings(Message):
+    """Local training settings the server sends with each round (agents need no copy of them)."""
+
+    epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+
+
+@dataclass(frozen=True)
+class RoundTask(Message):
+    """What the server asks of the selected agents; published retained on ``round``, signed.
+
+    ``attempt`` grows when the server re-announces the same round (deadline passed without quorum, or
+    the server restarted mid-round); ``pending`` lists the selected agents whose update it still lacks,
+    so an agent that already trained this round re-sends its stored update instead of training again.
+    """
+
+    SCHEMA: ClassVar[str] = "skyfed.round/1"
+    federation: str
+    round: int
+    attempt: int
+    strategy: str
+    model: str
+    num_classes: int
+    model_version: int
+    model_sha256: str
+    model_chunks: int
+    group_key_id: str
+    selected: list[str]
+    pending: list[str]
+    deadline: float
+    issued_at: float
+    train: TrainSettings = field(default_factory=TrainSettings)
+
+
+@dataclass(frozen=True)
+class Gate(Message):
+    """Whether an agent may train now, and if not, why (battery, charging, armed, temperature)."""
+
+    ok: bool = True
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AgentStatus(Message):
+    """Retained on ``agent/<id>/status``; the agent's LWT publishes ``state="offline"`` here."""
+
+    SCHEMA: ClassVar[str] = "skyfed.agent-status/1"
+    agent: str
+    state: str
+    round: int
+    samples: int
+    version: int
+    updated_at: float
+    gate: Gate = field(default_factory=Gate)
+    group_key_id: str = ""
+    last_completed_round: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ServerStatus(Message):
+    """Retained on ``server/status``; the server's LWT publishes ``state="offline"`` here."""
+
+    SCHEMA: ClassVar[str] = "skyfed.server-status/1"
+    state: str
+    federation: str
+    round: int
+    phase: str
+    strategy: str
+    model_version: int
+    agents_online: int
+    updated_at: float
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Rejection(Message):
+    agent: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RoundMetrics(Message):
+    """One per finished round on ``server/metrics`` (not retained) and in ``metrics.jsonl``."""
+
+    SCHEMA: ClassVar[str] = "skyfed.metrics/1"
+    round: int
+    strategy: str
+    participants: list[str]
+    accepted: list[str]
+    rejected: list[Rejection]
+    duration_s: float
+    aggregate_s: float
+    bytes_up: int
+    bytes_down: int
+    eval: dict
+    model_version: int
+    finished_at: float
+
+
+def offline_status_json(kind: type[AgentStatus] | type[ServerStatus], **ids: Any) -> bytes:
+    """The LWT payload: a status whose state is ``offline`` (what subscribers see after a crash)."""
+    if kind is AgentStatus:
+        msg: Message = AgentStatus(
+            agent=ids["agent"],
+            state="offline",
+            round=0,
+            samples=0,
+            version=0,
+            updated_at=time.time(),
+        )
+    else:
+        msg = ServerStatus(
+            state="offline",
+            federation=ids["federation"],
+            round=0,
+            phase="offline",
+            strategy="",
+            model_version=0,
+            agents_online=0,
+            updated_at=time.time(),
+        )
+    return msg.to_json()

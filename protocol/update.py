@@ -1,0 +1,59 @@
+"""What travels inside a sealed update besides the tensors: the ``UpdateMeta`` header.
+
+An update's plaintext is a safetensors buffer (never pickle) of float32 deltas over the global model's
+floating tensors; its ``__metadata__`` (string to string, as safetensors requires) carries this
+header. ``codec`` and ``weight`` are here from the start so compressed updates and other weightings
+(objects for YOLO) fit later without a format change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+FORMAT = "skyfed.update/1"
+
+
+class UpdateMetaError(ValueError):
+    """The update header is missing, of another format, or has a bad value."""
+
+
+@dataclass(frozen=True)
+class UpdateMeta:
+    round: int
+    base_version: int
+    samples: int
+    loss: float
+    codec: str = "none"
+
+    def to_metadata(self) -> dict[str, str]:
+        return {
+            "format": FORMAT,
+            "round": str(self.round),
+            "base_version": str(self.base_version),
+            "samples": str(self.samples),
+            "loss": repr(float(self.loss)),
+            "codec": self.codec,
+        }
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, str]) -> UpdateMeta:
+        if metadata.get("format") != FORMAT:
+            raise UpdateMetaError(f"bad-format: expected {FORMAT}, got {metadata.get('format')!r}")
+        try:
+            meta = cls(
+                round=int(metadata["round"]),
+                base_version=int(metadata["base_version"]),
+                samples=int(metadata["samples"]),
+                loss=float(metadata["loss"]),
+                codec=metadata.get("codec", "none"),
+            )
+        except (KeyError, ValueError) as exc:
+            raise UpdateMetaError(f"bad-metadata: {exc}") from None
+        if meta.samples <= 0:
+            raise UpdateMetaError(f"bad-samples: {meta.samples}")
+        if not math.isfinite(meta.loss):
+            raise UpdateMetaError("non-finite-loss")
+        if meta.codec != "none":
+            raise UpdateMetaError(f"unsupported-codec: {meta.codec}")
+        return meta

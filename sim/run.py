@@ -1,0 +1,123 @@
+"""Run a whole federation locally: a broker, the aggregator and N agents as separate processes.
+
+The processes are the real daemons (``skyfed server run``, ``skyfed agent run``) on the generated
+configs, talking over a real MQTT broker; this module only starts them, prints one line per round
+from the public ``server/metrics`` topic, and collects the results into ``--out``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.messages import MessageError, RoundMetrics
+from protocol.mqtt import BrokerSettings, MqttClient
+from protocol.topics import Topics
+from sim.broker import start_broker
+from sim.federation import SimSettings, agent_names, create_federation, describe_partition
+from sim.plots import plot_curves
+
+
+@dataclass(frozen=True)
+class SimResult:
+    out: Path
+    metrics: list[RoundMetrics]
+    seconds: float
+
+
+def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
+    log_file = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "skyfed", *args],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+
+
+def _terminate(processes: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
+    for proc in processes:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for proc in processes:
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def format_round(m: RoundMetrics, elapsed_s: float) -> str:
+    acc = m.eval.get("accuracy")
+    loss = m.eval.get("loss")
+    return (
+        f"round {m.round:3d}  accuracy {acc if acc is None else f'{acc:.4f}'}  "
+        f"loss {loss if loss is None else f'{loss:.4f}'}  participants {len(m.accepted)}/{len(m.participants)}  "
+        f"rejected {len(m.rejected)}  round_s {m.duration_s:6.2f}  elapsed_s {elapsed_s:6.1f}  "
+        f"MB up {m.bytes_up / 1e6:.2f}  MB down {m.bytes_down / 1e6:.2f}"
+    )
+
+
+def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = None, echo=print) -> SimResult:  # noqa: ANN001
+    """Run the federation to completion and leave metrics.jsonl, curves.png and the model in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="skyfed-sim-", dir=out))
+    started = time.monotonic()
+    with ExitStack() as stack:
+        if broker_address is None:
+            broker = stack.enter_context(start_broker(data_dir=work / "broker"))
+            host, port = broker.host, broker.port
+            echo(f"broker: {broker.kind} on {broker.address} (started for this run)")
+        else:
+            settings_b = BrokerSettings.from_address(broker_address)
+            host, port = settings_b.host, settings_b.port
+            echo(f"broker: {broker_address} (given)")
+        layout = create_federation(work, settings, (host, port))
+        for line in describe_partition(layout.label_histogram, agent_names(settings.agents)):
+            echo(f"  {line}")
+        topics = Topics(settings.federation)
+        watcher = MqttClient(f"sim-{uuid.uuid4().hex[:8]}", BrokerSettings(host=host, port=port), persistent=False)
+        watcher.subscribe(topics.server_metrics)
+        if not watcher.start(timeout_s=10):
+            raise RuntimeError(f"cannot connect to the broker at {host}:{port}")
+        stack.callback(watcher.stop)
+        logs = work / "logs"
+        logs.mkdir()
+        server = _spawn(["server", "run", "--config", str(layout.server_config)], logs / "server.log")
+        agents = [
+            _spawn(["agent", "run", "--config", str(path)], logs / f"{name}.log")
+            for name, path in layout.agent_configs.items()
+        ]
+        stack.callback(_terminate, [server, *agents])
+        metrics: list[RoundMetrics] = []
+        deadline = time.monotonic() + settings.rounds * (settings.deadline_s * 3) + 120
+        while server.poll() is None and time.monotonic() < deadline:
+            message = watcher.poll(0.2)
+            if message is None:
+                continue
+            try:
+                m = RoundMetrics.from_json(message[1])
+            except MessageError:
+                continue
+            metrics.append(m)
+            echo(format_round(m, time.monotonic() - started))
+        if server.poll() is None or server.returncode != 0:
+            tail = (logs / "server.log").read_text()[-3000:]
+            raise RuntimeError(f"the server did not finish cleanly (logs in {logs}):\n{tail}")
+    state = work / "server" / "state"
+    shutil.copy(state / "metrics.jsonl", out / "metrics.jsonl")
+    shutil.copy(state / "global_model.safetensors", out / "global_model.safetensors")
+    plot_curves(out / "metrics.jsonl", out / "curves.png")
+    return SimResult(out=out, metrics=metrics, seconds=time.monotonic() - started)

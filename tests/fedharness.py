@@ -1,0 +1,143 @@
+"""Test helpers: a real aggregator (in a thread) on a real broker, driven by test-controlled agents.
+
+The test plays the agents itself with real keys and real sealed transfers, so it knows exactly which
+updates are valid and can check the resulting global model against a direct numpy computation.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+from broker_server.config import load_server_config
+from broker_server.daemon import Aggregator
+from models.serialization import dumps, load_file
+from models.weights import delta as weights_delta
+from models.weights import float_part
+from protocol.messages import AgentStatus, RoundMetrics, RoundTask
+from protocol.mqtt import BrokerSettings, MqttClient
+from protocol.topics import Topics
+from protocol.update import UpdateMeta
+from security.envelope import seal
+from security.keys import Identity
+from sim.federation import SimSettings, create_federation, write_toml
+
+
+def wait_until(predicate, timeout_s: float = 20.0, what: str = "condition"):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def override_toml(path: Path, **tables: dict) -> None:
+    data = tomllib.loads(path.read_text())
+    for name, values in tables.items():
+        data.setdefault(name, {}).update(values)
+    write_toml(path, data)
+
+
+class ServerHarness:
+    """An Aggregator thread plus a driver MQTT client that plays the agents."""
+
+    def __init__(self, root: Path, broker, *, agents: int = 2, rounds: int = 1, **overrides: dict) -> None:  # noqa: ANN001
+        settings = SimSettings(agents=agents, rounds=rounds, federation="t", deadline_s=30.0)
+        self.layout = create_federation(root, settings, (broker.host, broker.port))
+        override_toml(self.layout.server_config, rounds={"quorum": agents}, **overrides)
+        self.config = load_server_config(self.layout.server_config)
+        self.server = Aggregator(self.config)
+        self.initial = {k: v.copy() for k, v in self.server.global_arrays.items()}
+        self.topics = Topics("t")
+        self.agents = {name: Identity.load(root / name / f"{name}.key") for name in self.layout.agent_configs}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.server.run, args=(self.stop,), daemon=True)
+        self.metrics: list[RoundMetrics] = []
+        self.tasks: list[RoundTask] = []
+        self.driver = MqttClient("test-driver", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+        self.driver.subscribe(self.topics.server_metrics)
+        self.driver.subscribe(self.topics.round)
+        self._listen = threading.Thread(target=self._collect, daemon=True)
+
+    def __enter__(self) -> ServerHarness:
+        assert self.driver.start(timeout_s=10)
+        self._listen.start()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(15)
+        self.driver.stop()
+
+    def _collect(self) -> None:
+        while not self.stop.is_set():
+            message = self.driver.poll(0.05)
+            if message is None:
+                continue
+            topic, payload = message
+            if topic == self.topics.server_metrics:
+                self.metrics.append(RoundMetrics.from_json(payload))
+            elif topic == self.topics.round and payload:
+                self.tasks.append(RoundTask.from_dict(json.loads(payload)["body"]))
+
+    # playing the agents ----------------------------------------------------------------------------
+    def announce_agents(self) -> RoundTask:
+        for name in self.agents:
+            status = AgentStatus(
+                agent=name, state="idle", round=0, samples=100, version=1, updated_at=time.time(),
+                group_key_id=self.server.group_key.key_id,
+            )
+            self.driver.publish(self.topics.agent_status(name), status.to_json(), retain=True)
+        return wait_until(lambda: self.tasks and self.tasks[-1], what="a round task")
+
+    def update_bytes(self, delta: dict[str, np.ndarray], *, round_number: int = 1, samples: int = 100) -> bytes:
+        meta = UpdateMeta(round=round_number, base_version=self.server.version, samples=samples, loss=0.5)
+        return dumps(delta, metadata=meta.to_metadata())
+
+    def random_delta(self, seed: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(seed)
+        floats = float_part(self.initial)
+        local = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in floats.items()}
+        return weights_delta(local, floats)
+
+    def sealed(self, sender: Identity, data: bytes, *, federation: str = "t", round_number: int = 1,
+               chunk_size: int = 1 << 20) -> list[bytes]:
+        _, chunks = seal(
+            data, sender=sender, federation=federation, kind="update", round=round_number,
+            recipient=self.server.identity.public, chunk_size=chunk_size,
+        )
+        return chunks
+
+    def publish_update(self, agent: str, chunks: list[bytes]) -> None:
+        infos = self.driver.publish_all((self.topics.agent_update(agent), c) for c in chunks)
+        assert MqttClient.wait_published(infos, 10)
+
+    def wait_rejection(self, reason: str) -> None:
+        wait_until(lambda: self.server.rejections.get(reason, 0) > 0, what=f"rejection {reason!r}")
+
+    def wait_metrics(self, count: int = 1) -> RoundMetrics:
+        return wait_until(lambda: len(self.metrics) >= count and self.metrics[count - 1], what="round metrics")
+
+    def final_model(self) -> dict[str, np.ndarray]:
+        self.thread.join(15)
+        arrays, _ = load_file(self.config.state_dir / "global_model.safetensors")
+        return arrays
+
+    def expected_model(self, deltas: list[dict[str, np.ndarray]], samples: list[int]) -> dict[str, np.ndarray]:
+        total = sum(samples)
+        out = {}
+        for name, value in self.initial.items():
+            if np.issubdtype(value.dtype, np.floating):
+                avg = sum(n * d[name].astype(np.float64) for n, d in zip(samples, deltas, strict=True)) / total
+                out[name] = (value + avg).astype(value.dtype)
+            else:
+                out[name] = value
+        return out

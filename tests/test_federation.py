@@ -1,0 +1,212 @@
+"""End to end over a real mosquitto: real agents (threads), a real aggregator, real training.
+
+Covers: accuracy rises over rounds; nothing readable but JSON status on the wire and no run of the
+model's float32 bytes in any payload; a broker restart and a ``kill -9`` of the server mid-round,
+both finishing the run with no accepted update lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import paho.mqtt.client as paho
+import pytest
+
+from agent.config import load_agent_config
+from agent.daemon import EdgeAgent
+from agent.trainer import ClassifierTrainer
+from broker_server.config import load_server_config
+from broker_server.daemon import Aggregator
+from models.datasets import load_dataset
+from models.serialization import load_file, loads
+from models.training import evaluate
+from models.weights import float_part, load_arrays
+from models.zoo import build_model
+from protocol.messages import RoundMetrics
+from sim.federation import SimSettings, create_federation
+from tests.fedharness import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Federation:
+    """Agents as threads in this process; the server either as a thread or as a subprocess."""
+
+    def __init__(self, tmp_path: Path, broker, *, rounds: int, agents: int = 3, epochs: int = 1,  # noqa: ANN001
+                 partition: str = "iid") -> None:
+        settings = SimSettings(agents=agents, rounds=rounds, partition=partition, epochs=epochs, federation="it",
+                               deadline_s=60.0)
+        self.layout = create_federation(tmp_path, settings, (broker.host, broker.port))
+        self.server_state = self.layout.server_config.parent / "state"
+        self.stop = threading.Event()
+        self.agents = [EdgeAgent(load_agent_config(p)) for p in self.layout.agent_configs.values()]
+        self.threads = [threading.Thread(target=a.run, args=(self.stop,), daemon=True) for a in self.agents]
+
+    def start_agents(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(10)
+
+    def metrics(self) -> list[RoundMetrics]:
+        path = self.server_state / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [RoundMetrics.from_json(line) for line in path.read_text().splitlines() if line]
+
+
+class Sniffer:
+    """A raw paho subscriber on ``skyfed/#`` that keeps every payload it sees."""
+
+    def __init__(self, broker) -> None:  # noqa: ANN001
+        self.payloads: list[tuple[str, bytes]] = []
+        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="sniffer")
+        self.client.on_connect = lambda c, *_: c.subscribe("skyfed/#", qos=1)
+        self.client.on_message = lambda c, u, m: self.payloads.append((m.topic, m.payload))
+        self.client.connect(broker.host, broker.port)
+        self.client.loop_start()
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def _float_windows(arrays: dict[str, np.ndarray], width: int = 16) -> set[bytes]:
+    """Every 4-byte-aligned run of ``width`` bytes of the model's floating tensors."""
+    windows = set()
+    for value in float_part(arrays).values():
+        raw = np.ascontiguousarray(value, dtype=np.float32).tobytes()
+        windows.update(raw[i : i + width] for i in range(0, len(raw) - width + 1, 4))
+    windows.discard(bytes(width))  # an all-zero run (e.g. fresh BatchNorm) says nothing
+    return windows
+
+
+def _leaks(payload: bytes, windows: set[bytes], width: int = 16) -> bool:
+    return any(payload[i : i + width] in windows for i in range(len(payload) - width + 1))
+
+
+def test_three_agents_three_rounds_accuracy_rises_and_wire_carries_no_plaintext(tmp_path, broker):
+    fed = Federation(tmp_path, broker, rounds=3)
+    sniffer = Sniffer(broker)
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    test_data = load_dataset(fed.layout.server_config.parent / "test.npz")
+    model = build_model("digits_cnn")
+    load_arrays(model, server.global_arrays)
+    initial_accuracy = evaluate(model, test_data, server.device)["accuracy"]
+    model_snapshots = [dict(server.global_arrays)]
+    server_thread = threading.Thread(target=server.run, daemon=True)
+    server_thread.start()
+    fed.start_agents()
+    try:
+        server_thread.join(120)
+        assert not server_thread.is_alive(), "the federation did not finish 3 rounds in 120 s"
+    finally:
+        fed.close()
+        time.sleep(0.3)
+        sniffer.close()
+    metrics = fed.metrics()
+    accuracies = [m.eval["accuracy"] for m in metrics]
+    assert [m.round for m in metrics] == [1, 2, 3]
+    assert all(sorted(m.accepted) == sorted(m.participants) for m in metrics) and not any(m.rejected for m in metrics)
+    assert accuracies[-1] > initial_accuracy + 0.3, (initial_accuracy, accuracies)
+    assert accuracies[-1] >= accuracies[0]
+
+    final, _ = load_file(fed.server_state / "global_model.safetensors")
+    model_snapshots.append(final)
+    for agent in fed.agents:  # each agent's last (plaintext) update, as kept on its own disk
+        model_snapshots.append(loads(agent.store.stored_update(3))[0])
+    windows = set().union(*(_float_windows(s) for s in model_snapshots))
+    assert len(windows) > 10_000
+    binary = [(t, p) for t, p in sniffer.payloads if p and not t.endswith(("/status", "/metrics", "/round"))]
+    assert binary, "no model or update traffic was captured"
+    for topic, payload in sniffer.payloads:
+        if topic.endswith(("/status", "/metrics", "/round")) and payload:
+            json.loads(payload)  # readable JSON, by design
+        elif payload:
+            assert payload[:3] == b"SKF", topic
+            assert not _leaks(payload, windows), f"plaintext model bytes on {topic}"
+
+
+def test_broker_restart_mid_round_finishes_with_no_accepted_update_lost(tmp_path, broker):
+    fed = Federation(tmp_path, broker, rounds=3, epochs=3)
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    server_thread = threading.Thread(target=server.run, daemon=True)
+    server_thread.start()
+    fed.start_agents()
+    try:
+        wait_until(lambda: server.round_state is not None and server.round_state.round == 2, 60, "round 2")
+        broker.restart()
+        server_thread.join(150)
+        assert not server_thread.is_alive(), "the federation did not finish after the broker restart"
+    finally:
+        fed.close()
+    metrics = fed.metrics()
+    assert [m.round for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        assert sorted(m.accepted) == sorted(m.participants), m
+
+
+class SlowInRound:
+    """A real trainer that starts late in one round, so the test can act while that round is open."""
+
+    def __init__(self, inner: ClassifierTrainer, round_number: int, delay_s: float) -> None:
+        self.inner, self.round_number, self.delay_s = inner, round_number, delay_s
+
+    def train(self, global_arrays, task):  # noqa: ANN001, ANN201
+        if task.round == self.round_number:
+            time.sleep(self.delay_s)
+        return self.inner.train(global_arrays, task)
+
+
+def _start_server_process(config: Path, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "skyfed", "server", "run", "--config", str(config)],
+        stdout=open(log, "ab"), stderr=subprocess.STDOUT, cwd=ROOT,  # noqa: SIM115
+    )
+
+
+@pytest.mark.timeout(240)
+def test_server_kill_9_mid_round_resumes_with_no_accepted_update_lost(tmp_path, broker):
+    fed = Federation(tmp_path, broker, rounds=3)
+    slow = fed.agents[0]
+    slow.trainer = SlowInRound(slow.trainer, round_number=2, delay_s=8.0)
+    log = tmp_path / "server.log"
+    server = _start_server_process(fed.layout.server_config, log)
+    fed.start_agents()
+    try:
+        state_file = fed.server_state / "checkpoint" / "state.json"
+
+        def accepted_in_round_2() -> list[str]:
+            try:
+                rs = json.loads(state_file.read_text())["round_state"]
+            except (FileNotFoundError, json.JSONDecodeError):
+                return []
+            return rs["accepted"] if rs and rs["round"] == 2 else []
+
+        before_kill = wait_until(accepted_in_round_2, 90, "an accepted update in round 2")
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(10)
+        assert slow.id not in before_kill
+        server = _start_server_process(fed.layout.server_config, log)
+        assert server.wait(150) == 0, log.read_text()[-3000:]
+    finally:
+        if server.poll() is None:
+            server.kill()
+        fed.close()
+    metrics = fed.metrics()
+    assert [m.round for m in metrics] == [1, 2, 3]
+    round_2 = metrics[1]
+    assert set(before_kill) <= set(round_2.accepted)
+    assert sorted(round_2.accepted) == sorted(round_2.participants)
+    assert "server resumed" in log.read_text()

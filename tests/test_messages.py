@@ -1,0 +1,78 @@
+"""JSON message schemas: round trips, versioning, and refusal of malformed input."""
+
+import json
+
+import pytest
+
+from protocol.messages import AgentStatus, MessageError, Rejection, RoundMetrics, RoundTask, TrainSettings
+from protocol.topics import Topics
+
+
+def _task(**overrides):
+    base = dict(
+        federation="f", round=3, attempt=1, strategy="fedavg", model="digits_cnn", num_classes=10,
+        model_version=3, model_sha256="ab" * 32, model_chunks=1, group_key_id="0a0b0c0d",
+        selected=["a", "b"], pending=["b"], deadline=10.0, issued_at=5.0, train=TrainSettings(epochs=2),
+    )
+    return RoundTask(**{**base, **overrides})
+
+
+def test_round_task_round_trips_with_nested_settings():
+    task = _task()
+    assert RoundTask.from_json(task.to_json()) == task
+
+
+def test_reader_ignores_unknown_fields_but_refuses_another_major_version():
+    data = json.loads(_task().to_json())
+    data["future_field"] = 1
+    assert RoundTask.from_dict(data).round == 3
+    data["schema"] = "skyfed.round/1.3"
+    assert RoundTask.from_dict(data).round == 3
+    data["schema"] = "skyfed.round/2"
+    with pytest.raises(MessageError, match="unsupported version"):
+        RoundTask.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    "payload, reason",
+    [
+        (b"not json", "not JSON"),
+        (b"[]", "must be a JSON object"),
+        (b'{"schema":"skyfed.agent-status/1","agent":"a"}', "missing"),
+        (b'{"schema":"skyfed.metrics/1","round":true}', "round has the wrong type"),
+        (b"x" * 300_000, "exceeds"),
+    ],
+)
+def test_malformed_messages_are_refused_with_a_reason(payload, reason):
+    cls = RoundMetrics if b"metrics" in payload else AgentStatus
+    with pytest.raises(MessageError, match=reason):
+        cls.from_json(payload)
+
+
+def test_nan_cannot_be_sent_or_received():
+    status = AgentStatus(agent="a", state="idle", round=1, samples=1, version=1, updated_at=float("nan"))
+    with pytest.raises(ValueError):
+        status.to_json()
+    with pytest.raises(MessageError):
+        AgentStatus.from_json(b'{"schema":"skyfed.agent-status/1","agent":"a","state":"x","round":1,'
+                              b'"samples":1,"version":1,"updated_at":NaN}')
+
+
+def test_metrics_carry_rejections_as_objects():
+    m = RoundMetrics(
+        round=1, strategy="fedavg", participants=["a"], accepted=[], rejected=[Rejection("a", "bad-chunk")],
+        duration_s=1.0, aggregate_s=0.0, bytes_up=0, bytes_down=0, eval={}, model_version=2, finished_at=0.0,
+    )
+    assert json.loads(m.to_json())["rejected"] == [{"agent": "a", "reason": "bad-chunk"}]
+    assert RoundMetrics.from_json(m.to_json()) == m
+
+
+def test_topics_are_built_and_parsed_and_bad_names_refused():
+    t = Topics("fleet-1")
+    assert t.agent_update("drone.7") == "skyfed/fleet-1/agent/drone.7/update"
+    assert t.agent_of("skyfed/fleet-1/agent/drone.7/status") == "drone.7"
+    assert t.agent_of("skyfed/other/agent/drone.7/status") is None
+    assert t.model_version_of(t.model_chunk(12, 3)) == 12
+    for bad in ("a/b", "+", "#", "", "x" * 65):
+        with pytest.raises(ValueError, match="federation"):
+            Topics(bad)
