@@ -91,7 +91,10 @@ class EdgeAgent:
             while not stop.is_set():
                 message = self.mqtt.poll(0.1)
                 if message is not None:
-                    self._dispatch(*message)
+                    try:
+                        self._dispatch(*message)
+                    except Exception:  # noqa: BLE001 - input must never take the daemon down
+                        log.exception("internal error while handling topic=%s bytes=%d", message[0], len(message[1]))
                     continue
                 self._step()
                 self._publish_status()

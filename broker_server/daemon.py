@@ -156,7 +156,7 @@ class Aggregator:
             while not stop.is_set():
                 message = self.mqtt.poll(0.1)
                 if message is not None:
-                    self._dispatch(*message)
+                    self._dispatch_guarded(*message)
                 self._tick()
                 if self.finished and exit_when_finished:
                     self._publish_status(force=True)
@@ -168,6 +168,14 @@ class Aggregator:
 
     def _on_connect(self) -> None:
         self._last_status = 0.0  # republish status promptly after a (re)connect
+
+    def _dispatch_guarded(self, topic: str, payload: bytes) -> None:
+        """Input must never take the daemon down: an unexpected error is logged and counted, then we go on."""
+        try:
+            self._dispatch(topic, payload)
+        except Exception:  # noqa: BLE001 - last line of defence for a long-running daemon
+            log.exception("internal error while handling topic=%s bytes=%d", topic, len(payload))
+            self._reject(self.topics.agent_of(topic) or "?", "internal-error")
 
     def _dispatch(self, topic: str, payload: bytes) -> None:
         agent = self.topics.agent_of(topic)

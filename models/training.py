@@ -45,7 +45,7 @@ def train_sgd(
             loss = loss_fn(model(x), y)
             loss.backward()
             optimizer.step()
-            total += float(loss) * len(y)
+            total += loss.item() * len(y)
             seen += len(y)
         last_loss = total / max(seen, 1)
     return TrainOutcome(samples=len(data), loss=last_loss)

@@ -76,6 +76,13 @@ class Will:
 Received = tuple[str, bytes]
 
 
+def _acknowledged(info: paho.MQTTMessageInfo) -> bool:
+    try:
+        return info.is_published()
+    except RuntimeError:  # published while disconnected: queued, re-sent by paho after reconnecting
+        return bool(getattr(info, "_published", False))
+
+
 class MqttClient:
     """One MQTT connection, by default with a persistent session; received messages queue up for ``poll``.
 
@@ -158,10 +165,15 @@ class MqttClient:
 
     @staticmethod
     def wait_published(infos: list[paho.MQTTMessageInfo], timeout_s: float) -> bool:
-        """Wait until the broker acknowledged every message (QoS 1 PUBACK); False on time-out."""
+        """Wait until the broker acknowledged every message (QoS 1 PUBACK); False on time-out.
+
+        A message published while disconnected keeps ``rc = MQTT_ERR_NO_CONN`` even after paho re-sends
+        it on reconnect and it is acknowledged, so ``is_published()`` raises for it forever; its
+        acknowledgement is then read from the ``_published`` flag paho sets on PUBACK.
+        """
         deadline = time.monotonic() + timeout_s
         for info in infos:
-            while not info.is_published():
+            while not _acknowledged(info):
                 if time.monotonic() > deadline:
                     return False
                 time.sleep(0.002)

@@ -67,7 +67,7 @@ def test_bad_agent_config_names_the_key(tmp_path, layout, tables, message):
     for name in ("agent-01.key", "server.pub", "data.npz"):
         (tmp_path / name).symlink_to(source.parent / name)
     override_toml(path, **tables)
-    with pytest.raises(ConfigError, match="") as err:
+    with pytest.raises(ConfigError) as err:
         load_agent_config(path)
     assert message in str(err.value)
 

@@ -1,0 +1,98 @@
+"""Datasets: scikit-learn's bundled digits (offline) and the agents' on-disk format.
+
+An agent's data is one ``.npz`` file (or a folder holding ``data.npz``) with two arrays:
+``x`` — images ``(N, C, H, W)`` or ``(N, H, W)`` (single channel), uint8 (scaled by 1/255) or float —
+and ``y`` — integer class labels ``(N,)``. It is read with ``allow_pickle=False``.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Samples ``x`` (float32) and labels ``y`` (int64) of equal length."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.x.shape[0] != self.y.shape[0] or self.y.ndim != 1:
+            raise ValueError(f"x has {self.x.shape[0]} samples but y has shape {self.y.shape}; need y of shape (N,)")
+        if self.x.dtype != np.float32 or self.y.dtype != np.int64:
+            raise ValueError(f"x must be float32 and y int64, got {self.x.dtype} and {self.y.dtype}")
+        if not np.isfinite(self.x).all():
+            raise ValueError("x contains NaN or Inf")
+        if self.y.size and self.y.min() < 0:
+            raise ValueError("labels in y must be >= 0")
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+    def subset(self, indices: np.ndarray) -> Dataset:
+        return Dataset(self.x[indices], self.y[indices])
+
+
+def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dataset]:
+    """scikit-learn's 1,797 8x8 digits (shipped in the wheel), scaled to [0, 1], stratified split."""
+    from sklearn.datasets import load_digits as sklearn_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = sklearn_digits()
+    x = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]
+    y = bunch.target.astype(np.int64)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=test_fraction, random_state=seed, stratify=y
+    )
+    return Dataset(x_train, y_train), Dataset(x_test, y_test)
+
+
+def save_npz(path: Path, data: Dataset) -> None:
+    """Write the agent data format (float32 ``x``, int64 ``y``), atomically."""
+    buffer = io.BytesIO()
+    np.savez(buffer, x=data.x, y=data.y)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(buffer.getvalue())
+    tmp.replace(path)
+
+
+def load_npz(path: Path) -> Dataset:
+    """Read the agent data format; errors name the file and what is expected."""
+    expected = "expected arrays x (N,C,H,W) or (N,H,W) and y (N,)"
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            missing = [k for k in ("x", "y") if k not in archive.files]
+            if missing:
+                raise ValueError(f"data file {path} has no array {missing[0]!r}; {expected}")
+            x, y = archive["x"], archive["y"]
+    except (OSError, ValueError) as exc:
+        if str(path) in str(exc):
+            raise
+        raise ValueError(f"data file {path} cannot be read as .npz ({exc}); {expected}") from None
+    if x.ndim == 3:
+        x = x[:, None, :, :]
+    x = x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x.astype(np.float32)
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(f"data file {path}: y must hold integer labels, got {y.dtype}; {expected}")
+    try:
+        return Dataset(x, y.astype(np.int64))
+    except ValueError as exc:
+        raise ValueError(f"data file {path}: {exc}") from None
+
+
+def load_dataset(path: Path) -> Dataset:
+    """``path`` is an ``.npz`` file or a folder containing ``data.npz``."""
+    return load_npz(path / "data.npz" if path.is_dir() else path)
+
+
+def to_loader(data: Dataset, *, batch_size: int, shuffle: bool, seed: int) -> DataLoader:
+    generator = torch.Generator().manual_seed(seed)
+    tensors = TensorDataset(torch.from_numpy(data.x), torch.from_numpy(data.y))
+    return DataLoader(tensors, batch_size=batch_size, shuffle=shuffle, generator=generator)

@@ -1,0 +1,108 @@
+"""state_dict ⇄ named numpy arrays, and the delta arithmetic federated learning needs.
+
+Only floating-point tensors are federated: parameters and float buffers such as BatchNorm's running
+statistics. Integer buffers (BatchNorm's ``num_batches_tracked``) are counts, not weights: averaging
+them is meaningless, so deltas leave them out and the global model keeps its own values.
+Pure functions: arrays in, arrays out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+NamedArrays = dict[str, np.ndarray]
+
+
+def to_arrays(source: nn.Module | Mapping[str, torch.Tensor]) -> NamedArrays:
+    """A CPU, contiguous numpy copy of a model's state_dict, in state_dict order, dtypes kept."""
+    state = source.state_dict() if isinstance(source, nn.Module) else source
+    return {name: np.array(t.detach().cpu().numpy(), order="C", copy=True) for name, t in state.items()}
+
+
+def load_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
+    """Load named arrays into ``model``; every name, shape and dtype must match its state_dict."""
+    state = model.state_dict()
+    if problem := spec_mismatch(arrays, spec_of(to_arrays(state))):
+        raise ValueError(f"cannot load weights into {type(model).__name__}: {problem}")
+    model.load_state_dict({name: torch.from_numpy(np.array(arrays[name])) for name in state})
+
+
+def is_float(array: np.ndarray) -> bool:
+    return np.issubdtype(array.dtype, np.floating)
+
+
+def float_part(arrays: Mapping[str, np.ndarray]) -> NamedArrays:
+    """The floating entries only: what federated averaging combines."""
+    return {name: a for name, a in arrays.items() if is_float(a)}
+
+
+def delta(local: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> NamedArrays:
+    """local − base over the floating entries of ``base``, as float32."""
+    out = {}
+    for name, b in float_part(base).items():
+        if name not in local:
+            raise ValueError(f"missing tensor {name!r} in the local model")
+        if local[name].shape != b.shape:
+            raise ValueError(f"shape of {name} is {local[name].shape}, expected {b.shape}")
+        out[name] = np.subtract(local[name], b, dtype=np.float32)
+    return out
+
+
+def apply_delta(base: Mapping[str, np.ndarray], update: Mapping[str, np.ndarray], scale: float = 1.0) -> NamedArrays:
+    """base + scale·update for floating entries; integer entries are copied from ``base``."""
+    out = {}
+    for name, b in base.items():
+        if is_float(b):
+            out[name] = (b + np.float32(scale) * update[name]).astype(b.dtype)
+        else:
+            out[name] = b.copy()
+    return out
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def spec_of(arrays: Mapping[str, np.ndarray]) -> tuple[TensorSpec, ...]:
+    return tuple(TensorSpec(name, a.dtype.str.lstrip("<>|="), tuple(a.shape)) for name, a in arrays.items())
+
+
+def spec_mismatch(arrays: Mapping[str, np.ndarray], spec: tuple[TensorSpec, ...]) -> str | None:
+    """A human reason why ``arrays`` do not fit ``spec`` (names, shapes, dtypes), or None."""
+    for s in spec:
+        if s.name not in arrays:
+            return f"missing tensor {s.name!r}"
+        a = arrays[s.name]
+        if tuple(a.shape) != s.shape:
+            return f"shape of {s.name} is {tuple(a.shape)}, expected {s.shape}"
+        if a.dtype.str.lstrip("<>|=") != s.dtype:
+            return f"dtype of {s.name} is {a.dtype}, expected {s.dtype}"
+    extra = sorted(set(arrays) - {s.name for s in spec})
+    return f"unexpected tensor {extra[0]!r}" if extra else None
+
+
+def flatten(arrays: Mapping[str, np.ndarray], spec: tuple[TensorSpec, ...]) -> np.ndarray:
+    """One float32 vector of the tensors in ``spec`` order."""
+    if not spec:
+        return np.zeros(0, np.float32)
+    return np.concatenate([np.asarray(arrays[s.name], dtype=np.float32).reshape(-1) for s in spec])
+
+
+def unflatten(vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> NamedArrays:
+    """Named float32 arrays cut from ``vector`` in ``spec`` order (views, no copy)."""
+    out, offset = {}, 0
+    for s in spec:
+        size = int(np.prod(s.shape, dtype=np.int64))
+        out[s.name] = vector[offset : offset + size].reshape(s.shape)
+        offset += size
+    if offset != vector.size:
+        raise ValueError(f"vector has {vector.size} values, the spec needs {offset}")
+    return out

@@ -1,0 +1,109 @@
+"""The model zoo: the PyTorch models SkyFed federates, built from code (nothing downloaded).
+
+``build_model(name)`` is what configs and round tasks refer to. YOLO detectors (Ultralytics, built
+from their ``.yaml``) will join this registry as a separate plug-in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class FedAvgCNN(nn.Module):
+    """The CNN of McMahan et al. 2017 (arXiv:1602.05629, section 3) for 28x28x1 inputs.
+
+    Two 5x5 convolutions (32 then 64 channels, 'same' padding), each followed by ReLU and 2x2 max
+    pooling, a 512-unit ReLU layer and a softmax output: 1,663,370 parameters for 10 classes.
+    """
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 5, padding=2)
+        self.conv2 = nn.Conv2d(32, 64, 5, padding=2)
+        self.fc1 = nn.Linear(7 * 7 * 64, 512)
+        self.fc2 = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+class DigitsCNN(nn.Module):
+    """A small CNN for scikit-learn's 8x8 digits, with BatchNorm so integer buffers are exercised."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
+
+
+class MLP(nn.Module):
+    """A fully connected ReLU network on flattened inputs (784-200-200-10 is the FedAvg paper's 2NN)."""
+
+    def __init__(self, in_features: int = 784, hidden: tuple[int, ...] = (200, 200), num_classes: int = 10) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = in_features
+        for units in hidden:
+            layers += [nn.Linear(width, units), nn.ReLU()]
+            width = units
+        layers.append(nn.Linear(width, num_classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    input_shape: tuple[int, ...]
+    factory: Callable[[int], nn.Module]
+
+
+MODELS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec("fedavg_cnn", (1, 28, 28), FedAvgCNN),
+        ModelSpec("digits_cnn", (1, 8, 8), DigitsCNN),
+        ModelSpec("mlp_digits", (1, 8, 8), lambda n: MLP(64, (64,), n)),
+        ModelSpec("mlp_mnist", (1, 28, 28), lambda n: MLP(784, (200, 200), n)),
+    )
+}
+
+
+def _spec(name: str) -> ModelSpec:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ValueError(f"model {name!r} is unknown; choose one of {sorted(MODELS)}") from None
+
+
+def build_model(name: str, num_classes: int = 10) -> nn.Module:
+    return _spec(name).factory(num_classes)
+
+
+def input_shape(name: str) -> tuple[int, ...]:
+    """The per-sample input shape of model ``name``, e.g. (1, 8, 8)."""
+    return _spec(name).input_shape
+
+
+def pick_device() -> torch.device:
+    """CUDA when present (Jetson, workstation), else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")

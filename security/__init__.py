@@ -1,0 +1,1 @@
+"""Keys, enrolment, sealed envelopes, signed documents and replay protection (standard constructions only)."""

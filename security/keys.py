@@ -1,0 +1,220 @@
+"""Node identities (Ed25519 for signatures, X25519 for key agreement), enrolment and group keys.
+
+Key files: ``<name>.key`` holds both private keys (JSON, base64 raw bytes), created with mode 0600
+without any moment of wider access, and refused at load if group- or world-readable;
+``<name>.pub`` holds both public keys and is safe to copy around. Enrolment is nothing more than a
+folder of ``.pub`` files the receiving node trusts (the server's ``enrolled/``; an agent's copy of
+``server.pub``). Revocation removes the file and rotates the federation's group key.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+RAW = {"encoding": serialization.Encoding.Raw, "format": serialization.PublicFormat.Raw}
+
+
+class KeyFileError(ValueError):
+    """A key file is missing, malformed or too widely readable; the message says how to fix it."""
+
+
+def check_name(name: str) -> str:
+    if not NAME.match(name):
+        raise ValueError(f"identity name {name!r} must be 1-64 characters from A-Z a-z 0-9 _ . - (it becomes a topic level)")
+    return name
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _unb64(path: Path, text: object, size: int) -> bytes:
+    try:
+        raw = base64.b64decode(str(text), validate=True)
+    except ValueError:
+        raw = b""
+    if len(raw) != size:
+        raise KeyFileError(f"{path}: malformed key material (expected {size} bytes of base64)")
+    return raw
+
+
+def _raw_private(key: Ed25519PrivateKey | X25519PrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Create ``path`` with mode 0600 from the first byte on (O_EXCL temp file, fsync, rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class PublicIdentity:
+    name: str
+    verify_key: Ed25519PublicKey
+    exchange_key: X25519PublicKey
+
+    def raw(self) -> tuple[bytes, bytes]:
+        return self.verify_key.public_bytes(**RAW), self.exchange_key.public_bytes(**RAW)
+
+    def fingerprint(self) -> str:
+        """Short hex digest of both public keys, for logs and for comparing by eye."""
+        return hashlib.sha256(b"".join(self.raw())).hexdigest()[:16]
+
+    def to_json(self) -> str:
+        ed, x = self.raw()
+        return json.dumps({"name": self.name, "ed25519": _b64(ed), "x25519": _b64(x)}, indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, path: Path = Path("<memory>")) -> PublicIdentity:
+        try:
+            data = json.loads(text)
+            name = check_name(data["name"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise KeyFileError(f"{path}: not a SkyFed public key file ({exc})") from None
+        return cls(
+            name,
+            Ed25519PublicKey.from_public_bytes(_unb64(path, data.get("ed25519"), 32)),
+            X25519PublicKey.from_public_bytes(_unb64(path, data.get("x25519"), 32)),
+        )
+
+    @classmethod
+    def load(cls, path: Path) -> PublicIdentity:
+        try:
+            return cls.from_json(path.read_text(), path)
+        except OSError as exc:
+            raise KeyFileError(f"{path}: cannot read public key ({exc.strerror})") from None
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(path)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A node's private keys and name."""
+
+    name: str
+    signing_key: Ed25519PrivateKey
+    exchange_key: X25519PrivateKey
+
+    @classmethod
+    def generate(cls, name: str) -> Identity:
+        return cls(check_name(name), Ed25519PrivateKey.generate(), X25519PrivateKey.generate())
+
+    @property
+    def public(self) -> PublicIdentity:
+        return PublicIdentity(self.name, self.signing_key.public_key(), self.exchange_key.public_key())
+
+    def save(self, directory: Path) -> Path:
+        """Write ``<name>.key`` (0600) and ``<name>.pub`` into ``directory``; return the key path."""
+        body = {
+            "name": self.name,
+            "ed25519": _b64(_raw_private(self.signing_key)),
+            "x25519": _b64(_raw_private(self.exchange_key)),
+        }
+        path = directory / f"{self.name}.key"
+        write_private(path, json.dumps(body).encode())
+        self.public.save(directory / f"{self.name}.pub")
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> Identity:
+        try:
+            mode = path.stat().st_mode
+            text = path.read_text()
+        except OSError as exc:
+            raise KeyFileError(f"{path}: cannot read private key ({exc.strerror})") from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise KeyFileError(f"{path}: private key is readable by others (mode {oct(mode & 0o777)}); run: chmod 600 {path}")
+        try:
+            data = json.loads(text)
+            name = check_name(data["name"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise KeyFileError(f"{path}: not a SkyFed private key file ({exc})") from None
+        return cls(
+            name,
+            Ed25519PrivateKey.from_private_bytes(_unb64(path, data.get("ed25519"), 32)),
+            X25519PrivateKey.from_private_bytes(_unb64(path, data.get("x25519"), 32)),
+        )
+
+
+class Keyring:
+    """The public identities a node trusts, by name."""
+
+    def __init__(self, identities: list[PublicIdentity] | None = None) -> None:
+        self._by_name: dict[str, PublicIdentity] = {}
+        for identity in identities or []:
+            self.add(identity)
+
+    @classmethod
+    def load_dir(cls, directory: Path) -> Keyring:
+        return cls([PublicIdentity.load(p) for p in sorted(directory.glob("*.pub"))])
+
+    def add(self, identity: PublicIdentity) -> None:
+        self._by_name[identity.name] = identity
+
+    def remove(self, name: str) -> None:
+        self._by_name.pop(name, None)
+
+    def get(self, name: str) -> PublicIdentity | None:
+        return self._by_name.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._by_name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+
+def enroll(directory: Path, identity: PublicIdentity) -> Path:
+    """Trust ``identity``: write ``<name>.pub`` into the enrolment folder."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{identity.name}.pub"
+    identity.save(path)
+    return path
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """The federation's symmetric key for the broadcast global model; ``key_id`` names its generation."""
+
+    key_id: str
+    key: bytes
+
+    @classmethod
+    def generate(cls) -> GroupKey:
+        return cls(secrets.token_hex(4), secrets.token_bytes(32))
+
+    def to_bytes(self) -> bytes:
+        return self.key_id.encode() + self.key
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> GroupKey:
+        if len(data) != 40 or not re.fullmatch(rb"[0-9a-f]{8}", data[:8]):
+            raise KeyFileError("group key must be 8 hex characters of id followed by 32 key bytes")
+        return cls(data[:8].decode(), bytes(data[8:]))

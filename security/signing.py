@@ -1,0 +1,50 @@
+"""Signed JSON documents (round tasks): public and readable, but authenticated by Ed25519.
+
+``{"body": {...}, "signer": name, "sig": base64}`` where the signature covers a context string and
+the canonical JSON of the body (sorted keys, no spaces, UTF-8), so any re-serialization verifies.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+
+from security.keys import Identity, Keyring, PublicIdentity
+
+CONTEXT = b"skyfed/doc/v1"
+
+
+class InvalidDocument(Exception):
+    """A document that is malformed, from an unknown signer, or whose signature does not verify."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def canonical(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def sign_document(body: dict[str, Any], identity: Identity) -> dict[str, Any]:
+    signature = identity.signing_key.sign(CONTEXT + canonical(body))
+    return {"body": body, "signer": identity.name, "sig": base64.b64encode(signature).decode()}
+
+
+def verify_document(document: Any, trusted: Keyring | PublicIdentity) -> dict[str, Any]:
+    """The body of ``document`` if a trusted signer signed it; ``InvalidDocument`` otherwise."""
+    if not isinstance(document, dict) or not isinstance(document.get("body"), dict):
+        raise InvalidDocument("malformed")
+    signer = document.get("signer")
+    public = trusted.get(signer) if isinstance(trusted, Keyring) else trusted if trusted.name == signer else None
+    if public is None:
+        raise InvalidDocument("unknown-signer")
+    try:
+        signature = base64.b64decode(str(document.get("sig")), validate=True)
+        public.verify_key.verify(signature, CONTEXT + canonical(document["body"]))
+    except (ValueError, InvalidSignature):
+        raise InvalidDocument("bad-signature") from None
+    return document["body"]

@@ -1,0 +1,1 @@
+"""Local federations for the demo and experiments: broker start-up, federation layout, runs, plots."""

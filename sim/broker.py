@@ -1,0 +1,164 @@
+"""Start and stop a real local MQTT broker for the sim, the demo, benchmarks and tests.
+
+Debian's ``mosquitto`` when it is installed (persistence on, so a restart keeps retained messages
+and persistent sessions, as a production broker would), otherwise the pip-installed ``iotcore``
+broker (rumqttd in a wheel; no persistence across restarts). Loopback only, on a free port unless
+one is given. Never the pure-Python amqtt: it mishandles retained messages and persistent sessions
+(shared/references/ecosystem_feasibility.md, addendum).
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("skyfed.sim.broker")
+
+EMBEDDED_MAX_PAYLOAD = 64 << 20  # iotcore's default (20 KiB) silently drops model chunks
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def mosquitto_path() -> str | None:
+    found = shutil.which("mosquitto")
+    if found:
+        return found
+    return "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None
+
+
+def mosquitto_config(host: str, port: int, data_dir: Path) -> str:
+    return "\n".join(
+        [
+            f"listener {port} {host}",
+            "allow_anonymous true",  # a local sim/test broker; deployments get TLS + ACL configs
+            f"user {getpass.getuser()}",
+            "persistence true",
+            f"persistence_location {data_dir}/",
+            "autosave_interval 1",
+            "max_queued_messages 100000",
+            "max_queued_bytes 0",
+            "message_size_limit 0",
+            f"log_dest file {data_dir / 'mosquitto.log'}",
+            "log_type error",
+            "log_type warning",
+            "log_type notice",
+            "log_type information",
+            "",
+        ]
+    )
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class LocalBroker:
+    """A broker child process on ``host:port``; ``restart`` keeps the port (and, for mosquitto, its state)."""
+
+    kind: str
+    host: str
+    port: int
+    data_dir: Path
+    startup_timeout_s: float = 10.0
+    _process: subprocess.Popen | None = field(default=None, repr=False)
+    _embedded: object | None = field(default=None, repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> LocalBroker:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        if self.kind == "mosquitto":
+            conf = self.data_dir / "mosquitto.conf"
+            conf.write_text(mosquitto_config(self.host, self.port, self.data_dir))
+            self._process = subprocess.Popen(
+                [mosquitto_path() or "mosquitto", "-c", str(conf)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )
+        else:
+            from iotcore import Broker
+
+            self._embedded = Broker(port=self.port, listen=self.host, max_payload_size=EMBEDDED_MAX_PAYLOAD)
+            self._embedded.start(timeout=self.startup_timeout_s)  # type: ignore[attr-defined]
+        while not _accepts(self.host, self.port):
+            if self._process is not None and self._process.poll() is not None:
+                raise RuntimeError(f"{self.kind} exited with code {self._process.returncode}:\n{self.log_tail()}")
+            if time.monotonic() - started > self.startup_timeout_s:
+                self.kill()
+                raise RuntimeError(f"{self.kind} did not accept connections on {self.address}:\n{self.log_tail()}")
+            time.sleep(0.02)
+        log.info("broker started kind=%s address=%s seconds=%.2f", self.kind, self.address, time.monotonic() - started)
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM (mosquitto saves its persistence file), then SIGKILL if it does not exit."""
+        self._end(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._end(signal.SIGKILL)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def _end(self, signum: int) -> None:
+        if self._embedded is not None:
+            self._embedded.stop()  # type: ignore[attr-defined]
+            self._embedded = None
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signum)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.info("broker stopped kind=%s address=%s", self.kind, self.address)
+
+    def log_tail(self, lines: int = 20) -> str:
+        path = self.data_dir / "mosquitto.log"
+        return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else "(no broker log)"
+
+    def __enter__(self) -> LocalBroker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_broker(*, data_dir: Path, kind: str = "auto", host: str = "127.0.0.1", port: int | None = None,
+                 startup_timeout_s: float = 10.0) -> LocalBroker:
+    """Start mosquitto (or, with ``kind="auto"`` and no mosquitto installed, iotcore) and wait until it listens."""
+    if kind == "auto":
+        kind = "mosquitto" if mosquitto_path() else "iotcore"
+    if kind == "iotcore":
+        try:
+            import iotcore  # noqa: F401
+        except ImportError:
+            raise RuntimeError(
+                "no MQTT broker available: install Debian's mosquitto (apt-get install mosquitto) "
+                "or the embedded one (pip install iotcore)"
+            ) from None
+    elif kind != "mosquitto":
+        raise ValueError(f"broker kind must be auto, mosquitto or iotcore, got {kind!r}")
+    broker = LocalBroker(kind, host, port or free_port(host), data_dir, startup_timeout_s)
+    return broker.start()

@@ -1,0 +1,29 @@
+"""Shared fixtures: a real broker on a free loopback port, started and stopped by each test."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from sim.broker import mosquitto_path, start_broker  # noqa: E402
+
+
+@pytest.fixture
+def broker(tmp_path):
+    """A fresh mosquitto (persistence on) for one test; CI installs mosquitto, so a missing one fails."""
+    kind = "mosquitto"
+    if mosquitto_path() is None:
+        if os.environ.get("SKYFED_ALLOW_EMBEDDED_BROKER") != "1":
+            pytest.fail("mosquitto is not installed: apt-get install mosquitto (or SKYFED_ALLOW_EMBEDDED_BROKER=1)")
+        kind = "iotcore"
+    instance = start_broker(data_dir=tmp_path / "broker", kind=kind)
+    yield instance
+    instance.stop()
+    print(f"--- broker log (shown by pytest only when the test failed) ---\n{instance.log_tail(50)}")
