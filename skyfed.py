@@ -34,6 +34,7 @@ def stop_on_signals() -> threading.Event:
 def build_parser() -> argparse.ArgumentParser:
     from agent.cli import add_agent_commands
     from broker_server.cli import add_monitor_command, add_server_commands
+    from security.cli import add_keys_commands
     from sim.cli import add_sim_commands
 
     parser = argparse.ArgumentParser(prog="skyfed", description=__doc__.splitlines()[0])
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_commands(commands)
     add_monitor_command(commands)
     add_sim_commands(commands)
+    add_keys_commands(commands)
     return parser
 
 

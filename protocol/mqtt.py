@@ -145,9 +145,9 @@ class MqttClient:
 
     def stop(self) -> None:
         """Disconnect cleanly (no LWT) and stop the network thread."""
+        self.connected.clear()  # first, so the disconnect below is not reported as a lost connection
         self._client.disconnect()
         self._client.loop_stop()
-        self.connected.clear()
 
     # messaging ---------------------------------------------------------------------------------------
     def subscribe(self, pattern: str, qos: int = 1) -> None:

@@ -1,6 +1,9 @@
 """Reassembly of chunked, sealed transfers, with hard limits (ARCHITECTURE.md, round lifecycle step 3).
 
-Chunks arrive in any order, possibly twice (MQTT QoS 1 redelivers), possibly never. This module keeps
+Chunks arrive in any order, possibly twice (MQTT QoS 1 redelivers), possibly never. A chunk repeated
+while its transfer is incomplete is ignored; once a transfer is complete its id is remembered and any
+later chunk of it is rejected as a replay (a redelivery then is indistinguishable from one, and harmless
+either way). This module keeps
 the bookkeeping: one preallocated buffer per transfer, a bitmap of received chunks, whole-transfer
 SHA-256 check, and the limits that keep a flood from exhausting memory: maximum transfer size and chunk
 count (checked on the signed manifest before any allocation), maximum concurrent partial transfers per

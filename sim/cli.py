@@ -26,7 +26,12 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
 
 
 def run_sim_command(args: argparse.Namespace) -> int:
+    import logging
+
     from sim.run import run_sim
+
+    for name in ("skyfed.mqtt", "skyfed.sim.broker"):  # the round lines are this command's output
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
 
     try:
         settings = _settings(args)
@@ -75,7 +80,7 @@ def add_sim_commands(commands: argparse._SubParsersAction) -> None:
     sim = commands.add_parser("sim", help="run a whole local federation over a real broker")
     _add_sim_options(sim, agents=4, rounds=5, partition="dirichlet:0.5", out="runs/sim", federation="sim")
     demo = commands.add_parser("demo", help="the sim with friendly defaults (digits CNN, 4 agents, non-IID)")
-    _add_sim_options(demo, agents=4, rounds=5, partition="dirichlet:0.5", out="runs/demo", federation="demo")
+    _add_sim_options(demo, agents=4, rounds=10, partition="shards", out="runs/demo", federation="demo")
     report = commands.add_parser("report", help="plot a run's metrics.jsonl into curves.png")
     report.add_argument("dir")
     report.set_defaults(handler=run_report)

@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from contextlib import ExitStack
@@ -73,7 +72,8 @@ def format_round(m: RoundMetrics, elapsed_s: float) -> str:
 def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = None, echo=print) -> SimResult:  # noqa: ANN001
     """Run the federation to completion and leave metrics.jsonl, curves.png and the model in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="skyfed-sim-", dir=out))
+    work = out / "federation"  # keys, configs, data, state and logs of every node
+    shutil.rmtree(work, ignore_errors=True)
     started = time.monotonic()
     with ExitStack() as stack:
         if broker_address is None:

@@ -32,7 +32,7 @@ from models.weights import float_part, load_arrays
 from models.zoo import build_model
 from protocol.messages import RoundMetrics
 from sim.federation import SimSettings, create_federation
-from tests.fedharness import wait_until
+from tests.fedharness import override_toml, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,10 +41,12 @@ class Federation:
     """Agents as threads in this process; the server either as a thread or as a subprocess."""
 
     def __init__(self, tmp_path: Path, broker, *, rounds: int, agents: int = 3, epochs: int = 1,  # noqa: ANN001
-                 partition: str = "iid") -> None:
+                 partition: str = "iid", protocol: str = "3.1.1") -> None:
         settings = SimSettings(agents=agents, rounds=rounds, partition=partition, epochs=epochs, federation="it",
                                deadline_s=60.0)
         self.layout = create_federation(tmp_path, settings, (broker.host, broker.port))
+        for config in [self.layout.server_config, *self.layout.agent_configs.values()]:
+            override_toml(config, broker={"protocol": protocol})
         self.server_state = self.layout.server_config.parent / "state"
         self.stop = threading.Event()
         self.agents = [EdgeAgent(load_agent_config(p)) for p in self.layout.agent_configs.values()]
@@ -96,8 +98,9 @@ def _leaks(payload: bytes, windows: set[bytes], width: int = 16) -> bool:
     return any(payload[i : i + width] in windows for i in range(len(payload) - width + 1))
 
 
-def test_three_agents_three_rounds_accuracy_rises_and_wire_carries_no_plaintext(tmp_path, broker):
-    fed = Federation(tmp_path, broker, rounds=3)
+@pytest.mark.parametrize("protocol", ["3.1.1", "5"])
+def test_three_agents_three_rounds_accuracy_rises_and_wire_carries_no_plaintext(tmp_path, broker, protocol):
+    fed = Federation(tmp_path, broker, rounds=3, protocol=protocol)
     sniffer = Sniffer(broker)
     server = Aggregator(load_server_config(fed.layout.server_config))
     test_data = load_dataset(fed.layout.server_config.parent / "test.npz")

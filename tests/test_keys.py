@@ -1,0 +1,72 @@
+"""Key files, enrolment, group keys and signed documents."""
+
+import json
+import os
+import stat
+
+import pytest
+
+from security.keys import GroupKey, Identity, KeyFileError, Keyring, PublicIdentity, enroll
+from security.signing import InvalidDocument, sign_document, verify_document
+
+
+def test_private_key_file_is_0600_and_round_trips(tmp_path):
+    identity = Identity.generate("drone-01")
+    path = identity.save(tmp_path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    loaded = Identity.load(path)
+    assert loaded.public.fingerprint() == identity.public.fingerprint()
+    assert PublicIdentity.load(tmp_path / "drone-01.pub").fingerprint() == identity.public.fingerprint()
+
+
+def test_a_world_readable_private_key_is_refused_with_the_fix(tmp_path):
+    path = Identity.generate("drone-01").save(tmp_path)
+    os.chmod(path, 0o644)
+    with pytest.raises(KeyFileError, match="chmod 600"):
+        Identity.load(path)
+
+
+@pytest.mark.parametrize("content", ["not json", json.dumps({"name": "x", "ed25519": "AAAA", "x25519": "AAAA"})])
+def test_malformed_key_files_are_refused(tmp_path, content):
+    path = tmp_path / "x.key"
+    path.write_text(content)
+    os.chmod(path, 0o600)
+    with pytest.raises(KeyFileError):
+        Identity.load(path)
+
+
+def test_names_that_cannot_be_topic_levels_are_refused():
+    for bad in ("a/b", "+", "#", "", "-x", "x" * 65):
+        with pytest.raises(ValueError):
+            Identity.generate(bad)
+
+
+def test_enrolment_folder_is_the_keyring(tmp_path):
+    agents = [Identity.generate(f"a{i}") for i in range(3)]
+    for a in agents:
+        enroll(tmp_path / "enrolled", a.public)
+    keyring = Keyring.load_dir(tmp_path / "enrolled")
+    assert keyring.names() == ["a0", "a1", "a2"] and "a1" in keyring
+    keyring.remove("a1")
+    assert "a1" not in keyring and keyring.get("a1") is None
+
+
+def test_group_key_serialization_and_rotation_ids():
+    key = GroupKey.generate()
+    assert GroupKey.from_bytes(key.to_bytes()) == key
+    assert GroupKey.generate().key_id != key.key_id
+    with pytest.raises(KeyFileError):
+        GroupKey.from_bytes(b"short")
+
+
+def test_signed_document_verifies_and_any_change_is_caught():
+    server = Identity.generate("server")
+    doc = sign_document({"round": 3, "selected": ["a", "b"]}, server)
+    assert verify_document(json.loads(json.dumps(doc)), server.public) == {"round": 3, "selected": ["a", "b"]}
+    tampered = {**doc, "body": {**doc["body"], "round": 4}}
+    with pytest.raises(InvalidDocument, match="bad-signature"):
+        verify_document(tampered, server.public)
+    with pytest.raises(InvalidDocument, match="unknown-signer"):
+        verify_document(sign_document({"round": 3}, Identity.generate("mallory")), Keyring([server.public]))
+    with pytest.raises(InvalidDocument, match="malformed"):
+        verify_document(["not", "a", "doc"], server.public)

@@ -1,0 +1,125 @@
+"""Model zoo, named arrays, deltas and the zero-copy safetensors reader."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from models.datasets import load_digits
+from models.serialization import SerializationError, dumps, float32_region, load_file, loads, save_file
+from models.training import evaluate, train_sgd
+from models.weights import apply_delta, delta, flatten, float_part, load_arrays, spec_of, to_arrays, unflatten
+from models.zoo import build_model, input_shape
+
+
+def n_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_fedavg_paper_model_sizes():
+    assert n_params(build_model("fedavg_cnn")) == 1_663_370  # McMahan et al. 2017, CNN
+    assert n_params(build_model("mlp_mnist")) == 199_210  # the paper's 2NN
+    out = build_model("fedavg_cnn")(torch.zeros(2, *input_shape("fedavg_cnn")))
+    assert out.shape == (2, 10)
+
+
+def test_unknown_model_lists_the_known_ones():
+    with pytest.raises(ValueError, match="digits_cnn"):
+        build_model("resnet")
+
+
+def test_digits_cnn_learns_centrally():
+    torch.manual_seed(0)
+    train, test = load_digits(seed=0)
+    model = build_model("digits_cnn")
+    train_sgd(model, train, epochs=8, batch_size=32, lr=0.05, momentum=0.9, seed=0, device=torch.device("cpu"))
+    assert evaluate(model, test, torch.device("cpu"))["accuracy"] >= 0.93
+
+
+def test_integer_buffers_are_kept_out_of_deltas_and_survive_round_trips():
+    model = build_model("digits_cnn")
+    arrays = to_arrays(model)
+    ints = [k for k, v in arrays.items() if not np.issubdtype(v.dtype, np.floating)]
+    assert ints and all(k.endswith("num_batches_tracked") and arrays[k].shape == () for k in ints)
+    local = {k: (v + 1 if np.issubdtype(v.dtype, np.floating) else v + 7) for k, v in arrays.items()}
+    d = delta(local, arrays)
+    assert set(d) == set(float_part(arrays)) and all(v.dtype == np.float32 for v in d.values())
+    applied = apply_delta(arrays, d)
+    assert all(np.array_equal(applied[k], arrays[k]) for k in ints)  # the global keeps its own counts
+    np.testing.assert_allclose(applied["classifier.0.bias"], arrays["classifier.0.bias"] + 1)
+    restored, _ = loads(dumps(applied))
+    load_arrays(model, restored)
+    assert model.state_dict()["features.1.num_batches_tracked"].shape == ()
+
+
+def test_load_arrays_names_the_mismatching_key():
+    model = build_model("digits_cnn")
+    arrays = to_arrays(model)
+    arrays["classifier.2.bias"] = np.zeros(3, np.float32)
+    with pytest.raises(ValueError, match="classifier.2.bias"):
+        load_arrays(model, arrays)
+
+
+def test_flatten_unflatten_round_trip_in_spec_order():
+    arrays = {"b": np.arange(6, dtype=np.float32).reshape(2, 3), "a": np.ones(4, np.float32)}
+    spec = spec_of(arrays)
+    back = unflatten(flatten(arrays, spec), spec)
+    assert all(np.array_equal(back[k], arrays[k]) for k in arrays)
+
+
+def test_loads_is_zero_copy_and_float32_region_is_one_flat_view():
+    arrays = {"w": np.random.default_rng(0).standard_normal((300, 100)).astype(np.float32),
+              "b": np.zeros(100, np.float32)}
+    data = bytearray(dumps(arrays, {"k": "v"}))
+    loaded, meta = loads(data)
+    assert meta == {"k": "v"} and np.shares_memory(loaded["w"], np.frombuffer(data, np.uint8))
+    vector, spec, _ = float32_region(data)
+    assert vector.size == 30_100 and np.shares_memory(vector, np.frombuffer(data, np.uint8))
+    back = unflatten(vector, spec)
+    assert np.array_equal(back["w"], arrays["w"])
+
+
+def test_float32_region_refuses_other_dtypes():
+    with pytest.raises(SerializationError, match="float32"):
+        float32_region(dumps({"n": np.zeros(2, np.int64)}))
+
+
+def _raw(header: dict, data: bytes) -> bytes:
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+@pytest.mark.parametrize(
+    "payload, reason",
+    [
+        (b"\x01\x02", "too short"),
+        (struct.pack("<Q", 1 << 40) + b"{}", "does not fit"),
+        (struct.pack("<Q", 3) + b"{{{", "not JSON"),
+        (_raw({"a": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}, bytes(8)), "unsupported dtype"),
+        (_raw({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, bytes(8)), "does not match"),
+        (_raw({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(12)), "no tensor accounts"),
+        (_raw({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+               "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, bytes(12)), "overlaps"),
+        (_raw({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 80]}}, bytes(8)), "bad shape or offsets"),
+        (_raw({"a": "nope"}, b""), "malformed entry"),
+        (_raw({"__metadata__": {"k": 1}}, b""), "strings to strings"),
+    ],
+)
+def test_malformed_safetensors_are_refused_with_a_reason(payload, reason):
+    with pytest.raises(SerializationError, match=reason):
+        loads(payload)
+
+
+def test_nan_values_round_trip_unchanged_because_validation_is_elsewhere():
+    arrays, _ = loads(dumps({"x": np.array([np.nan, 1.0], np.float32)}))
+    assert np.isnan(arrays["x"][0])
+
+
+def test_save_file_is_atomic_and_load_file_copies(tmp_path):
+    path = tmp_path / "m.safetensors"
+    save_file(path, {"x": np.ones(3, np.float32)})
+    arrays, _ = load_file(path)
+    arrays["x"][0] = 5  # a private, writable copy
+    assert list(tmp_path.iterdir()) == [path]
