@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 def configure_logging(level: str) -> None:
@@ -29,6 +29,20 @@ def stop_on_signals() -> threading.Event:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     return stop
+
+
+def run_daemon(name: str, start: Callable[[], Callable[[threading.Event], object]]) -> int:
+    """Build a daemon (config errors exit 2, which systemd units treat as "do not restart"), then run it."""
+    from protocol.config import ConfigError
+
+    try:
+        run = start()
+    except (ConfigError, ValueError, OSError) as exc:
+        logging.getLogger(f"skyfed.{name}").error("cannot start: %s", exc)
+        print(f"skyfed {name}: {exc}", file=sys.stderr)
+        return 2
+    run(stop_on_signals())
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

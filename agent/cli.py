@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 from pathlib import Path
-
-from protocol.config import ConfigError
 
 
 def run_agent(args: argparse.Namespace) -> int:
     from agent.config import load_agent_config
     from agent.daemon import EdgeAgent
-    from skyfed import stop_on_signals
+    from skyfed import run_daemon
 
-    try:
-        config = load_agent_config(Path(args.config))
-        agent = EdgeAgent(config)
-    except (ConfigError, ValueError, OSError) as exc:
-        logging.getLogger("skyfed.agent").error("cannot start: %s", exc)
-        print(f"skyfed agent: {exc}", file=sys.stderr)
-        return 2
-    agent.run(stop_on_signals())
-    return 0
+    return run_daemon("agent", lambda: EdgeAgent(load_agent_config(Path(args.config))).run)
 
 
 def add_agent_commands(commands: argparse._SubParsersAction) -> None:

@@ -68,10 +68,14 @@ def main(repeats: int = 5) -> list[dict]:
     ratio = fedavg / floor
     return [
         report(
-            "fedavg_100x3.2M", target="<= 1.5x copy floor; peak memory flat in N",
+            "fedavg_100x3.2M",
+            target="<= 1.5x copy floor; peak memory flat in N",
             ok=ratio <= 1.5 and peak_100 <= peak_10 * 1.05,
-            fedavg_ms=round(fedavg * 1e3, 1), copy_floor_ms=round(floor * 1e3, 1), ratio=round(ratio, 2),
-            peak_extra_mb_10_updates=round(peak_10 / 2**20, 1), peak_extra_mb_100_updates=round(peak_100 / 2**20, 1),
+            fedavg_ms=round(fedavg * 1e3, 1),
+            copy_floor_ms=round(floor * 1e3, 1),
+            ratio=round(ratio, 2),
+            peak_extra_mb_10_updates=round(peak_10 / 2**20, 1),
+            peak_extra_mb_100_updates=round(peak_100 / 2**20, 1),
         )
     ]
 

@@ -108,8 +108,13 @@ def main(repeats: int = 9) -> list[dict]:
     s, p = statistics.median(sealed_s), statistics.median(plain_s)
     return [
         report(
-            "sealed_update_12.8MB", target="sealed <= 1.5x plain chunked transfer", ok=s / p <= 1.5,
-            sealed_ms=round(s * 1e3, 1), plain_ms=round(p * 1e3, 1), ratio=round(s / p, 2), broker=broker.kind,
+            "sealed_update_12.8MB",
+            target="sealed <= 1.5x plain chunked transfer",
+            ok=s / p <= 1.5,
+            sealed_ms=round(s * 1e3, 1),
+            plain_ms=round(p * 1e3, 1),
+            ratio=round(s / p, 2),
+            broker=broker.kind,
         )
     ]
 

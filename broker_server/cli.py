@@ -3,27 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 from pathlib import Path
-
-from protocol.config import ConfigError
 
 
 def run_server(args: argparse.Namespace) -> int:
     from broker_server.config import load_server_config
     from broker_server.daemon import Aggregator
-    from skyfed import stop_on_signals
+    from skyfed import run_daemon
 
-    try:
-        config = load_server_config(Path(args.config))
-        aggregator = Aggregator(config)
-    except (ConfigError, ValueError, OSError) as exc:
-        logging.getLogger("skyfed.server").error("cannot start: %s", exc)
-        print(f"skyfed server: {exc}", file=sys.stderr)
-        return 2
-    aggregator.run(stop_on_signals(), exit_when_finished=not args.keep_running)
-    return 0
+    def start():  # noqa: ANN202
+        aggregator = Aggregator(load_server_config(Path(args.config)))
+        return lambda stop: aggregator.run(stop, exit_when_finished=not args.keep_running)
+
+    return run_daemon("server", start)
 
 
 def run_monitor(args: argparse.Namespace) -> int:

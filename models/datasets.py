@@ -48,9 +48,7 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dat
     bunch = sklearn_digits()
     x = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]
     y = bunch.target.astype(np.int64)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, y, test_size=test_fraction, random_state=seed, stratify=y
-    )
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
     return Dataset(x_train, y_train), Dataset(x_test, y_test)
 
 

@@ -32,8 +32,9 @@ def shards(labels: np.ndarray, n_clients: int, seed: int, shards_per_client: int
     return [np.sort(np.concatenate([pieces[i] for i in row])) for row in owners]
 
 
-def dirichlet(labels: np.ndarray, n_clients: int, seed: int, alpha: float = 0.5, min_size: int = 10,
-              max_tries: int = 100) -> list[np.ndarray]:
+def dirichlet(
+    labels: np.ndarray, n_clients: int, seed: int, alpha: float = 0.5, min_size: int = 10, max_tries: int = 100
+) -> list[np.ndarray]:
     if alpha <= 0:
         raise ValueError(f"dirichlet alpha must be > 0, got {alpha}")
     rng = np.random.default_rng(seed)

@@ -20,8 +20,15 @@ from models.weights import NamedArrays, TensorSpec
 
 MAX_HEADER_BYTES = 16 << 20
 DTYPES = {
-    "F16": np.float16, "F32": np.float32, "F64": np.float64, "I8": np.int8, "I16": np.int16,
-    "I32": np.int32, "I64": np.int64, "U8": np.uint8, "BOOL": np.bool_,
+    "F16": np.float16,
+    "F32": np.float32,
+    "F64": np.float64,
+    "I8": np.int8,
+    "I16": np.int16,
+    "I32": np.int32,
+    "I64": np.int64,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
 }
 
 

@@ -21,7 +21,8 @@ def new_key(args: argparse.Namespace) -> int:
         print(f"skyfed keys: {exc}", file=sys.stderr)
         return 2
     path = identity.save(directory)
-    print(f"wrote {path} (mode 0600) and {directory / (args.name + '.pub')}; fingerprint {identity.public.fingerprint()}")
+    public_path = directory / f"{args.name}.pub"
+    print(f"wrote {path} (mode 0600) and {public_path}; fingerprint {identity.public.fingerprint()}")
     return 0
 
 

@@ -97,8 +97,22 @@ class Manifest:
             raise InvalidEnvelope("malformed") from None
         if end != len(data) or len(transfer_id) != 16 or len(digest) != 32 or eph_len not in (0, 32):
             raise InvalidEnvelope("malformed")
-        manifest = cls(strings[0], strings[1], rnd, strings[2], strings[3], transfer_id, created, size, chunk_size,
-                       n_chunks, digest, strings[4], eph_pub, version)
+        manifest = cls(
+            strings[0],
+            strings[1],
+            rnd,
+            strings[2],
+            strings[3],
+            transfer_id,
+            created,
+            size,
+            chunk_size,
+            n_chunks,
+            digest,
+            strings[4],
+            eph_pub,
+            version,
+        )
         if not (MIN_CHUNK <= chunk_size <= MAX_CHUNK) or n_chunks != max(1, math.ceil(size / chunk_size)):
             raise InvalidEnvelope("malformed")
         if not math.isfinite(created):
@@ -153,10 +167,19 @@ def seal(
         assert group_key is not None
         secret, eph_pub, key_id, to = group_key.key, b"", group_key.key_id, "*"
     manifest = Manifest(
-        federation=federation, kind=kind, round=round, sender=sender.name, recipient=to, transfer_id=transfer_id,
-        created_at=time.time() if now is None else now, size=len(view), chunk_size=chunk_size,
-        n_chunks=max(1, math.ceil(len(view) / chunk_size)), sha256=hashlib.sha256(view).digest(),
-        key_id=key_id, eph_pub=eph_pub,
+        federation=federation,
+        kind=kind,
+        round=round,
+        sender=sender.name,
+        recipient=to,
+        transfer_id=transfer_id,
+        created_at=time.time() if now is None else now,
+        size=len(view),
+        chunk_size=chunk_size,
+        n_chunks=max(1, math.ceil(len(view) / chunk_size)),
+        sha256=hashlib.sha256(view).digest(),
+        key_id=key_id,
+        eph_pub=eph_pub,
     )
     manifest_bytes = manifest.to_bytes()
     digest = hashlib.sha256(manifest_bytes).digest()

@@ -33,7 +33,9 @@ class KeyFileError(ValueError):
 
 def check_name(name: str) -> str:
     if not NAME.match(name):
-        raise ValueError(f"identity name {name!r} must be 1-64 characters from A-Z a-z 0-9 _ . - (it becomes a topic level)")
+        raise ValueError(
+            f"identity name {name!r} must be 1-64 characters from A-Z a-z 0-9 _ . - (it becomes a topic level)"
+        )
     return name
 
 
@@ -49,6 +51,16 @@ def _unb64(path: Path, text: object, size: int) -> bytes:
     if len(raw) != size:
         raise KeyFileError(f"{path}: malformed key material (expected {size} bytes of base64)")
     return raw
+
+
+def _parse_key_file(path: Path, text: str, what: str) -> tuple[str, bytes, bytes]:
+    """``(name, ed25519 raw, x25519 raw)`` from a SkyFed key file's JSON."""
+    try:
+        data = json.loads(text)
+        name = check_name(data["name"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise KeyFileError(f"{path}: not a SkyFed {what} key file ({exc})") from None
+    return name, _unb64(path, data.get("ed25519"), 32), _unb64(path, data.get("x25519"), 32)
 
 
 def _raw_private(key: Ed25519PrivateKey | X25519PrivateKey) -> bytes:
@@ -87,16 +99,8 @@ class PublicIdentity:
 
     @classmethod
     def from_json(cls, text: str, path: Path = Path("<memory>")) -> PublicIdentity:
-        try:
-            data = json.loads(text)
-            name = check_name(data["name"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise KeyFileError(f"{path}: not a SkyFed public key file ({exc})") from None
-        return cls(
-            name,
-            Ed25519PublicKey.from_public_bytes(_unb64(path, data.get("ed25519"), 32)),
-            X25519PublicKey.from_public_bytes(_unb64(path, data.get("x25519"), 32)),
-        )
+        name, ed, x = _parse_key_file(path, text, "public")
+        return cls(name, Ed25519PublicKey.from_public_bytes(ed), X25519PublicKey.from_public_bytes(x))
 
     @classmethod
     def load(cls, path: Path) -> PublicIdentity:
@@ -147,17 +151,11 @@ class Identity:
         except OSError as exc:
             raise KeyFileError(f"{path}: cannot read private key ({exc.strerror})") from None
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise KeyFileError(f"{path}: private key is readable by others (mode {oct(mode & 0o777)}); run: chmod 600 {path}")
-        try:
-            data = json.loads(text)
-            name = check_name(data["name"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise KeyFileError(f"{path}: not a SkyFed private key file ({exc})") from None
-        return cls(
-            name,
-            Ed25519PrivateKey.from_private_bytes(_unb64(path, data.get("ed25519"), 32)),
-            X25519PrivateKey.from_private_bytes(_unb64(path, data.get("x25519"), 32)),
-        )
+            raise KeyFileError(
+                f"{path}: private key is readable by others (mode {oct(mode & 0o777)}); run: chmod 600 {path}"
+            )
+        name, ed, x = _parse_key_file(path, text, "private")
+        return cls(name, Ed25519PrivateKey.from_private_bytes(ed), X25519PrivateKey.from_private_bytes(x))
 
 
 class Keyring:

@@ -91,7 +91,9 @@ class LocalBroker:
             conf.write_text(mosquitto_config(self.host, self.port, self.data_dir))
             self._process = subprocess.Popen(
                 [mosquitto_path() or "mosquitto", "-c", str(conf)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
             )
         else:
             from iotcore import Broker
@@ -145,8 +147,14 @@ class LocalBroker:
         self.stop()
 
 
-def start_broker(*, data_dir: Path, kind: str = "auto", host: str = "127.0.0.1", port: int | None = None,
-                 startup_timeout_s: float = 10.0) -> LocalBroker:
+def start_broker(
+    *,
+    data_dir: Path,
+    kind: str = "auto",
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    startup_timeout_s: float = 10.0,
+) -> LocalBroker:
     """Start mosquitto (or, with ``kind="auto"`` and no mosquitto installed, iotcore) and wait until it listens."""
     if kind == "auto":
         kind = "mosquitto" if mosquitto_path() else "iotcore"

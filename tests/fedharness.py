@@ -92,7 +92,12 @@ class ServerHarness:
     def announce_agents(self) -> RoundTask:
         for name in self.agents:
             status = AgentStatus(
-                agent=name, state="idle", round=0, samples=100, version=1, updated_at=time.time(),
+                agent=name,
+                state="idle",
+                round=0,
+                samples=100,
+                version=1,
+                updated_at=time.time(),
                 group_key_id=self.server.group_key.key_id,
             )
             self.driver.publish(self.topics.agent_status(name), status.to_json(), retain=True)
@@ -108,11 +113,17 @@ class ServerHarness:
         local = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in floats.items()}
         return weights_delta(local, floats)
 
-    def sealed(self, sender: Identity, data: bytes, *, federation: str = "t", round_number: int = 1,
-               chunk_size: int = 1 << 20) -> list[bytes]:
+    def sealed(
+        self, sender: Identity, data: bytes, *, federation: str = "t", round_number: int = 1, chunk_size: int = 1 << 20
+    ) -> list[bytes]:
         _, chunks = seal(
-            data, sender=sender, federation=federation, kind="update", round=round_number,
-            recipient=self.server.identity.public, chunk_size=chunk_size,
+            data,
+            sender=sender,
+            federation=federation,
+            kind="update",
+            round=round_number,
+            recipient=self.server.identity.public,
+            chunk_size=chunk_size,
         )
         return chunks
 

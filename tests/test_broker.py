@@ -14,9 +14,11 @@ def client(broker, client_id, clean=True, messages=None):
     c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean)
     got = threading.Event()
     if messages is not None:
+
         def on_message(_c, _u, m):
             messages.append(m.payload)
             got.set()
+
         c.on_message = on_message
     c.connect(broker.host, broker.port)
     c.loop_start()

@@ -85,7 +85,10 @@ def test_daemon_exits_2_at_start_naming_the_key(tmp_path, layout):
     override_toml(path, rounds={"deadline_s": -1})
     result = subprocess.run(
         [sys.executable, "-m", "skyfed", "server", "run", "--config", str(path)],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
     assert result.returncode == 2
     assert "rounds.deadline_s must be > 0" in result.stderr

@@ -17,13 +17,25 @@ def ids():
 
 
 def opener_for(ids, me="server", senders=("agent",), clock=NOW, **kwargs):
-    return Opener(identity=ids[me], federation="fed", senders=Keyring([ids[s].public for s in senders]),
-                  clock=lambda: clock, **kwargs)
+    return Opener(
+        identity=ids[me],
+        federation="fed",
+        senders=Keyring([ids[s].public for s in senders]),
+        clock=lambda: clock,
+        **kwargs,
+    )
 
 
 def sealed(ids, data, **kwargs):
-    args = dict(sender=ids["agent"], federation="fed", kind="update", round=3, recipient=ids["server"].public,
-                chunk_size=1024, now=NOW)
+    args = dict(
+        sender=ids["agent"],
+        federation="fed",
+        kind="update",
+        round=3,
+        recipient=ids["server"].public,
+        chunk_size=1024,
+        now=NOW,
+    )
     return seal(data, **{**args, **kwargs})
 
 
@@ -88,7 +100,8 @@ def test_wrong_federation_unknown_sender_and_wrong_recipient(ids):
     _, chunks = sealed(ids, b"x" * 10)
     with pytest.raises(InvalidEnvelope, match="wrong-federation"):
         Opener(identity=ids["server"], federation="elsewhere", senders=Keyring([ids["agent"].public])).open_chunk(
-            chunks[0])
+            chunks[0]
+        )
     with pytest.raises(InvalidEnvelope, match="unknown-sender"):
         opener_for(ids, senders=("other",)).open_chunk(chunks[0])
     with pytest.raises(InvalidEnvelope, match="wrong-recipient"):
@@ -131,7 +144,8 @@ def test_group_member_can_forge_chunks_but_the_signed_digest_catches_it(ids):
 
     digest = hashlib.sha256(manifest_bytes).digest()
     forged_body = _chunk_key(key.key, manifest_bytes, manifest.transfer_id).encrypt(
-        _nonce(1), os.urandom(1024), _aad(digest, 1))
+        _nonce(1), os.urandom(1024), _aad(digest, 1)
+    )
     forged = chunks[1][: 8 + manifest_len + 64 + 4] + forged_body
     opener = opener_for(ids, me="agent", senders=("server",), group_keys={key.key_id: key})
     assert opener.open_chunk(forged).index == 1  # the chunk itself decrypts...
@@ -139,8 +153,9 @@ def test_group_member_can_forge_chunks_but_the_signed_digest_catches_it(ids):
         open_all(opener, [chunks[0], forged])  # ...but the whole transfer fails its signed SHA-256
 
 
-@pytest.mark.parametrize("payload", [b"", b"SKF", b"XYZ\x01" + bytes(200), b"SKF\x09" + bytes(200),
-                                     b"SKF\x01\x00\x00\x00\x05" + bytes(100)])
+@pytest.mark.parametrize(
+    "payload", [b"", b"SKF", b"XYZ\x01" + bytes(200), b"SKF\x09" + bytes(200), b"SKF\x01\x00\x00\x00\x05" + bytes(100)]
+)
 def test_garbage_is_refused_as_malformed(ids, payload):
     with pytest.raises(InvalidEnvelope, match="malformed|unsupported-version"):
         opener_for(ids).open_chunk(payload)

@@ -40,10 +40,20 @@ ROOT = Path(__file__).resolve().parent.parent
 class Federation:
     """Agents as threads in this process; the server either as a thread or as a subprocess."""
 
-    def __init__(self, tmp_path: Path, broker, *, rounds: int, agents: int = 3, epochs: int = 1,  # noqa: ANN001
-                 partition: str = "iid", protocol: str = "3.1.1") -> None:
-        settings = SimSettings(agents=agents, rounds=rounds, partition=partition, epochs=epochs, federation="it",
-                               deadline_s=60.0)
+    def __init__(
+        self,
+        tmp_path: Path,
+        broker,
+        *,
+        rounds: int,
+        agents: int = 3,
+        epochs: int = 1,  # noqa: ANN001
+        partition: str = "iid",
+        protocol: str = "3.1.1",
+    ) -> None:
+        settings = SimSettings(
+            agents=agents, rounds=rounds, partition=partition, epochs=epochs, federation="it", deadline_s=60.0
+        )
         self.layout = create_federation(tmp_path, settings, (broker.host, broker.port))
         for config in [self.layout.server_config, *self.layout.agent_configs.values()]:
             override_toml(config, broker={"protocol": protocol})
@@ -175,7 +185,9 @@ class SlowInRound:
 def _start_server_process(config: Path, log: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "skyfed", "server", "run", "--config", str(config)],
-        stdout=open(log, "ab"), stderr=subprocess.STDOUT, cwd=ROOT,  # noqa: SIM115
+        stdout=open(log, "ab"),
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,  # noqa: SIM115
     )
 
 

@@ -10,9 +10,21 @@ from protocol.topics import Topics
 
 def _task(**overrides):
     base = dict(
-        federation="f", round=3, attempt=1, strategy="fedavg", model="digits_cnn", num_classes=10,
-        model_version=3, model_sha256="ab" * 32, model_chunks=1, group_key_id="0a0b0c0d",
-        selected=["a", "b"], pending=["b"], deadline=10.0, issued_at=5.0, train=TrainSettings(epochs=2),
+        federation="f",
+        round=3,
+        attempt=1,
+        strategy="fedavg",
+        model="digits_cnn",
+        num_classes=10,
+        model_version=3,
+        model_sha256="ab" * 32,
+        model_chunks=1,
+        group_key_id="0a0b0c0d",
+        selected=["a", "b"],
+        pending=["b"],
+        deadline=10.0,
+        issued_at=5.0,
+        train=TrainSettings(epochs=2),
     )
     return RoundTask(**{**base, **overrides})
 
@@ -54,14 +66,26 @@ def test_nan_cannot_be_sent_or_received():
     with pytest.raises(ValueError):
         status.to_json()
     with pytest.raises(MessageError):
-        AgentStatus.from_json(b'{"schema":"skyfed.agent-status/1","agent":"a","state":"x","round":1,'
-                              b'"samples":1,"version":1,"updated_at":NaN}')
+        AgentStatus.from_json(
+            b'{"schema":"skyfed.agent-status/1","agent":"a","state":"x","round":1,'
+            b'"samples":1,"version":1,"updated_at":NaN}'
+        )
 
 
 def test_metrics_carry_rejections_as_objects():
     m = RoundMetrics(
-        round=1, strategy="fedavg", participants=["a"], accepted=[], rejected=[Rejection("a", "bad-chunk")],
-        duration_s=1.0, aggregate_s=0.0, bytes_up=0, bytes_down=0, eval={}, model_version=2, finished_at=0.0,
+        round=1,
+        strategy="fedavg",
+        participants=["a"],
+        accepted=[],
+        rejected=[Rejection("a", "bad-chunk")],
+        duration_s=1.0,
+        aggregate_s=0.0,
+        bytes_up=0,
+        bytes_down=0,
+        eval={},
+        model_version=2,
+        finished_at=0.0,
     )
     assert json.loads(m.to_json())["rejected"] == [{"agent": "a", "reason": "bad-chunk"}]
     assert RoundMetrics.from_json(m.to_json()) == m

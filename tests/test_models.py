@@ -70,8 +70,10 @@ def test_flatten_unflatten_round_trip_in_spec_order():
 
 
 def test_loads_is_zero_copy_and_float32_region_is_one_flat_view():
-    arrays = {"w": np.random.default_rng(0).standard_normal((300, 100)).astype(np.float32),
-              "b": np.zeros(100, np.float32)}
+    arrays = {
+        "w": np.random.default_rng(0).standard_normal((300, 100)).astype(np.float32),
+        "b": np.zeros(100, np.float32),
+    }
     data = bytearray(dumps(arrays, {"k": "v"}))
     loaded, meta = loads(data)
     assert meta == {"k": "v"} and np.shares_memory(loaded["w"], np.frombuffer(data, np.uint8))
@@ -100,8 +102,16 @@ def _raw(header: dict, data: bytes) -> bytes:
         (_raw({"a": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}, bytes(8)), "unsupported dtype"),
         (_raw({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, bytes(8)), "does not match"),
         (_raw({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(12)), "no tensor accounts"),
-        (_raw({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-               "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, bytes(12)), "overlaps"),
+        (
+            _raw(
+                {
+                    "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                    "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+                },
+                bytes(12),
+            ),
+            "overlaps",
+        ),
         (_raw({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 80]}}, bytes(8)), "bad shape or offsets"),
         (_raw({"a": "nope"}, b""), "malformed entry"),
         (_raw({"__metadata__": {"k": 1}}, b""), "strings to strings"),

@@ -35,8 +35,12 @@ def test_deadline_without_quorum_reannounces_to_pending_agents():
 
 @pytest.mark.parametrize(
     "kwargs, key",
-    [({"fraction": 0}, "rounds.fraction"), ({"min_agents": 0}, "rounds.min_agents"),
-     ({"min_agents": 2, "quorum": 3}, "rounds.quorum"), ({"deadline_s": 0}, "rounds.deadline_s")],
+    [
+        ({"fraction": 0}, "rounds.fraction"),
+        ({"min_agents": 0}, "rounds.min_agents"),
+        ({"min_agents": 2, "quorum": 3}, "rounds.quorum"),
+        ({"deadline_s": 0}, "rounds.deadline_s"),
+    ],
 )
 def test_bad_round_rules_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):

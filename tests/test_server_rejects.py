@@ -28,8 +28,9 @@ def forged_key(h, good):
 
 
 def other_round(h, good):
-    h.publish_update("agent-01", h.sealed(h.agents["agent-01"], h.update_bytes(h.random_delta(9), round_number=2),
-                                          round_number=2))
+    h.publish_update(
+        "agent-01", h.sealed(h.agents["agent-01"], h.update_bytes(h.random_delta(9), round_number=2), round_number=2)
+    )
     return "wrong-round"
 
 
@@ -90,8 +91,19 @@ def garbage_payload(h, good):
 
 
 CASES = [
-    corrupt_chunk, unknown_sender, forged_key, other_round, other_federation, topic_of_another_agent,
-    nan_values, infinite_values, wrong_names, wrong_shape, not_safetensors, too_large, garbage_payload,
+    corrupt_chunk,
+    unknown_sender,
+    forged_key,
+    other_round,
+    other_federation,
+    topic_of_another_agent,
+    nan_values,
+    infinite_values,
+    wrong_names,
+    wrong_shape,
+    not_safetensors,
+    too_large,
+    garbage_payload,
 ]
 
 

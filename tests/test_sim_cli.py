@@ -13,21 +13,46 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def skyfed(*args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "skyfed", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "skyfed", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout
+    )
 
 
 def test_sim_against_an_existing_broker_writes_metrics_curves_and_model(tmp_path, broker):
     out = tmp_path / "run"
-    result = skyfed("sim", "--agents", "3", "--rounds", "3", "--partition", "dirichlet:0.5", "--seed", "1",
-                    "--out", str(out), "--broker", broker.address, "--federation", "simtest")
+    result = skyfed(
+        "sim",
+        "--agents",
+        "3",
+        "--rounds",
+        "3",
+        "--partition",
+        "dirichlet:0.5",
+        "--seed",
+        "1",
+        "--out",
+        str(out),
+        "--broker",
+        broker.address,
+        "--federation",
+        "simtest",
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     round_lines = [line for line in result.stdout.splitlines() if line.startswith("round ")]
     assert len(round_lines) == 3 and "accuracy" in round_lines[0] and "MB up" in round_lines[0]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2, 3]
-    for key in ("strategy", "participants", "accepted", "rejected", "duration_s", "aggregate_s", "bytes_up",
-                "bytes_down", "eval"):
+    for key in (
+        "strategy",
+        "participants",
+        "accepted",
+        "rejected",
+        "duration_s",
+        "aggregate_s",
+        "bytes_up",
+        "bytes_down",
+        "eval",
+    ):
         assert key in rows[0]
     assert rows[-1]["eval"]["accuracy"] > 0.8
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -51,6 +76,7 @@ def test_keys_new_refuses_to_overwrite_and_enroll_copies_the_public_key(tmp_path
     assert (tmp_path / "drone-07.key").stat().st_mode & 0o777 == 0o600
     again = skyfed("keys", "new", "drone-07", "--dir", str(tmp_path), timeout=60)
     assert again.returncode == 2 and "refusing to overwrite" in again.stderr
-    enrolled = skyfed("keys", "enroll", str(tmp_path / "drone-07.pub"), "--enrolled", str(tmp_path / "enrolled"),
-                      timeout=60)
+    enrolled = skyfed(
+        "keys", "enroll", str(tmp_path / "drone-07.pub"), "--enrolled", str(tmp_path / "enrolled"), timeout=60
+    )
     assert enrolled.returncode == 0 and (tmp_path / "enrolled" / "drone-07.pub").exists()

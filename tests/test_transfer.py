@@ -25,8 +25,9 @@ def make(ids, limits=TransferLimits(), clock=None):
 
 def chunks_of(ids, data, chunk_size=1024):
     server, agent = ids
-    return seal(data, sender=agent, federation="f", kind="update", round=1, recipient=server.public,
-                chunk_size=chunk_size)[1]
+    return seal(
+        data, sender=agent, federation="f", kind="update", round=1, recipient=server.public, chunk_size=chunk_size
+    )[1]
 
 
 def test_reassembles_shuffled_and_duplicated_chunks(ids):
@@ -44,11 +45,11 @@ def test_reassembles_shuffled_and_duplicated_chunks(ids):
 
 def test_size_and_chunk_count_limits_are_checked_before_allocating(ids):
     with pytest.raises(TransferRejected, match="too-large"):
-        make(ids, TransferLimits(max_bytes=5000)).feed(chunks_of(ids, bytes(6000))[0], topic_sender="agent",
-                                                        kinds=UPDATE)
+        make(ids, TransferLimits(max_bytes=5000)).feed(
+            chunks_of(ids, bytes(6000))[0], topic_sender="agent", kinds=UPDATE
+        )
     with pytest.raises(TransferRejected, match="too-many-chunks"):
-        make(ids, TransferLimits(max_chunks=3)).feed(chunks_of(ids, bytes(4000))[0], topic_sender="agent",
-                                                      kinds=UPDATE)
+        make(ids, TransferLimits(max_chunks=3)).feed(chunks_of(ids, bytes(4000))[0], topic_sender="agent", kinds=UPDATE)
 
 
 def test_partial_transfers_per_sender_are_capped_and_time_out(ids):
