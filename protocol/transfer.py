@@ -3,12 +3,12 @@
 Chunks arrive in any order, possibly twice (MQTT QoS 1 redelivers), possibly never. A chunk repeated
 while its transfer is incomplete is ignored; once a transfer is complete its id is remembered and any
 later chunk of it is rejected as a replay (a redelivery then is indistinguishable from one, and harmless
-either way). This module keeps
-the bookkeeping: one preallocated buffer per transfer, a bitmap of received chunks, whole-transfer
-SHA-256 check, and the limits that keep a flood from exhausting memory: maximum transfer size and chunk
+either way). This module keeps the bookkeeping: one preallocated buffer per transfer that chunks are
+decrypted straight into, the set of missing chunks, the whole-transfer SHA-256 check where the envelope
+calls for one, and the limits that keep a flood from exhausting memory: maximum transfer size and chunk
 count (checked on the signed manifest before any allocation), maximum concurrent partial transfers per
 sender, and a time-out that frees transfers that never finish. Cryptography is ``security.envelope``'s
-job; MQTT is the daemons' job. This module never raises anything but ``TransferRejected``.
+job; MQTT is the daemons'. This module never raises anything but ``TransferRejected``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from security.envelope import InvalidEnvelope, Manifest, Opener
+from security.envelope import InvalidEnvelope, Manifest, Opener, chunk_length
 
 log = logging.getLogger("skyfed.transfer")
 
@@ -61,6 +61,10 @@ class Completed:
     wire_bytes: int
 
 
+class _AlreadyHeld(Exception):
+    """Raised inside decryption to skip a chunk this transfer already has."""
+
+
 @dataclass
 class _Partial:
     manifest: Manifest
@@ -94,20 +98,21 @@ class Reassembler:
         if manifest.kind not in kinds:
             raise TransferRejected(topic_sender, f"wrong-kind: {manifest.kind}")
         partial = self._partials.get(manifest.transfer_id) or self._start(manifest)
+
+        def slot(m: Manifest, index: int) -> memoryview:
+            if index not in partial.missing:
+                raise _AlreadyHeld
+            start = index * m.chunk_size
+            return memoryview(partial.buffer)[start : start + chunk_length(m, index)]
+
         try:
-            chunk = self.opener.open_chunk(payload)
+            _, index = self.opener.open_chunk_into(payload, slot)
+        except _AlreadyHeld:
+            return None  # QoS 1 re-delivery of a chunk we already hold
         except InvalidEnvelope as exc:
             self._drop(manifest.transfer_id)
             raise TransferRejected(topic_sender, exc.reason) from None
-        if chunk.index not in partial.missing:
-            return None  # duplicate delivery of a chunk we already hold
-        start = chunk.index * manifest.chunk_size
-        expected = min(manifest.chunk_size, manifest.size - start)
-        if len(chunk.plaintext) != expected:
-            self._drop(manifest.transfer_id)
-            raise TransferRejected(topic_sender, "bad-chunk-length")
-        partial.buffer[start : start + expected] = chunk.plaintext
-        partial.missing.discard(chunk.index)
+        partial.missing.discard(index)
         partial.wire_bytes += len(payload)
         if partial.missing:
             return None
@@ -143,7 +148,7 @@ class Reassembler:
     def _finish(self, partial: _Partial) -> Completed:
         manifest = partial.manifest
         self._drop(manifest.transfer_id)
-        if hashlib.sha256(partial.buffer).digest() != manifest.sha256:
+        if manifest.needs_digest and hashlib.sha256(partial.buffer).digest() != manifest.sha256:
             raise TransferRejected(manifest.sender, "digest-mismatch")
         self.opener.replay.remember(manifest)
         log.debug("transfer complete sender=%s kind=%s bytes=%d", manifest.sender, manifest.kind, manifest.size)
