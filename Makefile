@@ -1,5 +1,7 @@
 # The two commands a newcomer needs: `make demo` and `make test`. Both create .venv and install SkyFed
 # with the pinned constraints on first use.
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -c
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.skyfed-installed
@@ -7,9 +9,11 @@ PYTEST_ARGS ?=
 
 .PHONY: install demo test bench lint clean
 
+# The grep drops pip-config noise about local wheel folders that are absent on some machines.
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,broker]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,broker]' 2>&1 \
+		| { grep -v "^WARNING: Location 'file:" || true; }
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -63,6 +63,7 @@ class EdgeAgent:
         self.store = ProgressStore(config.state_dir)
         self.progress = self.store.load()
         self.models: dict[int, NamedArrays] = {}
+        self.model_sha256 = ""
         self.task: RoundTask | None = None
         self.state = "starting"
         self.detail = ""
@@ -157,6 +158,7 @@ class EdgeAgent:
             log.warning("model rejected version=%d reason=%s", version, exc)
             return
         self.models = {version: arrays}  # only the newest version is ever needed
+        self.model_sha256 = completed.manifest.sha256.hex()
         log.info("model received version=%d bytes=%d", version, completed.manifest.size)
 
     # work --------------------------------------------------------------------------------------------
@@ -172,7 +174,7 @@ class EdgeAgent:
                 self._resend(task)
             return self._set_state("done")
         global_arrays = self.models.get(task.model_version)
-        if global_arrays is None:
+        if global_arrays is None or self.model_sha256 != task.model_sha256:
             return self._set_state("waiting-model")
         self._train_and_send(task, global_arrays)
         return None

@@ -225,3 +225,45 @@ def test_server_kill_9_mid_round_resumes_with_no_accepted_update_lost(tmp_path, 
     assert set(before_kill) <= set(round_2.accepted)
     assert sorted(round_2.accepted) == sorted(round_2.participants)
     assert "server resumed" in log.read_text()
+
+
+def test_agents_ignore_a_forged_round_task_then_follow_the_real_server(tmp_path, broker):
+    from protocol.messages import RoundTask
+    from protocol.mqtt import BrokerSettings, MqttClient
+    from security.keys import Identity
+    from security.signing import sign_document
+
+    fed = Federation(tmp_path, broker, rounds=1, agents=2)
+    forged = RoundTask(
+        federation="it",
+        round=1,
+        attempt=1,
+        strategy="fedavg",
+        model="digits_cnn",
+        num_classes=10,
+        model_version=1,
+        model_sha256="00" * 32,
+        model_chunks=1,
+        group_key_id="deadbeef",
+        selected=["agent-01", "agent-02"],
+        pending=["agent-01", "agent-02"],
+        deadline=time.time() + 60,
+        issued_at=time.time(),
+    )
+    attacker = MqttClient("attacker", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+    assert attacker.start(timeout_s=5)
+    document = sign_document(forged.to_dict(), Identity.generate("server"))  # right name, wrong key
+    attacker.wait_published([attacker.publish("skyfed/it/round", json.dumps(document).encode(), retain=True)], 5)
+    attacker.stop()
+    fed.start_agents()
+    try:
+        time.sleep(1.5)
+        assert all(a.task is None and a.state == "idle" for a in fed.agents)
+        server = Aggregator(load_server_config(fed.layout.server_config))
+        server_thread = threading.Thread(target=server.run, daemon=True)
+        server_thread.start()
+        server_thread.join(60)
+        assert not server_thread.is_alive()
+    finally:
+        fed.close()
+    assert sorted(fed.metrics()[0].accepted) == ["agent-01", "agent-02"]
