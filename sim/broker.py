@@ -37,10 +37,31 @@ def mosquitto_path() -> str | None:
     return "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None
 
 
-def mosquitto_config(host: str, port: int, data_dir: Path) -> str:
+@dataclass(frozen=True)
+class ListenerTls:
+    """Mutual TLS on the listener: clients must present a certificate signed by ``ca``."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+
+def mosquitto_config(host: str, port: int, data_dir: Path, tls: ListenerTls | None = None) -> str:
+    tls_lines = (
+        [
+            f"cafile {tls.ca}",
+            f"certfile {tls.cert}",
+            f"keyfile {tls.key}",
+            "require_certificate true",
+            "use_identity_as_username true",
+        ]
+        if tls is not None
+        else []
+    )
     return "\n".join(
         [
             f"listener {port} {host}",
+            *tls_lines,
             "allow_anonymous true",  # a local sim/test broker; deployments get TLS + ACL configs
             f"user {getpass.getuser()}",
             "persistence true",
@@ -76,6 +97,7 @@ class LocalBroker:
     port: int
     data_dir: Path
     startup_timeout_s: float = 10.0
+    tls: ListenerTls | None = None
     _process: subprocess.Popen | None = field(default=None, repr=False)
     _embedded: object | None = field(default=None, repr=False)
 
@@ -88,7 +110,7 @@ class LocalBroker:
         started = time.monotonic()
         if self.kind == "mosquitto":
             conf = self.data_dir / "mosquitto.conf"
-            conf.write_text(mosquitto_config(self.host, self.port, self.data_dir))
+            conf.write_text(mosquitto_config(self.host, self.port, self.data_dir, self.tls))
             self._process = subprocess.Popen(
                 [mosquitto_path() or "mosquitto", "-c", str(conf)],
                 stdout=subprocess.DEVNULL,
@@ -154,6 +176,7 @@ def start_broker(
     host: str = "127.0.0.1",
     port: int | None = None,
     startup_timeout_s: float = 10.0,
+    tls: ListenerTls | None = None,
 ) -> LocalBroker:
     """Start mosquitto (or, with ``kind="auto"`` and no mosquitto installed, iotcore) and wait until it listens."""
     if kind == "auto":
@@ -168,5 +191,7 @@ def start_broker(
             ) from None
     elif kind != "mosquitto":
         raise ValueError(f"broker kind must be auto, mosquitto or iotcore, got {kind!r}")
-    broker = LocalBroker(kind, host, port or free_port(host), data_dir, startup_timeout_s)
+    if tls is not None and kind != "mosquitto":
+        raise ValueError("a TLS listener needs mosquitto")
+    broker = LocalBroker(kind, host, port or free_port(host), data_dir, startup_timeout_s, tls)
     return broker.start()

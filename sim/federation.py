@@ -65,11 +65,19 @@ def _toml_value(value: object) -> str:
 
 
 def write_toml(path: Path, tables: dict[str, dict[str, object]]) -> None:
+    """Write tables of scalars; a dict value becomes a sub-table (``[broker.tls]``)."""
     lines: list[str] = []
-    for name, values in tables.items():
+
+    def emit(name: str, values: dict[str, object]) -> None:
         lines.append(f"[{name}]")
-        lines.extend(f"{key} = {_toml_value(v)}" for key, v in values.items())
+        lines.extend(f"{key} = {_toml_value(v)}" for key, v in values.items() if not isinstance(v, dict))
         lines.append("")
+        for key, v in values.items():
+            if isinstance(v, dict):
+                emit(f"{name}.{key}", v)
+
+    for name, values in tables.items():
+        emit(name, values)
     path.write_text("\n".join(lines))
 
 

@@ -31,6 +31,7 @@ from models.training import evaluate
 from models.weights import float_part, load_arrays
 from models.zoo import build_model
 from protocol.messages import RoundMetrics
+from sim.broker import start_broker
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import override_toml, wait_until
 
@@ -108,8 +109,13 @@ def _leaks(payload: bytes, windows: set[bytes], width: int = 16) -> bool:
     return any(payload[i : i + width] in windows for i in range(len(payload) - width + 1))
 
 
-@pytest.mark.parametrize("protocol", ["3.1.1", "5"])
-def test_three_agents_three_rounds_accuracy_rises_and_wire_carries_no_plaintext(tmp_path, broker, protocol):
+@pytest.mark.parametrize("broker_kind, protocol", [("mosquitto", "3.1.1"), ("mosquitto", "5"), ("iotcore", "3.1.1")])
+def test_three_agents_three_rounds_accuracy_rises_and_wire_carries_no_plaintext(
+    tmp_path, broker, broker_kind, protocol
+):
+    if broker_kind == "iotcore":  # the embedded fallback `make demo` uses where mosquitto is not installed
+        pytest.importorskip("iotcore")
+        broker = start_broker(data_dir=tmp_path / "iotcore", kind="iotcore")
     fed = Federation(tmp_path, broker, rounds=3, protocol=protocol)
     sniffer = Sniffer(broker)
     server = Aggregator(load_server_config(fed.layout.server_config))
@@ -128,6 +134,8 @@ def test_three_agents_three_rounds_accuracy_rises_and_wire_carries_no_plaintext(
         fed.close()
         time.sleep(0.3)
         sniffer.close()
+        if broker_kind == "iotcore":
+            broker.stop()
     metrics = fed.metrics()
     accuracies = [m.eval["accuracy"] for m in metrics]
     assert [m.round for m in metrics] == [1, 2, 3]
