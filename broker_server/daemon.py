@@ -213,6 +213,9 @@ class Aggregator:
         except MessageError as exc:
             log.warning("bad status agent=%s error=%s", agent, exc)
             return
+        previous = self.agents.get(agent)
+        if previous is None or previous.state == "offline" or previous.group_key_id == self.group_key.key_id:
+            self.key_sent_at.pop(agent, None)  # (re)started or lost its key: send at once, not after the throttle
         self.agents[agent] = status
         if status.state != "offline" and status.group_key_id != self.group_key.key_id:
             self._send_group_key(agent)

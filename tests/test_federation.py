@@ -275,3 +275,47 @@ def test_agents_ignore_a_forged_round_task_then_follow_the_real_server(tmp_path,
     finally:
         fed.close()
     assert sorted(fed.metrics()[0].accepted) == ["agent-01", "agent-02"]
+
+
+class CountingTrainer:
+    """The real trainer, recording which rounds it trained."""
+
+    def __init__(self, inner: ClassifierTrainer) -> None:
+        self.inner, self.rounds = inner, []
+
+    def train(self, global_arrays, task):  # noqa: ANN001, ANN201
+        self.rounds.append(task.round)
+        return self.inner.train(global_arrays, task)
+
+
+def test_agent_restart_neither_repeats_nor_skips_a_round(tmp_path, broker):
+    fed = Federation(tmp_path, broker, rounds=3, agents=2)
+    first, other = fed.agents
+    first.trainer = CountingTrainer(first.trainer)
+    other.trainer = SlowInRound(other.trainer, round_number=2, delay_s=4.0)  # keeps round 2 open
+    first_stop = threading.Event()
+    first_thread = threading.Thread(target=first.run, args=(first_stop,), daemon=True)
+    other_thread = threading.Thread(target=other.run, args=(fed.stop,), daemon=True)
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    server_thread = threading.Thread(target=server.run, daemon=True)
+    for t in (server_thread, first_thread, other_thread):
+        t.start()
+    try:
+        wait_until(lambda: first.progress.last_completed_round == 2, 60, "agent-01 to finish round 2")
+        first_stop.set()
+        first_thread.join(10)
+        assert server.round_state is not None and server.round_state.round == 2  # restarted mid-round
+        restarted = EdgeAgent(load_agent_config(fed.layout.agent_configs[first.id]))
+        restarted.trainer = CountingTrainer(restarted.trainer)
+        restarted_thread = threading.Thread(target=restarted.run, args=(fed.stop,), daemon=True)
+        restarted_thread.start()
+        server_thread.join(90)
+        assert not server_thread.is_alive()
+    finally:
+        fed.stop.set()
+        first_stop.set()
+        for t in (first_thread, other_thread):
+            t.join(10)
+    assert first.trainer.rounds == [1, 2]
+    assert restarted.trainer.rounds == [3]  # round 2 not repeated, round 3 not skipped
+    assert [sorted(m.accepted) for m in fed.metrics()] == [["agent-01", "agent-02"]] * 3
