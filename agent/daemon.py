@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 
+import paho.mqtt.client as paho
 import torch
 
 from agent.config import AgentConfig
@@ -100,8 +101,10 @@ class EdgeAgent:
                 self._step()
                 self._publish_status()
         finally:
-            self._set_state("offline")
-            self.mqtt.wait_published([self._publish_status(force=True)], 5)
+            self.state = "offline"  # a clean stop says so itself; a crash leaves it to the LWT
+            last = self._publish_status(force=True)
+            if last is not None:
+                self.mqtt.wait_published([last], 5)
             self.mqtt.stop()
 
     def _on_connect(self) -> None:
@@ -246,7 +249,7 @@ class EdgeAgent:
             last_completed_round=self.progress.last_completed_round,
         )
 
-    def _publish_status(self, *, force: bool = False):  # noqa: ANN202
+    def _publish_status(self, *, force: bool = False) -> paho.MQTTMessageInfo | None:
         now = time.time()
         if not force and now - self._last_status < self.config.agent.status_interval_s:
             return None

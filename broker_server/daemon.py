@@ -8,7 +8,6 @@ metrics) and never reaches the global model.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import threading
@@ -17,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import paho.mqtt.client as paho
 import torch
 
 from broker_server.checkpoint import Checkpoint, CheckpointStore
@@ -74,7 +74,7 @@ class Aggregator:
         self.agents: dict[str, AgentStatus] = {}
         self.key_sent_at: dict[str, float] = {}
         self.rejections = Counter[str]()
-        self.orphan_rejections: list[Rejection] = []
+        self.orphan_rejections: list[dict[str, str]] = []
         self.model_chunks = 0
         self.model_sha256 = ""
         self.model_wire_bytes = 0
@@ -159,11 +159,11 @@ class Aggregator:
                     self._dispatch_guarded(*message)
                 self._tick()
                 if self.finished and exit_when_finished:
-                    self._publish_status(force=True)
                     break
         finally:
-            self._publish_status(force=True, state="stopped" if not self.finished else "finished")
-            MqttClient.wait_published([self.mqtt.publish(self.topics.server_status, self._status_json())], 5)
+            last = self._publish_status(force=True, state="finished" if self.finished else "stopped")
+            if last is not None:
+                MqttClient.wait_published([last], 5)
             self.mqtt.stop()
 
     def _on_connect(self) -> None:
@@ -255,7 +255,7 @@ class Aggregator:
         number = self.next_round
         selected = select_agents(eligible, self.config.rounds, seed=self.config.server.seed * 100_003 + number)
         self.round_state = RoundState(round=number, attempt=0, selected=selected, deadline=0.0, started_at=now)
-        self.round_state.rejected.extend(r.to_dict() for r in self.orphan_rejections)
+        self.round_state.rejected.extend(self.orphan_rejections)
         self.orphan_rejections.clear()
         self.strategy.begin(self.global_vector)
         self._announce(reannounce=False)
@@ -304,9 +304,9 @@ class Aggregator:
             self._reject(exc.sender, exc.reason)
             return
         if completed is not None:
-            self._on_update(completed, len(payload))
+            self._on_update(completed)
 
-    def _on_update(self, completed: Completed, last_chunk_bytes: int) -> None:
+    def _on_update(self, completed: Completed) -> None:
         manifest = completed.manifest
         agent, rs = manifest.sender, self.round_state
         if rs is None:
@@ -349,13 +349,10 @@ class Aggregator:
     def _reject(self, agent: str, reason: str) -> None:
         self.rejections[reason.split(":")[0]] += 1
         log.warning("rejected agent=%s reason=%s", agent, reason)
-        entry = Rejection(agent=agent, reason=reason)
-        target = self.round_state.rejected if self.round_state is not None else None
-        if target is not None:
-            if len(target) < MAX_REJECTIONS_LISTED:
-                target.append(entry.to_dict())
-        elif len(self.orphan_rejections) < MAX_REJECTIONS_LISTED:
-            self.orphan_rejections.append(entry)
+        # Outside a round, rejections wait for the next round's metrics.
+        target = self.round_state.rejected if self.round_state is not None else self.orphan_rejections
+        if len(target) < MAX_REJECTIONS_LISTED:
+            target.append(Rejection(agent=agent, reason=reason).to_dict())
 
     def _close_round(self, now: float) -> None:
         rs = self.round_state
@@ -431,9 +428,8 @@ class Aggregator:
             for index in range(old_chunks):
                 self.mqtt.publish(self.topics.model_chunk(old_version, index), b"", retain=True)
         self.model_chunks = len(chunks)
-        self.model_sha256 = hashlib.sha256(data).hexdigest()
+        self.model_sha256 = manifest.sha256.hex()  # group-sealed, so the manifest carries the plaintext's SHA-256
         self.model_wire_bytes = sum(len(c) for c in chunks)
-        assert manifest.sha256.hex() == self.model_sha256
 
     def _status_json(self, state: str | None = None) -> bytes:
         rs = self.round_state
@@ -449,10 +445,9 @@ class Aggregator:
             detail=", ".join(f"{k}={v}" for k, v in sorted(self.rejections.items())),
         ).to_json()
 
-    def _publish_status(self, *, force: bool = False, state: str | None = None) -> None:
+    def _publish_status(self, *, force: bool = False, state: str | None = None) -> paho.MQTTMessageInfo | None:
         now = self.clock()
         if not force and now - self._last_status < self.config.server.status_interval_s:
-            return
+            return None
         self._last_status = now
-        if self.mqtt.connected.is_set():
-            self.mqtt.publish(self.topics.server_status, self._status_json(state), retain=True)
+        return self.mqtt.publish(self.topics.server_status, self._status_json(state), retain=True)
