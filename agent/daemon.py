@@ -23,7 +23,7 @@ from models.datasets import load_dataset
 from models.serialization import SerializationError, dumps, loads
 from models.weights import NamedArrays, delta
 from models.zoo import pick_device
-from protocol.messages import AgentStatus, Gate, MessageError, RoundTask, offline_status_json
+from protocol.messages import AgentStatus, Gate, MessageError, RoundTask
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Completed, Reassembler, TransferLimits, TransferRejected
@@ -72,7 +72,7 @@ class EdgeAgent:
         self.mqtt = MqttClient(
             self.id,
             config.broker,
-            will=Will(self.topics.agent_status(self.id), offline_status_json(AgentStatus, agent=self.id)),
+            will=Will(self.topics.agent_status(self.id), AgentStatus.offline(self.id).to_json()),
             on_connect=self._on_connect,
         )
 

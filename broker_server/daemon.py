@@ -37,7 +37,6 @@ from protocol.messages import (
     RoundMetrics,
     RoundTask,
     ServerStatus,
-    offline_status_json,
 )
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
@@ -84,7 +83,7 @@ class Aggregator:
         self.mqtt = MqttClient(
             f"{fed}-server",
             config.broker,
-            will=Will(self.topics.server_status, offline_status_json(ServerStatus, federation=fed)),
+            will=Will(self.topics.server_status, ServerStatus.offline(fed).to_json()),
             on_connect=self._on_connect,
         )
 

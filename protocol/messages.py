@@ -130,6 +130,11 @@ class AgentStatus(Message):
     last_completed_round: int = 0
     detail: str = ""
 
+    @classmethod
+    def offline(cls, agent: str) -> AgentStatus:
+        """The LWT payload: what subscribers see after the agent vanished."""
+        return cls(agent=agent, state="offline", round=0, samples=0, version=0, updated_at=time.time())
+
 
 @dataclass(frozen=True)
 class ServerStatus(Message):
@@ -145,6 +150,20 @@ class ServerStatus(Message):
     agents_online: int
     updated_at: float
     detail: str = ""
+
+    @classmethod
+    def offline(cls, federation: str) -> ServerStatus:
+        """The LWT payload: what subscribers see after the server vanished."""
+        return cls(
+            state="offline",
+            federation=federation,
+            round=0,
+            phase="offline",
+            strategy="",
+            model_version=0,
+            agents_online=0,
+            updated_at=time.time(),
+        )
 
 
 @dataclass(frozen=True)
@@ -170,28 +189,3 @@ class RoundMetrics(Message):
     eval: dict
     model_version: int
     finished_at: float
-
-
-def offline_status_json(kind: type[AgentStatus] | type[ServerStatus], **ids: Any) -> bytes:
-    """The LWT payload: a status whose state is ``offline`` (what subscribers see after a crash)."""
-    if kind is AgentStatus:
-        msg: Message = AgentStatus(
-            agent=ids["agent"],
-            state="offline",
-            round=0,
-            samples=0,
-            version=0,
-            updated_at=time.time(),
-        )
-    else:
-        msg = ServerStatus(
-            state="offline",
-            federation=ids["federation"],
-            round=0,
-            phase="offline",
-            strategy="",
-            model_version=0,
-            agents_online=0,
-            updated_at=time.time(),
-        )
-    return msg.to_json()

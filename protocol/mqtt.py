@@ -97,7 +97,7 @@ class MqttClient:
         *,
         will: Will | None = None,
         on_connect: Callable[[], None] | None = None,
-        queue_size: int = 1024,
+        queue_size: int = 256,  # x ~1 MiB chunks: at most ~256 MiB waiting; a full queue slows the broker
         persistent: bool = True,
     ) -> None:
         self.client_id = client_id

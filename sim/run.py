@@ -34,15 +34,15 @@ class SimResult:
 
 
 def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
-    log_file = open(log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "skyfed", *args],
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
+    with open(log_path, "ab") as log_file:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "skyfed", *args],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
 
 
 def _terminate(processes: list[subprocess.Popen], timeout_s: float = 10.0) -> None:
