@@ -44,6 +44,7 @@ class ListenerTls:
     ca: Path
     cert: Path
     key: Path
+    acl_file: Path | None = None
 
 
 def mosquitto_config(host: str, port: int, data_dir: Path, tls: ListenerTls | None = None) -> str:
@@ -54,6 +55,7 @@ def mosquitto_config(host: str, port: int, data_dir: Path, tls: ListenerTls | No
             f"keyfile {tls.key}",
             "require_certificate true",
             "use_identity_as_username true",
+            *([f"acl_file {tls.acl_file}"] if tls.acl_file is not None else []),
         ]
         if tls is not None
         else []
