@@ -31,6 +31,12 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
+def quiet_connection_logs() -> None:
+    """Interactive commands print their own output; the MQTT and broker start-up lines are noise there."""
+    for name in ("skyfed.mqtt", "skyfed.sim.broker"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
 def run_daemon(name: str, start: Callable[[], Callable[[threading.Event], object]]) -> int:
     """Build a daemon (config errors exit 2, which systemd units treat as "do not restart"), then run it."""
     from protocol.config import ConfigError
@@ -51,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     from security.cli import add_keys_commands
     from sim.cli import add_sim_commands
 
-    parser = argparse.ArgumentParser(prog="skyfed", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="skyfed", description="SkyFed: federated learning for drone and edge fleets over MQTT."
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     commands = parser.add_subparsers(dest="command", required=True)
     add_agent_commands(commands)

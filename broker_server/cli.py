@@ -21,6 +21,9 @@ def run_server(args: argparse.Namespace) -> int:
 def run_monitor(args: argparse.Namespace) -> int:
     from broker_server.monitor import monitor
     from protocol.mqtt import BrokerSettings
+    from skyfed import quiet_connection_logs
+
+    quiet_connection_logs()
 
     return monitor(BrokerSettings.from_address(args.broker), args.federation, once=args.once, timeout_s=args.timeout)
 

@@ -78,6 +78,8 @@ class FederationView:
                 f"{m.bytes_up / 1e6:.2f}",
                 f"{m.bytes_down / 1e6:.2f}",
             )
+        if not self.metrics:
+            return Group(head, agents, "no round has finished since the monitor started (metrics are not retained)")
         return Group(head, agents, rounds)
 
 

@@ -26,12 +26,10 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
 
 
 def run_sim_command(args: argparse.Namespace) -> int:
-    import logging
-
     from sim.run import run_sim
+    from skyfed import quiet_connection_logs
 
-    for name in ("skyfed.mqtt", "skyfed.sim.broker"):  # the round lines are this command's output
-        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
+    quiet_connection_logs()
 
     try:
         settings = _settings(args)
