@@ -54,6 +54,11 @@ class BrokerSettings:
             raise ValueError(f'broker.protocol must be "3.1.1" or "5", got {self.protocol!r}')
         if not 0 < self.port < 65536:
             raise ValueError(f"broker.port must be 1-65535, got {self.port}")
+        if not 1 <= self.reconnect_min_s <= self.reconnect_max_s:
+            raise ValueError(
+                "broker.reconnect_min_s must be >= 1 and <= broker.reconnect_max_s (whole seconds, paho's unit), "
+                f"got {self.reconnect_min_s} and {self.reconnect_max_s}"
+            )
 
     @classmethod
     def from_address(cls, address: str, **kwargs: object) -> BrokerSettings:
