@@ -89,29 +89,30 @@ class Reassembler:
         ``topic_sender`` is the id in the topic the chunk came on (the broker ACL vouches for it) and
         must match the signed sender; ``kinds`` are the manifest kinds this topic may carry.
         """
-        try:
-            manifest = self.opener.open_manifest(payload)
-        except InvalidEnvelope as exc:
-            raise TransferRejected(topic_sender, exc.reason) from None
-        if manifest.sender != topic_sender:
-            raise TransferRejected(topic_sender, f"sender-mismatch: signed by {manifest.sender}")
-        if manifest.kind not in kinds:
-            raise TransferRejected(topic_sender, f"wrong-kind: {manifest.kind}")
-        partial = self._partials.get(manifest.transfer_id) or self._start(manifest)
+        touched: list[_Partial] = []
 
-        def slot(m: Manifest, index: int) -> memoryview:
+        def slot(manifest: Manifest, index: int) -> memoryview:
+            """Called by the opener once the manifest is verified: check, then hand out the chunk's place."""
+            if manifest.sender != topic_sender:
+                raise TransferRejected(topic_sender, f"sender-mismatch: signed by {manifest.sender}")
+            if manifest.kind not in kinds:
+                raise TransferRejected(topic_sender, f"wrong-kind: {manifest.kind}")
+            partial = self._partials.get(manifest.transfer_id) or self._start(manifest)
             if index not in partial.missing:
                 raise _AlreadyHeld
-            start = index * m.chunk_size
-            return memoryview(partial.buffer)[start : start + chunk_length(m, index)]
+            touched.append(partial)
+            start = index * manifest.chunk_size
+            return memoryview(partial.buffer)[start : start + chunk_length(manifest, index)]
 
         try:
             _, index = self.opener.open_chunk_into(payload, slot)
         except _AlreadyHeld:
             return None  # QoS 1 re-delivery of a chunk we already hold
         except InvalidEnvelope as exc:
-            self._drop(manifest.transfer_id)
+            if touched:  # the chunk failed decryption: the whole transfer is void
+                self._drop(touched[0].manifest.transfer_id)
             raise TransferRejected(topic_sender, exc.reason) from None
+        partial = touched[0]
         partial.missing.discard(index)
         partial.wire_bytes += len(payload)
         if partial.missing:

@@ -297,16 +297,12 @@ class Opener:
             raise InvalidEnvelope("replay")
         return cached
 
-    def open_manifest(self, payload: bytes) -> Manifest:
-        """Check everything but the chunk's ciphertext; cheap after the first chunk of a transfer."""
-        manifest_bytes, signature, _, _ = self._split(payload)
-        return self._verify(manifest_bytes, signature).manifest
-
     def open_chunk_into(self, payload: bytes, out_for: Callable[[Manifest, int], memoryview]) -> tuple[Manifest, int]:
         """Verify a chunk and decrypt it straight into ``out_for(manifest, index)`` (no intermediate copy).
 
-        ``out_for`` is called after the manifest is verified and the index checked; it returns a buffer of
-        exactly the chunk's plaintext length (the receiver's reassembly buffer, for instance).
+        ``out_for`` is called after the manifest is verified (signature once per transfer, then cached) and
+        the index checked, so a receiver can apply its own limits there before committing memory; it
+        returns a buffer of exactly the chunk's plaintext length (the reassembly buffer, for instance).
         """
         manifest_bytes, signature, index, body_at = self._split(payload)
         verified = self._verify(manifest_bytes, signature)
