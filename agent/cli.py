@@ -9,9 +9,9 @@ from pathlib import Path
 def run_agent(args: argparse.Namespace) -> int:
     from agent.config import load_agent_config
     from agent.daemon import EdgeAgent
-    from skyfed import run_daemon
+    from protocol.daemon import run_daemon
 
-    return run_daemon("agent", lambda: EdgeAgent(load_agent_config(Path(args.config))).run)
+    return run_daemon("agent", lambda: EdgeAgent(load_agent_config(Path(args.config))))
 
 
 def add_agent_commands(commands: argparse._SubParsersAction) -> None:

@@ -1,29 +1,32 @@
 """The edge agent daemon: wait for a signed round task, fetch the global model, train, send the delta.
 
-One MQTT connection and one thread of control: received messages queue up and ``EdgeAgent.run``
-handles them between steps, so training never blocks the network thread's keep-alives. Progress is
-durable (``agent.state``): after a crash or reboot the agent resumes without skipping or repeating a
-round, and re-sends its stored update when the server says it is still pending.
+One MQTT connection and one thread of control (``protocol.daemon.MqttDaemon``): received messages
+queue up and are handled between steps, so training never blocks the network thread's keep-alives.
+Only the newest signed task counts: an older (round, attempt) of the same server run, a task past its
+``expires_at``, or a task from another federation is ignored, and the newest task is kept on disk, so a
+replayed old task cannot stall the agent even after a restart. Progress is durable (``agent.state``):
+after a crash or reboot the agent resumes without skipping or repeating a round, and re-sends a stored
+update the broker never acknowledged, or that the server lists as still pending in a later attempt.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
 import time
 
 import paho.mqtt.client as paho
 import torch
 
 from agent.config import AgentConfig
-from agent.state import ProgressStore
+from agent.state import AgentProgress, ProgressStore
 from agent.trainer import ClassifierTrainer, Trainer
+from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from models.datasets import load_dataset
 from models.serialization import SerializationError, dumps, loads
 from models.weights import NamedArrays, delta
 from models.zoo import pick_device
-from protocol.messages import AgentStatus, Gate, MessageError, RoundTask
+from protocol.daemon import MqttDaemon, Throttle
+from protocol.messages import MAX_JSON_BYTES, AgentStatus, Gate, MessageError, RoundTask
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Completed, Reassembler, TransferLimits, TransferRejected
@@ -35,9 +38,12 @@ from security.signing import InvalidDocument, verify_document
 log = logging.getLogger("skyfed.agent")
 
 PUBLISH_TIMEOUT_S = 120.0
+MODEL_LIMITS = TransferLimits(
+    max_bytes=1 << 30, max_partial_per_sender=4, max_pending_bytes_per_sender=2 << 30, max_pending_bytes=2 << 30
+)
 
 
-class EdgeAgent:
+class EdgeAgent(MqttDaemon):
     def __init__(self, config: AgentConfig, *, trainer: Trainer | None = None) -> None:
         self.config = config
         self.id = config.agent.id
@@ -46,16 +52,14 @@ class EdgeAgent:
         if self.identity.name != self.id:
             raise ValueError(f"{config.path}: keys.identity holds the key of {self.identity.name!r}, not {self.id!r}")
         self.server = PublicIdentity.load(config.server_key_path)
-        self.keyring = Keyring()
-        self.keyring.add(self.server)
         self.group_keys: dict[str, GroupKey] = {}
         self.opener = Opener(
             identity=self.identity,
             federation=self.topics.federation,
-            senders=self.keyring,
+            senders=Keyring([self.server]),
             group_keys=self.group_keys,
         )
-        self.reassembler = Reassembler(self.opener, TransferLimits(max_bytes=1 << 30, max_partial_per_sender=4))
+        self.reassembler = Reassembler(self.opener, MODEL_LIMITS)
         if config.training.threads > 0:
             torch.set_num_threads(config.training.threads)
         device = pick_device() if config.training.device == "auto" else torch.device(config.training.device)
@@ -69,19 +73,25 @@ class EdgeAgent:
         self.state = "starting"
         self.detail = ""
         self._last_status = 0.0
-        self.mqtt = MqttClient(
-            self.id,
-            config.broker,
-            will=Will(self.topics.agent_status(self.id), AgentStatus.offline(self.id).to_json()),
-            on_connect=self._on_connect,
+        self._log = Throttle(10.0)
+        super().__init__(
+            MqttClient(
+                self.id,
+                config.broker,
+                will=Will(self.topics.agent_status(self.id), AgentStatus.offline(self.id).to_json()),
+                on_connect=self._on_connect,
+            ),
+            log,
         )
+        stored = self.store.load_task()
+        if stored is not None:
+            self._consider_task(stored, persist=False)
 
-    # main loop ---------------------------------------------------------------------------------------
-    def run(self, stop: threading.Event | None = None) -> None:
-        stop = stop or threading.Event()
-        self.mqtt.subscribe(self.topics.round)
-        self.mqtt.subscribe(self.topics.agent_inbox(self.id))
-        self.mqtt.start()
+    # MqttDaemon --------------------------------------------------------------------------------------
+    def subscriptions(self) -> list[str]:
+        return [self.topics.round, self.topics.agent_inbox(self.id)]
+
+    def on_start(self) -> None:
         log.info(
             "agent started id=%s federation=%s samples=%d last_completed_round=%d",
             self.id,
@@ -89,28 +99,8 @@ class EdgeAgent:
             len(self.data),
             self.progress.last_completed_round,
         )
-        try:
-            while not stop.is_set():
-                message = self.mqtt.poll(0.1)
-                if message is not None:
-                    try:
-                        self._dispatch(*message)
-                    except Exception:  # noqa: BLE001 - input must never take the daemon down
-                        log.exception("internal error while handling topic=%s bytes=%d", message[0], len(message[1]))
-                    continue
-                self._step()
-                self._publish_status()
-        finally:
-            self.state = "offline"  # a clean stop says so itself; a crash leaves it to the LWT
-            last = self._publish_status(force=True)
-            if last is not None:
-                self.mqtt.wait_published([last], 5)
-            self.mqtt.stop()
 
-    def _on_connect(self) -> None:
-        self._last_status = 0.0
-
-    def _dispatch(self, topic: str, payload: bytes) -> None:
+    def handle(self, topic: str, payload: bytes) -> None:
         if topic == self.topics.round:
             self._on_task(payload)
         elif topic == self.topics.agent_inbox(self.id):
@@ -118,25 +108,65 @@ class EdgeAgent:
         elif self.topics.model_version_of(topic) is not None and payload:
             self._on_transfer_chunk(payload, frozenset({"model"}))
 
+    def tick(self) -> None:
+        self._step()
+        self._publish_status()
+
+    def publish_final_status(self) -> paho.MQTTMessageInfo | None:
+        self.state = "offline"  # a clean stop says so itself; a crash leaves it to the LWT
+        return self._publish_status(force=True)
+
+    def _on_connect(self) -> None:
+        self._last_status = 0.0
+
+    # round tasks -------------------------------------------------------------------------------------
     def _on_task(self, payload: bytes) -> None:
         if not payload:
             return
         try:
-            body = verify_document(json.loads(payload), self.server)
-            task = RoundTask.from_dict(body)
-        except (InvalidDocument, MessageError, ValueError) as exc:
-            log.warning("round task rejected reason=%s", getattr(exc, "reason", exc))
+            document = parse_untrusted_json(payload, max_bytes=MAX_JSON_BYTES)
+        except UntrustedJsonError as exc:
+            self._warn("task-malformed", "round task rejected reason=%s", exc)
+            return
+        self._consider_task(document, persist=True)
+
+    def _consider_task(self, document: object, *, persist: bool) -> None:
+        """Adopt a signed task if it is for us, unexpired and not older than the one we hold."""
+        try:
+            task = RoundTask.from_dict(verify_document(document, self.server))
+        except (InvalidDocument, MessageError) as exc:
+            self._warn("task-invalid", "round task rejected reason=%s", getattr(exc, "reason", exc))
             return
         if task.federation != self.topics.federation:
-            log.warning("round task rejected reason=wrong-federation federation=%s", task.federation)
+            self._warn("task-federation", "round task rejected reason=wrong-federation federation=%s", task.federation)
             return
+        held = self.task
+        if held is not None and held != task and not task.is_newer_than(held):
+            self._warn(
+                "task-stale", "round task ignored reason=older-than-held round=%d attempt=%d", task.round, task.attempt
+            )
+            return
+        if persist and task.expired(time.time()):
+            self.detail = "the newest round task had expired on arrival: check this device's clock"
+            self._warn("task-expired", "round task ignored reason=expired round=%d", task.round)
+            return
+        self.detail = ""
+        if task.run_id != self.progress.run_id:
+            log.info(
+                "new server run run_id=%s (was %s): progress starts over", task.run_id, self.progress.run_id or "-"
+            )
+            self.progress = AgentProgress(run_id=task.run_id)
+            self.store.save(self.progress)
         self.task = task
+        if persist:
+            self.store.save_task(document)  # type: ignore[arg-type]
 
+    # transfers ---------------------------------------------------------------------------------------
     def _on_transfer_chunk(self, payload: bytes, kinds: frozenset[str]) -> None:
         try:
             completed = self.reassembler.feed(payload, topic_sender=self.server.name, kinds=kinds)
         except TransferRejected as exc:
-            log.warning("transfer rejected kind=%s reason=%s", "/".join(kinds), exc.reason)
+            self._warn(f"transfer-{exc.reason}", "transfer rejected kind=%s reason=%s", "/".join(kinds), exc.reason)
             return
         if completed is None:
             return
@@ -167,13 +197,15 @@ class EdgeAgent:
     # work --------------------------------------------------------------------------------------------
     def _step(self) -> None:
         task = self.task
-        if task is None or self.id not in task.selected:
+        if task is None or self.id not in task.selected or task.expired(time.time()):
             return self._set_state("idle")
         done = self.progress.last_completed_round
         if task.round < done:
             return self._set_state("idle")
         if task.round == done:
-            if self.id in task.pending and task.attempt > self.progress.last_sent_attempt:
+            p = self.progress
+            unsent = p.sent_round < done or (p.sent_round == done and task.attempt > p.sent_attempt)
+            if self.id in task.pending and unsent:
                 self._resend(task)
             return self._set_state("done")
         global_arrays = self.models.get(task.model_version)
@@ -190,7 +222,6 @@ class EdgeAgent:
         data = dumps(delta(result.arrays, global_arrays), metadata=meta.to_metadata())
         self.store.store_update(task.round, data)
         self.progress.last_completed_round = task.round
-        self.progress.last_sent_attempt = task.attempt
         self.store.save(self.progress)
         log.info(
             "trained round=%d samples=%d loss=%.4f seconds=%.2f",
@@ -204,14 +235,13 @@ class EdgeAgent:
     def _resend(self, task: RoundTask) -> None:
         data = self.store.stored_update(task.round)
         if data is None:
-            log.warning("cannot re-send round=%d: stored update missing", task.round)
+            self._warn("resend-missing", "cannot re-send round=%d: stored update missing", task.round)
             return
-        self.progress.last_sent_attempt = task.attempt
-        self.store.save(self.progress)
         log.info("re-sending stored update round=%d attempt=%d", task.round, task.attempt)
         self._send(task, data)
 
     def _send(self, task: RoundTask, data: bytes) -> None:
+        """Seal and publish; the update counts as sent only once the broker acknowledged every chunk."""
         self._set_state("uploading", publish=True)
         _, chunks = seal(
             data,
@@ -223,12 +253,19 @@ class EdgeAgent:
         )
         infos = self.mqtt.publish_all((self.topics.agent_update(self.id), c) for c in chunks)
         if self.mqtt.wait_published(infos, PUBLISH_TIMEOUT_S):
+            self.progress.sent_round, self.progress.sent_attempt = task.round, task.attempt
+            self.store.save(self.progress)
             log.info("update sent round=%d chunks=%d bytes=%d", task.round, len(chunks), sum(map(len, chunks)))
         else:
             log.warning("update for round=%d not yet acknowledged; paho keeps re-sending it", task.round)
         self._set_state("done", publish=True)
 
     # status ------------------------------------------------------------------------------------------
+    def _warn(self, key: str, message: str, *args: object) -> None:
+        held = self._log.allow(key)
+        if held is not None:
+            log.warning(message + (" held_back=%d" if held else ""), *args, *((held,) if held else ()))
+
     def _set_state(self, state: str, *, publish: bool = False) -> None:
         changed = state != self.state
         self.state = state
@@ -247,6 +284,8 @@ class EdgeAgent:
             gate=Gate(ok=True, reasons=[]),
             group_key_id=next(reversed(self.group_keys), ""),
             last_completed_round=self.progress.last_completed_round,
+            detail=self.detail,
+            errors=self.errors,
         )
 
     def _publish_status(self, *, force: bool = False) -> paho.MQTTMessageInfo | None:

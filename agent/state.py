@@ -1,23 +1,28 @@
-"""The agent's durable progress, so a restart neither skips nor repeats a round.
+"""The agent's durable progress, so a restart neither skips nor repeats a round nor loses an update.
 
-``state.json`` records the last round this agent finished training and the attempt under which it
-last sent that round's update; the update itself is kept as ``update-r<round>.safetensors`` until a
-newer round replaces it, so a server that lost it (restart, broker outage) can have it re-sent
-without training again.
+``state.json`` records the server run it belongs to, the last round this agent finished training, and
+the round and attempt whose update the broker last *acknowledged* (written only after the PUBACKs, so a
+crash mid-send leaves the update marked unsent). The update itself is kept as
+``update-r<round>.safetensors`` until a newer round replaces it. ``task.json`` is the newest signed
+round task the agent accepted: after a restart a replayed older task is still recognised as older.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from protocol.files import atomic_write, read_json, write_json
+from common.files import atomic_write, read_json, write_json
 
 
 @dataclass
 class AgentProgress:
+    run_id: str = ""
     last_completed_round: int = 0
-    last_sent_attempt: int = 0
+    sent_round: int = 0
+    sent_attempt: int = 0
 
 
 class ProgressStore:
@@ -25,14 +30,22 @@ class ProgressStore:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / "state.json"
+        self.task_path = directory / "task.json"
 
     def load(self) -> AgentProgress:
         if not self.path.exists():
             return AgentProgress()
-        return AgentProgress(**read_json(self.path))
+        known = {f.name for f in dataclasses.fields(AgentProgress)}
+        return AgentProgress(**{k: v for k, v in read_json(self.path).items() if k in known})
 
     def save(self, progress: AgentProgress) -> None:
         write_json(self.path, asdict(progress))
+
+    def save_task(self, document: dict[str, Any]) -> None:
+        write_json(self.task_path, document)
+
+    def load_task(self) -> dict[str, Any] | None:
+        return read_json(self.task_path) if self.task_path.exists() else None
 
     def update_path(self, round_number: int) -> Path:
         return self.directory / f"update-r{round_number}.safetensors"

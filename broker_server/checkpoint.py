@@ -1,76 +1,106 @@
-"""The server's durable state: written after every round and every accepted update, read at start.
+"""The server's durable state: written after every accepted update and every finished round.
 
-Layout of ``<state_dir>/checkpoint/``: ``state.json`` (round, model version, the round in progress)
-names the model file ``global-v<version>.safetensors`` and the strategy file
-``strategy-r<round>-<n>.safetensors``; ``state.json`` is replaced last and atomically, so after a
-``kill -9`` at any instant the server resumes from a consistent state and no accepted update is lost.
-Files no longer named by ``state.json`` are deleted after it is written.
+Layout of ``<state_dir>/checkpoint/``: ``state.json`` (run id, next round, model version, the round in
+progress, the last round's metrics, the replay guard) names the model file
+``global-v<version>.safetensors`` and the cross-round strategy state ``strategy-v<version>.safetensors``;
+``updates/round-<r>/`` holds the open round's accepted updates (``broker_server.update_store``).
+``state.json`` is replaced last and atomically, so after a ``kill -9`` at any instant the server
+resumes from a consistent state and no accepted update is lost. Files no longer named are deleted.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker_server.rounds import RoundState
 from broker_server.strategies.base import NamedArrays
+from broker_server.update_store import UpdateStore
+from common.files import read_json, write_json
 from models.serialization import load_file, save_file
-from protocol.files import read_json, write_json
 
 STATE_FILE = "state.json"
+FORMAT = 2
+
+
+class CheckpointError(ValueError):
+    """A checkpoint this version cannot resume from; the message says what to do."""
+
+
+def new_run_id() -> str:
+    """Names one server run (a fresh state directory); agents order tasks within a run by round."""
+    return secrets.token_hex(6)
 
 
 @dataclass(frozen=True)
 class Checkpoint:
+    run_id: str
     next_round: int
     model_version: int
     global_arrays: NamedArrays
     round_state: RoundState | None = None
-    strategy_state: NamedArrays | None = None
+    strategy_state: NamedArrays = field(default_factory=dict)
+    last_metrics: dict | None = None
+    replay: list[list] = field(default_factory=list)
 
 
 class CheckpointStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
+        self.updates = UpdateStore(directory / "updates")
 
     def save(self, checkpoint: Checkpoint) -> None:
-        model_file = f"global-v{checkpoint.model_version}.safetensors"
+        version = checkpoint.model_version
+        model_file = f"global-v{version}.safetensors"
         if not (self.directory / model_file).exists():
             save_file(self.directory / model_file, checkpoint.global_arrays)
-        state: dict = {
-            "next_round": checkpoint.next_round,
-            "model_version": checkpoint.model_version,
-            "model_file": model_file,
-            "round_state": None,
-            "strategy_file": None,
-        }
-        if checkpoint.round_state is not None and checkpoint.strategy_state is not None:
-            rs = checkpoint.round_state
-            strategy_file = f"strategy-r{rs.round}-a{rs.attempt}-n{len(rs.accepted)}.safetensors"
+        strategy_file = f"strategy-v{version}.safetensors" if checkpoint.strategy_state else None
+        if strategy_file and not (self.directory / strategy_file).exists():
             save_file(self.directory / strategy_file, checkpoint.strategy_state)
-            state["round_state"] = rs.to_dict()
-            state["strategy_file"] = strategy_file
-        write_json(self.directory / STATE_FILE, state)
-        keep = {STATE_FILE, model_file, state["strategy_file"]}
+        rs = checkpoint.round_state
+        write_json(
+            self.directory / STATE_FILE,
+            {
+                "format": FORMAT,
+                "run_id": checkpoint.run_id,
+                "next_round": checkpoint.next_round,
+                "model_version": version,
+                "model_file": model_file,
+                "strategy_file": strategy_file,
+                "round_state": rs.to_dict() if rs is not None else None,
+                "last_metrics": checkpoint.last_metrics,
+                "replay": checkpoint.replay,
+            },
+        )
+        keep = {STATE_FILE, model_file, strategy_file, self.updates.directory.name}
         for path in self.directory.iterdir():
             if path.name not in keep and not path.name.startswith("."):
                 path.unlink(missing_ok=True)
+        self.updates.keep_only(rs.round if rs is not None else None)
 
     def load(self) -> Checkpoint | None:
         state_path = self.directory / STATE_FILE
         if not state_path.exists():
             return None
         state = read_json(state_path)
+        found = state.get("format", 1) if isinstance(state, dict) else "?"
+        if found != FORMAT:
+            raise CheckpointError(
+                f"{state_path} was written by another SkyFed version (format {found}, this one reads {FORMAT}); "
+                f"move {self.directory} aside to start a new run"
+            )
         global_arrays, _ = load_file(self.directory / state["model_file"])
-        round_state = strategy_state = None
-        if state["round_state"] is not None:
-            round_state = RoundState.from_dict(state["round_state"])
-            strategy_state, _ = load_file(self.directory / state["strategy_file"])
+        strategy_state = load_file(self.directory / state["strategy_file"])[0] if state["strategy_file"] else {}
+        rs = state["round_state"]
         return Checkpoint(
+            run_id=state["run_id"],
             next_round=state["next_round"],
             model_version=state["model_version"],
             global_arrays=global_arrays,
-            round_state=round_state,
+            round_state=RoundState.from_dict(rs) if rs is not None else None,
             strategy_state=strategy_state,
+            last_metrics=state["last_metrics"],
+            replay=state["replay"],
         )

@@ -9,22 +9,19 @@ from pathlib import Path
 def run_server(args: argparse.Namespace) -> int:
     from broker_server.config import load_server_config
     from broker_server.daemon import Aggregator
-    from skyfed import run_daemon
+    from protocol.daemon import run_daemon
 
-    def start():  # noqa: ANN202
-        aggregator = Aggregator(load_server_config(Path(args.config)))
-        return lambda stop: aggregator.run(stop, exit_when_finished=not args.keep_running)
-
-    return run_daemon("server", start)
+    return run_daemon(
+        "server", lambda: Aggregator(load_server_config(Path(args.config)), keep_running=args.keep_running)
+    )
 
 
 def run_monitor(args: argparse.Namespace) -> int:
     from broker_server.monitor import monitor
+    from protocol.daemon import quiet_connection_logs
     from protocol.mqtt import BrokerSettings
-    from skyfed import quiet_connection_logs
 
     quiet_connection_logs()
-
     return monitor(BrokerSettings.from_address(args.broker), args.federation, once=args.once, timeout_s=args.timeout)
 
 

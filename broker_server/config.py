@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from broker_server.bounds import InfluencePolicy
 from broker_server.rounds import RoundRules
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
 from protocol.messages import TrainSettings
 from protocol.mqtt import BrokerSettings
 from protocol.topics import check_level
-from protocol.transfer import TransferLimits
+from protocol.transfer import MiB, TransferLimits
 
 
 @dataclass(frozen=True)
@@ -35,24 +37,25 @@ class KeysSection:
 
 
 @dataclass(frozen=True)
-class StrategySection:
-    name: str = "fedavg"
-    weighting: str = "samples"
-    max_update_norm: float = 0.0
-
-
-@dataclass(frozen=True)
 class LimitsSection:
-    max_transfer_mb: float = 512.0
+    """``[limits]``: what one agent, and all of them together, may make the server hold."""
+
+    max_transfer_mb: float = 512.0  # ceiling; an update is also refused if larger than the model's update size
     max_chunks: int = 1024
     max_partial_per_agent: int = 2
+    max_pending_per_agent_mb: float = 0.0  # 0: twice the model's update size
+    max_pending_mb: float = 1024.0  # across all agents
     partial_timeout_s: float = 120.0
 
-    def to_limits(self) -> TransferLimits:
+    def to_limits(self, update_bytes: int) -> TransferLimits:
+        """Limits for update transfers of ``update_bytes`` (the largest a valid update can be)."""
+        per_agent = int(self.max_pending_per_agent_mb * MiB) or 2 * update_bytes
         return TransferLimits(
-            max_bytes=int(self.max_transfer_mb * (1 << 20)),
+            max_bytes=min(int(self.max_transfer_mb * MiB), update_bytes),
             max_chunks=self.max_chunks,
             max_partial_per_sender=self.max_partial_per_agent,
+            max_pending_bytes_per_sender=per_agent,
+            max_pending_bytes=int(self.max_pending_mb * MiB),
             partial_timeout_s=self.partial_timeout_s,
         )
 
@@ -65,7 +68,8 @@ class ServerConfig:
     keys: KeysSection
     rounds: RoundRules = field(default_factory=RoundRules)
     training: TrainSettings = field(default_factory=TrainSettings)
-    strategy: StrategySection = field(default_factory=StrategySection)
+    strategy: dict[str, Any] = field(default_factory=lambda: {"name": "fedavg"})
+    bounds: InfluencePolicy = field(default_factory=InfluencePolicy)
     limits: LimitsSection = field(default_factory=LimitsSection)
 
     @property
@@ -89,11 +93,11 @@ class ServerConfig:
 
 def load_server_config(path: Path) -> ServerConfig:
     """Parse and check ``server.toml``; raise ``ConfigError`` naming the key and the fix."""
-    from broker_server.strategies import STRATEGIES
+    from broker_server.strategies import build_strategy
     from models.zoo import MODELS
 
     data = read_toml(path)
-    check_tables(path, data, {"server", "broker", "keys", "rounds", "training", "strategy", "limits"})
+    check_tables(path, data, {"server", "broker", "keys", "rounds", "training", "strategy", "bounds", "limits"})
     try:
         config = ServerConfig(
             path=path,
@@ -102,21 +106,21 @@ def load_server_config(path: Path) -> ServerConfig:
             keys=table(path, data, "keys", KeysSection),
             rounds=table(path, data, "rounds", RoundRules, required=False),
             training=table(path, data, "training", TrainSettings, required=False),
-            strategy=table(path, data, "strategy", StrategySection, required=False),
+            strategy=data.get("strategy", {"name": "fedavg"}),
+            bounds=table(path, data, "bounds", InfluencePolicy, required=False),
             limits=table(path, data, "limits", LimitsSection, required=False),
         )
         check_level("server.federation", config.server.federation)
-        config.limits.to_limits()
+        config.limits.to_limits(update_bytes=MiB)
+        if not isinstance(config.strategy, dict):
+            raise ValueError("strategy must be a table ([strategy])")
+        build_strategy(config.strategy)
     except ConfigError:
         raise
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     if config.server.model not in MODELS:
         raise ConfigError(f"{path}: server.model {config.server.model!r} is unknown; choose one of {sorted(MODELS)}")
-    if config.strategy.name not in STRATEGIES:
-        raise ConfigError(
-            f"{path}: strategy.name {config.strategy.name!r} is unknown; choose one of {sorted(STRATEGIES)}"
-        )
     if config.server.rounds < 0:
         raise ConfigError(f"{path}: server.rounds must be >= 0 (0 = run forever), got {config.server.rounds}")
     config.identity_path, config.enrolled_dir, config.eval_path  # noqa: B018 - fail now, not mid-run

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from protocol.messages import AgentStatus, MessageError, RoundMetrics, ServerStatus
 from protocol.mqtt import BrokerSettings, MqttClient
@@ -40,13 +41,14 @@ class FederationView:
             pass
 
     def render(self) -> Group:
+        """Tables of the last status and metrics; every value from the network is shown as plain text."""
         s = self.server
-        head = Table(title=f"SkyFed federation {self.topics.federation!r}", show_header=True)
+        head = Table(title=Text(f"SkyFed federation {self.topics.federation!r}"), show_header=True)
         for col in ("server", "round", "phase", "strategy", "model", "agents online", "rejections"):
             head.add_column(col)
         if s is not None:
             head.add_row(
-                s.state, str(s.round), s.phase, s.strategy, f"v{s.model_version}", str(s.agents_online), s.detail
+                *_cells(s.state, s.round, s.phase, s.strategy, f"v{s.model_version}", s.agents_online, s.detail)
             )
         agents = Table(show_header=True)
         for col in ("agent", "state", "round", "done", "samples", "model", "gate", "age s"):
@@ -55,32 +57,34 @@ class FederationView:
         for name, a in sorted(self.agents.items()):
             gate = "ok" if a.gate.ok else "blocked: " + ", ".join(a.gate.reasons)
             agents.add_row(
-                name,
-                a.state,
-                str(a.round),
-                str(a.last_completed_round),
-                str(a.samples),
-                f"v{a.version}",
-                gate,
-                f"{now - a.updated_at:.0f}",
+                *_cells(name, a.state, a.round, a.last_completed_round, a.samples, f"v{a.version}", gate)
+                + _cells(f"{now - a.updated_at:.0f}")
             )
         rounds = Table(show_header=True)
         for col in ("round", "accepted", "rejected", "accuracy", "loss", "seconds", "MB up", "MB down"):
             rounds.add_column(col)
         for m in self.metrics:
+            outcome = "" if m.outcome == "committed" else f" ({m.outcome}: {m.reason})"
             rounds.add_row(
-                str(m.round),
-                f"{len(m.accepted)}/{len(m.participants)}",
-                str(len(m.rejected)),
-                _fmt(m.eval.get("accuracy")),
-                _fmt(m.eval.get("loss")),
-                f"{m.duration_s:.1f}",
-                f"{m.bytes_up / 1e6:.2f}",
-                f"{m.bytes_down / 1e6:.2f}",
+                *_cells(
+                    f"{m.round}{outcome}",
+                    f"{len(m.accepted)}/{len(m.participants)}",
+                    len(m.rejected),
+                    _fmt(m.eval.get("accuracy")),
+                    _fmt(m.eval.get("loss")),
+                    f"{m.duration_s:.1f}",
+                    f"{m.bytes_up / 1e6:.2f}",
+                    f"{m.bytes_down / 1e6:.2f}",
+                )
             )
         if not self.metrics:
             return Group(head, agents, "no round has finished since the monitor started (metrics are not retained)")
         return Group(head, agents, rounds)
+
+
+def _cells(*values: object) -> list[Text]:
+    """Plain text cells: a status string such as ``[/oops]`` is shown, never parsed as markup."""
+    return [Text(str(v)[:200]) for v in values]
 
 
 def _fmt(value: object) -> str:

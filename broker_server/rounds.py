@@ -42,6 +42,18 @@ def select_agents(eligible: list[str], rules: RoundRules, seed: int) -> list[str
 
 
 @dataclass
+class UpdateRecord:
+    """An accepted update as the round remembers it (its bytes are in the update store)."""
+
+    agent: str
+    samples: int
+    loss: float
+    norm: float
+    wire_bytes: int
+    folded: float = 0.0  # coefficient a streaming strategy folded in while checking it (0: not folded)
+
+
+@dataclass
 class RoundState:
     """One round in progress; serializable for the checkpoint."""
 
@@ -50,20 +62,29 @@ class RoundState:
     selected: list[str]
     deadline: float
     started_at: float
-    accepted: list[str] = field(default_factory=list)
+    updates: list[UpdateRecord] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)
-    bytes_up: int = 0
+
+    @property
+    def accepted(self) -> list[str]:
+        return [u.agent for u in self.updates]
 
     @property
     def pending(self) -> list[str]:
-        return [a for a in self.selected if a not in self.accepted]
+        accepted = set(self.accepted)
+        return [a for a in self.selected if a not in accepted]
+
+    @property
+    def bytes_up(self) -> int:
+        return sum(u.wire_bytes for u in self.updates)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> RoundState:
-        return cls(**data)
+        updates = [UpdateRecord(**u) for u in data.pop("updates")]
+        return cls(**data, updates=updates)
 
 
 def decide(state: RoundState, rules: RoundRules, now: float) -> str:
@@ -72,4 +93,4 @@ def decide(state: RoundState, rules: RoundRules, now: float) -> str:
         return "close"
     if now < state.deadline:
         return "wait"
-    return "close" if len(state.accepted) >= rules.quorum else "reannounce"
+    return "close" if len(state.updates) >= rules.quorum else "reannounce"

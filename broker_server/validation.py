@@ -1,18 +1,16 @@
-"""Validation of a decrypted update before any strategy sees it (ARCHITECTURE.md, round step 3).
+"""Structural validation of a decrypted update before its values are read (ARCHITECTURE.md, step 3).
 
 Checks, in order: safetensors structure, the update header, round and base version, tensor names,
-shapes and dtypes against the global model, finite values, and the optional L2 norm bound. One BLAS
-dot product gives both the norm and the finiteness check (any NaN/Inf makes it non-finite), so a
-12.8 MB update costs one read. A rejected update never reaches the strategy.
+shapes and dtypes against the global model. The values themselves (finite, norm) are checked by
+``broker_server.onepass.scan`` in the same pass that folds them. A rejected update never reaches a
+strategy.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg.blas import sdot
 
 from models.serialization import SerializationError, float32_region
 from models.weights import TensorSpec
@@ -20,7 +18,7 @@ from protocol.update import UpdateMeta, UpdateMetaError
 
 
 class UpdateRejected(Exception):
-    """An update failed validation; ``reason`` is short and goes to ``metrics.rejected``."""
+    """An update was refused; ``reason`` is short and goes to ``metrics.rejected``."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -28,10 +26,9 @@ class UpdateRejected(Exception):
 
 
 @dataclass(frozen=True)
-class ValidatedUpdate:
+class ParsedUpdate:
     meta: UpdateMeta
-    delta: np.ndarray
-    norm: float
+    delta: np.ndarray  # zero-copy float32 view into the received bytes
 
 
 def describe_spec_mismatch(got: tuple[TensorSpec, ...], expected: tuple[TensorSpec, ...]) -> str:
@@ -44,19 +41,18 @@ def describe_spec_mismatch(got: tuple[TensorSpec, ...], expected: tuple[TensorSp
             return f"shape of {spec.name} is {other.shape}, expected {spec.shape}"
     extra = sorted(set(got_by_name) - {s.name for s in expected})
     if extra:
-        return f"unexpected tensor {extra[0]!r}"
+        return f"unexpected tensor {extra[0][:64]!r}"
     return "tensor order differs from the global model"
 
 
-def validate_update(
-    data: bytes | bytearray,
+def parse_update(
+    data: bytes | bytearray | memoryview,
     *,
     expected_spec: tuple[TensorSpec, ...],
     round_number: int,
     model_version: int,
-    max_norm: float = 0.0,
-) -> ValidatedUpdate:
-    """Parse and check one update; raise ``UpdateRejected`` with the reason on the first problem."""
+) -> ParsedUpdate:
+    """Parse and check one update's structure; raise ``UpdateRejected`` with the reason on the first problem."""
     try:
         vector, spec, metadata = float32_region(data)
     except SerializationError as exc:
@@ -71,9 +67,4 @@ def validate_update(
         raise UpdateRejected(f"stale-base: trained on version {meta.base_version}, current is {model_version}")
     if tuple(spec) != tuple(expected_spec):
         raise UpdateRejected(f"wrong-tensors: {describe_spec_mismatch(tuple(spec), expected_spec)}")
-    norm = math.sqrt(sdot(vector, vector)) if vector.size else 0.0
-    if not math.isfinite(norm):
-        raise UpdateRejected("non-finite-values: NaN or Inf in the delta")
-    if max_norm > 0 and norm > max_norm:
-        raise UpdateRejected(f"norm-too-large: {norm:.4g} > {max_norm:.4g}")
-    return ValidatedUpdate(meta=meta, delta=vector, norm=norm)
+    return ParsedUpdate(meta=meta, delta=vector)

@@ -9,13 +9,15 @@ aggregator, and every structural problem is refused with a reason before any arr
 
 from __future__ import annotations
 
-import json
+import math
 import struct
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save
 
+from common.files import atomic_write
+from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from models.weights import NamedArrays, TensorSpec
 
 MAX_HEADER_BYTES = 16 << 20
@@ -48,9 +50,9 @@ def _parse_header(data: bytes | bytearray | memoryview, max_tensors: int) -> tup
     if header_len > MAX_HEADER_BYTES or 8 + header_len > len(data):
         raise SerializationError(f"header length {header_len} does not fit a buffer of {len(data)} bytes")
     try:
-        header = json.loads(bytes(data[8 : 8 + header_len]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SerializationError(f"header is not JSON: {exc}") from None
+        header = parse_untrusted_json(data[8 : 8 + header_len], max_bytes=MAX_HEADER_BYTES)
+    except UntrustedJsonError as exc:
+        raise SerializationError(f"header: {exc}") from None
     if not isinstance(header, dict):
         raise SerializationError("header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
@@ -61,27 +63,32 @@ def _parse_header(data: bytes | bytearray | memoryview, max_tensors: int) -> tup
     return header, metadata, 8 + header_len
 
 
+def _entry(name: str, info: object, data_len: int) -> tuple[int, int, TensorSpec]:
+    """One header entry, checked: known dtype, non-negative int shape, offsets inside the data."""
+    if not isinstance(info, dict):
+        raise SerializationError(f"tensor {name[:64]!r} has a malformed entry")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise SerializationError(f"tensor {name[:64]!r} has unsupported dtype {str(dtype)[:16]!r}")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise SerializationError(f"tensor {name[:64]!r} has a bad shape")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
+        raise SerializationError(f"tensor {name[:64]!r} has bad offsets")
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_len:
+        raise SerializationError(f"tensor {name[:64]!r} has offsets outside the data")
+    itemsize = np.dtype(DTYPES[dtype]).itemsize
+    if math.prod(shape) * itemsize != end - begin:  # Python ints: no overflow on hostile shapes
+        raise SerializationError(f"tensor {name[:64]!r}: shape {tuple(shape)} does not match {end - begin} bytes")
+    return begin, end, TensorSpec(name, np.dtype(DTYPES[dtype]).str.lstrip("<>|="), tuple(shape))
+
+
 def _entries(header: dict, data_len: int) -> list[tuple[int, int, TensorSpec]]:
-    entries = []
-    for name, info in header.items():
-        try:
-            dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-        except (TypeError, KeyError, ValueError):
-            raise SerializationError(f"tensor {name!r} has a malformed entry") from None
-        if dtype not in DTYPES:
-            raise SerializationError(f"tensor {name!r} has unsupported dtype {dtype!r}")
-        if not all(isinstance(d, int) and d >= 0 for d in shape) or not (
-            isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end <= data_len
-        ):
-            raise SerializationError(f"tensor {name!r} has bad shape or offsets")
-        if int(np.prod(shape, dtype=np.int64)) * np.dtype(DTYPES[dtype]).itemsize != end - begin:
-            raise SerializationError(f"tensor {name!r}: shape {shape} does not match {end - begin} bytes")
-        entries.append((begin, end, TensorSpec(name, np.dtype(DTYPES[dtype]).str.lstrip("<>|="), shape)))
-    entries.sort(key=lambda e: (e[0], e[1]))
+    entries = sorted((_entry(name, info, data_len) for name, info in header.items()), key=lambda e: (e[0], e[1]))
     position = 0
     for begin, end, spec in entries:
         if begin != position:
-            raise SerializationError(f"tensor {spec.name!r} overlaps or leaves a gap at byte {position}")
+            raise SerializationError(f"tensor {spec.name[:64]!r} overlaps or leaves a gap at byte {position}")
         position = end
     if position != data_len:
         raise SerializationError(f"data section has {data_len - position} bytes no tensor accounts for")
@@ -116,16 +123,8 @@ def float32_region(data: bytes | bytearray | memoryview) -> tuple[np.ndarray, tu
 
 
 def save_file(path: Path, arrays: NamedArrays, metadata: dict[str, str] | None = None) -> None:
-    """Write atomically (temporary file, fsync, rename): a crash leaves the old file or the new one."""
-    import os
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(dumps(arrays, metadata))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """Write atomically (``common.files``): a crash leaves the old file or the new one."""
+    atomic_write(path, dumps(arrays, metadata))
 
 
 def load_file(path: Path) -> tuple[NamedArrays, dict[str, str]]:

@@ -9,10 +9,12 @@ breaking older readers. Model bytes never travel here: they go through ``protoco
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from protocol.typed import SchemaError, build
 
 MAX_JSON_BYTES = 256 * 1024
@@ -40,7 +42,8 @@ class Message:
         return body
 
     def to_json(self) -> bytes:
-        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False).encode()
+        """Compact JSON; a non-finite float anywhere becomes ``null``, so encoding never raises on one."""
+        return json.dumps(finite_or_null(self.to_dict()), separators=(",", ":"), allow_nan=False).encode()
 
     @classmethod
     def from_dict(cls: type[M], data: Any) -> M:
@@ -60,13 +63,22 @@ class Message:
 
     @classmethod
     def from_json(cls: type[M], payload: bytes | str) -> M:
-        if len(payload) > MAX_JSON_BYTES:
-            raise MessageError(f"message of {len(payload)} bytes exceeds {MAX_JSON_BYTES}")
         try:
-            data = json.loads(payload)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise MessageError(f"not JSON: {exc}") from None
+            data = parse_untrusted_json(payload, max_bytes=MAX_JSON_BYTES)
+        except UntrustedJsonError as exc:
+            raise MessageError(str(exc)) from None
         return cls.from_dict(data)
+
+
+def finite_or_null(value: Any) -> Any:
+    """``value`` with every NaN or infinity (at any depth) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,18 @@ class RoundTask(Message):
     deadline: float
     issued_at: float
     train: TrainSettings = field(default_factory=TrainSettings)
+    run_id: str = ""
+    expires_at: float = 0.0
+
+    def is_newer_than(self, other: RoundTask) -> bool:
+        """Ordering agents use to refuse replayed tasks: (round, attempt) within one server run, and the
+        signed ``issued_at`` across runs (a server whose state was reset starts a new ``run_id``)."""
+        if self.run_id == other.run_id:
+            return (self.round, self.attempt) > (other.round, other.attempt)
+        return self.issued_at > other.issued_at
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at > 0 and now > self.expires_at
 
 
 @dataclass(frozen=True)
@@ -129,6 +153,7 @@ class AgentStatus(Message):
     group_key_id: str = ""
     last_completed_round: int = 0
     detail: str = ""
+    errors: int = 0
 
     @classmethod
     def offline(cls, agent: str) -> AgentStatus:
@@ -150,6 +175,7 @@ class ServerStatus(Message):
     agents_online: int
     updated_at: float
     detail: str = ""
+    errors: int = 0
 
     @classmethod
     def offline(cls, federation: str) -> ServerStatus:
@@ -174,7 +200,13 @@ class Rejection(Message):
 
 @dataclass(frozen=True)
 class RoundMetrics(Message):
-    """One per finished round on ``server/metrics`` (not retained) and in ``metrics.jsonl``."""
+    """One per finished round on ``server/metrics`` (not retained) and in ``metrics.jsonl``.
+
+    ``outcome`` is ``committed`` (a new model version) or ``rolled-back`` (the aggregate failed a check:
+    ``reason`` says which, ``offenders`` names the agents whose contributions dominated it, and the
+    previous model stays). ``aggregation`` says how influence was bounded (clip bound, clipped and
+    weight-capped agents) plus what the strategy reports (e.g. the agents multi-Krum kept).
+    """
 
     SCHEMA: ClassVar[str] = "skyfed.metrics/1"
     round: int
@@ -189,3 +221,7 @@ class RoundMetrics(Message):
     eval: dict
     model_version: int
     finished_at: float
+    outcome: str = "committed"
+    reason: str = ""
+    offenders: list[str] = field(default_factory=list)
+    aggregation: dict = field(default_factory=dict)

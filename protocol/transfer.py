@@ -1,21 +1,26 @@
 """Reassembly of chunked, sealed transfers, with hard limits (ARCHITECTURE.md, round lifecycle step 3).
 
-Chunks arrive in any order, possibly twice (MQTT QoS 1 redelivers), possibly never. A chunk repeated
-while its transfer is incomplete is ignored; once a transfer is complete its id is remembered and any
-later chunk of it is rejected as a replay (a redelivery then is indistinguishable from one, and harmless
-either way). This module keeps the bookkeeping: one preallocated buffer per transfer that chunks are
-decrypted straight into, the set of missing chunks, the whole-transfer SHA-256 check where the envelope
-calls for one, and the limits that keep a flood from exhausting memory: maximum transfer size and chunk
-count (checked on the signed manifest before any allocation), maximum concurrent partial transfers per
-sender, and a time-out that frees transfers that never finish. Cryptography is ``security.envelope``'s
-job; MQTT is the daemons'. This module never raises anything but ``TransferRejected``.
+Chunks arrive in any order, possibly twice (MQTT QoS 1 redelivers), possibly never, possibly forged.
+A chunk repeated while its transfer is incomplete is ignored; once a transfer is complete its id is
+remembered and any later chunk of it is rejected as a replay. A chunk that fails to open is dropped on
+its own: the signed manifest already names every chunk, so a forged chunk at some index (anyone can
+copy a manifest off the broker) cannot void an honest transfer, whose genuine chunk still fills it.
+
+Memory is bounded by what was *received*, not by what a manifest claims: a transfer's buffer is an
+anonymous mapping that the kernel commits page by page as chunks are decrypted into it, and every
+chunk is charged (in whole pages) against a per-sender and a global quota before it is written. A
+claimed size is also checked against ``max_bytes`` and ``max_chunks`` before anything is mapped, and
+partial transfers time out. Cryptography is ``security.envelope``'s job, MQTT the daemons'. This
+module never raises anything but ``TransferRejected``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import mmap
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,21 +29,27 @@ from security.envelope import InvalidEnvelope, Manifest, Opener, chunk_length
 log = logging.getLogger("skyfed.transfer")
 
 MiB = 1 << 20
+PAGE = mmap.PAGESIZE
 
 
 @dataclass(frozen=True)
 class TransferLimits:
-    """Hard limits on incoming transfers; every one is checked before memory is committed."""
+    """Hard limits on incoming transfers (config keys in ``[limits]`` of server.toml)."""
 
     max_bytes: int = 512 * MiB
     max_chunks: int = 1024
     max_partial_per_sender: int = 2
+    max_pending_bytes_per_sender: int = 1024 * MiB
+    max_pending_bytes: int = 1024 * MiB
     partial_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "max_chunks", "max_partial_per_sender"):
             if getattr(self, name) < 1:
                 raise ValueError(f"limits.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_pending_bytes_per_sender", "max_pending_bytes"):
+            if getattr(self, name) < PAGE:
+                raise ValueError(f"limits.{name} must be at least one page ({PAGE} bytes), got {getattr(self, name)}")
         if self.partial_timeout_s <= 0:
             raise ValueError(f"limits.partial_timeout_s must be > 0, got {self.partial_timeout_s}")
 
@@ -54,10 +65,10 @@ class TransferRejected(Exception):
 
 @dataclass(frozen=True)
 class Completed:
-    """A verified, complete transfer: the signed manifest and the plaintext."""
+    """A verified, complete transfer: the signed manifest and the plaintext (a view of a private mapping)."""
 
     manifest: Manifest
-    data: bytearray
+    data: memoryview
     wire_bytes: int
 
 
@@ -65,12 +76,18 @@ class _AlreadyHeld(Exception):
     """Raised inside decryption to skip a chunk this transfer already has."""
 
 
+def _charge(length: int) -> int:
+    """Bytes a chunk of ``length`` can commit: whole pages, plus one for a chunk that straddles two."""
+    return (-(-length // PAGE) + 1) * PAGE
+
+
 @dataclass
 class _Partial:
     manifest: Manifest
-    buffer: bytearray
+    buffer: mmap.mmap
     missing: set[int]
     started_at: float
+    held: int = 0
     wire_bytes: int = 0
 
 
@@ -82,6 +99,7 @@ class Reassembler:
     limits: TransferLimits = field(default_factory=TransferLimits)
     clock: Callable[[], float] = time.monotonic
     _partials: dict[bytes, _Partial] = field(default_factory=dict)
+    _held_by_sender: Counter[str] = field(default_factory=Counter)
 
     def feed(self, payload: bytes, *, topic_sender: str, kinds: frozenset[str]) -> Completed | None:
         """Add one chunk; return the transfer when it is complete, None while it is not.
@@ -89,10 +107,10 @@ class Reassembler:
         ``topic_sender`` is the id in the topic the chunk came on (the broker ACL vouches for it) and
         must match the signed sender; ``kinds`` are the manifest kinds this topic may carry.
         """
-        touched: list[_Partial] = []
+        touched: list[tuple[_Partial, int]] = []
 
         def slot(manifest: Manifest, index: int) -> memoryview:
-            """Called by the opener once the manifest is verified: check, then hand out the chunk's place."""
+            """Called by the opener once the manifest is verified: check, charge, then hand out the place."""
             if manifest.sender != topic_sender:
                 raise TransferRejected(topic_sender, f"sender-mismatch: signed by {manifest.sender}")
             if manifest.kind not in kinds:
@@ -100,20 +118,23 @@ class Reassembler:
             partial = self._partials.get(manifest.transfer_id) or self._start(manifest)
             if index not in partial.missing:
                 raise _AlreadyHeld
-            touched.append(partial)
+            length = chunk_length(manifest, index)
+            self._reserve(manifest.sender, _charge(length))
+            touched.append((partial, _charge(length)))
             start = index * manifest.chunk_size
-            return memoryview(partial.buffer)[start : start + chunk_length(manifest, index)]
+            return memoryview(partial.buffer)[start : start + length]
 
         try:
             _, index = self.opener.open_chunk_into(payload, slot)
         except _AlreadyHeld:
             return None  # QoS 1 re-delivery of a chunk we already hold
         except InvalidEnvelope as exc:
-            if touched:  # the chunk failed decryption: the whole transfer is void
-                self._drop(touched[0].manifest.transfer_id)
+            for partial, charge in touched:  # this chunk failed to open: give back its charge, keep the transfer
+                self._release(partial.manifest.sender, charge)
             raise TransferRejected(topic_sender, exc.reason) from None
-        partial = touched[0]
+        partial, charge = touched[0]
         partial.missing.discard(index)
+        partial.held += charge
         partial.wire_bytes += len(payload)
         if partial.missing:
             return None
@@ -126,7 +147,8 @@ class Reassembler:
         return [TransferRejected(self._drop(tid).manifest.sender, "transfer-timeout") for tid in stale]
 
     def pending_bytes(self) -> int:
-        return sum(len(p.buffer) for p in self._partials.values())
+        """Bytes that received chunks of unfinished transfers can hold (what the quotas count)."""
+        return sum(self._held_by_sender.values())
 
     def _start(self, manifest: Manifest) -> _Partial:
         sender = manifest.sender
@@ -137,23 +159,35 @@ class Reassembler:
         open_from_sender = sum(p.manifest.sender == sender for p in self._partials.values())
         if open_from_sender >= self.limits.max_partial_per_sender:
             raise TransferRejected(sender, "too-many-partial-transfers")
-        partial = _Partial(
-            manifest=manifest,
-            buffer=bytearray(manifest.size),
-            missing=set(range(manifest.n_chunks)),
-            started_at=self.clock(),
-        )
+        # Private anonymous memory: address space now, pages only as chunks are written into them.
+        buffer = mmap.mmap(-1, max(manifest.size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        partial = _Partial(manifest, buffer, set(range(manifest.n_chunks)), self.clock())
         self._partials[manifest.transfer_id] = partial
         return partial
+
+    def _reserve(self, sender: str, charge: int) -> None:
+        if self._held_by_sender[sender] + charge > self.limits.max_pending_bytes_per_sender:
+            raise TransferRejected(sender, "sender-quota-exceeded")
+        if self.pending_bytes() + charge > self.limits.max_pending_bytes:
+            raise TransferRejected(sender, "server-busy: pending-transfer memory is full")
+        self._held_by_sender[sender] += charge
+
+    def _release(self, sender: str, charge: int) -> None:
+        self._held_by_sender[sender] -= charge
+        if self._held_by_sender[sender] <= 0:
+            del self._held_by_sender[sender]
 
     def _finish(self, partial: _Partial) -> Completed:
         manifest = partial.manifest
         self._drop(manifest.transfer_id)
-        if manifest.needs_digest and hashlib.sha256(partial.buffer).digest() != manifest.sha256:
+        data = memoryview(partial.buffer)[: manifest.size]
+        if manifest.needs_digest and hashlib.sha256(data).digest() != manifest.sha256:
             raise TransferRejected(manifest.sender, "digest-mismatch")
         self.opener.replay.remember(manifest)
         log.debug("transfer complete sender=%s kind=%s bytes=%d", manifest.sender, manifest.kind, manifest.size)
-        return Completed(manifest=manifest, data=partial.buffer, wire_bytes=partial.wire_bytes)
+        return Completed(manifest=manifest, data=data, wire_bytes=partial.wire_bytes)
 
     def _drop(self, transfer_id: bytes) -> _Partial:
-        return self._partials.pop(transfer_id)
+        partial = self._partials.pop(transfer_id)
+        self._release(partial.manifest.sender, partial.held)
+        return partial

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 FORMAT = "skyfed.update/1"
+MAX_SAMPLES = 2**53  # exact as a float; larger claims are refused, smaller ones capped by the server's bounds
 
 
 class UpdateMetaError(ValueError):
@@ -50,8 +51,8 @@ class UpdateMeta:
             )
         except (KeyError, ValueError) as exc:
             raise UpdateMetaError(f"bad-metadata: {exc}") from None
-        if meta.samples <= 0:
-            raise UpdateMetaError(f"bad-samples: {meta.samples}")
+        if not 0 < meta.samples <= MAX_SAMPLES:
+            raise UpdateMetaError(f"bad-samples: {str(meta.samples)[:24]}")
         if not math.isfinite(meta.loss):
             raise UpdateMetaError("non-finite-loss")
         if meta.codec != "none":

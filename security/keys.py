@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import re
 import secrets
 import stat
@@ -22,6 +21,8 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from common.files import atomic_write
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 RAW = {"encoding": serialization.Encoding.Raw, "format": serialization.PublicFormat.Raw}
@@ -67,19 +68,6 @@ def _raw_private(key: Ed25519PrivateKey | X25519PrivateKey) -> bytes:
     return key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Create ``path`` with mode 0600 from the first byte on (O_EXCL temp file, fsync, rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
 @dataclass(frozen=True)
 class PublicIdentity:
     name: str
@@ -110,9 +98,7 @@ class PublicIdentity:
             raise KeyFileError(f"{path}: cannot read public key ({exc.strerror})") from None
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(path)
+        atomic_write(path, self.to_json().encode())
 
 
 @dataclass(frozen=True)
@@ -139,7 +125,7 @@ class Identity:
             "x25519": _b64(_raw_private(self.exchange_key)),
         }
         path = directory / f"{self.name}.key"
-        write_private(path, json.dumps(body).encode())
+        atomic_write(path, json.dumps(body).encode(), mode=0o600)
         self.public.save(directory / f"{self.name}.pub")
         return path
 

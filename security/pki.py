@@ -18,7 +18,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from security.keys import check_name, write_private
+from common.files import atomic_write
+from security.keys import check_name
 
 VALIDITY = dt.timedelta(days=825)
 
@@ -40,10 +41,11 @@ def _name(common_name: str) -> x509.Name:
 def _write(directory: Path, stem: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Issued:
     directory.mkdir(parents=True, exist_ok=True)
     cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.crt.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    write_private(
+    atomic_write(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    atomic_write(
         key_path,
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        mode=0o600,
     )
     return Issued(cert_path, key_path)
 

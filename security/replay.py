@@ -1,7 +1,8 @@
 """Replay protection: remember finished transfers for as long as their age window accepts them.
 
 An envelope older than ``max_age_s`` is refused as expired anyway, so a transfer id only has to be
-remembered for that long: memory is bounded by the traffic of one window.
+remembered for that long: memory is bounded by the traffic of one window. ``export``/``restore`` let a
+node keep the guard in its checkpoint, so a restart does not reopen the window.
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ class ReplayGuard:
         for tid, created in list(self._seen.items()):
             if created < horizon:
                 del self._seen[tid]
+
+    def export(self) -> list[list]:
+        """``[[transfer id hex, created_at], …]`` of the transfers still inside the window."""
+        horizon = self.clock() - self.max_age_s
+        return [[tid.hex(), created] for tid, created in self._seen.items() if created >= horizon]
+
+    def restore(self, entries: list[list]) -> None:
+        for tid, created in entries:
+            self._seen[bytes.fromhex(tid)] = float(created)
 
     def __len__(self) -> int:
         return len(self._seen)

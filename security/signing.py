@@ -39,12 +39,18 @@ def verify_document(document: Any, trusted: Keyring | PublicIdentity) -> dict[st
     if not isinstance(document, dict) or not isinstance(document.get("body"), dict):
         raise InvalidDocument("malformed")
     signer = document.get("signer")
+    if not isinstance(signer, str):
+        raise InvalidDocument("malformed")
     public = trusted.get(signer) if isinstance(trusted, Keyring) else trusted if trusted.name == signer else None
     if public is None:
         raise InvalidDocument("unknown-signer")
     try:
+        message = CONTEXT + canonical(document["body"])
+    except (ValueError, TypeError, RecursionError):  # not re-encodable (NaN, odd types, absurd nesting)
+        raise InvalidDocument("malformed") from None
+    try:
         signature = base64.b64decode(str(document.get("sig")), validate=True)
-        public.verify_key.verify(signature, CONTEXT + canonical(document["body"]))
+        public.verify_key.verify(signature, message)
     except (ValueError, InvalidSignature):
         raise InvalidDocument("bad-signature") from None
     return document["body"]

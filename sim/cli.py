@@ -7,9 +7,23 @@ import sys
 from pathlib import Path
 
 
+def parse_option(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` with VALUE read as a TOML value when it is one (``beta=0.2``, ``f=2``), else a string."""
+    import tomllib
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--strategy-option {text!r} must look like KEY=VALUE, e.g. beta=0.2")
+    try:
+        return key, tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return key, value
+
+
 def _settings(args: argparse.Namespace):  # noqa: ANN202
     from sim.federation import SimSettings
 
+    strategy = {"name": args.strategy, **dict(parse_option(o) for o in args.strategy_option)}
     return SimSettings(
         agents=args.agents,
         rounds=args.rounds,
@@ -22,12 +36,15 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         lr=args.lr,
         fraction=args.fraction,
         deadline_s=args.deadline,
+        strategy=strategy,
+        attackers=args.attackers,
+        attack=args.attack or "",
     )
 
 
 def run_sim_command(args: argparse.Namespace) -> int:
+    from protocol.daemon import quiet_connection_logs
     from sim.run import run_sim
-    from skyfed import quiet_connection_logs
 
     quiet_connection_logs()
 
@@ -38,7 +55,7 @@ def run_sim_command(args: argparse.Namespace) -> int:
         return 2
     print(
         f"SkyFed {args.command}: {settings.agents} agents, {settings.rounds} rounds, model {settings.model}, "
-        f"partition {settings.partition}, seed {settings.seed}"
+        f"partition {settings.partition}, strategy {settings.strategy['name']}, seed {settings.seed}"
     )
     result = run_sim(settings, Path(args.out), broker_address=args.broker)
     final = result.metrics[-1].eval.get("accuracy") if result.metrics else None
@@ -71,6 +88,12 @@ def _add_sim_options(
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--deadline", type=float, default=60.0, help="round deadline in seconds")
+    parser.add_argument("--strategy", default="fedavg", help="fedavg | median | trimmed-mean | krum")
+    parser.add_argument(
+        "--strategy-option", action="append", default=[], metavar="KEY=VALUE", help="e.g. beta=0.2, f=2 (repeatable)"
+    )
+    parser.add_argument("--attackers", type=int, default=0, help="how many agents are malicious (real keys)")
+    parser.add_argument("--attack", default=None, help="sign-flip | scale:F | noise:SIGMA | samples:N")
     parser.set_defaults(handler=run_sim_command)
 
 

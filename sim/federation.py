@@ -11,8 +11,10 @@ so ``skyfed server run --config <root>/server/server.toml`` works on it exactly 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,13 +37,35 @@ class SimSettings:
     momentum: float = 0.9
     fraction: float = 1.0
     deadline_s: float = 60.0
+    strategy: dict[str, Any] = field(default_factory=lambda: {"name": "fedavg"})
+    bounds: dict[str, Any] = field(default_factory=dict)
+    attackers: int = 0
+    attack: str = ""
 
     def __post_init__(self) -> None:
+        from broker_server.bounds import InfluencePolicy
+        from broker_server.strategies import build_strategy
+        from sim.attacks import Attack
+
         if self.agents < 1:
             raise ValueError(f"--agents must be >= 1, got {self.agents}")
         if self.rounds < 1:
             raise ValueError(f"--rounds must be >= 1, got {self.rounds}")
+        if not 0 <= self.attackers < self.agents:
+            raise ValueError(
+                f"--attackers must be between 0 and --agents - 1 ({self.agents - 1}), got {self.attackers}"
+            )
+        if self.attackers and not self.attack:
+            raise ValueError("--attackers needs --attack KIND (sign-flip, scale:F, noise:SIGMA or samples:N)")
+        if self.attack:
+            Attack.parse(self.attack)
         partition.parse(self.partition)
+        build_strategy(self.strategy)
+        InfluencePolicy(**self.bounds)
+
+    def attacker_names(self) -> list[str]:
+        """Which agents attack: a reproducible draw from the seed."""
+        return sorted(random.Random(self.seed).sample(agent_names(self.agents), self.attackers))
 
 
 @dataclass(frozen=True)
@@ -69,6 +93,8 @@ def write_toml(path: Path, tables: dict[str, dict[str, object]]) -> None:
     lines: list[str] = []
 
     def emit(name: str, values: dict[str, object]) -> None:
+        if not values:
+            return
         lines.append(f"[{name}]")
         lines.extend(f"{key} = {_toml_value(v)}" for key, v in values.items() if not isinstance(v, dict))
         lines.append("")
@@ -118,6 +144,8 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
                 "lr": settings.lr,
                 "momentum": settings.momentum,
             },
+            "strategy": settings.strategy,
+            "bounds": settings.bounds,
         },
     )
     agent_configs: dict[str, Path] = {}

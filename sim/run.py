@@ -7,6 +7,7 @@ from the public ``server/metrics`` topic, and collects the results into ``--out`
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -33,11 +34,11 @@ class SimResult:
     seconds: float
 
 
-def _spawn(args: list[str], log_path: Path) -> subprocess.Popen:
+def _spawn(args: list[str], log_path: Path, module: str = "skyfed") -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     with open(log_path, "ab") as log_file:  # the child keeps its own descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "skyfed", *args],
+            [sys.executable, "-m", module, *args],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,
@@ -61,12 +62,25 @@ def _terminate(processes: list[subprocess.Popen], timeout_s: float = 10.0) -> No
 def format_round(m: RoundMetrics, elapsed_s: float) -> str:
     acc = m.eval.get("accuracy")
     loss = m.eval.get("loss")
+    if m.outcome != "committed":
+        return f"round {m.round:3d}  {m.outcome}: {m.reason}  offenders {','.join(m.offenders) or '-'}"
     return (
         f"round {m.round:3d}  accuracy {acc if acc is None else f'{acc:.4f}'}  "
         f"loss {loss if loss is None else f'{loss:.4f}'}  participants {len(m.accepted)}/{len(m.participants)}  "
         f"rejected {len(m.rejected)}  round_s {m.duration_s:6.2f}  elapsed_s {elapsed_s:6.1f}  "
         f"MB up {m.bytes_up / 1e6:.2f}  MB down {m.bytes_down / 1e6:.2f}"
     )
+
+
+def _annotate_metrics(source: Path, target: Path, attackers: list[str], attack: str) -> None:
+    """Copy the server's metrics, adding which agents attacked (the server cannot know)."""
+    lines = []
+    for line in source.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            row["attackers"], row["attack"] = attackers, attack or None
+            lines.append(json.dumps(row, separators=(",", ":")))
+    target.write_text("\n".join(lines) + "\n")
 
 
 def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = None, echo=print) -> SimResult:  # noqa: ANN001
@@ -96,8 +110,13 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
         logs = work / "logs"
         logs.mkdir()
         server = _spawn(["server", "run", "--config", str(layout.server_config)], logs / "server.log")
+        attackers = settings.attacker_names()
+        if attackers:
+            echo(f"  attackers ({settings.attack}): {', '.join(attackers)}")
         agents = [
-            _spawn(["agent", "run", "--config", str(path)], logs / f"{name}.log")
+            _spawn(["--config", str(path), "--attack", settings.attack], logs / f"{name}.log", "sim.attack_agent")
+            if name in attackers
+            else _spawn(["agent", "run", "--config", str(path)], logs / f"{name}.log")
             for name, path in layout.agent_configs.items()
         ]
         stack.callback(_terminate, [server, *agents])
@@ -117,7 +136,7 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
             tail = (logs / "server.log").read_text()[-3000:]
             raise RuntimeError(f"the server did not finish cleanly (logs in {logs}):\n{tail}")
     state = work / "server" / "state"
-    shutil.copy(state / "metrics.jsonl", out / "metrics.jsonl")
+    _annotate_metrics(state / "metrics.jsonl", out / "metrics.jsonl", attackers, settings.attack)
     shutil.copy(state / "global_model.safetensors", out / "global_model.safetensors")
     plot_curves(out / "metrics.jsonl", out / "curves.png")
     return SimResult(out=out, metrics=metrics, seconds=time.monotonic() - started)

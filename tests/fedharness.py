@@ -54,7 +54,7 @@ class ServerHarness:
         override_toml(self.layout.server_config, rounds={"quorum": agents}, **overrides)
         self.config = load_server_config(self.layout.server_config)
         self.server = Aggregator(self.config)
-        self.initial = {k: v.copy() for k, v in self.server.global_arrays.items()}
+        self.initial = {k: v.copy() for k, v in self.server.engine.global_arrays.items()}
         self.topics = Topics("t")
         self.agents = {name: Identity.load(root / name / f"{name}.key") for name in self.layout.agent_configs}
         self.stop = threading.Event()
@@ -98,13 +98,13 @@ class ServerHarness:
                 samples=100,
                 version=1,
                 updated_at=time.time(),
-                group_key_id=self.server.group_key.key_id,
+                group_key_id=self.server.group_keys.key.key_id,
             )
             self.driver.publish(self.topics.agent_status(name), status.to_json(), retain=True)
         return wait_until(lambda: self.tasks and self.tasks[-1], what="a round task")
 
     def update_bytes(self, delta: dict[str, np.ndarray], *, round_number: int = 1, samples: int = 100) -> bytes:
-        meta = UpdateMeta(round=round_number, base_version=self.server.version, samples=samples, loss=0.5)
+        meta = UpdateMeta(round=round_number, base_version=self.server.engine.version, samples=samples, loss=0.5)
         return dumps(delta, metadata=meta.to_metadata())
 
     def random_delta(self, seed: int) -> dict[str, np.ndarray]:

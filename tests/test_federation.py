@@ -29,7 +29,7 @@ from models.datasets import load_dataset
 from models.serialization import load_file, loads
 from models.training import evaluate
 from models.weights import float_part, load_arrays
-from models.zoo import build_model
+from models.zoo import build_model, pick_device
 from protocol.messages import RoundMetrics
 from sim.broker import start_broker
 from sim.federation import SimSettings, create_federation
@@ -121,9 +121,9 @@ def test_three_agents_three_rounds_accuracy_rises_and_wire_carries_no_plaintext(
     server = Aggregator(load_server_config(fed.layout.server_config))
     test_data = load_dataset(fed.layout.server_config.parent / "test.npz")
     model = build_model("digits_cnn")
-    load_arrays(model, server.global_arrays)
-    initial_accuracy = evaluate(model, test_data, server.device)["accuracy"]
-    model_snapshots = [dict(server.global_arrays)]
+    load_arrays(model, server.engine.global_arrays)
+    initial_accuracy = evaluate(model, test_data, pick_device())["accuracy"]
+    model_snapshots = [dict(server.engine.global_arrays)]
     server_thread = threading.Thread(target=server.run, daemon=True)
     server_thread.start()
     fed.start_agents()
@@ -166,7 +166,8 @@ def test_broker_restart_mid_round_finishes_with_no_accepted_update_lost(tmp_path
     server_thread.start()
     fed.start_agents()
     try:
-        wait_until(lambda: server.round_state is not None and server.round_state.round == 2, 60, "round 2")
+        rounds = server.engine
+        wait_until(lambda: rounds.round_state is not None and rounds.round_state.round == 2, 60, "round 2")
         broker.restart()
         server_thread.join(150)
         assert not server_thread.is_alive(), "the federation did not finish after the broker restart"
@@ -215,7 +216,7 @@ def test_server_kill_9_mid_round_resumes_with_no_accepted_update_lost(tmp_path, 
                 rs = json.loads(state_file.read_text())["round_state"]
             except (FileNotFoundError, json.JSONDecodeError):
                 return []
-            return rs["accepted"] if rs and rs["round"] == 2 else []
+            return [u["agent"] for u in rs["updates"]] if rs and rs["round"] == 2 else []
 
         before_kill = wait_until(accepted_in_round_2, 90, "an accepted update in round 2")
         os.kill(server.pid, signal.SIGKILL)
@@ -304,7 +305,7 @@ def test_agent_restart_neither_repeats_nor_skips_a_round(tmp_path, broker):
         wait_until(lambda: first.progress.last_completed_round == 2, 60, "agent-01 to finish round 2")
         first_stop.set()
         first_thread.join(10)
-        assert server.round_state is not None and server.round_state.round == 2  # restarted mid-round
+        assert server.engine.round_state is not None and server.engine.round_state.round == 2  # restarted mid-round
         restarted = EdgeAgent(load_agent_config(fed.layout.agent_configs[first.id]))
         restarted.trainer = CountingTrainer(restarted.trainer)
         restarted_thread = threading.Thread(target=restarted.run, args=(fed.stop,), daemon=True)

@@ -52,7 +52,7 @@ def test_reader_ignores_unknown_fields_but_refuses_another_major_version():
         (b"[]", "must be a JSON object"),
         (b'{"schema":"skyfed.agent-status/1","agent":"a"}', "missing"),
         (b'{"schema":"skyfed.metrics/1","round":true}', "round has the wrong type"),
-        (b"x" * 300_000, "exceeds"),
+        (b"x" * 300_000, "exceed the limit"),
     ],
 )
 def test_malformed_messages_are_refused_with_a_reason(payload, reason):
@@ -61,10 +61,15 @@ def test_malformed_messages_are_refused_with_a_reason(payload, reason):
         cls.from_json(payload)
 
 
-def test_nan_cannot_be_sent_or_received():
-    status = AgentStatus(agent="a", state="idle", round=1, samples=1, version=1, updated_at=float("nan"))
-    with pytest.raises(ValueError):
-        status.to_json()
+def test_non_finite_numbers_are_sent_as_null_and_never_received():
+    m = _metrics(eval={"accuracy": 0.5, "loss": float("inf")}, aggregate_s=float("nan"))
+    assert json.loads(m.to_json())["eval"] == {"accuracy": 0.5, "loss": None}  # encoding never raises
+    for literal in (b"NaN", b"Infinity", b"1e999"):
+        with pytest.raises(MessageError):
+            AgentStatus.from_json(
+                b'{"schema":"skyfed.agent-status/1","agent":"a","state":"x","round":1,'
+                b'"samples":1,"version":1,"updated_at":' + literal + b"}"
+            )
     with pytest.raises(MessageError):
         AgentStatus.from_json(
             b'{"schema":"skyfed.agent-status/1","agent":"a","state":"x","round":1,'
@@ -72,21 +77,32 @@ def test_nan_cannot_be_sent_or_received():
         )
 
 
+def _metrics(**changes) -> RoundMetrics:
+    fields = {
+        "round": 1,
+        "strategy": "fedavg",
+        "participants": ["a"],
+        "accepted": [],
+        "rejected": [Rejection("a", "bad-chunk")],
+        "duration_s": 1.0,
+        "aggregate_s": 0.0,
+        "bytes_up": 0,
+        "bytes_down": 0,
+        "eval": {},
+        "model_version": 2,
+        "finished_at": 0.0,
+    }
+    return RoundMetrics(**{**fields, **changes})
+
+
+def test_hostile_json_is_a_message_error_not_a_crash():
+    for payload in (b"[" * 100_000, b'{"a":' * 50_000, b"1" * 5000, b"\xff\xfe"):
+        with pytest.raises(MessageError):
+            AgentStatus.from_json(payload)
+
+
 def test_metrics_carry_rejections_as_objects():
-    m = RoundMetrics(
-        round=1,
-        strategy="fedavg",
-        participants=["a"],
-        accepted=[],
-        rejected=[Rejection("a", "bad-chunk")],
-        duration_s=1.0,
-        aggregate_s=0.0,
-        bytes_up=0,
-        bytes_down=0,
-        eval={},
-        model_version=2,
-        finished_at=0.0,
-    )
+    m = _metrics()
     assert json.loads(m.to_json())["rejected"] == [{"agent": "a", "reason": "bad-chunk"}]
     assert RoundMetrics.from_json(m.to_json()) == m
 

@@ -112,7 +112,7 @@ def _raw(header: dict, data: bytes) -> bytes:
             ),
             "overlaps",
         ),
-        (_raw({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 80]}}, bytes(8)), "bad shape or offsets"),
+        (_raw({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 80]}}, bytes(8)), "offsets outside the data"),
         (_raw({"a": "nope"}, b""), "malformed entry"),
         (_raw({"__metadata__": {"k": 1}}, b""), "strings to strings"),
     ],

@@ -2,7 +2,11 @@
 
 import pytest
 
-from broker_server.rounds import RoundRules, RoundState, decide, select_agents
+from broker_server.rounds import RoundRules, RoundState, UpdateRecord, decide, select_agents
+
+
+def _accepted(*agents):
+    return [UpdateRecord(agent=a, samples=10, loss=0.1, norm=1.0, wire_bytes=100) for a in agents]
 
 
 def test_selection_honours_fraction_and_minimum_and_is_reproducible():
@@ -18,16 +22,16 @@ def test_round_closes_when_everyone_reported_or_deadline_with_quorum():
     rules = RoundRules(min_agents=3, quorum=2, deadline_s=10)
     state = RoundState(round=1, attempt=1, selected=["a", "b", "c"], deadline=100.0, started_at=90.0)
     assert decide(state, rules, now=95) == "wait"
-    state.accepted += ["a", "b"]
+    state.updates += _accepted("a", "b")
     assert decide(state, rules, now=95) == "wait"
     assert decide(state, rules, now=101) == "close"
-    state.accepted.append("c")
+    state.updates += _accepted("c")
     assert decide(state, rules, now=95) == "close"
 
 
 def test_deadline_without_quorum_reannounces_to_pending_agents():
     rules = RoundRules(min_agents=3, quorum=2)
-    state = RoundState(round=4, attempt=1, selected=["a", "b", "c"], deadline=10.0, started_at=0.0, accepted=["b"])
+    state = RoundState(4, attempt=1, selected=["a", "b", "c"], deadline=10.0, started_at=0.0, updates=_accepted("b"))
     assert decide(state, rules, now=11) == "reannounce"
     assert state.pending == ["a", "c"]
     assert RoundState.from_dict(state.to_dict()) == state

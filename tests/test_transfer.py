@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from protocol.transfer import Reassembler, TransferLimits, TransferRejected
+from protocol.transfer import PAGE, Reassembler, TransferLimits, TransferRejected
 from security.envelope import Opener, seal
 from security.keys import Identity, Keyring
 
@@ -59,10 +59,37 @@ def test_partial_transfers_per_sender_are_capped_and_time_out(ids):
         assert r.feed(chunks_of(ids, bytes(3000))[0], topic_sender="agent", kinds=UPDATE) is None
     with pytest.raises(TransferRejected, match="too-many-partial-transfers"):
         r.feed(chunks_of(ids, bytes(3000))[0], topic_sender="agent", kinds=UPDATE)
-    assert r.pending_bytes() == 6000
+    assert r.pending_bytes() == 2 * 2 * PAGE  # one 1 KiB chunk each, charged as pages
     now[0] = 11.0
     expired = r.expire()
     assert [e.reason for e in expired] == ["transfer-timeout"] * 2 and r.pending_bytes() == 0
+
+
+def test_memory_follows_received_chunks_not_the_claimed_size(ids):
+    """Two 64 MiB claims, first chunk only: the quota counts pages received, and RSS barely moves."""
+    r = make(ids, TransferLimits(max_bytes=256 << 20, max_chunks=100_000))
+    rss_before = _rss_kib()
+    for _ in range(2):
+        first = chunks_of(ids, bytes(64 << 20), chunk_size=1 << 20)[0]
+        r.feed(first, topic_sender="agent", kinds=UPDATE)
+    assert r.pending_bytes() == 2 * ((1 << 20) + PAGE)
+    assert _rss_kib() - rss_before < 16 << 10  # far below the 128 MiB claimed
+
+
+def test_per_sender_and_global_quotas_refuse_chunks_beyond_them(ids):
+    limits = TransferLimits(max_partial_per_sender=8, max_pending_bytes_per_sender=3 * PAGE, max_pending_bytes=1 << 20)
+    r = make(ids, limits)
+    r.feed(chunks_of(ids, bytes(3000))[0], topic_sender="agent", kinds=UPDATE)  # 2 pages
+    with pytest.raises(TransferRejected, match="sender-quota-exceeded"):
+        r.feed(chunks_of(ids, bytes(3000))[0], topic_sender="agent", kinds=UPDATE)
+    shared = make(ids, TransferLimits(max_partial_per_sender=8, max_pending_bytes=3 * PAGE))
+    shared.feed(chunks_of(ids, bytes(3000))[0], topic_sender="agent", kinds=UPDATE)
+    with pytest.raises(TransferRejected, match="server-busy"):
+        shared.feed(chunks_of(ids, bytes(3000))[0], topic_sender="agent", kinds=UPDATE)
+
+
+def _rss_kib() -> int:
+    return int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0])
 
 
 def test_topic_must_match_the_signed_sender_and_kind(ids):
@@ -73,14 +100,18 @@ def test_topic_must_match_the_signed_sender_and_kind(ids):
         make(ids).feed(chunk, topic_sender="agent", kinds=frozenset({"model"}))
 
 
-def test_a_corrupt_chunk_drops_the_partial_transfer(ids):
-    chunks = chunks_of(ids, os.urandom(3000))
+def test_a_forged_chunk_is_dropped_alone_and_the_genuine_one_still_completes_the_transfer(ids):
+    data = os.urandom(3000)
+    chunks = chunks_of(ids, data)
     r = make(ids)
     r.feed(chunks[0], topic_sender="agent", kinds=UPDATE)
-    bad = chunks[1][:-1] + bytes([chunks[1][-1] ^ 1])
+    forged = chunks[1][:-1] + bytes([chunks[1][-1] ^ 1])  # someone copied the signed manifest
     with pytest.raises(TransferRejected, match="bad-chunk"):
-        r.feed(bad, topic_sender="agent", kinds=UPDATE)
-    assert r.pending_bytes() == 0
+        r.feed(forged, topic_sender="agent", kinds=UPDATE)
+    assert r.pending_bytes() == 2 * PAGE  # the forged chunk's charge was given back
+    assert r.feed(chunks[1], topic_sender="agent", kinds=UPDATE) is None
+    done = r.feed(chunks[2], topic_sender="agent", kinds=UPDATE)
+    assert done is not None and bytes(done.data) == data
 
 
 def test_replay_of_a_finished_transfer_is_rejected(ids):

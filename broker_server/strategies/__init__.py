@@ -1,23 +1,30 @@
 """Aggregation strategies: one module each, pure arithmetic over flat float32 vectors.
 
-``build_strategy(name)`` is the registry the server config uses.
+``build_strategy(table)`` builds the one ``[strategy] name`` selects, with the rest of the table as
+its options. Every strategy composes with the influence bounds (clipping, sample caps) of
+``broker_server.bounds``, applied before it sees the updates.
 """
 
 from __future__ import annotations
 
-from broker_server.strategies.base import AcceptedUpdate, RoundResult, Strategy
+from typing import Any
+
+from broker_server.strategies.base import Contribution, RoundResult, Strategy
 from broker_server.strategies.fedavg import FedAvg
+from broker_server.strategies.krum import MultiKrum
+from broker_server.strategies.median import FedMedian
+from broker_server.strategies.trimmed_mean import TrimmedMean
 
-STRATEGIES: dict[str, type[Strategy]] = {FedAvg.name: FedAvg}
-
-
-def build_strategy(name: str, **options: object) -> Strategy:
-    """The strategy called ``name`` (ServerConfig ``strategy.name``)."""
-    try:
-        cls = STRATEGIES[name]
-    except KeyError:
-        raise ValueError(f"strategy.name {name!r} is unknown; choose one of {sorted(STRATEGIES)}") from None
-    return cls(**options)  # type: ignore[arg-type]
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (FedAvg, FedMedian, TrimmedMean, MultiKrum)}
 
 
-__all__ = ["AcceptedUpdate", "RoundResult", "Strategy", "build_strategy", "STRATEGIES"]
+def build_strategy(table: dict[str, Any]) -> Strategy:
+    """The strategy ``table["name"]`` (default fedavg) built from the remaining keys of ``[strategy]``."""
+    options = dict(table)
+    name = options.pop("name", "fedavg")
+    if not isinstance(name, str) or name not in STRATEGIES:
+        raise ValueError(f"strategy.name {name!r} is unknown; choose one of {', '.join(sorted(STRATEGIES))}")
+    return STRATEGIES[name].from_table(options)
+
+
+__all__ = ["Contribution", "RoundResult", "Strategy", "build_strategy", "STRATEGIES"]

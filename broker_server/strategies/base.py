@@ -1,62 +1,111 @@
 """The strategy interface the round engine drives.
 
-A round is ``begin`` → ``accumulate`` once per accepted update → ``finalize``. Updates arrive already
-validated (``broker_server.validation``), as flat float32 deltas over the global model's floating
-tensors, so a strategy is only arithmetic. A strategy may keep a running sum (FedAvg: memory
-independent of the number of agents) or a bounded store of every update (swapping, clustering), and
-may return a different model per agent (``RoundResult.per_agent``). ``state``/``restore`` let the
-server checkpoint a round in progress, so a restart loses no accepted update.
+A round is ``begin`` → (per accepted update, for streaming strategies) ``fold_plan`` → ``aggregate``.
+Updates arrive validated and with their influence bounded (``broker_server.bounds``): a strategy sees
+``Contribution``s — a read-only float32 delta over the global model's floating tensors, the capped
+sample count and the clip scale — and returns the next global vector. Every accepted update stays in
+the server's on-disk update store until the round is committed, so a strategy that needs all of them
+(median, Krum) reads them in column blocks at ``aggregate`` and keeps nothing per agent in RAM; a
+streaming one (FedAvg) folds each update into a running sum as it arrives and only corrects at the end.
+Options come from the ``[strategy]`` table (``Options`` dataclass, validated with the key named).
+``state``/``restore`` carry what must last across rounds (server optimizer moments, for instance).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
+from broker_server.bounds import Tentative
+from broker_server.onepass import Fold
+from protocol.typed import SchemaError, build
+
 NamedArrays = dict[str, np.ndarray]
+BLOCK_BYTES = 32 << 20  # RAM for one column block of all updates
 
 
 @dataclass(frozen=True)
-class AcceptedUpdate:
-    """One validated update: a flat float32 delta (read-only view) and what the agent reported."""
+class Contribution:
+    """One accepted update as a strategy sees it at the end of the round."""
 
     agent: str
-    delta: np.ndarray
-    samples: int
-    loss: float
+    delta: np.ndarray  # read-only view of the stored update
+    samples: float  # claimed sample count, capped by the bounds
+    scale: float  # clip factor min(1, C / norm)
+    norm: float
+    folded: float = 0.0  # coefficient a streaming strategy already folded in (0: not folded)
 
 
 @dataclass(frozen=True)
 class RoundResult:
-    """The new global float vector, and optionally a personal model per agent (for their inboxes)."""
+    """The new global float vector, and what the strategy wants reported in ``metrics.aggregation``."""
 
     global_vector: np.ndarray
-    per_agent: dict[str, np.ndarray] = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    pass
 
 
 class Strategy(ABC):
-    """Base class: override the steps your method changes."""
+    """Base class: override ``aggregate``; streaming strategies also ``begin`` and ``fold_plan``."""
 
-    name: str = ""
+    name: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+    # True when the new model is a convex combination of clipped deltas, so its change is within the clip bound.
+    bounded_by_clip: ClassVar[bool] = False
+
+    def __init__(self, options: Any = None) -> None:
+        self.options = options if options is not None else self.Options()
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> Strategy:
+        """Build from the ``[strategy]`` table (minus ``name``); errors name ``strategy.<key>``."""
+        try:
+            return cls(build(cls.Options, table, where="strategy", strict=True))
+        except SchemaError as exc:
+            raise ValueError(f"{exc} (strategy {cls.name!r})") from None
+
+    def begin(self, global_vector: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """A round starts from ``global_vector`` (read-only)."""
+
+    def fold_plan(self, tentative: Tentative) -> Fold | None:
+        """How to fold the next update while it is being checked, or None to leave it for ``aggregate``."""
+        return None
 
     @abstractmethod
-    def begin(self, global_vector: np.ndarray) -> None:
-        """Start a round from the current global float vector (read-only)."""
+    def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
+        """The next global vector from the round's contributions (never empty)."""
 
-    @abstractmethod
-    def accumulate(self, update: AcceptedUpdate) -> None:
-        """Fold in one accepted update; the delta view is only valid during this call."""
-
-    @abstractmethod
-    def finalize(self) -> RoundResult:
-        """Combine what was accumulated into the next global model."""
-
-    @abstractmethod
     def state(self) -> NamedArrays:
-        """Arrays that capture the round in progress (for the checkpoint)."""
+        """Arrays that must survive to the next round (kept in the checkpoint)."""
+        return {}
 
-    @abstractmethod
-    def restore(self, global_vector: np.ndarray, state: NamedArrays) -> None:
-        """Resume a round in progress from ``state()`` output."""
+    def restore(self, state: NamedArrays) -> None:  # noqa: B027 - optional hook
+        """Resume from ``state()`` output after a restart."""
+
+
+def column_blocks(contributions: list[Contribution]) -> Iterator[tuple[int, int, np.ndarray]]:
+    """``(start, stop, block)`` where ``block[i]`` is contribution i's clipped delta[start:stop] (float32).
+
+    Reading all updates a column block at a time keeps RAM at ``BLOCK_BYTES`` whatever the number of
+    agents, and each update file is still read front to back.
+    """
+    size = contributions[0].delta.size
+    width = max(4096, BLOCK_BYTES // (4 * len(contributions)))
+    scales = np.array([c.scale for c in contributions], np.float32)[:, None]
+    block = np.empty((len(contributions), min(width, size)), np.float32)
+    for start in range(0, size, width):
+        stop = min(start + width, size)
+        view = block[:, : stop - start]
+        for row, c in enumerate(contributions):
+            view[row] = c.delta[start:stop]
+        if (scales != 1).any():
+            view *= scales
+        yield start, stop, view

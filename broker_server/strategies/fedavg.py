@@ -1,68 +1,77 @@
 """Federated Averaging (FedAvg) [McMahan et al., 2017]. Paper: https://arxiv.org/abs/1602.05629
 
-The new global model is the current one plus the average of the agents' deltas, weighted by their
-sample counts (``weighting="samples"``, the paper's n_k/n) or equally (``"uniform"``). It is computed
-as a streaming weighted sum: one float32 accumulator the size of the model, folded with one BLAS
-``saxpy`` per update, so memory does not grow with the number of agents and each update is read once.
+The new global model is the current one plus the average of the agents' clipped deltas, weighted by
+their (capped) sample counts (``weighting = "samples"``, the paper's n_k/n) or equally
+(``"uniform"``). Streaming: each update is folded into one float32 running sum while it is checked
+(``broker_server.onepass``), with the bounds known so far; at the end the few updates whose exact
+coefficient differs (deferred ones, or ones the final clip bound or sample cap reached) are corrected
+from the stored update. If a tentative coefficient was far larger than the exact one, the sum is
+rebuilt from the stored updates instead, so no large value is ever cancelled in float32.
+
+Memory: one float32 vector the size of the model, whatever the number of agents (updates wait on disk).
 """
 
 from __future__ import annotations
 
-import numpy as np
-from scipy.linalg.blas import saxpy
+from dataclasses import dataclass
 
-from broker_server.strategies.base import AcceptedUpdate, NamedArrays, RoundResult, Strategy
+import numpy as np
+
+from broker_server.bounds import Tentative
+from broker_server.onepass import Fold, axpy
+from broker_server.strategies.base import Contribution, RoundResult, Strategy
 
 WEIGHTINGS = ("samples", "uniform")
+REBUILD_FACTOR = 16.0  # a fold this many times the largest exact contribution is recomputed, not corrected
 
 
-def fold(accumulator: np.ndarray, delta: np.ndarray, weight: float) -> None:
-    """accumulator += weight * delta, in place, in one pass (float32 BLAS saxpy)."""
-    result = saxpy(delta, accumulator, a=weight)
-    if result is not accumulator and not np.shares_memory(result, accumulator):  # pragma: no cover
-        raise RuntimeError("saxpy did not update the accumulator in place")
+@dataclass(frozen=True)
+class FedAvgOptions:
+    weighting: str = "samples"
 
-
-def weighted_mean_step(global_vector: np.ndarray, weighted_sum: np.ndarray, total_weight: float) -> np.ndarray:
-    """global + weighted_sum / total_weight (the FedAvg server step with learning rate 1)."""
-    if total_weight <= 0:
-        return global_vector.copy()
-    return global_vector + weighted_sum * np.float32(1.0 / total_weight)
+    def __post_init__(self) -> None:
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"strategy.weighting {self.weighting!r} must be one of {WEIGHTINGS}")
 
 
 class FedAvg(Strategy):
-    """Streaming, sample-weighted FedAvg."""
+    """Streaming, sample-weighted FedAvg over clipped deltas."""
 
     name = "fedavg"
+    Options = FedAvgOptions
+    bounded_by_clip = True
 
-    def __init__(self, weighting: str = "samples") -> None:
-        if weighting not in WEIGHTINGS:
-            raise ValueError(f"strategy.weighting {weighting!r} must be one of {WEIGHTINGS}")
-        self.weighting = weighting
-        self._global = np.zeros(0, np.float32)
+    def __init__(self, options: FedAvgOptions | None = None) -> None:
+        super().__init__(options)
         self._sum = np.zeros(0, np.float32)
-        self._total = 0.0
+
+    def weight(self, samples: float) -> float:
+        return float(samples) if self.options.weighting == "samples" else 1.0
 
     def begin(self, global_vector: np.ndarray) -> None:
-        self._global = global_vector
         self._sum = np.zeros_like(global_vector, dtype=np.float32)
-        self._total = 0.0
 
-    def weight_of(self, update: AcceptedUpdate) -> float:
-        return float(update.samples) if self.weighting == "samples" else 1.0
+    def fold_plan(self, tentative: Tentative) -> Fold | None:
+        if self.options.weighting == "samples" and tentative.samples is None:
+            return None
+        return Fold(self._sum, self.weight(tentative.samples or 1.0), tentative.max_norm)
 
-    def accumulate(self, update: AcceptedUpdate) -> None:
-        weight = self.weight_of(update)
-        fold(self._sum, update.delta, weight)
-        self._total += weight
-
-    def finalize(self) -> RoundResult:
-        return RoundResult(weighted_mean_step(self._global, self._sum, self._total))
-
-    def state(self) -> NamedArrays:
-        return {"weighted_sum": self._sum, "total_weight": np.array([self._total], np.float64)}
-
-    def restore(self, global_vector: np.ndarray, state: NamedArrays) -> None:
-        self._global = global_vector
-        self._sum = np.array(state["weighted_sum"], dtype=np.float32)
-        self._total = float(state["total_weight"][0])
+    def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
+        weights = np.array([self.weight(c.samples) for c in contributions])
+        exact = weights * np.array([c.scale for c in contributions])
+        folded = np.array([c.folded for c in contributions])
+        norms = np.array([c.norm for c in contributions])
+        largest = float(np.max(exact * norms, initial=0.0))
+        if float(np.max(folded * norms, initial=0.0)) > REBUILD_FACTOR * max(largest, 1e-30):
+            self._sum[:] = 0
+            folded = np.zeros_like(folded)
+        corrected = 0
+        for c, target, already in zip(contributions, exact, folded, strict=True):
+            if target != already:
+                axpy(c.delta, self._sum, float(target - already))
+                corrected += 1
+        total = float(weights.sum())
+        if total <= 0:
+            return RoundResult(global_vector.copy())
+        new = global_vector + self._sum * np.float32(1.0 / total)
+        return RoundResult(new, {"refolded": corrected})

@@ -1,0 +1,90 @@
+"""Accepting one update into the open round: who may send, what it must look like, and what it costs.
+
+In order: the round gates (a round is open, the update is for it, the sender was selected and has not
+been accepted yet), the structure (``validation.parse_update``), then one pass over the values
+(``onepass.scan``: finite, L2 norm, folded into a streaming strategy when the bounds known so far allow
+it), the outright norm limit, and finally the update is written to the update store before the round
+state records it. A refusal raises ``UpdateRejected`` and leaves the round exactly as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from broker_server.bounds import InfluencePolicy, tentative
+from broker_server.onepass import NonFiniteUpdate, axpy, scan
+from broker_server.rounds import RoundState, UpdateRecord
+from broker_server.strategies.base import Strategy
+from broker_server.update_store import UpdateStore
+from broker_server.validation import UpdateRejected, parse_update
+from models.weights import TensorSpec
+from protocol.transfer import Completed
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """What an update is checked against: the global model it must have been trained from."""
+
+    spec: tuple[TensorSpec, ...]
+    model_version: int
+
+
+def check_gates(state: RoundState | None, agent: str, round_number: int) -> RoundState:
+    if state is None:
+        raise UpdateRejected("no-round-open")
+    if round_number != state.round:
+        raise UpdateRejected(f"wrong-round: transfer for round {round_number}, current is {state.round}")
+    if agent not in state.selected:
+        raise UpdateRejected("not-selected")
+    if agent in state.accepted:
+        raise UpdateRejected("duplicate")
+    return state
+
+
+def accept_update(
+    completed: Completed,
+    state: RoundState | None,
+    inputs: RoundInputs,
+    *,
+    policy: InfluencePolicy,
+    strategy: Strategy,
+    store: UpdateStore,
+) -> UpdateRecord:
+    """Check, fold and store one update; append and return its record, or raise ``UpdateRejected``."""
+    agent = completed.manifest.sender
+    state = check_gates(state, agent, completed.manifest.round)
+    parsed = parse_update(
+        completed.data, expected_spec=inputs.spec, round_number=state.round, model_version=inputs.model_version
+    )
+    bounds = tentative(
+        policy,
+        np.array([u.norm for u in state.updates]),
+        np.array([u.samples for u in state.updates], np.float64),
+        parsed.meta.samples,
+    )
+    fold = strategy.fold_plan(bounds)
+    try:
+        result = scan(parsed.delta, fold)
+    except NonFiniteUpdate as exc:
+        raise UpdateRejected(f"non-finite-values: {exc}") from None
+    folded = fold.weight if (fold is not None and result.folded) else 0.0
+    try:
+        if policy.max_update_norm > 0 and result.norm > policy.max_update_norm:
+            raise UpdateRejected(f"norm-too-large: {result.norm:.4g} > {policy.max_update_norm:.4g}")
+        store.put(state.round, agent, completed.data)
+    except BaseException:
+        if folded and fold is not None:
+            axpy(parsed.delta, fold.into, -folded)  # leave the running sum as it was
+        raise
+    record = UpdateRecord(
+        agent=agent,
+        samples=parsed.meta.samples,
+        loss=parsed.meta.loss,
+        norm=result.norm,
+        wire_bytes=completed.wire_bytes,
+        folded=folded,
+    )
+    state.updates.append(record)
+    return record

@@ -1,0 +1,119 @@
+"""Bounded influence: no single agent can move the global model far or claim most of the weight.
+
+Two bounds, both on by default (``[bounds]`` in server.toml; the policy is in security/README.md):
+
+* **Norm clipping.** Each delta is scaled by ``min(1, C / ||delta||)``. ``clip = "adaptive"`` sets
+  C = ``clip_multiple`` x the median L2 norm of the round's accepted updates, so it follows the scale
+  of honest training and needs no tuning; ``"fixed"`` uses ``clip_norm``; ``"off"`` disables it. With
+  an honest majority the median is an honest norm, so a scaled or noise update counts at most
+  ``clip_multiple`` honest updates' worth. (Norm bounding as a defence: Sun et al., "Can You Really
+  Backdoor Federated Learning?", 2019, arXiv:1911.07963.)
+* **Sample weights.** A claimed sample count weighs at most ``sample_multiple`` x the round's median
+  claim (and at most ``max_samples``, when set), so ``samples = 10**15`` buys a bounded share.
+
+Pure functions over arrays; the streaming fold uses the ``tentative`` variants, computed from the
+updates accepted so far, and the aggregation step corrects to the exact round values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+CLIP_MODES = ("adaptive", "fixed", "off")
+MIN_REFERENCE = 3  # accepted updates before a running median is trusted for a tentative fold
+
+
+@dataclass(frozen=True)
+class InfluencePolicy:
+    """``[bounds]`` of server.toml."""
+
+    clip: str = "adaptive"
+    clip_multiple: float = 2.0
+    clip_norm: float = 0.0
+    sample_multiple: float = 2.0
+    max_samples: int = 0
+    max_update_norm: float = 0.0
+    max_change_norm: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.clip not in CLIP_MODES:
+            raise ValueError(f"bounds.clip must be one of {', '.join(CLIP_MODES)}, got {self.clip!r}")
+        if self.clip == "adaptive" and self.clip_multiple < 1:
+            raise ValueError(f"bounds.clip_multiple must be >= 1 (a multiple of the median), got {self.clip_multiple}")
+        if self.clip == "fixed" and self.clip_norm <= 0:
+            raise ValueError('bounds.clip_norm must be > 0 when bounds.clip = "fixed"')
+        if self.sample_multiple != 0 and self.sample_multiple < 1:
+            raise ValueError(f"bounds.sample_multiple must be 0 (off) or >= 1, got {self.sample_multiple}")
+        for key in ("max_samples", "max_update_norm", "max_change_norm", "clip_norm"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"bounds.{key} must be >= 0 (0 = off), got {getattr(self, key)}")
+
+
+@dataclass(frozen=True)
+class Influence:
+    """The round's exact bounds and, per accepted update (in order), its weight cap and clip scale."""
+
+    clip_bound: float
+    sample_cap: float
+    samples: np.ndarray  # claimed samples, capped
+    scales: np.ndarray  # min(1, clip_bound / norm)
+
+    def describe(self, agents: list[str], claimed: np.ndarray, norms: np.ndarray) -> dict:
+        """For ``metrics.aggregation``: the bounds and which agents they touched."""
+        return {
+            "clip_bound": self.clip_bound if math.isfinite(self.clip_bound) else None,
+            "sample_cap": self.sample_cap if math.isfinite(self.sample_cap) else None,
+            "clipped": [a for a, s in zip(agents, self.scales, strict=True) if s < 1],
+            "capped": [a for a, c, n in zip(agents, self.samples, claimed, strict=True) if c < n],
+            "median_norm": float(np.median(norms)) if len(norms) else None,
+        }
+
+
+def clip_bound(policy: InfluencePolicy, norms: np.ndarray) -> float:
+    if policy.clip == "off" or (policy.clip == "adaptive" and len(norms) == 0):
+        return math.inf
+    if policy.clip == "fixed":
+        return policy.clip_norm
+    return policy.clip_multiple * float(np.median(norms))
+
+
+def sample_cap(policy: InfluencePolicy, samples: np.ndarray) -> float:
+    cap = float(policy.max_samples) if policy.max_samples > 0 else math.inf
+    if policy.sample_multiple > 0 and len(samples):
+        cap = min(cap, policy.sample_multiple * float(np.median(samples)))
+    return cap
+
+
+def bound_influence(policy: InfluencePolicy, norms: np.ndarray, samples: np.ndarray) -> Influence:
+    """Exact bounds for a round from all its accepted updates' norms and claimed sample counts."""
+    bound = clip_bound(policy, norms)
+    cap = sample_cap(policy, samples)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scales = np.where(norms > bound, bound / norms, 1.0) if len(norms) else np.ones(0)
+    return Influence(bound, cap, np.minimum(samples.astype(np.float64), cap), scales.astype(np.float64))
+
+
+@dataclass(frozen=True)
+class Tentative:
+    """What the streaming fold may assume before the round is over: fold an update only if its norm
+    stays within ``max_norm`` and with its samples capped at ``samples`` (None: do not fold yet)."""
+
+    max_norm: float
+    samples: float | None
+
+
+def tentative(policy: InfluencePolicy, norms_so_far: np.ndarray, samples_so_far: np.ndarray, samples: int) -> Tentative:
+    """Bounds from the updates accepted so far (the new one's claim included, its norm not yet known)."""
+    if policy.clip == "adaptive":
+        max_norm = clip_bound(policy, norms_so_far) if len(norms_so_far) >= MIN_REFERENCE else 0.0
+    else:
+        max_norm = clip_bound(policy, norms_so_far)
+    if policy.max_update_norm > 0:
+        max_norm = min(max_norm, policy.max_update_norm)
+    claims = np.append(samples_so_far, samples)
+    if policy.sample_multiple > 0 and len(claims) < MIN_REFERENCE:
+        return Tentative(max_norm, None)
+    return Tentative(max_norm, min(float(samples), sample_cap(policy, claims)))

@@ -1,0 +1,240 @@
+"""The round engine: rounds from start to commit, with all state that must survive a restart. No I/O
+but files: the daemon turns its results into MQTT messages, so the engine can be driven in tests.
+
+Lifecycle (ARCHITECTURE.md): ``begin_round`` selects agents, ``announce`` (re)opens the round until a
+deadline, ``accept`` takes updates (``broker_server.accept``), ``decide`` says when to close, and
+``close`` runs the pipeline (``broker_server.pipeline``) then either **commits** (checkpoint first, then
+``metrics.jsonl`` and ``global_model.safetensors``; the daemon publishes afterwards) or **rolls back**
+(the previous model stays; the round is recorded with its reason and offenders). The checkpoint is
+written after every accepted update and every finished round.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from broker_server.accept import RoundInputs, accept_update
+from broker_server.checkpoint import Checkpoint, CheckpointStore, new_run_id
+from broker_server.config import ServerConfig
+from broker_server.metrics_log import MetricsLog
+from broker_server.pipeline import (
+    Aggregate,
+    BoundInfluence,
+    CheckModel,
+    Evaluate,
+    RoundContext,
+    RoundRejected,
+    Step,
+    run_pipeline,
+)
+from broker_server.rounds import RoundState, UpdateRecord, decide, select_agents
+from broker_server.strategies import build_strategy
+from models.serialization import dumps, float32_region, save_file
+from models.weights import NamedArrays, flatten, float_part, to_arrays
+from models.zoo import build_model
+from protocol.messages import Rejection, RoundMetrics
+from protocol.transfer import Completed
+from protocol.update import UpdateMeta
+from security.replay import ReplayGuard
+
+log = logging.getLogger("skyfed.server")
+
+MAX_REJECTIONS_LISTED = 200
+HEADER_SLACK = 64 << 10  # room for an update's safetensors header beyond the model's own
+
+
+class RoundEngine:
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        replay: ReplayGuard,
+        evaluator: Callable[[NamedArrays], dict[str, float]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.rules = config.rounds
+        self.policy = config.bounds
+        self.replay = replay
+        self.clock = clock
+        self.strategy = build_strategy(config.strategy)
+        self.store = CheckpointStore(config.state_dir / "checkpoint")
+        self.metrics_log = MetricsLog(config.state_dir / "metrics.jsonl")
+        self.steps: list[Step] = [
+            BoundInfluence(self.policy),
+            Aggregate(self.strategy),
+            CheckModel(self.policy, self.strategy.bounded_by_clip),
+        ]
+        if evaluator is not None:
+            self.steps.append(Evaluate(evaluator))
+        self.orphan_rejections: list[dict[str, str]] = []
+        self._last_metrics: dict | None = None
+        self._restore()
+
+    # state -------------------------------------------------------------------------------------------
+    def _restore(self) -> None:
+        checkpoint = self.store.load()
+        if checkpoint is None:
+            torch.manual_seed(self.config.server.seed)
+            initial = build_model(self.config.server.model, num_classes=self.config.server.num_classes)
+            self.run_id, self.version, self.next_round = new_run_id(), 1, 1
+            self.round_state: RoundState | None = None
+            self._set_model(to_arrays(initial))
+            self.checkpoint()
+            log.info("server initialised model=%s version=1 run_id=%s", self.config.server.model, self.run_id)
+            return
+        self.run_id = checkpoint.run_id
+        self.version, self.next_round = checkpoint.model_version, checkpoint.next_round
+        self.round_state = checkpoint.round_state
+        self._set_model(checkpoint.global_arrays)
+        self.strategy.restore(checkpoint.strategy_state)
+        self.replay.restore(checkpoint.replay)
+        self.metrics_log.reconcile(checkpoint.last_metrics)
+        self._last_metrics = checkpoint.last_metrics
+        if self.round_state is not None:
+            self.strategy.begin(self.global_vector)  # the running sum is gone: every stored update is re-read
+            for record in self.round_state.updates:
+                record.folded = 0.0
+        save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
+        log.info(
+            "server resumed run_id=%s version=%d next_round=%d in_round=%s accepted=%s",
+            self.run_id,
+            self.version,
+            self.next_round,
+            self.round_state.round if self.round_state else None,
+            self.round_state.accepted if self.round_state else [],
+        )
+
+    def _set_model(self, arrays: NamedArrays) -> None:
+        self.global_arrays = arrays
+        floats = {k: v.astype(np.float32) for k, v in float_part(arrays).items()}
+        _, self.float_spec, _ = float32_region(dumps(floats))
+        self.global_vector = flatten(floats, self.float_spec)
+
+    def checkpoint(self, last_metrics: dict | None = None) -> None:
+        if last_metrics is not None:
+            self._last_metrics = last_metrics
+        self.store.save(
+            Checkpoint(
+                run_id=self.run_id,
+                next_round=self.next_round,
+                model_version=self.version,
+                global_arrays=self.global_arrays,
+                round_state=self.round_state,
+                strategy_state=self.strategy.state(),
+                last_metrics=self._last_metrics,
+                replay=self.replay.export(),
+            )
+        )
+
+    @property
+    def finished(self) -> bool:
+        limit = self.config.server.rounds
+        return limit > 0 and self.next_round > limit and self.round_state is None
+
+    def update_bytes(self) -> int:
+        """The largest a valid update can be: the model's float tensors as float32, plus a header."""
+        meta = UpdateMeta(round=2**31, base_version=2**31, samples=2**53, loss=-1e300).to_metadata()
+        zeros = {s.name: np.zeros(s.shape, np.float32) for s in self.float_spec}
+        return len(dumps(zeros, metadata=meta)) + HEADER_SLACK
+
+    # rounds ------------------------------------------------------------------------------------------
+    def begin_round(self, eligible: list[str], now: float) -> RoundState | None:
+        """Open the next round if enough agents are eligible; the caller then announces it."""
+        if self.round_state is not None or self.finished or len(eligible) < self.rules.min_agents:
+            return None
+        number = self.next_round
+        selected = select_agents(eligible, self.rules, seed=self.config.server.seed * 100_003 + number)
+        self.round_state = RoundState(round=number, attempt=0, selected=selected, deadline=0.0, started_at=now)
+        self.round_state.rejected.extend(self.orphan_rejections)
+        self.orphan_rejections.clear()
+        self.strategy.begin(self.global_vector)
+        return self.round_state
+
+    def announce(self, now: float) -> RoundState:
+        """Start (or restart) the open round's attempt: a new deadline, the pending agents asked again."""
+        rs = self.round_state
+        assert rs is not None
+        rs.attempt += 1
+        rs.deadline = now + self.rules.deadline_s
+        self.checkpoint()
+        return rs
+
+    def decide(self, now: float) -> str:
+        return "idle" if self.round_state is None else decide(self.round_state, self.rules, now)
+
+    def accept(self, completed: Completed) -> UpdateRecord:
+        """Accept one update into the open round (``UpdateRejected`` otherwise) and checkpoint it."""
+        record = accept_update(
+            completed,
+            self.round_state,
+            RoundInputs(self.float_spec, self.version),
+            policy=self.policy,
+            strategy=self.strategy,
+            store=self.store.updates,
+        )
+        self.checkpoint()
+        return record
+
+    def reject(self, agent: str, reason: str) -> None:
+        """Record a refusal in the open round's metrics (or the next round's, outside a round)."""
+        target = self.round_state.rejected if self.round_state is not None else self.orphan_rejections
+        if len(target) < MAX_REJECTIONS_LISTED:
+            target.append(Rejection(agent=agent[:64], reason=reason[:200]).to_dict())
+
+    def close(self, now: float, *, model_wire_bytes: int) -> RoundMetrics:
+        """Run the pipeline; commit the new model or roll the round back. Returns the round's metrics.
+
+        ``model_wire_bytes`` is the size of the published model the selected agents downloaded."""
+        rs = self.round_state
+        assert rs is not None
+        ctx = RoundContext(
+            state=rs,
+            global_arrays=self.global_arrays,
+            global_vector=self.global_vector,
+            float_spec=self.float_spec,
+            open_delta=lambda agent: self.store.updates.delta(rs.round, agent),
+        )
+        outcome, reason, offenders = "committed", "", []
+        try:
+            run_pipeline(self.steps, ctx)
+        except RoundRejected as rejected:
+            outcome, reason, offenders = "rolled-back", rejected.reason, rejected.offenders
+            log.error("round rolled back round=%d reason=%s offenders=%s", rs.round, reason, ",".join(offenders))
+        if outcome == "committed":
+            assert ctx.candidate is not None
+            self._set_model(ctx.candidate)
+            self.version += 1
+        aggregation = ctx.aggregation_detail()
+        if outcome == "rolled-back" and ctx.evaluation:
+            aggregation["rejected_eval"] = ctx.evaluation
+        metrics = RoundMetrics(
+            round=rs.round,
+            strategy=self.strategy.name,
+            participants=rs.selected,
+            accepted=rs.accepted,
+            rejected=[Rejection.from_dict(r) for r in rs.rejected],
+            duration_s=round(now - rs.started_at, 3),
+            aggregate_s=round(ctx.aggregate_s, 6),
+            bytes_up=rs.bytes_up,
+            bytes_down=model_wire_bytes * len(rs.selected),
+            eval=ctx.evaluation if outcome == "committed" else {},
+            model_version=self.version,
+            finished_at=now,
+            outcome=outcome,
+            reason=reason,
+            offenders=offenders,
+            aggregation=aggregation,
+        )
+        self.round_state, self.next_round = None, rs.round + 1
+        self.checkpoint(last_metrics=json.loads(metrics.to_json()))
+        self.metrics_log.append(metrics)
+        if outcome == "committed":
+            save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
+        return metrics

@@ -1,0 +1,160 @@
+"""The close-of-round pipeline: small steps over one ``RoundContext``, each separately testable.
+
+    bound influence → aggregate → check the model → evaluate      (then the engine commits)
+
+A step either fills in its part of the context or raises ``RoundRejected`` with a reason and the
+agents to blame; any other exception in a step becomes a rejection too (``internal-error in <step>``).
+A rejected round is rolled back by the engine: the previous global model stays. Later features add a
+step (DP noise after ``aggregate``, the privacy accountant before commit) without touching the others.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.linalg.blas import sdot
+
+from broker_server.bounds import Influence, InfluencePolicy, bound_influence
+from broker_server.rounds import RoundState
+from broker_server.strategies.base import Contribution, RoundResult, Strategy
+from models.weights import NamedArrays, TensorSpec, unflatten
+
+DOMINANCE = 2.0  # an agent whose contribution exceeds this multiple of the median one is named as an offender
+
+
+class RoundRejected(Exception):
+    """The round's aggregate must not become the global model."""
+
+    def __init__(self, reason: str, offenders: list[str] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.offenders = offenders or []
+
+
+@dataclass
+class RoundContext:
+    state: RoundState
+    global_arrays: NamedArrays
+    global_vector: np.ndarray
+    float_spec: tuple[TensorSpec, ...]
+    open_delta: Callable[[str], np.ndarray]
+    contributions: list[Contribution] = field(default_factory=list)
+    influence: Influence | None = None
+    result: RoundResult | None = None
+    candidate: NamedArrays | None = None
+    evaluation: dict[str, float] = field(default_factory=dict)
+    aggregate_s: float = 0.0
+
+    def aggregation_detail(self) -> dict[str, Any]:
+        detail: dict[str, Any] = {}
+        if self.influence is not None:
+            norms = np.array([u.norm for u in self.state.updates])
+            claimed = np.array([u.samples for u in self.state.updates], np.float64)
+            detail.update(self.influence.describe(self.state.accepted, claimed, norms))
+        if self.result is not None:
+            detail.update(self.result.detail)
+        return detail
+
+
+class Step(ABC):
+    name: str = ""
+
+    @abstractmethod
+    def run(self, ctx: RoundContext) -> None: ...
+
+
+def offenders(contributions: list[Contribution]) -> list[str]:
+    """Agents whose (weighted, clipped) contribution dominates the round; everyone if none stands out."""
+    if not contributions:
+        return []
+    total = sum(c.samples for c in contributions) or 1.0
+    size = np.array([c.samples / total * c.scale * c.norm for c in contributions])
+    size = np.where(np.isfinite(size), size, np.inf)
+    reference = float(np.median(size))
+    named = [c.agent for c, s in zip(contributions, size, strict=True) if s > DOMINANCE * reference]
+    return named or [c.agent for c in contributions]
+
+
+@dataclass
+class BoundInfluence(Step):
+    policy: InfluencePolicy
+    name: str = "bound"
+
+    def run(self, ctx: RoundContext) -> None:
+        updates = ctx.state.updates
+        norms = np.array([u.norm for u in updates])
+        influence = bound_influence(policy=self.policy, norms=norms, samples=np.array([u.samples for u in updates]))
+        ctx.influence = influence
+        ctx.contributions = [
+            Contribution(u.agent, ctx.open_delta(u.agent), float(capped), float(scale), u.norm, u.folded)
+            for u, capped, scale in zip(updates, influence.samples, influence.scales, strict=True)
+        ]
+
+
+@dataclass
+class Aggregate(Step):
+    strategy: Strategy
+    name: str = "aggregate"
+
+    def run(self, ctx: RoundContext) -> None:
+        started = time.perf_counter()
+        ctx.result = self.strategy.aggregate(ctx.global_vector, ctx.contributions)
+        ctx.aggregate_s = time.perf_counter() - started
+
+
+@dataclass
+class CheckModel(Step):
+    """Every value finite and the change within the policy: ``bounds.max_change_norm`` when set, and
+    the clip bound for strategies whose output is a convex combination of clipped deltas."""
+
+    policy: InfluencePolicy
+    bounded_by_clip: bool
+    name: str = "check"
+
+    def run(self, ctx: RoundContext) -> None:
+        assert ctx.result is not None and ctx.influence is not None
+        change = ctx.result.global_vector - ctx.global_vector
+        norm = math.sqrt(float(sdot(change, change))) if change.size else 0.0
+        if not math.isfinite(norm) or not np.isfinite(ctx.result.global_vector).all():
+            raise RoundRejected("non-finite-model", offenders(ctx.contributions))
+        limits = []
+        if self.policy.max_change_norm > 0:
+            limits.append(self.policy.max_change_norm)
+        if self.bounded_by_clip and math.isfinite(ctx.influence.clip_bound):
+            limits.append(ctx.influence.clip_bound * (1 + 1e-3))
+        if limits and norm > min(limits):
+            raise RoundRejected(f"change-too-large: {norm:.4g} > {min(limits):.4g}", offenders(ctx.contributions))
+        floats = unflatten(ctx.result.global_vector, ctx.float_spec)
+        ctx.candidate = {
+            name: floats[name].astype(value.dtype, copy=False) if name in floats else value
+            for name, value in ctx.global_arrays.items()
+        }
+
+
+@dataclass
+class Evaluate(Step):
+    evaluator: Callable[[NamedArrays], dict[str, float]]
+    name: str = "evaluate"
+
+    def run(self, ctx: RoundContext) -> None:
+        assert ctx.candidate is not None
+        ctx.evaluation = self.evaluator(ctx.candidate)
+        if not all(math.isfinite(v) for v in ctx.evaluation.values()):
+            raise RoundRejected("non-finite-evaluation", offenders(ctx.contributions))
+
+
+def run_pipeline(steps: list[Step], ctx: RoundContext) -> None:
+    """Run the steps in order; any failure surfaces as ``RoundRejected``."""
+    for step in steps:
+        try:
+            step.run(ctx)
+        except RoundRejected:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failing step must roll the round back, not crash the server
+            raise RoundRejected(f"internal-error in {step.name}: {type(exc).__name__}: {exc}") from exc

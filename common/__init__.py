@@ -1,0 +1,1 @@
+"""The lowest layer: durable files and parsing of untrusted JSON. Imports nothing else of SkyFed."""

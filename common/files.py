@@ -1,0 +1,44 @@
+"""Durable files for every package: atomic replace, so a ``kill -9`` leaves the old file or the new one.
+
+Write to a fresh temporary file (``O_EXCL``, random name, the final mode from the first byte, so a
+private key is never readable by others even for an instant), fsync it, ``os.replace`` it over the
+target, then fsync the directory. This is the only place SkyFed writes state; never write in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write(path: Path, data: bytes | bytearray | memoryview, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` atomically and durably; the file gets ``mode`` (umask aside)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_json(path: Path, value: Any, mode: int = 0o644) -> None:
+    atomic_write(path, json.dumps(value, indent=1, sort_keys=True).encode(), mode)
+
+
+def read_json(path: Path) -> Any:
+    """Our own state files (trusted: we wrote them atomically)."""
+    return json.loads(path.read_text())

@@ -1,0 +1,83 @@
+"""Malicious agents for robustness experiments (``skyfed sim --attackers K --attack KIND``).
+
+An attacker is the real agent daemon, enrolled with its own real keys, whose trainer lies: it trains
+honestly, then reports something else. KIND is one of
+
+* ``sign-flip`` — sends −delta (pushes the model away from where its data points);
+* ``scale:F`` — sends F x delta (model replacement / boosting);
+* ``noise:SIGMA`` — sends Gaussian noise N(0, SIGMA²) in place of the delta;
+* ``samples:N`` — sends its honest delta but claims N training samples.
+
+Only floating tensors are attacked (integer buffers are not part of a delta).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from agent.trainer import Trainer, TrainResult
+from models.weights import NamedArrays, is_float
+from protocol.messages import RoundTask
+
+KINDS = ("sign-flip", "scale", "noise", "samples")
+
+
+@dataclass(frozen=True)
+class Attack:
+    kind: str
+    value: float = 0.0
+
+    @classmethod
+    def parse(cls, spec: str) -> Attack:
+        kind, _, value = spec.partition(":")
+        if kind not in KINDS or (kind == "sign-flip") != (value == ""):
+            raise ValueError(f"--attack {spec!r} must be sign-flip, scale:F, noise:SIGMA or samples:N")
+        try:
+            attack = cls(kind, float(value) if value else 0.0)
+        except ValueError:
+            raise ValueError(f"--attack {spec!r}: {value!r} is not a number") from None
+        if kind in ("noise", "samples") and attack.value <= 0:
+            raise ValueError(f"--attack {spec!r}: the value must be > 0")
+        return attack
+
+    def __str__(self) -> str:
+        return self.kind if self.kind == "sign-flip" else f"{self.kind}:{self.value:g}"
+
+
+def poisoned(local: NamedArrays, base: NamedArrays, attack: Attack, rng: np.random.Generator) -> NamedArrays:
+    """The weights an attacker reports instead of ``local`` (trained from ``base``)."""
+    out = {}
+    for name, value in local.items():
+        if not is_float(value):
+            out[name] = value
+            continue
+        honest = value.astype(np.float32) - base[name].astype(np.float32)
+        if attack.kind == "sign-flip":
+            bad = -honest
+        elif attack.kind == "scale":
+            bad = np.float32(attack.value) * honest
+        elif attack.kind == "noise":
+            bad = rng.normal(0.0, attack.value, honest.shape).astype(np.float32)
+        else:
+            bad = honest
+        out[name] = (base[name].astype(np.float32) + bad).astype(value.dtype)
+    return out
+
+
+class AttackingTrainer:
+    """Wraps an honest trainer and applies ``attack`` to what it reports."""
+
+    def __init__(self, inner: Trainer, attack: Attack, agent_id: str) -> None:
+        self.inner = inner
+        self.attack = attack
+        self.seed = zlib.crc32(agent_id.encode())
+
+    def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
+        honest = self.inner.train(global_arrays, task)
+        if self.attack.kind == "samples":
+            return replace(honest, samples=int(self.attack.value))
+        rng = np.random.default_rng([self.seed, task.round])
+        return replace(honest, arrays=poisoned(honest.arrays, global_arrays, self.attack, rng))

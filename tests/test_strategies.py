@@ -1,0 +1,154 @@
+"""Strategies against direct numpy computations and small hand-computed cases."""
+
+import math
+
+import numpy as np
+import pytest
+
+from broker_server.bounds import InfluencePolicy, Tentative, bound_influence, tentative
+from broker_server.onepass import scan
+from broker_server.strategies import build_strategy
+from broker_server.strategies.base import Contribution
+from broker_server.strategies.krum import krum_scores, squared_distances
+from broker_server.strategies.trimmed_mean import trim_count
+
+
+def contributions(deltas, samples=None, scales=None, folded=None):
+    n = len(deltas)
+    samples = samples if samples is not None else [1.0] * n
+    scales = scales if scales is not None else [1.0] * n
+    folded = folded if folded is not None else [0.0] * n
+    return [
+        Contribution(f"a{i}", d, float(s), float(c), float(np.linalg.norm(d)), float(f))
+        for i, (d, s, c, f) in enumerate(zip(deltas, samples, scales, folded, strict=True))
+    ]
+
+
+def test_fedavg_streaming_folds_plus_corrections_equal_the_weighted_mean_of_clipped_deltas():
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal(2000).astype(np.float32)
+    deltas = [rng.standard_normal(2000).astype(np.float32) * s for s in (1, 1.2, 0.8, 5.0, 1.1)]
+    samples = [100, 200, 150, 120, 10**9]
+    policy = InfluencePolicy()  # adaptive clip 2 x median, samples capped at 2 x median
+    fedavg = build_strategy({"name": "fedavg"})
+    fedavg.begin(g)
+    norms, claims, folded = [], [], []
+    for d, n in zip(deltas, samples, strict=True):
+        fold = fedavg.fold_plan(tentative(policy, np.array(norms), np.array(claims, float), n))
+        result = scan(d, fold)
+        folded.append(fold.weight if fold is not None and result.folded else 0.0)
+        norms.append(result.norm)
+        claims.append(n)
+    assert folded[:2] == [0.0, 0.0]  # no reference yet: deferred to the end
+    influence = bound_influence(policy, np.array(norms), np.array(claims, float))
+    assert influence.scales[3] < 1 and influence.samples[4] < samples[4]
+    out = fedavg.aggregate(g, contributions(deltas, influence.samples, influence.scales, folded)).global_vector
+    w, c = influence.samples, influence.scales
+    expected = g + sum(wi * si * d.astype(np.float64) for wi, si, d in zip(w, c, deltas, strict=True)) / w.sum()
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_fedavg_rebuilds_instead_of_cancelling_a_huge_tentative_fold():
+    g = np.zeros(1000, np.float32)
+    honest = np.full(1000, 1e-3, np.float32)
+    huge = np.full(1000, 1e4, np.float32)
+    fedavg = build_strategy({"name": "fedavg"})
+    fedavg.begin(g)
+    for d in (honest, huge):  # a bad tentative bound let the huge one in
+        scan(d, fedavg.fold_plan(Tentative(max_norm=math.inf, samples=1.0)))
+    cs = contributions([honest, huge], folded=[1.0, 1.0], scales=[1.0, float(np.linalg.norm(honest) / 1e4 / 31.6)])
+    out = fedavg.aggregate(g, cs).global_vector
+    expected = (honest + cs[1].scale * huge) / 2
+    np.testing.assert_allclose(out, expected, rtol=1e-5)
+
+
+def test_uniform_weighting_ignores_sample_counts():
+    rng = np.random.default_rng(1)
+    deltas = [rng.standard_normal(50).astype(np.float32) for _ in range(3)]
+    fedavg = build_strategy({"name": "fedavg", "weighting": "uniform"})
+    fedavg.begin(np.zeros(50, np.float32))
+    out = fedavg.aggregate(np.zeros(50, np.float32), contributions(deltas, samples=[1, 50, 900])).global_vector
+    np.testing.assert_allclose(out, np.mean(deltas, axis=0), rtol=1e-5, atol=1e-6)
+
+
+def test_median_and_trimmed_mean_by_hand():
+    deltas = [np.array([1, 10, -3], np.float32), np.array([2, 20, -2], np.float32), np.array([100, -50, 0], np.float32)]
+    g = np.zeros(3, np.float32)
+    median = build_strategy({"name": "median"}).aggregate(g, contributions(deltas)).global_vector
+    np.testing.assert_array_equal(median, [2, 10, -2])
+    five = deltas + [np.array([3, 30, -1], np.float32), np.array([-100, 1000, 9], np.float32)]
+    trimmed = build_strategy({"name": "trimmed-mean", "beta": 0.2}).aggregate(g, contributions(five)).global_vector
+    np.testing.assert_allclose(trimmed, [2, 20, -1])  # drops min and max of each column, averages 3
+    assert trim_count(5, 0.2) == 1 and trim_count(3, 0.49) == 1 and trim_count(2, 0.4) == 0
+
+
+def test_robust_strategies_apply_the_clip_scale_first():
+    deltas = [np.array([2.0, 0.0], np.float32)] * 3
+    out = build_strategy({"name": "median"}).aggregate(np.zeros(2, np.float32), contributions(deltas, scales=[0.5] * 3))
+    np.testing.assert_allclose(out.global_vector, [1.0, 0.0])
+
+
+def test_krum_scores_by_hand_and_multi_krum_drops_the_outlier():
+    points = np.array([[0.0], [1.0], [2.0], [10.0]])
+    d2 = squared_distances(points @ points.T)
+    np.testing.assert_allclose(d2[0], [0, 1, 4, 100])
+    # n=4, f=0: each score sums the n-f-2 = 2 nearest others' squared distances
+    np.testing.assert_allclose(krum_scores(d2, 0), [1 + 4, 1 + 1, 1 + 4, 64 + 81])
+    deltas = [np.array([x, 0], np.float32) for x in (0.0, 1.0, 2.0, 1.5, 50.0)]
+    result = build_strategy({"name": "krum", "f": 1}).aggregate(np.zeros(2, np.float32), contributions(deltas))
+    assert result.detail == {"selected": ["a0", "a1", "a2", "a3"], "f_used": 1}
+    np.testing.assert_allclose(result.global_vector, [1.125, 0])
+
+
+def test_krum_lowers_f_when_too_few_updates_for_its_guarantee():
+    deltas = [np.array([x], np.float32) for x in (0.0, 1.0, 2.0)]
+    result = build_strategy({"name": "krum", "f": 2}).aggregate(np.zeros(1, np.float32), contributions(deltas))
+    assert result.detail["f_used"] == 0
+
+
+def test_column_blocks_cover_every_value_once_for_many_agents():
+    rng = np.random.default_rng(3)
+    deltas = [rng.standard_normal(300_001).astype(np.float32) for _ in range(40)]
+    out = build_strategy({"name": "median"}).aggregate(np.zeros(300_001, np.float32), contributions(deltas))
+    np.testing.assert_allclose(out.global_vector, np.median(np.stack(deltas), axis=0), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ({"name": "fedmagic"}, "strategy.name 'fedmagic' is unknown; choose one of fedavg, krum, median"),
+        ({"name": "fedavg", "weighting": "loud"}, "strategy.weighting"),
+        ({"name": "trimmed-mean", "beta": 0.5}, r"strategy.beta must be in \[0, 0.5\)"),
+        ({"name": "krum", "f": -1}, "strategy.f must be >= 0"),
+        ({"name": "median", "beta": 0.1}, "strategy.beta is not a known key"),
+        ({"name": "krum", "f": "two"}, "strategy.f has the wrong type"),
+    ],
+)
+def test_bad_strategy_options_name_the_key(table, message):
+    with pytest.raises(ValueError, match=message):
+        build_strategy(table)
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"clip": "sometimes"}, "bounds.clip must be one of adaptive, fixed, off"),
+        ({"clip": "fixed"}, "bounds.clip_norm must be > 0"),
+        ({"clip_multiple": 0.5}, "bounds.clip_multiple must be >= 1"),
+        ({"sample_multiple": 0.5}, "bounds.sample_multiple must be 0"),
+        ({"max_samples": -1}, "bounds.max_samples must be >= 0"),
+    ],
+)
+def test_bad_bounds_name_the_key(values, message):
+    with pytest.raises(ValueError, match=message):
+        InfluencePolicy(**values)
+
+
+def test_bounds_cap_claims_and_clip_to_a_multiple_of_the_median():
+    influence = bound_influence(InfluencePolicy(), np.array([1.0, 2.0, 3.0, 400.0]), np.array([10, 20, 30, 1e15]))
+    assert influence.clip_bound == 2 * 2.5
+    np.testing.assert_allclose(influence.scales, [1, 1, 1, 5 / 400])
+    assert influence.sample_cap == 2 * 25
+    np.testing.assert_allclose(influence.samples, [10, 20, 30, 50])
+    off = bound_influence(InfluencePolicy(clip="off", sample_multiple=0), np.array([1.0, 1e9]), np.array([1, 1e15]))
+    assert math.isinf(off.clip_bound) and list(off.scales) == [1, 1] and off.samples[1] == 1e15
