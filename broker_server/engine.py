@@ -87,6 +87,7 @@ class RoundEngine:
             self.round_state: RoundState | None = None
             self._set_model(to_arrays(initial))
             self.checkpoint()
+            save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
             log.info("server initialised model=%s version=1 run_id=%s", self.config.server.model, self.run_id)
             return
         self.run_id = checkpoint.run_id

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from agent.config import load_agent_config
+from agent.daemon import EdgeAgent
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from models.serialization import dumps, load_file
@@ -58,7 +60,8 @@ class ServerHarness:
         self.topics = Topics("t")
         self.agents = {name: Identity.load(root / name / f"{name}.key") for name in self.layout.agent_configs}
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.server.run, args=(self.stop,), daemon=True)
+        self.server_stop = threading.Event()
+        self.thread = threading.Thread(target=self.server.run, args=(self.server_stop,), daemon=True)
         self.metrics: list[RoundMetrics] = []
         self.tasks: list[RoundTask] = []
         self.driver = MqttClient("test-driver", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
@@ -74,8 +77,19 @@ class ServerHarness:
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
+        self.server_stop.set()
         self.thread.join(15)
         self.driver.stop()
+
+    def restart_server(self) -> None:
+        """Stop the aggregator cleanly and start a new one on the same state directory (a restart)."""
+        self.server_stop.set()
+        self.thread.join(15)
+        assert not self.thread.is_alive()
+        self.server = Aggregator(self.config)
+        self.server_stop = threading.Event()
+        self.thread = threading.Thread(target=self.server.run, args=(self.server_stop,), daemon=True)
+        self.thread.start()
 
     def _collect(self) -> None:
         while not self.stop.is_set():
@@ -104,14 +118,20 @@ class ServerHarness:
         return wait_until(lambda: self.tasks and self.tasks[-1], what="a round task")
 
     def update_bytes(self, delta: dict[str, np.ndarray], *, round_number: int = 1, samples: int = 100) -> bytes:
+        """An update's plaintext, against the server's current model version."""
         meta = UpdateMeta(round=round_number, base_version=self.server.engine.version, samples=samples, loss=0.5)
         return dumps(delta, metadata=meta.to_metadata())
 
-    def random_delta(self, seed: int) -> dict[str, np.ndarray]:
+    def random_delta(self, seed: int, scale: float = 1.0) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(seed)
         floats = float_part(self.initial)
         local = {k: (v + 0.01 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in floats.items()}
-        return weights_delta(local, floats)
+        return {k: (d * np.float32(scale)).astype(np.float32) for k, d in weights_delta(local, floats).items()}
+
+    def send(self, agent: str, delta: dict[str, np.ndarray], *, round_number: int = 1, samples: int = 100) -> None:
+        """Play ``agent``: seal ``delta`` as its update and publish it on its topic."""
+        data = self.update_bytes(delta, round_number=round_number, samples=samples)
+        self.publish_update(agent, self.sealed(self.agents[agent], data, round_number=round_number))
 
     def sealed(
         self, sender: Identity, data: bytes, *, federation: str = "t", round_number: int = 1, chunk_size: int = 1 << 20
@@ -142,13 +162,60 @@ class ServerHarness:
         arrays, _ = load_file(self.config.state_dir / "global_model.safetensors")
         return arrays
 
-    def expected_model(self, deltas: list[dict[str, np.ndarray]], samples: list[int]) -> dict[str, np.ndarray]:
+    def expected_model(
+        self, deltas: list[dict[str, np.ndarray]], samples: list[float], scales: list[float] | None = None
+    ) -> dict[str, np.ndarray]:
+        """FedAvg computed directly: initial + sum(n_i * s_i * delta_i) / sum(n_i), in float64."""
         total = sum(samples)
+        scales = scales or [1.0] * len(deltas)
         out = {}
         for name, value in self.initial.items():
             if np.issubdtype(value.dtype, np.floating):
-                avg = sum(n * d[name].astype(np.float64) for n, d in zip(samples, deltas, strict=True)) / total
+                terms = zip(samples, scales, deltas, strict=True)
+                avg = sum(n * s * d[name].astype(np.float64) for n, s, d in terms) / total
                 out[name] = (value + avg).astype(value.dtype)
             else:
                 out[name] = value
         return out
+
+
+class Federation:
+    """Agents as threads in this process; the server either as a thread or as a subprocess."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        broker,
+        *,
+        rounds: int,
+        agents: int = 3,
+        epochs: int = 1,  # noqa: ANN001
+        partition: str = "iid",
+        protocol: str = "3.1.1",
+    ) -> None:
+        settings = SimSettings(
+            agents=agents, rounds=rounds, partition=partition, epochs=epochs, federation="it", deadline_s=60.0
+        )
+        self.layout = create_federation(tmp_path, settings, (broker.host, broker.port))
+        for config in [self.layout.server_config, *self.layout.agent_configs.values()]:
+            override_toml(config, broker={"protocol": protocol})
+        self.server_state = self.layout.server_config.parent / "state"
+        self.stop = threading.Event()
+        self.agents = [EdgeAgent(load_agent_config(p)) for p in self.layout.agent_configs.values()]
+        self.threads = [threading.Thread(target=a.run, args=(self.stop,), daemon=True) for a in self.agents]
+
+    def start_agents(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            if t.ident is not None:  # tests may run some agents on threads of their own
+                t.join(10)
+
+    def metrics(self) -> list[RoundMetrics]:
+        path = self.server_state / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [RoundMetrics.from_json(line) for line in path.read_text().splitlines() if line]

@@ -30,53 +30,10 @@ from models.serialization import load_file, loads
 from models.training import evaluate
 from models.weights import float_part, load_arrays
 from models.zoo import build_model, pick_device
-from protocol.messages import RoundMetrics
 from sim.broker import start_broker
-from sim.federation import SimSettings, create_federation
-from tests.fedharness import override_toml, wait_until
+from tests.fedharness import Federation, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class Federation:
-    """Agents as threads in this process; the server either as a thread or as a subprocess."""
-
-    def __init__(
-        self,
-        tmp_path: Path,
-        broker,
-        *,
-        rounds: int,
-        agents: int = 3,
-        epochs: int = 1,  # noqa: ANN001
-        partition: str = "iid",
-        protocol: str = "3.1.1",
-    ) -> None:
-        settings = SimSettings(
-            agents=agents, rounds=rounds, partition=partition, epochs=epochs, federation="it", deadline_s=60.0
-        )
-        self.layout = create_federation(tmp_path, settings, (broker.host, broker.port))
-        for config in [self.layout.server_config, *self.layout.agent_configs.values()]:
-            override_toml(config, broker={"protocol": protocol})
-        self.server_state = self.layout.server_config.parent / "state"
-        self.stop = threading.Event()
-        self.agents = [EdgeAgent(load_agent_config(p)) for p in self.layout.agent_configs.values()]
-        self.threads = [threading.Thread(target=a.run, args=(self.stop,), daemon=True) for a in self.agents]
-
-    def start_agents(self) -> None:
-        for t in self.threads:
-            t.start()
-
-    def close(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(10)
-
-    def metrics(self) -> list[RoundMetrics]:
-        path = self.server_state / "metrics.jsonl"
-        if not path.exists():
-            return []
-        return [RoundMetrics.from_json(line) for line in path.read_text().splitlines() if line]
 
 
 class Sniffer:

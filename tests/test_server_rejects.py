@@ -161,3 +161,53 @@ def test_flood_of_unfinished_transfers_is_bounded_and_expires(tmp_path, broker):
         h.publish_update("agent-02", h.sealed(h.agents["agent-02"], h.update_bytes(deltas[1])))
         metrics = h.wait_metrics()
         assert sorted(metrics.accepted) == ["agent-01", "agent-02"]
+
+
+def test_a_forged_chunk_inside_an_honest_update_does_not_void_it(tmp_path, broker):
+    with ServerHarness(tmp_path, broker) as h:
+        h.announce_agents()
+        deltas = [h.random_delta(1), h.random_delta(2)]
+        chunks = h.sealed(h.agents["agent-01"], h.update_bytes(deltas[0]), chunk_size=16 << 10)
+        assert len(chunks) > 3
+        h.publish_update("agent-01", chunks[:1])
+        forged = bytearray(chunks[2])
+        forged[-40] ^= 0xFF  # an outsider copied the signed manifest and sends garbage at index 2
+        h.publish_update("agent-01", [bytes(forged)])
+        h.wait_rejection("bad-chunk")
+        h.publish_update("agent-01", chunks[1:])
+        h.publish_update("agent-02", h.sealed(h.agents["agent-02"], h.update_bytes(deltas[1])))
+        metrics = h.wait_metrics()
+        final = h.final_model()
+    assert sorted(metrics.accepted) == ["agent-01", "agent-02"]
+    expected = h.expected_model(deltas, [100, 100])
+    for name in expected:
+        np.testing.assert_allclose(final[name], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_replay_after_a_server_restart_is_still_refused_as_a_replay(tmp_path, broker):
+    with ServerHarness(tmp_path, broker) as h:
+        h.announce_agents()
+        chunks = h.sealed(h.agents["agent-01"], h.update_bytes(h.random_delta(1)))
+        h.publish_update("agent-01", chunks)
+        wait_until(lambda: h.server.engine.round_state.accepted == ["agent-01"], what="agent-01 accepted")
+        h.restart_server()
+        wait_until(lambda: h.server.phase == "training", what="the restarted server to re-announce")
+        h.publish_update("agent-01", chunks)
+        h.wait_rejection("replay")
+        h.publish_update("agent-02", h.sealed(h.agents["agent-02"], h.update_bytes(h.random_delta(2))))
+        metrics = h.wait_metrics()
+    assert sorted(metrics.accepted) == ["agent-01", "agent-02"]
+    assert "replay" in {r.reason for r in metrics.rejected}
+
+
+def test_claims_larger_than_the_models_update_are_refused_before_any_memory_is_committed(tmp_path, broker):
+    with ServerHarness(tmp_path, broker) as h:
+        h.announce_agents()
+        for _ in range(2):  # first chunk only of two 64 MiB transfers: today they would pin 128 MiB
+            h.publish_update("agent-01", h.sealed(h.agents["agent-01"], bytes(64 << 20))[:1])
+        wait_until(lambda: h.server.rejections["too-large"] == 2, what="two too-large refusals")
+        assert h.server.reassembler.pending_bytes() == 0
+        h.publish_update("agent-01", h.sealed(h.agents["agent-01"], h.update_bytes(h.random_delta(1))))
+        h.publish_update("agent-02", h.sealed(h.agents["agent-02"], h.update_bytes(h.random_delta(2))))
+        metrics = h.wait_metrics()
+    assert sorted(metrics.accepted) == ["agent-01", "agent-02"]

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from models.serialization import load_file
 from models.weights import load_arrays
 from models.zoo import build_model
@@ -66,9 +68,36 @@ def test_sim_against_an_existing_broker_writes_metrics_curves_and_model(tmp_path
     assert "finished" in snapshot.stdout and "agent-02" in snapshot.stdout
 
 
-def test_sim_refuses_bad_arguments_with_a_message():
-    result = skyfed("sim", "--partition", "dirichlet:x", timeout=60)
-    assert result.returncode == 2 and "dirichlet:ALPHA" in result.stderr
+def test_sim_with_a_robust_strategy_and_attackers_says_who_attacked(tmp_path, broker):
+    out = tmp_path / "attacked"
+    result = skyfed(
+        "sim", "--agents", "4", "--rounds", "2", "--strategy", "trimmed-mean", "--strategy-option", "beta=0.25",
+        "--attackers", "1", "--attack", "scale:100", "--partition", "iid", "--out", str(out), "--broker",
+        broker.address, "--federation", "attacked",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "strategy trimmed-mean" in result.stdout and "attackers (scale:100): " in result.stdout
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["strategy"] for r in rows] == ["trimmed-mean"] * 2
+    assert rows[0]["attack"] == "scale:100" and len(rows[0]["attackers"]) == 1
+    assert rows[0]["aggregation"]["trimmed_per_side"] == 1 and rows[-1]["eval"]["accuracy"] > 0.5
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--partition", "dirichlet:x"], "dirichlet:ALPHA"),
+        (["--strategy", "fedmagic"], "strategy.name 'fedmagic' is unknown"),
+        (["--strategy", "krum", "--strategy-option", "f=-1"], "strategy.f must be >= 0"),
+        (["--strategy-option", "weighting"], "must look like KEY=VALUE"),
+        (["--attackers", "1"], "--attackers needs --attack KIND"),
+        (["--attackers", "1", "--attack", "scale"], "--attack 'scale' must be sign-flip, scale:F"),
+        (["--attackers", "4", "--attack", "sign-flip"], "--attackers must be between 0 and --agents - 1"),
+    ],
+)
+def test_sim_refuses_bad_arguments_with_a_message(args, message):
+    result = skyfed("sim", *args, timeout=60)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
 def test_keys_new_refuses_to_overwrite_and_enroll_copies_the_public_key(tmp_path):

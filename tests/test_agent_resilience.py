@@ -1,0 +1,176 @@
+"""Agents against replayed tasks and their own crashes, over a real broker (issue 6, items 3 and 5)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from agent.config import load_agent_config
+from agent.daemon import EdgeAgent
+from broker_server.config import load_server_config
+from broker_server.daemon import Aggregator
+from protocol.messages import RoundTask
+from protocol.mqtt import BrokerSettings, MqttClient
+from security.keys import Identity
+from security.signing import sign_document
+from sim.federation import SimSettings, create_federation
+from tests.fedharness import Federation, wait_until
+from tests.test_federation import SlowInRound
+
+
+class StaleTaskReplayer:
+    """Anyone with publish rights on ``round``: keeps the first genuine task and re-publishes it, retained,
+    after every newer task it sees."""
+
+    def __init__(self, broker, federation: str) -> None:  # noqa: ANN001
+        self.topic = f"skyfed/{federation}/round"
+        self.client = MqttClient("replayer", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+        self.client.subscribe(self.topic)
+        assert self.client.start(timeout_s=5)
+        self.first: bytes | None = None
+        self.seen: set[bytes] = set()
+        self.replays = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            message = self.client.poll(0.05)
+            if message is None or not message[1]:
+                continue
+            payload = message[1]
+            if self.first is None:
+                self.first = payload
+            elif payload != self.first and payload not in self.seen:
+                self.seen.add(payload)
+                self.client.publish(self.topic, self.first, retain=True)
+                self.replays += 1
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.client.stop()
+
+
+def retained_round(broker, federation: str) -> int:  # noqa: ANN001
+    reader = MqttClient(
+        f"reader-{time.monotonic_ns()}", BrokerSettings(host=broker.host, port=broker.port), persistent=False
+    )
+    reader.subscribe(f"skyfed/{federation}/round")
+    assert reader.start(timeout_s=5)
+    try:
+        message = reader.poll(3)
+        assert message is not None
+        return json.loads(message[1])["body"]["round"]
+    finally:
+        reader.stop()
+
+
+def test_a_replayed_old_task_neither_stalls_the_agents_nor_stays_retained(tmp_path, broker):
+    fed = Federation(tmp_path, broker, rounds=3, agents=2)
+    fed.agents[1].trainer = SlowInRound(fed.agents[1].trainer, round_number=2, delay_s=3.0)
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    replayer = StaleTaskReplayer(broker, "it")
+    server_thread = threading.Thread(target=server.run, daemon=True)
+    server_thread.start()
+    fed.start_agents()
+    try:
+        wait_until(lambda: replayer.replays >= 1 and server.engine.round_state is not None, 60, "a replay")
+        wait_until(lambda: retained_round(broker, "it") >= 2, 10, "the server to put its task back")
+        server_thread.join(90)
+        assert not server_thread.is_alive(), "the federation did not finish"
+    finally:
+        replayer.close()
+        fed.close()
+    metrics = fed.metrics()
+    assert [m.round for m in metrics] == [1, 2, 3]
+    assert all(sorted(m.accepted) == ["agent-01", "agent-02"] for m in metrics)
+    assert all(m.duration_s < 30 for m in metrics), [m.duration_s for m in metrics]  # deadline is 60 s
+    assert replayer.replays >= 2
+
+
+def test_an_update_trained_before_a_crash_is_sent_at_restart_without_waiting_for_a_reannounce(tmp_path, broker):
+    fed = Federation(tmp_path, broker, rounds=1, agents=3)  # quorum 1: the others alone could close at 60 s
+    victim = fed.agents[0]
+    victim_stop = threading.Event()
+
+    def power_loss(task, data):  # noqa: ANN001 - trained and stored, then the process died before sending
+        victim_stop.set()
+        raise RuntimeError("simulated power loss")
+
+    victim._send = power_loss
+    victim_thread = threading.Thread(target=victim.run, args=(victim_stop,), daemon=True)
+    others = [threading.Thread(target=a.run, args=(fed.stop,), daemon=True) for a in fed.agents[1:]]
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    server_thread = threading.Thread(target=server.run, daemon=True)
+    for thread in (server_thread, victim_thread, *others):
+        thread.start()
+    try:
+        victim_thread.join(60)
+        assert victim.progress.last_completed_round == 1 and victim.progress.sent_round == 0
+        wait_until(lambda: len(server.engine.round_state.updates) == 2, 30, "the other two updates")
+        restarted = EdgeAgent(load_agent_config(fed.layout.agent_configs[victim.id]))
+        threading.Thread(target=restarted.run, args=(fed.stop,), daemon=True).start()
+        server_thread.join(30)
+        assert not server_thread.is_alive(), "the round waited for its deadline: the stored update was not re-sent"
+    finally:
+        fed.close()
+    (round_1,) = fed.metrics()
+    assert sorted(round_1.accepted) == ["agent-01", "agent-02", "agent-03"] and round_1.duration_s < 30
+    assert restarted.progress.sent_round == 1
+
+
+def _signed_task(
+    server: Identity,
+    *,
+    round: int,
+    attempt: int = 1,
+    run_id: str = "run-a",
+    issued_at: float,
+    expires_at: float | None = None,
+) -> bytes:
+    task = RoundTask(
+        federation="it",
+        round=round,
+        attempt=attempt,
+        strategy="fedavg",
+        model="digits_cnn",
+        num_classes=10,
+        model_version=1,
+        model_sha256="00" * 32,
+        model_chunks=1,
+        group_key_id="deadbeef",
+        selected=["agent-01"],
+        pending=["agent-01"],
+        deadline=issued_at + 60,
+        issued_at=issued_at,
+        run_id=run_id,
+        expires_at=issued_at + 360 if expires_at is None else expires_at,
+    )
+    return json.dumps(sign_document(task.to_dict(), server)).encode()
+
+
+def test_the_newest_task_survives_an_agent_restart_and_older_or_expired_ones_are_ignored(tmp_path):
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it"), ("127.0.0.1", 1))
+    server = Identity.load(layout.server_config.parent / "server.key")
+    config = layout.agent_configs["agent-01"]
+    now = time.time()
+    agent = EdgeAgent(load_agent_config(config))
+    agent._on_task(_signed_task(server, round=3, issued_at=now))
+    agent._on_task(_signed_task(server, round=1, issued_at=now + 5))  # replayed: older round of the same run
+    assert (agent.task.round, agent.task.attempt) == (3, 1)
+    agent._on_task(_signed_task(server, round=3, attempt=2, issued_at=now + 1))
+    restarted = EdgeAgent(load_agent_config(config))
+    assert (restarted.task.round, restarted.task.attempt) == (3, 2)  # from task.json
+    restarted._on_task(_signed_task(server, round=2, attempt=9, issued_at=now + 2))
+    restarted._on_task(_signed_task(server, round=4, issued_at=now - 900, expires_at=now - 300))
+    assert (restarted.task.round, restarted.task.attempt) == (3, 2)
+    assert "clock" in restarted.detail
+    restarted.progress.last_completed_round = 3
+    restarted._on_task(_signed_task(server, round=1, run_id="run-b", issued_at=now + 10))  # the server was reset
+    assert (restarted.task.round, restarted.task.run_id) == (1, "run-b")
+    assert restarted.progress.last_completed_round == 0  # a new run starts over
+    restarted._on_task(_signed_task(server, round=5, run_id="run-a", issued_at=now + 3))  # the old run, replayed
+    assert restarted.task.run_id == "run-b"
