@@ -13,7 +13,7 @@ def parse_option(text: str) -> tuple[str, object]:
 
     key, sep, value = text.partition("=")
     if not sep or not key:
-        raise ValueError(f"--strategy-option {text!r} must look like KEY=VALUE, e.g. beta=0.2")
+        raise ValueError(f"option {text!r} must look like KEY=VALUE, e.g. beta=0.2")
     try:
         return key, tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
@@ -24,6 +24,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
     from sim.federation import SimSettings
 
     strategy = {"name": args.strategy, **dict(parse_option(o) for o in args.strategy_option)}
+    bounds = dict(parse_option(o) for o in args.bounds_option)
     return SimSettings(
         agents=args.agents,
         rounds=args.rounds,
@@ -37,6 +38,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         fraction=args.fraction,
         deadline_s=args.deadline,
         strategy=strategy,
+        bounds=bounds,
         attackers=args.attackers,
         attack=args.attack or "",
     )
@@ -91,6 +93,13 @@ def _add_sim_options(
     parser.add_argument("--strategy", default="fedavg", help="fedavg | median | trimmed-mean | krum")
     parser.add_argument(
         "--strategy-option", action="append", default=[], metavar="KEY=VALUE", help="e.g. beta=0.2, f=2 (repeatable)"
+    )
+    parser.add_argument(
+        "--bounds-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help='[bounds] of server.toml, e.g. clip="off"',
     )
     parser.add_argument("--attackers", type=int, default=0, help="how many agents are malicious (real keys)")
     parser.add_argument("--attack", default=None, help="sign-flip | scale:F | noise:SIGMA | samples:N")

@@ -45,6 +45,7 @@ class SimSettings:
     def __post_init__(self) -> None:
         from broker_server.bounds import InfluencePolicy
         from broker_server.strategies import build_strategy
+        from protocol.typed import build
         from sim.attacks import Attack
 
         if self.agents < 1:
@@ -61,7 +62,7 @@ class SimSettings:
             Attack.parse(self.attack)
         partition.parse(self.partition)
         build_strategy(self.strategy)
-        InfluencePolicy(**self.bounds)
+        build(InfluencePolicy, self.bounds, where="bounds", strict=True)
 
     def attacker_names(self) -> list[str]:
         """Which agents attack: a reproducible draw from the seed."""

@@ -30,6 +30,48 @@ from security.keys import Identity
 from sim.federation import SimSettings, create_federation, write_toml
 
 
+def round_task(**overrides: object) -> RoundTask:
+    """A well-formed round task for federation ``it``; tests override what they exercise."""
+    now = time.time()
+    fields: dict = {
+        "federation": "it",
+        "round": 1,
+        "attempt": 1,
+        "strategy": "fedavg",
+        "model": "digits_cnn",
+        "num_classes": 10,
+        "model_version": 1,
+        "model_sha256": "00" * 32,
+        "model_chunks": 1,
+        "group_key_id": "deadbeef",
+        "selected": ["agent-01", "agent-02"],
+        "pending": ["agent-01", "agent-02"],
+        "deadline": now + 60,
+        "issued_at": now,
+        "expires_at": now + 360,
+    }
+    return RoundTask(**{**fields, **overrides})
+
+
+def round_metrics(**overrides: object) -> RoundMetrics:
+    """A well-formed metrics line; tests override what they exercise."""
+    fields: dict = {
+        "round": 1,
+        "strategy": "fedavg",
+        "participants": ["a"],
+        "accepted": ["a"],
+        "rejected": [],
+        "duration_s": 1.0,
+        "aggregate_s": 0.0,
+        "bytes_up": 0,
+        "bytes_down": 0,
+        "eval": {},
+        "model_version": 2,
+        "finished_at": 0.0,
+    }
+    return RoundMetrics(**{**fields, **overrides})
+
+
 def wait_until(predicate, timeout_s: float = 20.0, what: str = "condition"):  # noqa: ANN001, ANN201
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -10,12 +10,11 @@ from agent.config import load_agent_config
 from agent.daemon import EdgeAgent
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
-from protocol.messages import RoundTask
 from protocol.mqtt import BrokerSettings, MqttClient
 from security.keys import Identity
 from security.signing import sign_document
 from sim.federation import SimSettings, create_federation
-from tests.fedharness import Federation, wait_until
+from tests.fedharness import Federation, round_task, wait_until
 from tests.test_federation import SlowInRound
 
 
@@ -122,33 +121,10 @@ def test_an_update_trained_before_a_crash_is_sent_at_restart_without_waiting_for
     assert restarted.progress.sent_round == 1
 
 
-def _signed_task(
-    server: Identity,
-    *,
-    round: int,
-    attempt: int = 1,
-    run_id: str = "run-a",
-    issued_at: float,
-    expires_at: float | None = None,
-) -> bytes:
-    task = RoundTask(
-        federation="it",
-        round=round,
-        attempt=attempt,
-        strategy="fedavg",
-        model="digits_cnn",
-        num_classes=10,
-        model_version=1,
-        model_sha256="00" * 32,
-        model_chunks=1,
-        group_key_id="deadbeef",
-        selected=["agent-01"],
-        pending=["agent-01"],
-        deadline=issued_at + 60,
-        issued_at=issued_at,
-        run_id=run_id,
-        expires_at=issued_at + 360 if expires_at is None else expires_at,
-    )
+def _signed_task(server: Identity, *, issued_at: float, expires_at: float | None = None, **fields: object) -> bytes:
+    expires = issued_at + 360 if expires_at is None else expires_at
+    fields = {"selected": ["agent-01"], "pending": ["agent-01"], "run_id": "run-a", **fields}
+    task = round_task(issued_at=issued_at, deadline=issued_at + 60, expires_at=expires, **fields)
     return json.dumps(sign_document(task.to_dict(), server)).encode()
 
 

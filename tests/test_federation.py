@@ -31,7 +31,7 @@ from models.training import evaluate
 from models.weights import float_part, load_arrays
 from models.zoo import build_model, pick_device
 from sim.broker import start_broker
-from tests.fedharness import Federation, wait_until
+from tests.fedharness import Federation, round_task, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,28 +194,12 @@ def test_server_kill_9_mid_round_resumes_with_no_accepted_update_lost(tmp_path, 
 
 
 def test_agents_ignore_a_forged_round_task_then_follow_the_real_server(tmp_path, broker):
-    from protocol.messages import RoundTask
     from protocol.mqtt import BrokerSettings, MqttClient
     from security.keys import Identity
     from security.signing import sign_document
 
     fed = Federation(tmp_path, broker, rounds=1, agents=2)
-    forged = RoundTask(
-        federation="it",
-        round=1,
-        attempt=1,
-        strategy="fedavg",
-        model="digits_cnn",
-        num_classes=10,
-        model_version=1,
-        model_sha256="00" * 32,
-        model_chunks=1,
-        group_key_id="deadbeef",
-        selected=["agent-01", "agent-02"],
-        pending=["agent-01", "agent-02"],
-        deadline=time.time() + 60,
-        issued_at=time.time(),
-    )
+    forged = round_task(model_sha256="00" * 32)
     attacker = MqttClient("attacker", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
     assert attacker.start(timeout_s=5)
     document = sign_document(forged.to_dict(), Identity.generate("server"))  # right name, wrong key

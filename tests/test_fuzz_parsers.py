@@ -24,6 +24,7 @@ from protocol.update import UpdateMeta, UpdateMetaError
 from security.envelope import InvalidEnvelope, Manifest, Opener, seal
 from security.keys import GroupKey, Identity, Keyring
 from security.signing import InvalidDocument, sign_document, verify_document
+from tests.fedharness import round_metrics, round_task
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -119,36 +120,8 @@ def test_reassembler_raises_only_transfer_rejected_and_holds_at_most_its_quota(p
 VALID_JSON = {
     AgentStatus: AgentStatus(agent="a", state="idle", round=1, samples=1, version=1, updated_at=1.0),
     ServerStatus: ServerStatus.offline("f"),
-    RoundMetrics: RoundMetrics(
-        round=1,
-        strategy="fedavg",
-        participants=["a"],
-        accepted=["a"],
-        rejected=[],
-        duration_s=1.0,
-        aggregate_s=0.1,
-        bytes_up=1,
-        bytes_down=1,
-        eval={},
-        model_version=2,
-        finished_at=1.0,
-    ),
-    RoundTask: RoundTask(
-        federation="f",
-        round=1,
-        attempt=1,
-        strategy="fedavg",
-        model="m",
-        num_classes=10,
-        model_version=1,
-        model_sha256="00",
-        model_chunks=1,
-        group_key_id="k",
-        selected=["a"],
-        pending=["a"],
-        deadline=1.0,
-        issued_at=1.0,
-    ),
+    RoundMetrics: round_metrics(),
+    RoundTask: round_task(),
 }
 
 

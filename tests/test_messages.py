@@ -6,27 +6,12 @@ import pytest
 
 from protocol.messages import AgentStatus, MessageError, Rejection, RoundMetrics, RoundTask, TrainSettings
 from protocol.topics import Topics
+from tests.fedharness import round_metrics, round_task
 
 
 def _task(**overrides):
-    base = dict(
-        federation="f",
-        round=3,
-        attempt=1,
-        strategy="fedavg",
-        model="digits_cnn",
-        num_classes=10,
-        model_version=3,
-        model_sha256="ab" * 32,
-        model_chunks=1,
-        group_key_id="0a0b0c0d",
-        selected=["a", "b"],
-        pending=["b"],
-        deadline=10.0,
-        issued_at=5.0,
-        train=TrainSettings(epochs=2),
-    )
-    return RoundTask(**{**base, **overrides})
+    fields = dict(federation="f", round=3, model_version=3, selected=["a", "b"], pending=["b"], deadline=10.0)
+    return round_task(**{**fields, "issued_at": 5.0, "train": TrainSettings(epochs=2), **overrides})
 
 
 def test_round_task_round_trips_with_nested_settings():
@@ -62,7 +47,7 @@ def test_malformed_messages_are_refused_with_a_reason(payload, reason):
 
 
 def test_non_finite_numbers_are_sent_as_null_and_never_received():
-    m = _metrics(eval={"accuracy": 0.5, "loss": float("inf")}, aggregate_s=float("nan"))
+    m = round_metrics(eval={"accuracy": 0.5, "loss": float("inf")}, aggregate_s=float("nan"))
     assert json.loads(m.to_json())["eval"] == {"accuracy": 0.5, "loss": None}  # encoding never raises
     for literal in (b"NaN", b"Infinity", b"1e999"):
         with pytest.raises(MessageError):
@@ -77,24 +62,6 @@ def test_non_finite_numbers_are_sent_as_null_and_never_received():
         )
 
 
-def _metrics(**changes) -> RoundMetrics:
-    fields = {
-        "round": 1,
-        "strategy": "fedavg",
-        "participants": ["a"],
-        "accepted": [],
-        "rejected": [Rejection("a", "bad-chunk")],
-        "duration_s": 1.0,
-        "aggregate_s": 0.0,
-        "bytes_up": 0,
-        "bytes_down": 0,
-        "eval": {},
-        "model_version": 2,
-        "finished_at": 0.0,
-    }
-    return RoundMetrics(**{**fields, **changes})
-
-
 def test_hostile_json_is_a_message_error_not_a_crash():
     for payload in (b"[" * 100_000, b'{"a":' * 50_000, b"1" * 5000, b"\xff\xfe"):
         with pytest.raises(MessageError):
@@ -102,7 +69,7 @@ def test_hostile_json_is_a_message_error_not_a_crash():
 
 
 def test_metrics_carry_rejections_as_objects():
-    m = _metrics()
+    m = round_metrics(accepted=[], rejected=[Rejection("a", "bad-chunk")])
     assert json.loads(m.to_json())["rejected"] == [{"agent": "a", "reason": "bad-chunk"}]
     assert RoundMetrics.from_json(m.to_json()) == m
 

@@ -5,8 +5,9 @@ import json
 from rich.console import Console
 
 from broker_server.monitor import FederationView
-from protocol.messages import AgentStatus, RoundMetrics
+from protocol.messages import AgentStatus
 from protocol.topics import Topics
+from tests.fedharness import round_metrics
 
 
 def _render(view: FederationView) -> str:
@@ -36,22 +37,7 @@ def test_deeply_nested_or_oversized_status_is_ignored():
 
 def test_a_rolled_back_round_is_shown_with_its_reason():
     view = FederationView(Topics("fleet"))
-    metrics = RoundMetrics(
-        round=4,
-        strategy="fedavg",
-        participants=["a"],
-        accepted=["a"],
-        rejected=[],
-        duration_s=1.0,
-        aggregate_s=0.0,
-        bytes_up=0,
-        bytes_down=0,
-        eval={"loss": float("nan")},
-        model_version=3,
-        finished_at=0.0,
-        outcome="rolled-back",
-        reason="non-finite-evaluation",
-    )
+    metrics = round_metrics(round=4, eval={"loss": float("nan")}, outcome="rolled-back", reason="non-finite-evaluation")
     view.apply("skyfed/fleet/server/metrics", metrics.to_json())
     assert json.loads(metrics.to_json())["eval"]["loss"] is None
     assert "rolled-back: non-finite-evaluation" in _render(view)
