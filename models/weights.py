@@ -53,17 +53,6 @@ def delta(local: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> Na
     return out
 
 
-def apply_delta(base: Mapping[str, np.ndarray], update: Mapping[str, np.ndarray], scale: float = 1.0) -> NamedArrays:
-    """base + scale·update for floating entries; integer entries are copied from ``base``."""
-    out = {}
-    for name, b in base.items():
-        if is_float(b):
-            out[name] = (b + np.float32(scale) * update[name]).astype(b.dtype)
-        else:
-            out[name] = b.copy()
-    return out
-
-
 @dataclass(frozen=True)
 class TensorSpec:
     name: str

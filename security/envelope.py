@@ -333,19 +333,3 @@ class Opener:
 def chunk_length(manifest: Manifest, index: int) -> int:
     """Plaintext bytes in chunk ``index`` (the last one may be short)."""
     return min(manifest.chunk_size, manifest.size - index * manifest.chunk_size)
-
-
-def open_all(opener: Opener, payloads: list[bytes]) -> tuple[Manifest, bytes]:
-    """Open a complete set of chunks (any order), check the whole-transfer SHA-256, remember it."""
-    opened = [opener.open_chunk(p) for p in payloads]
-    if not opened:
-        raise InvalidEnvelope("malformed")
-    manifest = opened[0].manifest
-    by_index = {c.index: c.plaintext for c in opened if c.manifest == manifest}
-    if len(by_index) != manifest.n_chunks:
-        raise InvalidEnvelope("malformed")
-    data = b"".join(by_index[i] for i in range(manifest.n_chunks))
-    if manifest.needs_digest and hashlib.sha256(data).digest() != manifest.sha256:
-        raise InvalidEnvelope("bad-chunk")
-    opener.replay.remember(manifest)
-    return manifest, data

@@ -159,9 +159,6 @@ class Keyring:
     def add(self, identity: PublicIdentity) -> None:
         self._by_name[identity.name] = identity
 
-    def remove(self, name: str) -> None:
-        self._by_name.pop(name, None)
-
     def get(self, name: str) -> PublicIdentity | None:
         return self._by_name.get(name)
 

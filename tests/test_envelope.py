@@ -1,14 +1,29 @@
 """Sealed chunked envelopes: round trips, and every tampering or misdirection is refused."""
 
+import hashlib
 import os
 import random
 
 import pytest
 
-from security.envelope import InvalidEnvelope, Manifest, Opener, open_all, seal
+from security.envelope import InvalidEnvelope, Manifest, Opener, seal
 from security.keys import GroupKey, Identity, Keyring
 
 NOW = 1_800_000_000.0
+
+
+def open_all(opener: Opener, payloads: list[bytes]) -> tuple[Manifest, bytes]:
+    """Open a complete set of chunks (any order), check the whole-transfer SHA-256, remember it."""
+    opened = [opener.open_chunk(p) for p in payloads]
+    manifest = opened[0].manifest
+    by_index = {c.index: c.plaintext for c in opened if c.manifest == manifest}
+    if len(by_index) != manifest.n_chunks:
+        raise InvalidEnvelope("malformed")
+    data = b"".join(by_index[i] for i in range(manifest.n_chunks))
+    if manifest.needs_digest and hashlib.sha256(data).digest() != manifest.sha256:
+        raise InvalidEnvelope("bad-chunk")
+    opener.replay.remember(manifest)
+    return manifest, data
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +155,6 @@ def test_group_member_can_forge_chunks_but_the_signed_digest_catches_it(ids):
 
     manifest_len = int.from_bytes(chunks[1][4:8], "big")
     manifest_bytes = chunks[1][8 : 8 + manifest_len]
-    import hashlib
-
     digest = hashlib.sha256(manifest_bytes).digest()
     forged_body = _chunk_key(key.key, manifest_bytes, manifest.transfer_id).encrypt(
         _nonce(1), os.urandom(1024), _aad(digest, 1)

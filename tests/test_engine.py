@@ -1,0 +1,128 @@
+"""The round engine without a broker: restarts mid-round, cross-round state, and metrics never lost."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from broker_server.config import load_server_config
+from broker_server.engine import RoundEngine
+from broker_server.strategies import STRATEGIES
+from broker_server.strategies.fedavg import FedAvg
+from models.serialization import dumps
+from models.weights import float_part
+from protocol.transfer import Completed
+from protocol.update import UpdateMeta
+from security.envelope import NO_DIGEST, Manifest
+from security.replay import ReplayGuard
+from sim.federation import SimSettings, create_federation
+from tests.fedharness import override_toml
+
+
+@pytest.fixture
+def config(tmp_path):
+    layout = create_federation(tmp_path, SimSettings(agents=3, rounds=3, federation="e"), ("127.0.0.1", 1))
+    override_toml(layout.server_config, rounds={"min_agents": 3, "quorum": 3})
+    return load_server_config(layout.server_config)
+
+
+def completed(engine: RoundEngine, agent: str, seed: int, samples: int = 100) -> Completed:
+    rng = np.random.default_rng(seed)
+    floats = float_part(engine.global_arrays)
+    delta = {k: (0.01 * rng.standard_normal(floats[k].shape)).astype(np.float32) for k in sorted(floats)}
+    meta = UpdateMeta(round=engine.round_state.round, base_version=engine.version, samples=samples, loss=0.3)
+    data = dumps(delta, metadata=meta.to_metadata())
+    manifest = Manifest("e", "update", engine.round_state.round, agent, "server", bytes(16), 0.0, len(data), 1 << 20,
+                        1, NO_DIGEST)  # fmt: skip
+    return Completed(manifest, memoryview(data), len(data))
+
+
+def open_round(engine: RoundEngine) -> None:
+    engine.begin_round(["agent-01", "agent-02", "agent-03"], now=0.0)
+    engine.announce(now=0.0)
+
+
+def test_a_restart_mid_round_rereads_the_stored_updates_and_gives_the_same_model(config):
+    uninterrupted = RoundEngine(config, replay=ReplayGuard(3600))
+    open_round(uninterrupted)
+    for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
+        uninterrupted.accept(completed(uninterrupted, agent, seed=i, samples=100 * (i + 1)))
+    expected = uninterrupted.close(now=1.0, model_wire_bytes=0)
+    expected_model = {k: v.copy() for k, v in uninterrupted.global_arrays.items()}
+
+    for path in sorted(config.state_dir.iterdir()):  # start over from an empty state
+        if path.name in ("checkpoint", "metrics.jsonl", "global_model.safetensors"):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    first = RoundEngine(config, replay=ReplayGuard(3600))
+    open_round(first)
+    for i, agent in enumerate(["agent-01", "agent-02"]):
+        first.accept(completed(first, agent, seed=i, samples=100 * (i + 1)))
+    resumed = RoundEngine(config, replay=ReplayGuard(3600))  # as after a kill -9: nothing but the files
+    assert resumed.round_state.accepted == ["agent-01", "agent-02"]
+    assert all(u.folded == 0 for u in resumed.round_state.updates)
+    resumed.accept(completed(resumed, "agent-03", seed=2, samples=300))
+    metrics = resumed.close(now=1.0, model_wire_bytes=0)
+    assert metrics.outcome == expected.outcome == "committed"
+    for name, value in expected_model.items():
+        np.testing.assert_allclose(resumed.global_arrays[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+class ToyMomentum(FedAvg):
+    """FedAvg plus a server momentum vector: state that must outlive a round and a restart."""
+
+    name = "toy-momentum"
+
+    def __init__(self, options=None) -> None:  # noqa: ANN001
+        super().__init__(options)
+        self.momentum = np.zeros(0, np.float32)
+
+    def aggregate(self, global_vector, contributions):  # noqa: ANN001, ANN201
+        step = super().aggregate(global_vector, contributions).global_vector - global_vector
+        self.momentum = (0.5 * self.momentum + step) if self.momentum.size else step
+        return type(super().aggregate(global_vector, contributions))(global_vector + self.momentum)
+
+    def state(self):  # noqa: ANN201
+        return {"momentum": self.momentum}
+
+    def restore(self, state) -> None:  # noqa: ANN001
+        self.momentum = state.get("momentum", np.zeros(0, np.float32))
+
+
+def test_strategy_state_that_lasts_across_rounds_survives_a_restart(config, monkeypatch):
+    monkeypatch.setitem(STRATEGIES, ToyMomentum.name, ToyMomentum)
+    override_toml(config.path, strategy={"name": "toy-momentum"})
+    config = load_server_config(config.path)
+    engine = RoundEngine(config, replay=ReplayGuard(3600))
+    open_round(engine)
+    for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
+        engine.accept(completed(engine, agent, seed=i))
+    engine.close(now=1.0, model_wire_bytes=0)
+    momentum = engine.strategy.momentum.copy()
+    assert momentum.size and np.abs(momentum).sum() > 0
+    restarted = RoundEngine(config, replay=ReplayGuard(3600))
+    np.testing.assert_array_equal(restarted.strategy.momentum, momentum)
+
+
+def test_a_metrics_line_lost_in_a_crash_after_the_checkpoint_is_appended_at_restart(config):
+    engine = RoundEngine(config, replay=ReplayGuard(3600))
+    open_round(engine)
+    for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
+        engine.accept(completed(engine, agent, seed=i))
+    engine.close(now=1.0, model_wire_bytes=0)
+    log = config.state_dir / "metrics.jsonl"
+    log.write_text("")  # the crash came between the checkpoint and the append
+    RoundEngine(config, replay=ReplayGuard(3600))
+    RoundEngine(config, replay=ReplayGuard(3600))  # and a second restart does not append it twice
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["round"], r["outcome"]) for r in rows] == [(1, "committed")]
+
+
+def test_an_old_checkpoint_format_is_refused_with_what_to_do(config):
+    RoundEngine(config, replay=ReplayGuard(3600))
+    state = config.state_dir / "checkpoint" / "state.json"
+    state.write_text(json.dumps({"next_round": 1}))
+    with pytest.raises(ValueError, match="move .* aside to start a new run"):
+        RoundEngine(config, replay=ReplayGuard(3600))
