@@ -105,8 +105,8 @@ class EdgeAgent(MqttDaemon):
             self._on_task(payload)
         elif topic == self.topics.agent_inbox(self.id):
             self._on_transfer_chunk(payload, frozenset({"groupkey"}))
-        elif self.topics.model_version_of(topic) is not None and payload:
-            self._on_transfer_chunk(payload, frozenset({"model"}))
+        elif (version := self.topics.model_version_of(topic)) is not None and payload:
+            self._on_transfer_chunk(payload, frozenset({"model"}), version)
 
     def tick(self) -> None:
         self._step()
@@ -162,9 +162,11 @@ class EdgeAgent(MqttDaemon):
             self.store.save_task(document)  # type: ignore[arg-type]
 
     # transfers ---------------------------------------------------------------------------------------
-    def _on_transfer_chunk(self, payload: bytes, kinds: frozenset[str]) -> None:
+    def _on_transfer_chunk(self, payload: bytes, kinds: frozenset[str], topic_round: int | None = None) -> None:
         try:
-            completed = self.reassembler.feed(payload, topic_sender=self.server.name, kinds=kinds)
+            completed = self.reassembler.feed(
+                payload, topic_sender=self.server.name, kinds=kinds, topic_round=topic_round
+            )
         except TransferRejected as exc:
             self._warn(f"transfer-{exc.reason}", "transfer rejected kind=%s reason=%s", "/".join(kinds), exc.reason)
             return
@@ -184,7 +186,12 @@ class EdgeAgent(MqttDaemon):
         self._publish_status(force=True)
 
     def _on_model(self, completed: Completed) -> None:
+        """Keep the newest model, or the one the current task names (a reset server starts again at 1)."""
         version = completed.manifest.round
+        wanted = self.task.model_version if self.task is not None else None
+        if version < max(self.models, default=0) and version != wanted:
+            self._warn("model-older", "model ignored version=%d reason=older-than-held", version)
+            return
         try:
             arrays, _ = loads(completed.data)
         except SerializationError as exc:

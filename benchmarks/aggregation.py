@@ -62,7 +62,7 @@ def accept_all(updates: list[Completed], spec, global_vector: np.ndarray):  # no
     strategy = build_strategy({"name": "fedavg"})
     strategy.begin(global_vector)
     state = RoundState(round=1, attempt=1, selected=[u.manifest.sender for u in updates], deadline=0, started_at=0)
-    inputs = RoundInputs(spec, 1)
+    inputs = RoundInputs(spec, 1, global_vector)
     for completed in updates:
         accept_update(completed, state, inputs, policy=POLICY, strategy=strategy, store=DiscardingStore())
     return strategy, state

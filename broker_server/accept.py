@@ -3,8 +3,9 @@
 In order: the round gates (a round is open, the update is for it, the sender was selected and has not
 been accepted yet), the structure (``validation.parse_update``), then one pass over the values
 (``onepass.scan``: finite, L2 norm, folded into a streaming strategy when the bounds known so far allow
-it), the outright norm limit, and finally the update is written to the update store before the round
-state records it. A refusal raises ``UpdateRejected`` and leaves the round exactly as it was.
+it), the outright norm limit, the model's invariants (running variances stay positive), and finally
+the update is written to the update store before the round state records it. A refusal raises
+``UpdateRejected`` and leaves the round exactly as it was (a fold already made is subtracted again).
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ from broker_server.onepass import NonFiniteUpdate, axpy, scan
 from broker_server.rounds import RoundState, UpdateRecord
 from broker_server.strategies.base import Strategy
 from broker_server.update_store import UpdateStore
-from broker_server.validation import UpdateRejected, parse_update
+from broker_server.validation import (
+    NotForThisRound,
+    PositiveRange,
+    UpdateRejected,
+    check_invariants,
+    parse_update,
+)
 from models.weights import TensorSpec
 from protocol.transfer import Completed
 
@@ -29,17 +36,19 @@ class RoundInputs:
 
     spec: tuple[TensorSpec, ...]
     model_version: int
+    global_vector: np.ndarray
+    positive: tuple[PositiveRange, ...] = ()
 
 
 def check_gates(state: RoundState | None, agent: str, round_number: int) -> RoundState:
     if state is None:
-        raise UpdateRejected("no-round-open")
+        raise NotForThisRound("no-round-open")
     if round_number != state.round:
-        raise UpdateRejected(f"wrong-round: transfer for round {round_number}, current is {state.round}")
+        raise NotForThisRound(f"wrong-round: transfer for round {round_number}, current is {state.round}")
     if agent not in state.selected:
-        raise UpdateRejected("not-selected")
+        raise NotForThisRound("not-selected")
     if agent in state.accepted:
-        raise UpdateRejected("duplicate")
+        raise NotForThisRound("duplicate")
     return state
 
 
@@ -73,6 +82,7 @@ def accept_update(
     try:
         if policy.max_update_norm > 0 and result.norm > policy.max_update_norm:
             raise UpdateRejected(f"norm-too-large: {result.norm:.4g} > {policy.max_update_norm:.4g}")
+        check_invariants(parsed.delta, inputs.global_vector, inputs.positive)
         store.put(state.round, agent, completed.data)
     except BaseException:
         if folded and fold is not None:

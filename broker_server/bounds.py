@@ -3,13 +3,16 @@
 Two bounds, both on by default (``[bounds]`` in server.toml; the policy is in security/README.md):
 
 * **Norm clipping.** Each delta is scaled by ``min(1, C / ||delta||)``. ``clip = "adaptive"`` sets
-  C = ``clip_multiple`` x the median L2 norm of the round's accepted updates, so it follows the scale
-  of honest training and needs no tuning; ``"fixed"`` uses ``clip_norm``; ``"off"`` disables it. With
-  an honest majority the median is an honest norm, so a scaled or noise update counts at most
-  ``clip_multiple`` honest updates' worth. (Norm bounding as a defence: Sun et al., "Can You Really
-  Backdoor Federated Learning?", 2019, arXiv:1911.07963.)
-* **Sample weights.** A claimed sample count weighs at most ``sample_multiple`` x the round's median
-  claim (and at most ``max_samples``, when set), so ``samples = 10**15`` buys a bounded share.
+  C = ``clip_multiple`` x the *lower* median L2 norm of the round's accepted updates, so it follows the
+  scale of honest training and needs no tuning; ``"fixed"`` uses ``clip_norm``; ``"off"`` disables it.
+  (Norm bounding as a defence: Sun et al., "Can You Really Backdoor Federated Learning?", 2019,
+  arXiv:1911.07963.)
+* **Sample weights.** A claimed sample count weighs at most ``sample_multiple`` x the round's lower
+  median claim (and at most ``max_samples``, when set), so ``samples = 10**15`` buys a bounded share.
+
+The lower median (the ceil(n/2)-th smallest value) is never above an honest value while honest agents
+are a strict majority, and for two updates it is the smaller one: the plain median of two is their mean,
+which a single large value drags up without bound (so a 2-update round would bound nothing).
 
 Pure functions over arrays; the streaming fold uses the ``tentative`` variants, computed from the
 updates accepted so far, and the aggregation step corrects to the exact round values.
@@ -68,8 +71,13 @@ class Influence:
             "sample_cap": self.sample_cap if math.isfinite(self.sample_cap) else None,
             "clipped": [a for a, s in zip(agents, self.scales, strict=True) if s < 1],
             "capped": [a for a, c, n in zip(agents, self.samples, claimed, strict=True) if c < n],
-            "median_norm": float(np.median(norms)) if len(norms) else None,
+            "median_norm": lower_median(norms) if len(norms) else None,
         }
+
+
+def lower_median(values: np.ndarray) -> float:
+    """The ceil(n/2)-th smallest value: bounded by an honest value under an honest strict majority."""
+    return float(np.partition(values, (len(values) - 1) // 2)[(len(values) - 1) // 2])
 
 
 def clip_bound(policy: InfluencePolicy, norms: np.ndarray) -> float:
@@ -77,13 +85,13 @@ def clip_bound(policy: InfluencePolicy, norms: np.ndarray) -> float:
         return math.inf
     if policy.clip == "fixed":
         return policy.clip_norm
-    return policy.clip_multiple * float(np.median(norms))
+    return policy.clip_multiple * lower_median(norms)
 
 
 def sample_cap(policy: InfluencePolicy, samples: np.ndarray) -> float:
     cap = float(policy.max_samples) if policy.max_samples > 0 else math.inf
     if policy.sample_multiple > 0 and len(samples):
-        cap = min(cap, policy.sample_multiple * float(np.median(samples)))
+        cap = min(cap, policy.sample_multiple * lower_median(samples))
     return cap
 
 

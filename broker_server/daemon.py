@@ -25,9 +25,10 @@ from broker_server.groupkeys import GroupKeyDistributor, load_or_create
 from broker_server.publisher import ModelPublisher
 from broker_server.registry import AgentRegistry
 from broker_server.validation import UpdateRejected
+from common.text import printable
 from models.datasets import load_dataset
 from protocol.daemon import MqttDaemon, Throttle
-from protocol.messages import RoundMetrics, RoundTask, ServerStatus
+from protocol.messages import AgentStatus, RoundMetrics, RoundTask, ServerStatus
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferRejected
@@ -37,6 +38,8 @@ from security.signing import sign_document
 
 log = logging.getLogger("skyfed.server")
 
+MODEL_STALL_S = 15.0  # an agent waiting this long for the current model gets it re-published
+NOT_ENROLLED = "(not enrolled)"
 TASK_GRACE_S = 300.0  # a task stays valid this long past its deadline (clock skew); then agents ignore it
 REJECTION_LOG_INTERVAL_S = 10.0
 
@@ -80,6 +83,9 @@ class Aggregator(MqttDaemon):
         self._rejection_log = Throttle(REJECTION_LOG_INTERVAL_S)
         self._task_payload: bytes | None = None
         self._reasserted_at = 0.0
+        self._reassert_pending = False
+        self._waiting_model_since: dict[str, float] = {}
+        self._model_republished_at = 0.0
         self._last_status = 0.0
 
     # MqttDaemon --------------------------------------------------------------------------------------
@@ -104,6 +110,7 @@ class Aggregator(MqttDaemon):
         if topic == self.topics.agent_status(agent):
             previous, status = self.registry.update(agent, payload)
             self.group_keys.on_status(agent, previous, status)
+            self._note_model_wait(agent, status)
         elif topic == self.topics.agent_update(agent):
             self._on_update_chunk(agent, payload)
 
@@ -120,6 +127,7 @@ class Aggregator(MqttDaemon):
             self._close(now)
         elif action == "reannounce":
             self._announce(reannounce=True)
+        self._heal_retained(now)
         self._publish_status()
 
     def publish_final_status(self) -> paho.MQTTMessageInfo | None:
@@ -164,13 +172,37 @@ class Aggregator(MqttDaemon):
         self._publish_status(force=True)
 
     def _on_round_topic(self, payload: bytes) -> None:
-        """Someone replaced the retained task (a replayed old one, say): put the current one back."""
-        now = self.clock()
-        if self._task_payload is None or payload == self._task_payload or now - self._reasserted_at < 1.0:
-            return
-        self._reasserted_at = now
-        self.mqtt.publish(self.topics.round, self._task_payload, retain=True)
-        log.warning("the retained round task was replaced by another publisher; re-published the current one")
+        """Someone replaced the retained task (a replayed old one, say): put the current one back (at most
+        once a second; a replacement inside that second is undone by ``_heal_retained`` after it)."""
+        if self._task_payload is not None and payload != self._task_payload:
+            self._reassert_pending = True
+            self._heal_retained(self.clock())
+
+    def _note_model_wait(self, agent: str, status: AgentStatus | None) -> None:
+        rs = self.engine.round_state
+        if status is not None and status.state == "waiting-model" and rs is not None and status.round == rs.round:
+            self._waiting_model_since.setdefault(agent, self.clock())
+        else:
+            self._waiting_model_since.pop(agent, None)
+
+    def _heal_retained(self, now: float) -> None:
+        """Put back retained messages that others removed or replaced: the round task, and the model when
+        selected agents have waited ``MODEL_STALL_S`` for it (its chunks cleared or overwritten)."""
+        if self._reassert_pending and self._task_payload is not None and now - self._reasserted_at >= 1.0:
+            self._reassert_pending, self._reasserted_at = False, now
+            self.mqtt.publish(self.topics.round, self._task_payload, retain=True)
+            log.warning("the retained round task was replaced by another publisher; re-published the current one")
+        stalled = sorted(a for a, since in self._waiting_model_since.items() if now - since >= MODEL_STALL_S)
+        if stalled and now - self._model_republished_at >= MODEL_STALL_S:
+            self._model_republished_at = now
+            self.publisher.publish(self.engine.version, self.engine.global_arrays)
+            self._waiting_model_since.update(dict.fromkeys(stalled, now))
+            log.warning(
+                "agents %s waited %.0fs for model version %d; re-published it (retained chunks missing or replaced?)",
+                ",".join(stalled),
+                MODEL_STALL_S,
+                self.engine.version,
+            )
 
     def _on_update_chunk(self, agent: str, payload: bytes) -> None:
         try:
@@ -229,12 +261,16 @@ class Aggregator(MqttDaemon):
         )
 
     def _reject(self, agent: str, reason: str) -> None:
+        """Count, log (throttled) and record a refusal. Ids that are not enrolled (anyone can invent topic
+        ids) share one log key and one metrics entry per kind, so junk cannot crowd out real agents."""
+        reason = printable(reason)
         kind = reason.split(":")[0]
         self.rejections[kind] += 1
-        held = self._rejection_log.allow(f"{agent}:{kind}")
+        enrolled = agent in self.registry.keyring
+        held = self._rejection_log.allow(f"{agent if enrolled else '*'}:{kind}")
         if held is not None:
-            log.warning("rejected agent=%s reason=%s held_back=%d", agent[:64], reason[:200], held)
-        self.engine.reject(agent, reason)
+            log.warning("rejected agent=%s reason=%s held_back=%d", printable(agent, 64), reason, held)
+        self.engine.reject(agent if enrolled else NOT_ENROLLED, reason if enrolled else kind)
 
     # publishing --------------------------------------------------------------------------------------
     def _send_inbox(self, agent: str, chunks: list[bytearray]) -> None:

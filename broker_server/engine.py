@@ -35,6 +35,7 @@ from broker_server.pipeline import (
 )
 from broker_server.rounds import RoundState, UpdateRecord, decide, select_agents
 from broker_server.strategies import build_strategy
+from broker_server.validation import NotForThisRound, UpdateRejected, positive_ranges
 from models.serialization import dumps, float32_region, save_file
 from models.weights import NamedArrays, flatten, float_part, to_arrays
 from models.zoo import build_model
@@ -117,6 +118,7 @@ class RoundEngine:
         floats = {k: v.astype(np.float32) for k, v in float_part(arrays).items()}
         _, self.float_spec, _ = float32_region(dumps(floats))
         self.global_vector = flatten(floats, self.float_spec)
+        self.positive = positive_ranges(self.float_spec)
 
     def checkpoint(self, last_metrics: dict | None = None) -> None:
         if last_metrics is not None:
@@ -171,23 +173,37 @@ class RoundEngine:
         return "idle" if self.round_state is None else decide(self.round_state, self.rules, now)
 
     def accept(self, completed: Completed) -> UpdateRecord:
-        """Accept one update into the open round (``UpdateRejected`` otherwise) and checkpoint it."""
-        record = accept_update(
-            completed,
-            self.round_state,
-            RoundInputs(self.float_spec, self.version),
-            policy=self.policy,
-            strategy=self.strategy,
-            store=self.store.updates,
-        )
+        """Accept one update into the open round and checkpoint it. A refused update of a selected agent
+        (``UpdateRejected``, re-raised) marks the agent failed for the round, so it is not waited for."""
+        try:
+            record = accept_update(
+                completed,
+                self.round_state,
+                RoundInputs(self.float_spec, self.version, self.global_vector, self.positive),
+                policy=self.policy,
+                strategy=self.strategy,
+                store=self.store.updates,
+            )
+        except NotForThisRound:
+            raise
+        except UpdateRejected:
+            rs = self.round_state
+            assert rs is not None  # the gates passed, so a round is open
+            rs.failed.append(completed.manifest.sender)
+            self.checkpoint()
+            raise
+        if record.agent in self.round_state.failed:  # it sent a valid update after a refused one
+            self.round_state.failed.remove(record.agent)
         self.checkpoint()
         return record
 
     def reject(self, agent: str, reason: str) -> None:
-        """Record a refusal in the open round's metrics (or the next round's, outside a round)."""
+        """Record a refusal in the open round's metrics (or the next round's, outside a round); the same
+        agent and reason twice is listed once."""
         target = self.round_state.rejected if self.round_state is not None else self.orphan_rejections
-        if len(target) < MAX_REJECTIONS_LISTED:
-            target.append(Rejection(agent=agent[:64], reason=reason[:200]).to_dict())
+        entry = Rejection(agent=agent, reason=reason).to_dict()
+        if len(target) < MAX_REJECTIONS_LISTED and entry not in target:
+            target.append(entry)
 
     def close(self, now: float, *, model_wire_bytes: int) -> RoundMetrics:
         """Run the pipeline; commit the new model or roll the round back. Returns the round's metrics.

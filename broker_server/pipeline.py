@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 from scipy.linalg.blas import sdot
 
-from broker_server.bounds import Influence, InfluencePolicy, bound_influence
+from broker_server.bounds import Influence, InfluencePolicy, bound_influence, lower_median
 from broker_server.rounds import RoundState
 from broker_server.strategies.base import Contribution, RoundResult, Strategy
 from models.weights import NamedArrays, TensorSpec, unflatten
 
-DOMINANCE = 2.0  # an agent whose contribution exceeds this multiple of the median one is named as an offender
+DOMINANCE = 2.0  # an agent whose contribution exceeds this multiple of the lower median one is named
 
 
 class RoundRejected(Exception):
@@ -76,7 +76,7 @@ def offenders(contributions: list[Contribution]) -> list[str]:
     total = sum(c.samples for c in contributions) or 1.0
     size = np.array([c.samples / total * c.scale * c.norm for c in contributions])
     size = np.where(np.isfinite(size), size, np.inf)
-    reference = float(np.median(size))
+    reference = lower_median(size)
     named = [c.agent for c, s in zip(contributions, size, strict=True) if s > DOMINANCE * reference]
     return named or [c.agent for c in contributions]
 

@@ -1,8 +1,9 @@
 """The round engine: selection, quorum and deadline, as pure bookkeeping (no I/O, injectable clock).
 
 ARCHITECTURE.md, round lifecycle: select agents (fraction, minimum), announce, accept updates, and
-close when every selected agent has reported, or when the deadline passed with the quorum met. A
-deadline without quorum re-announces the same round (``attempt`` + 1) to the agents still pending.
+close when every selected agent has reported (an agent whose authenticated update was refused has
+reported: it has no other one to send), or when the deadline passed with the quorum met. A deadline
+without quorum re-announces the same round (``attempt`` + 1) to the agents still pending.
 The daemon turns these decisions into MQTT messages; this module can be tested without a broker.
 """
 
@@ -64,6 +65,7 @@ class RoundState:
     started_at: float
     updates: list[UpdateRecord] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # selected agents whose own update was refused
 
     @property
     def accepted(self) -> list[str]:
@@ -71,8 +73,9 @@ class RoundState:
 
     @property
     def pending(self) -> list[str]:
-        accepted = set(self.accepted)
-        return [a for a in self.selected if a not in accepted]
+        """Selected agents still waited for: not accepted, and not refused (they have no other update)."""
+        done = set(self.accepted) | set(self.failed)
+        return [a for a in self.selected if a not in done]
 
     @property
     def bytes_up(self) -> int:
@@ -88,9 +91,11 @@ class RoundState:
 
 
 def decide(state: RoundState, rules: RoundRules, now: float) -> str:
-    """``"wait"``, ``"close"`` or ``"reannounce"`` for the round in progress."""
-    if not state.pending:
+    """``"wait"``, ``"close"`` or ``"reannounce"`` for the round in progress: close as soon as nobody is
+    pending with the quorum met, or at the deadline with the quorum met; otherwise re-announce then."""
+    quorate = len(state.updates) >= rules.quorum
+    if not state.pending and quorate:
         return "close"
     if now < state.deadline:
         return "wait"
-    return "close" if len(state.updates) >= rules.quorum else "reannounce"
+    return "close" if quorate else "reannounce"

@@ -2,8 +2,12 @@
 
 Checks, in order: safetensors structure, the update header, round and base version, tensor names,
 shapes and dtypes against the global model. The values themselves (finite, norm) are checked by
-``broker_server.onepass.scan`` in the same pass that folds them. A rejected update never reaches a
-strategy.
+``broker_server.onepass.scan`` in the same pass that folds them, and ``check_invariants`` refuses an
+update that would leave the model invalid on its own: a BatchNorm running variance (PyTorch's
+``*.running_var``) that is not positive makes every later evaluation NaN. Honest training never
+produces one (it is an average of variances); a sign-flipped or rescaled update easily does. Since
+clipping, averaging, medians and trimmed means all keep each value inside the range of the valid
+inputs, an aggregate of valid updates is valid too. A rejected update never reaches a strategy.
 """
 
 from __future__ import annotations
@@ -25,10 +29,43 @@ class UpdateRejected(Exception):
         self.reason = reason
 
 
+class NotForThisRound(UpdateRejected):
+    """Refused by the round's gates (no round, another round, not selected, already accepted): says
+    nothing about the sender's update for this round, which it may still send."""
+
+
 @dataclass(frozen=True)
 class ParsedUpdate:
     meta: UpdateMeta
     delta: np.ndarray  # zero-copy float32 view into the received bytes
+
+
+@dataclass(frozen=True)
+class PositiveRange:
+    """Where in the flat float vector a tensor that must stay positive lives."""
+
+    name: str
+    start: int
+    stop: int
+
+
+def positive_ranges(spec: tuple[TensorSpec, ...]) -> tuple[PositiveRange, ...]:
+    """The BatchNorm running variances of a model, by their PyTorch state_dict names."""
+    ranges, offset = [], 0
+    for s in spec:
+        size = int(np.prod(s.shape, dtype=np.int64))
+        if s.name.endswith("running_var"):
+            ranges.append(PositiveRange(s.name, offset, offset + size))
+        offset += size
+    return tuple(ranges)
+
+
+def check_invariants(delta: np.ndarray, global_vector: np.ndarray, ranges: tuple[PositiveRange, ...]) -> None:
+    """Refuse a delta that would make any running variance <= 0 (or non-finite) when applied."""
+    for r in ranges:
+        applied = global_vector[r.start : r.stop] + delta[r.start : r.stop]
+        if not (applied > 0).all():
+            raise UpdateRejected(f"invalid-running-var: {r.name} would become <= 0 (min {float(applied.min()):.3g})")
 
 
 def describe_spec_mismatch(got: tuple[TensorSpec, ...], expected: tuple[TensorSpec, ...]) -> str:

@@ -101,11 +101,14 @@ class Reassembler:
     _partials: dict[bytes, _Partial] = field(default_factory=dict)
     _held_by_sender: Counter[str] = field(default_factory=Counter)
 
-    def feed(self, payload: bytes, *, topic_sender: str, kinds: frozenset[str]) -> Completed | None:
+    def feed(
+        self, payload: bytes, *, topic_sender: str, kinds: frozenset[str], topic_round: int | None = None
+    ) -> Completed | None:
         """Add one chunk; return the transfer when it is complete, None while it is not.
 
         ``topic_sender`` is the id in the topic the chunk came on (the broker ACL vouches for it) and
-        must match the signed sender; ``kinds`` are the manifest kinds this topic may carry.
+        must match the signed sender; ``kinds`` are the manifest kinds this topic may carry; a topic that
+        names a round or model version (``model/<version>/…``) must name the one the manifest signs.
         """
         touched: list[tuple[_Partial, int]] = []
 
@@ -115,6 +118,10 @@ class Reassembler:
                 raise TransferRejected(topic_sender, f"sender-mismatch: signed by {manifest.sender}")
             if manifest.kind not in kinds:
                 raise TransferRejected(topic_sender, f"wrong-kind: {manifest.kind}")
+            if topic_round is not None and manifest.round != topic_round:
+                raise TransferRejected(
+                    topic_sender, f"topic-mismatch: signed for {manifest.round}, sent on {topic_round}"
+                )
             partial = self._partials.get(manifest.transfer_id) or self._start(manifest)
             if index not in partial.missing:
                 raise _AlreadyHeld

@@ -1,16 +1,19 @@
 """Replay protection: remember finished transfers for as long as their age window accepts them.
 
 An envelope older than ``max_age_s`` is refused as expired anyway, so a transfer id only has to be
-remembered for that long: memory is bounded by the traffic of one window. ``export``/``restore`` let a
-node keep the guard in its checkpoint, so a restart does not reopen the window.
+remembered for that long: memory is bounded by the traffic of one window, and by ``MAX_ENTRIES``.
+``export``/``restore`` let a node keep the guard in its checkpoint, so a restart does not reopen it.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
+
+MAX_ENTRIES = 500_000  # about 50 MB; past it the oldest are forgotten first (round binding still applies)
 
 
 class HasTransferId(Protocol):
@@ -28,17 +31,22 @@ class ReplayGuard:
         return transfer_id in self._seen
 
     def remember(self, manifest: HasTransferId) -> None:
+        """O(1) amortised: entries leave from the oldest-remembered end once outside the window."""
         self._seen[manifest.transfer_id] = manifest.created_at
         self._seen.move_to_end(manifest.transfer_id)
         horizon = self.clock() - self.max_age_s
-        for tid, created in list(self._seen.items()):
-            if created < horizon:
-                del self._seen[tid]
+        while self._seen:
+            tid, created = next(iter(self._seen.items()))
+            if created >= horizon and len(self._seen) <= MAX_ENTRIES:
+                break
+            del self._seen[tid]
 
-    def export(self) -> list[list]:
-        """``[[transfer id hex, created_at], …]`` of the transfers still inside the window."""
+    def export(self, limit: int = 4096) -> list[list]:
+        """``[[transfer id hex, created_at], …]``: the ``limit`` most recently remembered transfers still
+        inside the window (a node checkpoints this often; a flood must not make each write huge)."""
         horizon = self.clock() - self.max_age_s
-        return [[tid.hex(), created] for tid, created in self._seen.items() if created >= horizon]
+        recent = list(itertools.islice(reversed(self._seen.items()), limit))[::-1]
+        return [[tid.hex(), created] for tid, created in recent if created >= horizon]
 
     def restore(self, entries: list[list]) -> None:
         for tid, created in entries:

@@ -51,7 +51,7 @@ def run_grid(out: Path, seeds: list[int], agents: int, attackers: int, rounds: i
                     "condition": condition,
                     "configuration": configuration,
                     "seed": seed,
-                    "final_accuracy": rows[-1].eval.get("accuracy") if rows else None,
+                    "final_accuracy": final_accuracy(out / "last"),
                     "rolled_back": sum(m.outcome != "committed" for m in rows),
                     "rounds": len(rows),
                     "seconds": round(result.seconds, 1),
@@ -62,6 +62,18 @@ def run_grid(out: Path, seeds: list[int], agents: int, attackers: int, rounds: i
                     handle.write(json.dumps(row, ensure_ascii=False) + "\n")
                 done.append(row)
     return done
+
+
+def final_accuracy(run: Path) -> float:
+    """Accuracy of the run's final global model on the server's test set (a rolled-back round keeps the
+    previous model, so the last metrics line does not always carry it)."""
+    from broker_server.evaluation import Evaluator
+    from models.datasets import load_dataset
+    from models.serialization import load_file
+
+    arrays, _ = load_file(run / "global_model.safetensors")
+    evaluator = Evaluator("digits_cnn", 10, load_dataset(run / "federation" / "server" / "test.npz"))
+    return evaluator(arrays)["accuracy"]
 
 
 def table(rows: list[dict]) -> str:

@@ -6,12 +6,16 @@ import json
 import threading
 import time
 
+import numpy as np
+
 from agent.config import load_agent_config
 from agent.daemon import EdgeAgent
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
+from models.serialization import dumps
 from protocol.mqtt import BrokerSettings, MqttClient
-from security.keys import Identity
+from security.envelope import seal
+from security.keys import GroupKey, Identity
 from security.signing import sign_document
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import Federation, round_task, wait_until
@@ -150,3 +154,64 @@ def test_the_newest_task_survives_an_agent_restart_and_older_or_expired_ones_are
     assert restarted.progress.last_completed_round == 0  # a new run starts over
     restarted._on_task(_signed_task(server, round=5, run_id="run-a", issued_at=now + 3))  # the old run, replayed
     assert restarted.task.run_id == "run-b"
+
+
+def test_the_server_puts_back_a_model_someone_cleared_and_a_task_replaced_twice_in_a_second(
+    tmp_path, broker, monkeypatch, caplog
+):
+    from broker_server import daemon
+
+    monkeypatch.setattr(daemon, "MODEL_STALL_S", 2.0)
+    fed = Federation(tmp_path, broker, rounds=1, agents=2)
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    server_thread = threading.Thread(target=server.run, daemon=True)
+    server_thread.start()
+    outsider = MqttClient("outsider", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+    assert outsider.start(timeout_s=5)
+    try:
+        wait_until(lambda: server.publisher.current is not None, 20, "the model to be published")
+        cleared = [outsider.publish(f"skyfed/it/model/1/{i}", b"", retain=True) for i in range(8)]
+        assert MqttClient.wait_published(cleared, 5)  # the retained model is gone before any agent came
+        fed.start_agents()
+        wait_until(lambda: server.engine.round_state is not None and server._task_payload, 30, "round 1 announced")
+        stale = json.dumps(sign_document(round_task(round=0, run_id=server.engine.run_id).to_dict(), server.identity))
+        for _ in range(2):  # twice within a second: the second lands while the first put-back is throttled
+            outsider.wait_published([outsider.publish("skyfed/it/round", stale.encode(), retain=True)], 5)
+            time.sleep(0.3)
+        wait_until(lambda: retained_round(broker, "it") == 1, 10, "the current task to be retained again")
+        server_thread.join(60)
+        assert not server_thread.is_alive(), "the agents never got the model back"
+    finally:
+        outsider.stop()
+        fed.close()
+    assert sorted(fed.metrics()[0].accepted) == ["agent-01", "agent-02"]
+    assert "re-published it" in caplog.text
+
+
+def test_an_agent_keeps_its_newer_model_when_an_older_one_is_replayed(tmp_path):
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it"), ("127.0.0.1", 1))
+    server = Identity.load(layout.server_config.parent / "server.key")
+    agent = EdgeAgent(load_agent_config(layout.agent_configs["agent-01"]))
+    key = GroupKey.generate()
+    agent.group_keys[key.key_id] = key
+    sealed = {
+        version: seal(
+            dumps({"w": np.full(4, version, np.float32)}),
+            sender=server,
+            federation="it",
+            kind="model",
+            round=version,
+            group_key=key,
+        )[1]  # fmt: skip
+        for version in (1, 2)
+    }
+    for chunk in sealed[2]:
+        agent.handle(f"skyfed/it/model/2/{0}", bytes(chunk))
+    for chunk in sealed[1]:
+        agent.handle("skyfed/it/model/2/0", bytes(chunk))  # replayed under the newer version's topic
+        agent.handle("skyfed/it/model/999/0", bytes(chunk))  # or under a version of its own
+    assert list(agent.models) == [2]
+    agent._on_task(_signed_task(server, issued_at=time.time(), model_version=1))  # the server says: use 1
+    for chunk in sealed[1]:
+        agent.handle("skyfed/it/model/1/0", bytes(chunk))
+    assert list(agent.models) == [1]

@@ -21,14 +21,16 @@ def _assert_model(final, expected):
 def test_a_scaled_update_is_clipped_to_twice_the_median_norm_by_default(tmp_path, broker):
     with ServerHarness(tmp_path, broker, agents=3) as h:
         h.announce_agents()
-        deltas = [h.random_delta(1), h.random_delta(2), h.random_delta(3, scale=1e6)]
+        scaled = h.random_delta(3, scale=1e6)
+        scaled = {k: np.abs(v) if k.endswith("running_var") else v for k, v in scaled.items()}  # stays valid
+        deltas = [h.random_delta(1), h.random_delta(2), scaled]
         for agent, delta in zip(h.agents, deltas, strict=True):
             h.send(agent, delta)
         metrics = h.wait_metrics()
         final = h.final_model()
     assert metrics.outcome == "committed" and metrics.aggregation["clipped"] == ["agent-03"]
     norms = [_norm(d) for d in deltas]
-    bound = 2 * float(np.median(norms))
+    bound = 2 * sorted(norms)[1]
     assert metrics.aggregation["clip_bound"] == pytest_approx(bound)
     _assert_model(final, h.expected_model(deltas, [100] * 3, [min(1.0, bound / n) for n in norms]))
 
@@ -45,13 +47,33 @@ def test_an_inflated_sample_claim_weighs_at_most_twice_the_median_claim(tmp_path
     _assert_model(final, h.expected_model(deltas, [100, 100, 200]))
 
 
+def test_an_update_that_would_make_a_running_variance_negative_is_refused(tmp_path, broker):
+    """A sign-flipped update negates BatchNorm's running-variance delta; applied, the variance goes
+    negative and every evaluation becomes NaN. Honest training never does that, so it is refused."""
+    with ServerHarness(tmp_path, broker, agents=2) as h:
+        h.announce_agents()
+        var = next(name for name in h.initial if name.endswith("running_var"))
+        flipped = h.random_delta(9)
+        flipped[var] = (-2.0 * h.initial[var]).astype(np.float32)
+        h.send("agent-02", flipped)
+        h.wait_rejection("invalid-running-var")
+        deltas = [h.random_delta(1), h.random_delta(2)]
+        for agent, delta in zip(h.agents, deltas, strict=True):
+            h.send(agent, delta)
+        metrics = h.wait_metrics()
+        final = h.final_model()
+    assert metrics.outcome == "committed" and any(r.reason.startswith("invalid-running-var") for r in metrics.rejected)
+    _assert_model(final, h.expected_model(deltas, [100, 100]))
+
+
 def test_with_bounds_off_a_poisoned_round_is_rolled_back_and_the_federation_carries_on(tmp_path, broker):
     off = {"clip": "off", "sample_multiple": 0.0}
     with ServerHarness(tmp_path, broker, agents=3, rounds=2, bounds=off) as h:
         h.announce_agents()
         h.send("agent-01", h.random_delta(1))
         h.send("agent-02", h.random_delta(2))
-        h.send("agent-03", h.random_delta(3, scale=1e6))  # finite, so validation passes; evaluation is NaN
+        poisoned = {k: np.abs(v) if k.endswith("running_var") else v for k, v in h.random_delta(3, 1e18).items()}
+        h.send("agent-03", poisoned)  # finite, running variances positive: validation passes; evaluation is NaN
         first = h.wait_metrics(1)
         assert first.outcome == "rolled-back" and first.reason == "non-finite-evaluation"
         assert first.offenders == ["agent-03"] and first.model_version == 1 and first.eval == {}

@@ -29,6 +29,18 @@ def test_round_closes_when_everyone_reported_or_deadline_with_quorum():
     assert decide(state, rules, now=95) == "close"
 
 
+def test_an_agent_whose_update_was_refused_is_not_waited_for():
+    rules = RoundRules(min_agents=3, quorum=2)
+    state = RoundState(1, attempt=1, selected=["a", "b", "c"], deadline=100.0, started_at=0.0, updates=_accepted("a"))
+    state.failed.append("c")
+    assert state.pending == ["b"] and decide(state, rules, now=5) == "wait"
+    state.updates += _accepted("b")
+    assert decide(state, rules, now=5) == "close"  # long before the deadline
+    lonely = RoundState(2, attempt=1, selected=["a", "b"], deadline=100.0, started_at=0.0, updates=_accepted("a"))
+    lonely.failed.append("b")
+    assert decide(lonely, rules, now=5) == "wait" and decide(lonely, rules, now=101) == "reannounce"  # no quorum
+
+
 def test_deadline_without_quorum_reannounces_to_pending_agents():
     rules = RoundRules(min_agents=3, quorum=2)
     state = RoundState(4, attempt=1, selected=["a", "b", "c"], deadline=10.0, started_at=0.0, updates=_accepted("b"))

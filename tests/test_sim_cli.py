@@ -72,15 +72,16 @@ def test_sim_with_a_robust_strategy_and_attackers_says_who_attacked(tmp_path, br
     out = tmp_path / "attacked"
     result = skyfed(
         "sim", "--agents", "4", "--rounds", "2", "--strategy", "trimmed-mean", "--strategy-option", "beta=0.25",
-        "--attackers", "1", "--attack", "scale:100", "--partition", "iid", "--out", str(out), "--broker",
+        "--attackers", "1", "--attack", "samples:100000", "--partition", "iid", "--out", str(out), "--broker",
         broker.address, "--federation", "attacked",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "strategy trimmed-mean" in result.stdout and "attackers (scale:100): " in result.stdout
+    assert "strategy trimmed-mean" in result.stdout and "attackers (samples:100000): " in result.stdout
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["strategy"] for r in rows] == ["trimmed-mean"] * 2
-    assert rows[0]["attack"] == "scale:100" and len(rows[0]["attackers"]) == 1
-    assert rows[0]["aggregation"]["trimmed_per_side"] == 1 and rows[-1]["eval"]["accuracy"] > 0.5
+    assert rows[0]["attack"] == "samples:100000" and len(rows[0]["attackers"]) == 1
+    assert rows[0]["aggregation"]["trimmed_per_side"] == 1 and rows[0]["aggregation"]["capped"] == rows[0]["attackers"]
+    assert rows[-1]["eval"]["accuracy"] > 0.5
 
 
 @pytest.mark.parametrize(

@@ -144,11 +144,19 @@ def test_bad_bounds_name_the_key(values, message):
         InfluencePolicy(**values)
 
 
-def test_bounds_cap_claims_and_clip_to_a_multiple_of_the_median():
+def test_bounds_cap_claims_and_clip_to_a_multiple_of_the_lower_median():
     influence = bound_influence(InfluencePolicy(), np.array([1.0, 2.0, 3.0, 400.0]), np.array([10, 20, 30, 1e15]))
-    assert influence.clip_bound == 2 * 2.5
-    np.testing.assert_allclose(influence.scales, [1, 1, 1, 5 / 400])
-    assert influence.sample_cap == 2 * 25
-    np.testing.assert_allclose(influence.samples, [10, 20, 30, 50])
+    assert influence.clip_bound == 2 * 2.0  # lower median of four: the 2nd smallest
+    np.testing.assert_allclose(influence.scales, [1, 1, 1, 4 / 400])
+    assert influence.sample_cap == 2 * 20
+    np.testing.assert_allclose(influence.samples, [10, 20, 30, 40])
     off = bound_influence(InfluencePolicy(clip="off", sample_multiple=0), np.array([1.0, 1e9]), np.array([1, 1e15]))
     assert math.isinf(off.clip_bound) and list(off.scales) == [1, 1] and off.samples[1] == 1e15
+
+
+def test_in_a_round_of_two_the_larger_update_is_bounded_by_the_smaller():
+    """The plain median of two values is their mean: a large one would lift its own bound."""
+    influence = bound_influence(InfluencePolicy(), np.array([1.948, 20 * 1.948]), np.array([100, 2**53]))
+    assert influence.clip_bound == pytest.approx(2 * 1.948) and influence.sample_cap == 200
+    np.testing.assert_allclose(influence.scales, [1, 0.1])
+    np.testing.assert_allclose(influence.samples, [100, 200])

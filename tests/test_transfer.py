@@ -125,3 +125,10 @@ def test_replay_of_a_finished_transfer_is_rejected(ids):
 def test_bad_limits_are_refused_with_the_key():
     with pytest.raises(ValueError, match="limits.max_chunks"):
         TransferLimits(max_chunks=0)
+
+
+def test_a_chunk_must_come_on_the_topic_its_manifest_names(ids):
+    chunk = chunks_of(ids, b"m" * 100)[0]  # signed for round 1
+    with pytest.raises(TransferRejected, match="topic-mismatch"):
+        make(ids).feed(chunk, topic_sender="agent", kinds=UPDATE, topic_round=999)
+    assert make(ids).feed(chunk, topic_sender="agent", kinds=UPDATE, topic_round=1) is not None
