@@ -61,7 +61,7 @@ class Aggregator(MqttDaemon):
         evaluator = None
         if config.eval_path is not None:
             evaluator = Evaluator(config.server.model, config.server.num_classes, load_dataset(config.eval_path))
-        self.engine = RoundEngine(config, replay=self.opener.replay, evaluator=evaluator, clock=clock)
+        self.engine = RoundEngine(config, replay=self.opener.replay, evaluator=evaluator)
         self.reassembler = Reassembler(self.opener, config.limits.to_limits(self.engine.update_bytes()))
         self.registry = AgentRegistry(keyring)
         super().__init__(

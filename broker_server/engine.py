@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -57,13 +56,11 @@ class RoundEngine:
         *,
         replay: ReplayGuard,
         evaluator: Callable[[NamedArrays], dict[str, float]] | None = None,
-        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.rules = config.rounds
         self.policy = config.bounds
         self.replay = replay
-        self.clock = clock
         self.strategy = build_strategy(config.strategy)
         self.store = CheckpointStore(config.state_dir / "checkpoint")
         self.metrics_log = MetricsLog(config.state_dir / "metrics.jsonl")

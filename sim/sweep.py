@@ -2,13 +2,15 @@
 
 Runs ``skyfed sim`` (the real daemons over a real broker, one process per node) once per condition x
 configuration x seed, appends one JSON line per run to ``<out>/runs.jsonl`` (so an interrupted sweep
-resumes where it stopped), and prints the markdown table of final accuracies (mean ± sd over seeds).
+resumes where it stopped), keeps each run's ``metrics.jsonl`` in ``<out>/metrics/``, and prints the
+markdown table of final accuracies (mean ± sd over seeds).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -34,6 +36,7 @@ CONFIGURATIONS = {
 
 def run_grid(out: Path, seeds: list[int], agents: int, attackers: int, rounds: int) -> list[dict]:
     log = out / "runs.jsonl"
+    (out / "metrics").mkdir(exist_ok=True)
     done = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     finished = {(r["condition"], r["configuration"], r["seed"]) for r in done}
     for condition, attack in CONDITIONS.items():
@@ -47,12 +50,15 @@ def run_grid(out: Path, seeds: list[int], agents: int, attackers: int, rounds: i
                 )  # fmt: skip
                 result = run_sim(settings, out / "last", echo=lambda _line: None)
                 rows = result.metrics
+                name = f"{condition}-{configuration}-{seed}".replace(" ", "_").replace(",", "").replace("=", "")
+                shutil.copy(out / "last" / "metrics.jsonl", out / "metrics" / f"{name}.jsonl")
                 row = {
                     "condition": condition,
                     "configuration": configuration,
                     "seed": seed,
                     "final_accuracy": final_accuracy(out / "last"),
                     "rolled_back": sum(m.outcome != "committed" for m in rows),
+                    "rejected_updates": sum(len(m.rejected) for m in rows),
                     "rounds": len(rows),
                     "seconds": round(result.seconds, 1),
                     "attackers": settings.attacker_names(),
