@@ -46,9 +46,10 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
 
 def run_sim_command(args: argparse.Namespace) -> int:
     from protocol.daemon import quiet_connection_logs
-    from sim.run import run_sim
+    from sim.run import exit_on_sigterm, run_sim
 
     quiet_connection_logs()
+    exit_on_sigterm()
 
     try:
         settings = _settings(args)

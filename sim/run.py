@@ -83,6 +83,11 @@ def _annotate_metrics(source: Path, target: Path, attackers: list[str], attack: 
     target.write_text("\n".join(lines) + "\n")
 
 
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so a killed sim still stops the broker and processes it started."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = None, echo=print) -> SimResult:  # noqa: ANN001
     """Run the federation to completion and leave metrics.jsonl, curves.png and the model in ``out``."""
     out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from sim.federation import SimSettings
-from sim.run import run_sim
+from sim.run import exit_on_sigterm, run_sim
 
 CONDITIONS = {  # attack spec per condition ("" = clean); 2 of the 10 agents attack
     "clean": "",
@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attackers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args(argv)
+    exit_on_sigterm()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = run_grid(out, args.seeds, args.agents, args.attackers, args.rounds)
