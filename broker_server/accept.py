@@ -3,7 +3,7 @@
 In order: the round gates (a round is open, the update is for it, the sender was selected and has not
 been accepted yet), the structure (``validation.parse_update``), then one pass over the values
 (``onepass.scan``: finite, L2 norm, folded into a streaming strategy when the bounds known so far allow
-it), the outright norm limit, the model's invariants (running variances stay positive), and finally
+it), the outright norm limit, the model's invariants (no negative running variance), and finally
 the update is written to the update store before the round state records it. A refusal raises
 ``UpdateRejected`` and leaves the round exactly as it was (a fold already made is subtracted again).
 """

@@ -3,8 +3,8 @@
 Checks, in order: safetensors structure, the update header, round and base version, tensor names,
 shapes and dtypes against the global model. The values themselves (finite, norm) are checked by
 ``broker_server.onepass.scan`` in the same pass that folds them, and ``check_invariants`` refuses an
-update that would leave the model invalid on its own: a BatchNorm running variance (PyTorch's
-``*.running_var``) that is not positive makes every later evaluation NaN. Honest training never
+update that would leave the model invalid on its own: a negative BatchNorm running variance (PyTorch's
+``*.running_var``) makes every later evaluation NaN. Honest training never
 produces one (it is an average of variances); a sign-flipped or rescaled update easily does. Since
 clipping, averaging, medians and trimmed means all keep each value inside the range of the valid
 inputs, an aggregate of valid updates is valid too. A rejected update never reaches a strategy.
@@ -50,7 +50,7 @@ class PositiveRange:
 
 
 def positive_ranges(spec: tuple[TensorSpec, ...]) -> tuple[PositiveRange, ...]:
-    """The BatchNorm running variances of a model, by their PyTorch state_dict names."""
+    """The BatchNorm running variances of a model (they must not go negative), by state_dict name."""
     ranges, offset = [], 0
     for s in spec:
         size = int(np.prod(s.shape, dtype=np.int64))
@@ -61,11 +61,14 @@ def positive_ranges(spec: tuple[TensorSpec, ...]) -> tuple[PositiveRange, ...]:
 
 
 def check_invariants(delta: np.ndarray, global_vector: np.ndarray, ranges: tuple[PositiveRange, ...]) -> None:
-    """Refuse a delta that would make any running variance <= 0 (or non-finite) when applied."""
+    """Refuse a delta that would make any running variance negative (or NaN) when applied. Zero is
+    allowed: a channel whose input never varies decays its running variance to exactly 0 in float32."""
     for r in ranges:
         applied = global_vector[r.start : r.stop] + delta[r.start : r.stop]
-        if not (applied > 0).all():
-            raise UpdateRejected(f"invalid-running-var: {r.name} would become <= 0 (min {float(applied.min()):.3g})")
+        if not (applied >= 0).all():
+            raise UpdateRejected(
+                f"invalid-running-var: {r.name} would become negative (min {float(applied.min()):.3g})"
+            )
 
 
 def describe_spec_mismatch(got: tuple[TensorSpec, ...], expected: tuple[TensorSpec, ...]) -> str:
