@@ -8,7 +8,10 @@ honestly, then reports something else. KIND is one of
 * ``noise:SIGMA`` — sends Gaussian noise N(0, SIGMA²) in place of the delta;
 * ``samples:N`` — sends its honest delta but claims N training samples.
 
-Only floating tensors are attacked (integer buffers are not part of a delta).
+``scope`` says what is attacked: ``parameters`` (default) changes only the trainable parameters — what
+the textbook attacks act on, as they are defined on gradients — and reports BatchNorm's running
+statistics honestly; ``all`` changes every floating tensor, running statistics included (a negated or
+noisy running variance is easy to spot: the server refuses an update that makes one negative).
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import numpy as np
 
 from agent.trainer import Trainer, TrainResult
 from models.weights import NamedArrays, is_float
+from models.zoo import build_model
 from protocol.messages import RoundTask
 
 KINDS = ("sign-flip", "scale", "noise", "samples")
+SCOPES = ("parameters", "all")
 
 
 @dataclass(frozen=True)
@@ -47,11 +52,14 @@ class Attack:
         return self.kind if self.kind == "sign-flip" else f"{self.kind}:{self.value:g}"
 
 
-def poisoned(local: NamedArrays, base: NamedArrays, attack: Attack, rng: np.random.Generator) -> NamedArrays:
-    """The weights an attacker reports instead of ``local`` (trained from ``base``)."""
+def poisoned(
+    local: NamedArrays, base: NamedArrays, attack: Attack, rng: np.random.Generator, targets: set[str] | None = None
+) -> NamedArrays:
+    """The weights an attacker reports instead of ``local`` (trained from ``base``); only the floating
+    tensors named in ``targets`` are changed (all floating ones when None)."""
     out = {}
     for name, value in local.items():
-        if not is_float(value):
+        if not is_float(value) or (targets is not None and name not in targets):
             out[name] = value
             continue
         honest = value.astype(np.float32) - base[name].astype(np.float32)
@@ -70,9 +78,12 @@ def poisoned(local: NamedArrays, base: NamedArrays, attack: Attack, rng: np.rand
 class AttackingTrainer:
     """Wraps an honest trainer and applies ``attack`` to what it reports."""
 
-    def __init__(self, inner: Trainer, attack: Attack, agent_id: str) -> None:
+    def __init__(self, inner: Trainer, attack: Attack, agent_id: str, scope: str = "parameters") -> None:
+        if scope not in SCOPES:
+            raise ValueError(f"--attack-scope must be one of {', '.join(SCOPES)}, got {scope!r}")
         self.inner = inner
         self.attack = attack
+        self.scope = scope
         self.seed = zlib.crc32(agent_id.encode())
 
     def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
@@ -80,4 +91,7 @@ class AttackingTrainer:
         if self.attack.kind == "samples":
             return replace(honest, samples=int(self.attack.value))
         rng = np.random.default_rng([self.seed, task.round])
-        return replace(honest, arrays=poisoned(honest.arrays, global_arrays, self.attack, rng))
+        targets = None
+        if self.scope == "parameters":
+            targets = {name for name, _ in build_model(task.model, num_classes=task.num_classes).named_parameters()}
+        return replace(honest, arrays=poisoned(honest.arrays, global_arrays, self.attack, rng, targets))

@@ -41,6 +41,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         bounds=bounds,
         attackers=args.attackers,
         attack=args.attack or "",
+        attack_scope=args.attack_scope,
     )
 
 
@@ -104,6 +105,10 @@ def _add_sim_options(
     )
     parser.add_argument("--attackers", type=int, default=0, help="how many agents are malicious (real keys)")
     parser.add_argument("--attack", default=None, help="sign-flip | scale:F | noise:SIGMA | samples:N")
+    parser.add_argument(
+        "--attack-scope", default="parameters", choices=["parameters", "all"],
+        help="attack the trainable parameters only (default) or every floating tensor (BatchNorm statistics too)",
+    )  # fmt: skip
     parser.set_defaults(handler=run_sim_command)
 
 

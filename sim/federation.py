@@ -41,12 +41,13 @@ class SimSettings:
     bounds: dict[str, Any] = field(default_factory=dict)
     attackers: int = 0
     attack: str = ""
+    attack_scope: str = "parameters"
 
     def __post_init__(self) -> None:
         from broker_server.bounds import InfluencePolicy
         from broker_server.strategies import build_strategy
         from protocol.typed import build
-        from sim.attacks import Attack
+        from sim.attacks import SCOPES, Attack
 
         if self.agents < 1:
             raise ValueError(f"--agents must be >= 1, got {self.agents}")
@@ -60,6 +61,8 @@ class SimSettings:
             raise ValueError("--attackers needs --attack KIND (sign-flip, scale:F, noise:SIGMA or samples:N)")
         if self.attack:
             Attack.parse(self.attack)
+        if self.attack_scope not in SCOPES:
+            raise ValueError(f"--attack-scope must be one of {', '.join(SCOPES)}, got {self.attack_scope!r}")
         partition.parse(self.partition)
         build_strategy(self.strategy)
         build(InfluencePolicy, self.bounds, where="bounds", strict=True)

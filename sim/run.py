@@ -117,9 +117,13 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
         server = _spawn(["server", "run", "--config", str(layout.server_config)], logs / "server.log")
         attackers = settings.attacker_names()
         if attackers:
-            echo(f"  attackers ({settings.attack}): {', '.join(attackers)}")
+            echo(f"  attackers ({settings.attack}, {settings.attack_scope}): {', '.join(attackers)}")
         agents = [
-            _spawn(["--config", str(path), "--attack", settings.attack], logs / f"{name}.log", "sim.attack_agent")
+            _spawn(
+                ["--config", str(path), "--attack", settings.attack, "--scope", settings.attack_scope],
+                logs / f"{name}.log",
+                "sim.attack_agent",
+            )
             if name in attackers
             else _spawn(["agent", "run", "--config", str(path)], logs / f"{name}.log")
             for name, path in layout.agent_configs.items()

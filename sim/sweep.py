@@ -34,7 +34,7 @@ CONFIGURATIONS = {
 }
 
 
-def run_grid(out: Path, seeds: list[int], agents: int, attackers: int, rounds: int) -> list[dict]:
+def run_grid(out: Path, seeds: list[int], agents: int, attackers: int, rounds: int, scope: str) -> list[dict]:
     log = out / "runs.jsonl"
     (out / "metrics").mkdir(exist_ok=True)
     done = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -46,7 +46,7 @@ def run_grid(out: Path, seeds: list[int], agents: int, attackers: int, rounds: i
                     continue
                 settings = SimSettings(
                     agents=agents, rounds=rounds, seed=seed, federation="sweep", strategy=strategy, bounds=bounds,
-                    attackers=attackers if attack else 0, attack=attack,
+                    attackers=attackers if attack else 0, attack=attack, attack_scope=scope,
                 )  # fmt: skip
                 result = run_sim(settings, out / "last", echo=lambda _line: None)
                 rows = result.metrics
@@ -107,11 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agents", type=int, default=10)
     parser.add_argument("--attackers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--attack-scope", default="parameters", choices=["parameters", "all"])
     args = parser.parse_args(argv)
     exit_on_sigterm()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = run_grid(out, args.seeds, args.agents, args.attackers, args.rounds)
+    rows = run_grid(out, args.seeds, args.agents, args.attackers, args.rounds, args.attack_scope)
     print(table(rows))
     return 0
 

@@ -76,7 +76,7 @@ def test_sim_with_a_robust_strategy_and_attackers_says_who_attacked(tmp_path, br
         broker.address, "--federation", "attacked",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "strategy trimmed-mean" in result.stdout and "attackers (samples:100000): " in result.stdout
+    assert "strategy trimmed-mean" in result.stdout and "attackers (samples:100000, parameters): " in result.stdout
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["strategy"] for r in rows] == ["trimmed-mean"] * 2
     assert rows[0]["attack"] == "samples:100000" and len(rows[0]["attackers"]) == 1
