@@ -60,7 +60,7 @@ def make_updates(count: int, seed: int = 0) -> list[Completed]:
 def accept_all(updates: list[Completed], spec, global_vector: np.ndarray):  # noqa: ANN001, ANN201
     """Every update through the server's accept path; returns the strategy and round state."""
     strategy = build_strategy({"name": "fedavg"})
-    strategy.begin(global_vector)
+    strategy.begin(global_vector, spec)
     state = RoundState(round=1, attempt=1, selected=[u.manifest.sender for u in updates], deadline=0, started_at=0)
     inputs = RoundInputs(spec, 1, global_vector)
     for completed in updates:

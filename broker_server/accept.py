@@ -21,12 +21,11 @@ from broker_server.strategies.base import Strategy
 from broker_server.update_store import UpdateStore
 from broker_server.validation import (
     NotForThisRound,
-    PositiveRange,
     UpdateRejected,
     check_invariants,
     parse_update,
 )
-from models.weights import TensorSpec
+from models.weights import TensorRange, TensorSpec
 from protocol.transfer import Completed
 
 
@@ -37,7 +36,7 @@ class RoundInputs:
     spec: tuple[TensorSpec, ...]
     model_version: int
     global_vector: np.ndarray
-    positive: tuple[PositiveRange, ...] = ()
+    positive: tuple[TensorRange, ...] = ()
 
 
 def check_gates(state: RoundState | None, agent: str, round_number: int) -> RoundState:

@@ -97,7 +97,8 @@ class RoundEngine:
         self.metrics_log.reconcile(checkpoint.last_metrics)
         self._last_metrics = checkpoint.last_metrics
         if self.round_state is not None:
-            self.strategy.begin(self.global_vector)  # the running sum is gone: every stored update is re-read
+            # the running sum is gone: every stored update is re-read
+            self.strategy.begin(self.global_vector, self.float_spec)
             for record in self.round_state.updates:
                 record.folded = 0.0
         save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
@@ -154,7 +155,7 @@ class RoundEngine:
         self.round_state = RoundState(round=number, attempt=0, selected=selected, deadline=0.0, started_at=now)
         self.round_state.rejected.extend(self.orphan_rejections)
         self.orphan_rejections.clear()
-        self.strategy.begin(self.global_vector)
+        self.strategy.begin(self.global_vector, self.float_spec)
         return self.round_state
 
     def announce(self, now: float) -> RoundState:
@@ -222,7 +223,8 @@ class RoundEngine:
             outcome, reason, offenders = "rolled-back", rejected.reason, rejected.offenders
             log.error("round rolled back round=%d reason=%s offenders=%s", rs.round, reason, ",".join(offenders))
         if outcome == "committed":
-            assert ctx.candidate is not None
+            assert ctx.candidate is not None and ctx.result is not None
+            self.strategy.on_commit(ctx.result)
             self._set_model(ctx.candidate)
             self.version += 1
         aggregation = ctx.aggregation_detail()

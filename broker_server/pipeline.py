@@ -23,6 +23,7 @@ from scipy.linalg.blas import sdot
 from broker_server.bounds import Influence, InfluencePolicy, bound_influence, lower_median
 from broker_server.rounds import RoundState
 from broker_server.strategies.base import Contribution, RoundResult, Strategy
+from broker_server.validation import UpdateRejected, check_invariants, positive_ranges
 from models.weights import NamedArrays, TensorSpec, unflatten
 
 DOMINANCE = 2.0  # an agent whose contribution exceeds this multiple of the lower median one is named
@@ -110,8 +111,9 @@ class Aggregate(Step):
 
 @dataclass
 class CheckModel(Step):
-    """Every value finite and the change within the policy: ``bounds.max_change_norm`` when set, and
-    the clip bound for strategies whose output is a convex combination of clipped deltas."""
+    """Every value finite, no negative running variance, and the change within the policy:
+    ``bounds.max_change_norm`` when set, and the clip bound for strategies whose output is a convex
+    combination of clipped deltas."""
 
     policy: InfluencePolicy
     bounded_by_clip: bool
@@ -123,6 +125,10 @@ class CheckModel(Step):
         norm = math.sqrt(float(sdot(change, change))) if change.size else 0.0
         if not math.isfinite(norm) or not np.isfinite(ctx.result.global_vector).all():
             raise RoundRejected("non-finite-model", offenders(ctx.contributions))
+        try:  # the same invariants every accepted update met (a strategy that extrapolates may break them)
+            check_invariants(change, ctx.global_vector, positive_ranges(ctx.float_spec))
+        except UpdateRejected as exc:
+            raise RoundRejected(exc.reason, offenders(ctx.contributions)) from None
         limits = []
         if self.policy.max_change_norm > 0:
             limits.append(self.policy.max_change_norm)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from models.serialization import SerializationError, float32_region
-from models.weights import TensorSpec
+from models.weights import TensorRange, TensorSpec, ranges_of
 from protocol.update import UpdateMeta, UpdateMetaError
 
 
@@ -40,27 +40,12 @@ class ParsedUpdate:
     delta: np.ndarray  # zero-copy float32 view into the received bytes
 
 
-@dataclass(frozen=True)
-class PositiveRange:
-    """Where in the flat float vector a tensor that must stay positive lives."""
-
-    name: str
-    start: int
-    stop: int
-
-
-def positive_ranges(spec: tuple[TensorSpec, ...]) -> tuple[PositiveRange, ...]:
+def positive_ranges(spec: tuple[TensorSpec, ...]) -> tuple[TensorRange, ...]:
     """The BatchNorm running variances of a model (they must not go negative), by state_dict name."""
-    ranges, offset = [], 0
-    for s in spec:
-        size = int(np.prod(s.shape, dtype=np.int64))
-        if s.name.endswith("running_var"):
-            ranges.append(PositiveRange(s.name, offset, offset + size))
-        offset += size
-    return tuple(ranges)
+    return ranges_of(spec, ("running_var",))
 
 
-def check_invariants(delta: np.ndarray, global_vector: np.ndarray, ranges: tuple[PositiveRange, ...]) -> None:
+def check_invariants(delta: np.ndarray, global_vector: np.ndarray, ranges: tuple[TensorRange, ...]) -> None:
     """Refuse a delta that would make any running variance negative (or NaN) when applied. Zero is
     allowed: a channel whose input never varies decays its running variance to exactly 0 in float32."""
     for r in ranges:

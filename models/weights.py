@@ -60,6 +60,29 @@ class TensorSpec:
     shape: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class TensorRange:
+    """Where one tensor lives in the flat float vector of ``flatten``."""
+
+    name: str
+    start: int
+    stop: int
+
+
+RUNNING_STATISTICS = ("running_mean", "running_var")  # BatchNorm buffers: averaged statistics, not weights
+
+
+def ranges_of(spec: tuple[TensorSpec, ...], suffixes: tuple[str, ...]) -> tuple[TensorRange, ...]:
+    """The ranges of the tensors whose state_dict name ends with one of ``suffixes``."""
+    ranges, offset = [], 0
+    for s in spec:
+        size = int(np.prod(s.shape, dtype=np.int64))
+        if s.name.endswith(suffixes):
+            ranges.append(TensorRange(s.name, offset, offset + size))
+        offset += size
+    return tuple(ranges)
+
+
 def spec_of(arrays: Mapping[str, np.ndarray]) -> tuple[TensorSpec, ...]:
     return tuple(TensorSpec(name, a.dtype.str.lstrip("<>|="), tuple(a.shape)) for name, a in arrays.items())
 

@@ -31,6 +31,7 @@ CONFIGURATIONS = {
     "median": ({"name": "median"}, {}),
     "trimmed-mean β=0.2": ({"name": "trimmed-mean", "beta": 0.2}, {}),
     "krum f=2": ({"name": "krum", "f": 2}, {}),
+    "centered-clip": ({"name": "centered-clip"}, {}),
 }
 
 

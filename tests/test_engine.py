@@ -11,9 +11,10 @@ import pytest
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
 from broker_server.strategies import STRATEGIES
+from broker_server.strategies.base import RoundResult
 from broker_server.strategies.fedavg import FedAvg
 from models.serialization import dumps
-from models.weights import float_part
+from models.weights import float_part, ranges_of
 from protocol.transfer import Completed
 from protocol.update import UpdateMeta
 from security.envelope import NO_DIGEST, Manifest
@@ -81,8 +82,11 @@ class ToyMomentum(FedAvg):
 
     def aggregate(self, global_vector, contributions):  # noqa: ANN001, ANN201
         step = super().aggregate(global_vector, contributions).global_vector - global_vector
-        self.momentum = (0.5 * self.momentum + step) if self.momentum.size else step
-        return type(super().aggregate(global_vector, contributions))(global_vector + self.momentum)
+        self._next = (0.5 * self.momentum + step) if self.momentum.size else step
+        return type(super().aggregate(global_vector, contributions))(global_vector + self._next)
+
+    def on_commit(self, result) -> None:  # noqa: ANN001
+        self.momentum = self._next
 
     def state(self):  # noqa: ANN201
         return {"momentum": self.momentum}
@@ -126,3 +130,32 @@ def test_an_old_checkpoint_format_is_refused_with_what_to_do(config):
     state.write_text(json.dumps({"next_round": 1}))
     with pytest.raises(ValueError, match="move .* aside to start a new run"):
         RoundEngine(config, replay=ReplayGuard(3600))
+
+
+class NegativeVariance(FedAvg):
+    """A strategy whose output breaks a model invariant that every accepted update kept."""
+
+    name = "negative-variance"
+
+    def begin(self, global_vector, spec) -> None:  # noqa: ANN001
+        super().begin(global_vector, spec)
+        self.variances = ranges_of(spec, ("running_var",))
+
+    def aggregate(self, global_vector, contributions):  # noqa: ANN001, ANN201
+        vector = super().aggregate(global_vector, contributions).global_vector.copy()
+        for r in self.variances:
+            vector[r.start : r.stop] = -1.0
+        return RoundResult(vector)
+
+
+def test_a_round_whose_aggregate_has_a_negative_running_variance_is_rolled_back(config, monkeypatch):
+    monkeypatch.setitem(STRATEGIES, NegativeVariance.name, NegativeVariance)
+    override_toml(config.path, strategy={"name": "negative-variance"})
+    engine = RoundEngine(load_server_config(config.path), replay=ReplayGuard(3600))
+    before = {k: v.copy() for k, v in engine.global_arrays.items()}
+    open_round(engine)
+    for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
+        engine.accept(completed(engine, agent, seed=i))
+    metrics = engine.close(now=1.0, model_wire_bytes=0)
+    assert metrics.outcome == "rolled-back" and metrics.reason.startswith("invalid-running-var")
+    assert engine.version == 1 and all(np.array_equal(before[k], v) for k, v in engine.global_arrays.items())

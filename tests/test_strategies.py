@@ -11,6 +11,7 @@ from broker_server.strategies import build_strategy
 from broker_server.strategies.base import Contribution
 from broker_server.strategies.krum import krum_scores, squared_distances
 from broker_server.strategies.trimmed_mean import trim_count
+from models.weights import TensorSpec
 
 
 def contributions(deltas, samples=None, scales=None, folded=None):
@@ -31,7 +32,7 @@ def test_fedavg_streaming_folds_plus_corrections_equal_the_weighted_mean_of_clip
     samples = [100, 200, 150, 120, 10**9]
     policy = InfluencePolicy()  # adaptive clip 2 x median, samples capped at 2 x median
     fedavg = build_strategy({"name": "fedavg"})
-    fedavg.begin(g)
+    fedavg.begin(g, ())
     norms, claims, folded = [], [], []
     for d, n in zip(deltas, samples, strict=True):
         fold = fedavg.fold_plan(tentative(policy, np.array(norms), np.array(claims, float), n))
@@ -53,7 +54,7 @@ def test_fedavg_rebuilds_instead_of_cancelling_a_huge_tentative_fold():
     honest = np.full(1000, 1e-3, np.float32)
     huge = np.full(1000, 1e4, np.float32)
     fedavg = build_strategy({"name": "fedavg"})
-    fedavg.begin(g)
+    fedavg.begin(g, ())
     for d in (honest, huge):  # a bad tentative bound let the huge one in
         scan(d, fedavg.fold_plan(Tentative(max_norm=math.inf, samples=1.0)))
     cs = contributions([honest, huge], folded=[1.0, 1.0], scales=[1.0, float(np.linalg.norm(honest) / 1e4 / 31.6)])
@@ -66,7 +67,7 @@ def test_uniform_weighting_ignores_sample_counts():
     rng = np.random.default_rng(1)
     deltas = [rng.standard_normal(50).astype(np.float32) for _ in range(3)]
     fedavg = build_strategy({"name": "fedavg", "weighting": "uniform"})
-    fedavg.begin(np.zeros(50, np.float32))
+    fedavg.begin(np.zeros(50, np.float32), ())
     out = fedavg.aggregate(np.zeros(50, np.float32), contributions(deltas, samples=[1, 50, 900])).global_vector
     np.testing.assert_allclose(out, np.mean(deltas, axis=0), rtol=1e-5, atol=1e-6)
 
@@ -116,7 +117,7 @@ def test_column_blocks_cover_every_value_once_for_many_agents():
 @pytest.mark.parametrize(
     "table, message",
     [
-        ({"name": "fedmagic"}, "strategy.name 'fedmagic' is unknown; choose one of fedavg, krum, median"),
+        ({"name": "fedmagic"}, "strategy.name 'fedmagic' is unknown; choose one of centered-clip, fedavg, krum"),
         ({"name": "fedavg", "weighting": "loud"}, "strategy.weighting"),
         ({"name": "trimmed-mean", "beta": 0.5}, r"strategy.beta must be in \[0, 0.5\)"),
         ({"name": "krum", "f": -1}, "strategy.f must be >= 0"),
@@ -160,3 +161,34 @@ def test_in_a_round_of_two_the_larger_update_is_bounded_by_the_smaller():
     assert influence.clip_bound == pytest.approx(2 * 1.948) and influence.sample_cap == 200
     np.testing.assert_allclose(influence.scales, [1, 0.1])
     np.testing.assert_allclose(influence.samples, [100, 200])
+
+
+def test_centered_clip_by_hand_and_its_reference_moves_only_on_commit():
+    strategy = build_strategy({"name": "centered-clip", "weighting": "uniform"})
+    strategy.restore({"reference": np.array([1.0, 0.0], np.float32)})  # last round's change
+    deltas = [np.array(x, np.float32) for x in ([1.0, 0.0], [1.2, 0.0], [-1.0, 0.0])]  # the last one flipped
+    result = strategy.aggregate(np.zeros(2, np.float32), contributions(deltas))
+    # distances to v: 0, 0.2, 2 -> tau = lower median = 0.2 -> the flipped one counts 0.1 of itself
+    np.testing.assert_allclose(result.global_vector, [1.0, 0.0], atol=1e-6)
+    assert result.detail["centered_clipped"] == ["a2"] and result.detail["tau"] == pytest.approx(0.2)
+    np.testing.assert_array_equal(strategy.state()["reference"], [1.0, 0.0])  # not committed yet
+    strategy.on_commit(result)
+    np.testing.assert_allclose(strategy.state()["reference"], [1.0, 0.0], atol=1e-6)
+    fresh = build_strategy({"name": "centered-clip"})
+    first = fresh.aggregate(np.zeros(2, np.float32), contributions(deltas, samples=[1, 1, 1]))
+    np.testing.assert_allclose(first.global_vector, [(1.0 + 1.0 - 1.0) / 3, 0.0], atol=1e-6)  # v = 0: tau = 1
+
+
+def test_centered_clip_never_extrapolates_running_statistics():
+    """Last round's drop of a running variance, re-applied as a reference, would make it negative."""
+    spec = (TensorSpec("conv.weight", "float32", (2,)), TensorSpec("bn.running_var", "float32", (1,)))
+    strategy = build_strategy({"name": "centered-clip", "weighting": "uniform"})
+    strategy.begin(np.array([0.0, 0.0, 1.0], np.float32), spec)
+    deltas = [np.array(x, np.float32) for x in ([1.0, 0.0, -0.9], [1.1, 0.0, -0.9], [-1.0, 0.0, -0.9])]
+    strategy.on_commit(strategy.aggregate(np.array([0.0, 0.0, 1.0], np.float32), contributions(deltas)))
+    reference = strategy.state()["reference"]
+    assert reference[0] > 0 and reference[2] == 0  # momentum on weights only
+    strategy.begin(np.array([0.0, 0.0, 0.1], np.float32), spec)
+    flipped = [np.array(x, np.float32) for x in ([1.0, 0.0, -0.05], [1.1, 0.0, -0.05], [-1.0, 0.0, -0.05])]
+    out = strategy.aggregate(np.array([0.0, 0.0, 0.1], np.float32), contributions(flipped)).global_vector
+    assert 0 <= out[2] <= 0.1

@@ -10,12 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from broker_server.strategies.base import Contribution, RoundResult, Strategy
+from broker_server.strategies.centered_clip import CenteredClip
 from broker_server.strategies.fedavg import FedAvg
 from broker_server.strategies.krum import MultiKrum
 from broker_server.strategies.median import FedMedian
 from broker_server.strategies.trimmed_mean import TrimmedMean
 
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (FedAvg, FedMedian, TrimmedMean, MultiKrum)}
+STRATEGIES: dict[str, type[Strategy]] = {
+    cls.name: cls for cls in (FedAvg, FedMedian, TrimmedMean, MultiKrum, CenteredClip)
+}
 
 
 def build_strategy(table: dict[str, Any]) -> Strategy:

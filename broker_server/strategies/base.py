@@ -8,7 +8,8 @@ the server's on-disk update store until the round is committed, so a strategy th
 (median, Krum) reads them in column blocks at ``aggregate`` and keeps nothing per agent in RAM; a
 streaming one (FedAvg) folds each update into a running sum as it arrives and only corrects at the end.
 Options come from the ``[strategy]`` table (``Options`` dataclass, validated with the key named).
-``state``/``restore`` carry what must last across rounds (server optimizer moments, for instance).
+``on_commit`` updates what must last across rounds (server optimizer moments, for instance) once a
+round's result was accepted, and ``state``/``restore`` carry it through the checkpoint.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from broker_server.bounds import Tentative
 from broker_server.onepass import Fold
+from models.weights import TensorSpec
 from protocol.typed import SchemaError, build
 
 NamedArrays = dict[str, np.ndarray]
@@ -72,8 +74,8 @@ class Strategy(ABC):
         except SchemaError as exc:
             raise ValueError(f"{exc} (strategy {cls.name!r})") from None
 
-    def begin(self, global_vector: np.ndarray) -> None:  # noqa: B027 - optional hook
-        """A round starts from ``global_vector`` (read-only)."""
+    def begin(self, global_vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> None:  # noqa: B027 - optional hook
+        """A round starts from ``global_vector`` (read-only), laid out as ``spec`` (``models.weights.flatten``)."""
 
     def fold_plan(self, tentative: Tentative) -> Fold | None:
         """How to fold the next update while it is being checked, or None to leave it for ``aggregate``."""
@@ -82,6 +84,10 @@ class Strategy(ABC):
     @abstractmethod
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
         """The next global vector from the round's contributions (never empty)."""
+
+    def on_commit(self, result: RoundResult) -> None:  # noqa: B027 - optional hook
+        """The round's result became the global model: update what lasts across rounds now (never in
+        ``aggregate``, whose result may still be rolled back)."""
 
     def state(self) -> NamedArrays:
         """Arrays that must survive to the next round (kept in the checkpoint)."""

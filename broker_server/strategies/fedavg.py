@@ -20,6 +20,7 @@ import numpy as np
 from broker_server.bounds import Tentative
 from broker_server.onepass import Fold, axpy
 from broker_server.strategies.base import Contribution, RoundResult, Strategy
+from models.weights import TensorSpec
 
 WEIGHTINGS = ("samples", "uniform")
 REBUILD_FACTOR = 16.0  # a fold this many times the largest exact contribution is recomputed, not corrected
@@ -48,7 +49,7 @@ class FedAvg(Strategy):
     def weight(self, samples: float) -> float:
         return float(samples) if self.options.weighting == "samples" else 1.0
 
-    def begin(self, global_vector: np.ndarray) -> None:
+    def begin(self, global_vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> None:
         self._sum = np.zeros_like(global_vector, dtype=np.float32)
 
     def fold_plan(self, tentative: Tentative) -> Fold | None:
