@@ -102,8 +102,9 @@ def robust_costs(updates: list[Completed], spec, global_vector: np.ndarray, repe
     sinks = list(np.ones((len(updates), PARAMS), np.float32))
     floor = median_seconds(lambda: copy_into(updates, sinks), repeats)
     figures = {"robust_updates": len(updates), "robust_copy_floor_ms": round(floor * 1e3, 1)}
-    for table in ({"name": "median"}, {"name": "trimmed-mean"}, {"name": "krum", "f": 2}):
+    for table in ({"name": "median"}, {"name": "trimmed-mean"}, {"name": "krum", "f": 2}, {"name": "centered-clip"}):
         strategy = build_strategy(table)
+        strategy.begin(global_vector, spec)
         seconds = median_seconds(lambda s=strategy: s.aggregate(global_vector, contributions), max(1, repeats // 3))
         figures[f"{table['name']}_ms"] = round(seconds * 1e3, 1)
         figures[f"{table['name']}_ratio"] = round(seconds / floor, 1)

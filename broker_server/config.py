@@ -68,7 +68,7 @@ class ServerConfig:
     keys: KeysSection
     rounds: RoundRules = field(default_factory=RoundRules)
     training: TrainSettings = field(default_factory=TrainSettings)
-    strategy: dict[str, Any] = field(default_factory=lambda: {"name": "fedavg"})
+    strategy: dict[str, Any] = field(default_factory=dict)  # [strategy]; {} = the default strategy
     bounds: InfluencePolicy = field(default_factory=InfluencePolicy)
     limits: LimitsSection = field(default_factory=LimitsSection)
 
@@ -106,7 +106,7 @@ def load_server_config(path: Path) -> ServerConfig:
             keys=table(path, data, "keys", KeysSection),
             rounds=table(path, data, "rounds", RoundRules, required=False),
             training=table(path, data, "training", TrainSettings, required=False),
-            strategy=data.get("strategy", {"name": "fedavg"}),
+            strategy=data.get("strategy", {}),
             bounds=table(path, data, "bounds", InfluencePolicy, required=False),
             limits=table(path, data, "limits", LimitsSection, required=False),
         )

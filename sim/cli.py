@@ -23,7 +23,9 @@ def parse_option(text: str) -> tuple[str, object]:
 def _settings(args: argparse.Namespace):  # noqa: ANN202
     from sim.federation import SimSettings
 
-    strategy = {"name": args.strategy, **dict(parse_option(o) for o in args.strategy_option)}
+    strategy = dict(parse_option(o) for o in args.strategy_option)
+    if args.strategy:
+        strategy["name"] = args.strategy
     bounds = dict(parse_option(o) for o in args.bounds_option)
     return SimSettings(
         agents=args.agents,
@@ -59,7 +61,7 @@ def run_sim_command(args: argparse.Namespace) -> int:
         return 2
     print(
         f"SkyFed {args.command}: {settings.agents} agents, {settings.rounds} rounds, model {settings.model}, "
-        f"partition {settings.partition}, strategy {settings.strategy['name']}, seed {settings.seed}"
+        f"partition {settings.partition}, strategy {settings.strategy.get('name', 'default')}, seed {settings.seed}"
     )
     result = run_sim(settings, Path(args.out), broker_address=args.broker)
     final = result.metrics[-1].eval.get("accuracy") if result.metrics else None
@@ -92,7 +94,7 @@ def _add_sim_options(
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--deadline", type=float, default=60.0, help="round deadline in seconds")
-    parser.add_argument("--strategy", default="fedavg", help="fedavg | median | trimmed-mean | krum")
+    parser.add_argument("--strategy", help="krum (the server default) | fedavg | median | trimmed-mean | centered-clip")
     parser.add_argument(
         "--strategy-option", action="append", default=[], metavar="KEY=VALUE", help="e.g. beta=0.2, f=2 (repeatable)"
     )

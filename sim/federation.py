@@ -37,7 +37,7 @@ class SimSettings:
     momentum: float = 0.9
     fraction: float = 1.0
     deadline_s: float = 60.0
-    strategy: dict[str, Any] = field(default_factory=lambda: {"name": "fedavg"})
+    strategy: dict[str, Any] = field(default_factory=dict)  # {} = the server default
     bounds: dict[str, Any] = field(default_factory=dict)
     attackers: int = 0
     attack: str = ""

@@ -27,10 +27,10 @@ CONDITIONS = {  # attack spec per condition ("" = clean); 2 of the 10 agents att
 }
 CONFIGURATIONS = {
     "fedavg, bounds off": ({"name": "fedavg"}, {"clip": "off", "sample_multiple": 0.0}),
-    "fedavg (defaults)": ({"name": "fedavg"}, {}),
+    "fedavg, default bounds": ({"name": "fedavg"}, {}),
     "median": ({"name": "median"}, {}),
     "trimmed-mean β=0.2": ({"name": "trimmed-mean", "beta": 0.2}, {}),
-    "krum f=2": ({"name": "krum", "f": 2}, {}),
+    "krum f=2 (the default)": ({}, {}),
     "centered-clip": ({"name": "centered-clip"}, {}),
 }
 

@@ -95,6 +95,8 @@ class ServerHarness:
     def __init__(self, root: Path, broker, *, agents: int = 2, rounds: int = 1, **overrides: dict) -> None:  # noqa: ANN001
         settings = SimSettings(agents=agents, rounds=rounds, federation="t", deadline_s=30.0)
         self.layout = create_federation(root, settings, (broker.host, broker.port))
+        # FedAvg unless a test says otherwise: its exact, sample-weighted result is what tests compare against
+        overrides.setdefault("strategy", {"name": "fedavg"})
         override_toml(self.layout.server_config, rounds={"quorum": agents}, **overrides)
         self.config = load_server_config(self.layout.server_config)
         self.server = Aggregator(self.config)

@@ -110,3 +110,13 @@ def test_keys_new_refuses_to_overwrite_and_enroll_copies_the_public_key(tmp_path
         "keys", "enroll", str(tmp_path / "drone-07.pub"), "--enrolled", str(tmp_path / "enrolled"), timeout=60
     )
     assert enrolled.returncode == 0 and (tmp_path / "enrolled" / "drone-07.pub").exists()
+
+
+def test_sweep_table_reports_mean_and_sd_per_configuration_and_condition():
+    from sim.sweep import table
+
+    rows = [{"condition": "clean", "configuration": "median", "final_accuracy": acc} for acc in (0.98, 0.96, 0.97)] + [
+        {"condition": "sign-flip", "configuration": "median", "final_accuracy": None}
+    ]
+    median_line = next(line for line in table(rows).splitlines() if line.startswith("| median |"))
+    assert median_line.startswith("| median | 97.0 ± 1.0 | – |")

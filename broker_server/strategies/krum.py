@@ -21,7 +21,7 @@ from broker_server.strategies.base import Contribution, RoundResult, Strategy, c
 
 @dataclass(frozen=True)
 class KrumOptions:
-    f: int = 1
+    f: int = 2  # 2 of 10 attackers: docs/results/robustness.md
     keep: int = 0  # 0: n - f
 
     def __post_init__(self) -> None:
