@@ -7,8 +7,11 @@ its own: the signed manifest already names every chunk, so a forged chunk at som
 copy a manifest off the broker) cannot void an honest transfer, whose genuine chunk still fills it.
 
 Memory is bounded by what was *received*, not by what a manifest claims: a transfer's buffer is an
-anonymous mapping that the kernel commits page by page as chunks are decrypted into it, and every
-chunk is charged (in whole pages) against a per-sender and a global quota before it is written. A
+anonymous mapping that the kernel commits as chunks are decrypted into it, and every chunk is charged
+against a per-sender and a global quota before it is written, for every commit unit it can touch that
+was not charged yet (never more than the mapping can hold). The mapping asks for transparent huge
+pages: a 12.8 MB update then costs 7 page faults instead of 3,125 (measured: 13 ms → 7 ms to
+reassemble it), so the commit unit is the huge-page size. A
 claimed size is also checked against ``max_bytes`` and ``max_chunks`` before anything is mapped, and
 partial transfers time out. Cryptography is ``security.envelope``'s job, MQTT the daemons'. This
 module never raises anything but ``TransferRejected``.
@@ -30,6 +33,16 @@ log = logging.getLogger("skyfed.transfer")
 
 MiB = 1 << 20
 PAGE = mmap.PAGESIZE
+
+
+def _huge_page_size() -> int:
+    try:
+        return int(open("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size").read())
+    except (OSError, ValueError):
+        return PAGE
+
+
+COMMIT_UNIT = max(PAGE, _huge_page_size())  # the most one fault can commit in an advised mapping
 
 
 @dataclass(frozen=True)
@@ -76,19 +89,25 @@ class _AlreadyHeld(Exception):
     """Raised inside decryption to skip a chunk this transfer already has."""
 
 
-def _charge(length: int) -> int:
-    """Bytes a chunk of ``length`` can commit: whole pages, plus one for a chunk that straddles two."""
-    return (-(-length // PAGE) + 1) * PAGE
-
-
 @dataclass
 class _Partial:
     manifest: Manifest
     buffer: mmap.mmap
     missing: set[int]
     started_at: float
+    units: set[int] = field(default_factory=set)  # commit units already charged
     held: int = 0
     wire_bytes: int = 0
+
+    def charge(self, start: int, length: int) -> tuple[int, list[int]]:
+        """Bytes that writing ``[start, start + length)`` can newly commit, and the units they are.
+
+        The mapping need not start on a unit boundary, so a range can touch one unit past its last
+        relative one; and nothing commits beyond the mapping's own (page-rounded) size."""
+        first, last = start // COMMIT_UNIT, (start + length - 1) // COMMIT_UNIT
+        new = [u for u in range(first, last + 2) if u not in self.units]
+        capacity = -(-len(self.buffer) // PAGE) * PAGE
+        return min(len(new) * COMMIT_UNIT, capacity - self.held), new
 
 
 @dataclass
@@ -110,7 +129,7 @@ class Reassembler:
         must match the signed sender; ``kinds`` are the manifest kinds this topic may carry; a topic that
         names a round or model version (``model/<version>/…``) must name the one the manifest signs.
         """
-        touched: list[tuple[_Partial, int]] = []
+        touched: list[_Partial] = []
 
         def slot(manifest: Manifest, index: int) -> memoryview:
             """Called by the opener once the manifest is verified: check, charge, then hand out the place."""
@@ -125,23 +144,22 @@ class Reassembler:
             partial = self._partials.get(manifest.transfer_id) or self._start(manifest)
             if index not in partial.missing:
                 raise _AlreadyHeld
-            length = chunk_length(manifest, index)
-            self._reserve(manifest.sender, _charge(length))
-            touched.append((partial, _charge(length)))
-            start = index * manifest.chunk_size
+            start, length = index * manifest.chunk_size, chunk_length(manifest, index)
+            charge, units = partial.charge(start, length)
+            self._reserve(manifest.sender, charge)  # stays charged even if the chunk fails: its pages may be written
+            partial.held += charge
+            partial.units.update(units)
+            touched.append(partial)
             return memoryview(partial.buffer)[start : start + length]
 
         try:
             _, index = self.opener.open_chunk_into(payload, slot)
         except _AlreadyHeld:
             return None  # QoS 1 re-delivery of a chunk we already hold
-        except InvalidEnvelope as exc:
-            for partial, charge in touched:  # this chunk failed to open: give back its charge, keep the transfer
-                self._release(partial.manifest.sender, charge)
+        except InvalidEnvelope as exc:  # dropped on its own: the transfer stays open for the genuine chunk
             raise TransferRejected(topic_sender, exc.reason) from None
-        partial, charge = touched[0]
+        partial = touched[0]
         partial.missing.discard(index)
-        partial.held += charge
         partial.wire_bytes += len(payload)
         if partial.missing:
             return None
@@ -168,6 +186,11 @@ class Reassembler:
             raise TransferRejected(sender, "too-many-partial-transfers")
         # Private anonymous memory: address space now, pages only as chunks are written into them.
         buffer = mmap.mmap(-1, max(manifest.size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if COMMIT_UNIT > PAGE and manifest.size >= COMMIT_UNIT:
+            try:
+                buffer.madvise(mmap.MADV_HUGEPAGE)
+            except (AttributeError, OSError):  # no THP in this kernel: plain pages, charged as units anyway
+                pass
         partial = _Partial(manifest, buffer, set(range(manifest.n_chunks)), self.clock())
         self._partials[manifest.transfer_id] = partial
         return partial

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from protocol.transfer import PAGE, Reassembler, TransferLimits, TransferRejected
+from protocol.transfer import COMMIT_UNIT, PAGE, Reassembler, TransferLimits, TransferRejected
 from security.envelope import Opener, seal
 from security.keys import Identity, Keyring
 
@@ -60,7 +60,7 @@ def test_partial_transfers_per_sender_are_capped_and_time_out(ids):
         assert r.feed(chunks_of(ids, bytes(3000))[0], topic_sender="agent", kinds=UPDATE) is None
     with pytest.raises(TransferRejected, match="too-many-partial-transfers"):
         r.feed(chunks_of(ids, bytes(3000))[0], topic_sender="agent", kinds=UPDATE)
-    assert r.pending_bytes() == 2 * 2 * PAGE  # one 1 KiB chunk each, charged as pages
+    assert r.pending_bytes() == 2 * PAGE  # one 1 KiB chunk each; a 3000-byte mapping commits at most a page
     now[0] = 11.0
     expired = r.expire()
     assert [e.reason for e in expired] == ["transfer-timeout"] * 2 and r.pending_bytes() == 0
@@ -74,17 +74,26 @@ def test_memory_follows_received_chunks_not_the_claimed_size(ids):
     rss_before = _rss_kib()  # after sealing: its garbage must not count against the receiver
     for first in firsts:
         r.feed(first, topic_sender="agent", kinds=UPDATE)
-    assert r.pending_bytes() == 2 * ((1 << 20) + PAGE)
+    assert r.pending_bytes() == 2 * 2 * COMMIT_UNIT  # the chunk's unit, and one more for alignment
     assert _rss_kib() - rss_before < 16 << 10  # far below the 128 MiB claimed
 
 
+def test_the_charge_never_exceeds_what_the_mapping_can_hold(ids):
+    data = os.urandom(5 * (1 << 20) + 123)
+    chunks = chunks_of(ids, data, chunk_size=1 << 20)
+    r = make(ids, TransferLimits(max_pending_bytes_per_sender=8 << 20))
+    for chunk in chunks[-2::-2]:  # every other chunk, backwards: the least contiguous order
+        r.feed(chunk, topic_sender="agent", kinds=UPDATE)
+    assert len(data) < r.pending_bytes() <= -(-len(data) // PAGE) * PAGE
+
+
 def test_per_sender_and_global_quotas_refuse_chunks_beyond_them(ids):
-    limits = TransferLimits(max_partial_per_sender=8, max_pending_bytes_per_sender=3 * PAGE, max_pending_bytes=1 << 20)
+    limits = TransferLimits(max_partial_per_sender=8, max_pending_bytes_per_sender=PAGE + 1, max_pending_bytes=1 << 20)
     r = make(ids, limits)
-    r.feed(chunks_of(ids, bytes(3000))[0], topic_sender="agent", kinds=UPDATE)  # 2 pages
+    r.feed(chunks_of(ids, bytes(3000))[0], topic_sender="agent", kinds=UPDATE)  # 1 page
     with pytest.raises(TransferRejected, match="sender-quota-exceeded"):
         r.feed(chunks_of(ids, bytes(3000))[0], topic_sender="agent", kinds=UPDATE)
-    shared = make(ids, TransferLimits(max_partial_per_sender=8, max_pending_bytes=3 * PAGE))
+    shared = make(ids, TransferLimits(max_partial_per_sender=8, max_pending_bytes=PAGE + 1))
     shared.feed(chunks_of(ids, bytes(3000))[0], topic_sender="agent", kinds=UPDATE)
     with pytest.raises(TransferRejected, match="server-busy"):
         shared.feed(chunks_of(ids, bytes(3000))[0], topic_sender="agent", kinds=UPDATE)
@@ -110,7 +119,7 @@ def test_a_forged_chunk_is_dropped_alone_and_the_genuine_one_still_completes_the
     forged = chunks[1][:-1] + bytes([chunks[1][-1] ^ 1])  # someone copied the signed manifest
     with pytest.raises(TransferRejected, match="bad-chunk"):
         r.feed(forged, topic_sender="agent", kinds=UPDATE)
-    assert r.pending_bytes() == 2 * PAGE  # the forged chunk's charge was given back
+    assert r.pending_bytes() == PAGE  # all a 3000-byte mapping can commit, forged chunk or not
     assert r.feed(chunks[1], topic_sender="agent", kinds=UPDATE) is None
     done = r.feed(chunks[2], topic_sender="agent", kinds=UPDATE)
     assert done is not None and bytes(done.data) == data
