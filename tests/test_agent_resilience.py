@@ -57,18 +57,25 @@ class StaleTaskReplayer:
         self.client.stop()
 
 
-def retained_round(broker, federation: str) -> int:  # noqa: ANN001
+def retained(broker, pattern: str, quiet_s: float = 0.5) -> dict[str, bytes]:  # noqa: ANN001
+    """What the broker holds retained under ``pattern``, as a fresh subscriber sees it."""
     reader = MqttClient(
         f"reader-{time.monotonic_ns()}", BrokerSettings(host=broker.host, port=broker.port), persistent=False
     )
-    reader.subscribe(f"skyfed/{federation}/round")
+    reader.subscribe(pattern)
     assert reader.start(timeout_s=5)
     try:
-        message = reader.poll(3)
-        assert message is not None
-        return json.loads(message[1])["body"]["round"]
+        found = {}
+        while (message := reader.poll(quiet_s)) is not None:
+            found[message[0]] = message[1]
+        return found
     finally:
         reader.stop()
+
+
+def retained_round(broker, federation: str) -> int:  # noqa: ANN001
+    (payload,) = retained(broker, f"skyfed/{federation}/round").values()
+    return json.loads(payload)["body"]["round"]
 
 
 def test_a_replayed_old_task_neither_stalls_the_agents_nor_stays_retained(tmp_path, broker):
@@ -170,7 +177,9 @@ def test_the_server_puts_back_a_model_someone_cleared_and_a_task_replaced_twice_
     assert outsider.start(timeout_s=5)
     try:
         wait_until(lambda: server.publisher.current is not None, 20, "the model to be published")
-        cleared = [outsider.publish(f"skyfed/it/model/1/{i}", b"", retain=True) for i in range(8)]
+        chunks = server.publisher.current.chunks  # queued by the server's client: wait until the broker has them
+        wait_until(lambda: len(retained(broker, "skyfed/it/model/1/#")) == chunks, 10, "the model to be retained")
+        cleared = [outsider.publish(f"skyfed/it/model/1/{i}", b"", retain=True) for i in range(chunks)]
         assert MqttClient.wait_published(cleared, 5)  # the retained model is gone before any agent came
         fed.start_agents()
         wait_until(lambda: server.engine.round_state is not None and server._task_payload, 30, "round 1 announced")
