@@ -281,9 +281,10 @@ class EdgeAgent(MqttDaemon):
 
     def _status(self) -> AgentStatus:
         task = self.task
+        state, detail = self.connection_state(self.state, self.detail)
         return AgentStatus(
             agent=self.id,
-            state=self.state,
+            state=state,
             round=task.round if task else 0,
             samples=len(self.data),
             version=max(self.models, default=0),
@@ -291,7 +292,7 @@ class EdgeAgent(MqttDaemon):
             gate=Gate(ok=True, reasons=[]),
             group_key_id=next(reversed(self.group_keys), ""),
             last_completed_round=self.progress.last_completed_round,
-            detail=self.detail,
+            detail=detail,
             errors=self.errors,
         )
 

@@ -282,8 +282,12 @@ class Aggregator(MqttDaemon):
 
     def _status_json(self, state: str | None = None) -> bytes:
         rs = self.engine.round_state
+        state, detail = self.connection_state(
+            state or ("finished" if self.engine.finished else "running"),
+            ", ".join(f"{k}={v}" for k, v in sorted(self.rejections.items())),
+        )
         return ServerStatus(
-            state=state or ("finished" if self.engine.finished else "running"),
+            state=state,
             federation=self.topics.federation,
             round=rs.round if rs is not None else self.engine.next_round - 1,
             phase=self.phase,
@@ -291,7 +295,7 @@ class Aggregator(MqttDaemon):
             model_version=self.engine.version,
             agents_online=self.registry.online(),
             updated_at=self.clock(),
-            detail=", ".join(f"{k}={v}" for k, v in sorted(self.rejections.items())),
+            detail=detail,
             errors=self.errors,
         ).to_json()
 

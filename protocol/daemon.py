@@ -107,6 +107,14 @@ class MqttDaemon(ABC):
     def publish_final_status(self) -> paho.MQTTMessageInfo | None:
         """The retained status a clean stop leaves behind."""
 
+    def connection_state(self, state: str, detail: str) -> tuple[str, str]:
+        """``unreachable`` and the reason in words while the broker cannot be used (a refused
+        subscription, say; a status queued while disconnected goes out once it can publish)."""
+        problem = self.mqtt.problem
+        if problem is None:
+            return state, detail
+        return "unreachable", f"{problem}; {detail}" if detail else problem
+
     def on_start(self) -> None:  # noqa: B027 - optional hook
         """After connecting has begun, before the first message."""
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import queue
+import socket
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -81,6 +83,41 @@ class Will:
 Received = tuple[str, bytes]
 
 
+def describe_connect_error(exc: BaseException | None, settings: BrokerSettings) -> str:
+    """Why a connection attempt failed, in words, with the likely fix (``broker.*`` config keys)."""
+    where = f"{settings.host}:{settings.port}"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve broker host {settings.host!r} ({exc.strerror}): check broker.host"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"nothing listens on {where}: is the broker running, and is broker.port right?"
+    if isinstance(exc, TimeoutError):
+        return f"no answer from {where}: wrong broker.host, or a firewall drops the connection"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"TLS: the broker's certificate does not verify ({exc.verify_message}): check broker.tls.ca_certs"
+    tls_cut = settings.tls is not None and isinstance(exc, ConnectionResetError | BrokenPipeError)
+    if isinstance(exc, ssl.SSLError) or tls_cut:
+        why = exc.reason if isinstance(exc, ssl.SSLError) else "the broker hung up"
+        return (
+            f"TLS handshake with {where} failed ({why or exc}): is broker.port a TLS listener, and do "
+            "broker.tls.certfile/keyfile belong to a CA the broker trusts?"
+        )
+    if isinstance(exc, OSError):
+        return f"cannot connect to {where}: {exc.strerror or exc}"
+    return f"cannot connect to {where}"
+
+
+def describe_refusal(reason: object, settings: BrokerSettings) -> str:
+    """A CONNACK refusal, with what to check."""
+    text = str(reason)
+    if "password" in text.lower() or "authori" in text.lower():
+        fix = "check broker.username/password, or that the client certificate's CN is this node's id"
+    elif "identifier" in text.lower():
+        fix = "another client may use this id, or the id is not allowed by the broker"
+    else:
+        fix = "see the broker's log"
+    return f"broker {settings.host}:{settings.port} refused the connection ({text}): {fix}"
+
+
 def _acknowledged(info: paho.MQTTMessageInfo) -> bool:
     try:
         return info.is_published()
@@ -111,6 +148,8 @@ class MqttClient:
         self.inbox: queue.Queue[Received] = queue.Queue(maxsize=queue_size)
         self._subscriptions: dict[str, int] = {}
         self._on_connect_hook = on_connect
+        self.problem: str | None = None  # why the broker is unreachable or refuses us, in words; None when fine
+        self._pending_subscribes: dict[int, str] = {}
         v5 = settings.protocol == "5"
         self._persistent = persistent
         self._client = paho.Client(
@@ -132,8 +171,10 @@ class MqttClient:
             self._client.will_set(will.topic, will.payload, qos=1, retain=will.retain)
         self._client.reconnect_delay_set(int(settings.reconnect_min_s), int(settings.reconnect_max_s))
         self._client.on_connect = self._handle_connect
+        self._client.on_connect_fail = self._handle_connect_fail
         self._client.on_disconnect = self._handle_disconnect
         self._client.on_message = self._handle_message
+        self._client.on_subscribe = self._handle_subscribe
 
     # lifecycle -------------------------------------------------------------------------------------
     def start(self, timeout_s: float | None = None) -> bool:
@@ -159,7 +200,11 @@ class MqttClient:
         """Subscribe now and after every reconnect (a restarted broker may have lost the session)."""
         self._subscriptions[pattern] = qos
         if self.connected.is_set():
-            self._client.subscribe(pattern, qos)
+            self._subscribe(self._client, pattern, qos)
+
+    def _subscribe(self, client: paho.Client, pattern: str, qos: int) -> None:
+        _, mid = client.subscribe(pattern, qos)
+        self._pending_subscribes[mid] = pattern
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = False, qos: int = 1) -> paho.MQTTMessageInfo:
         """Queue a message; QoS 1 messages survive a disconnect and go out after reconnecting."""
@@ -192,12 +237,23 @@ class MqttClient:
             return None
 
     # paho callbacks (network thread) -----------------------------------------------------------------
+    def _report(self, problem: str | None) -> None:
+        """Log a change of connection problem once (paho retries with back-off; repeats stay quiet)."""
+        if problem != self.problem and problem is not None:
+            log.warning("mqtt unreachable client=%s reason=%s", self.client_id, problem)
+        self.problem = problem
+
+    def _handle_connect_fail(self, client, userdata) -> None:  # noqa: ANN001
+        # paho calls this from inside its ``except OSError`` block, so the exception is the one handled now
+        self._report(describe_connect_error(sys.exc_info()[1], self.settings))
+
     def _handle_connect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
         if reason_code.is_failure:
-            log.warning("mqtt connect refused client=%s reason=%s", self.client_id, reason_code)
+            self._report(describe_refusal(reason_code, self.settings))
             return
+        self._report(None)
         for pattern, qos in self._subscriptions.items():
-            client.subscribe(pattern, qos)
+            self._subscribe(client, pattern, qos)
         log.info(
             "mqtt connected client=%s broker=%s:%d session_present=%s",
             self.client_id,
@@ -212,7 +268,20 @@ class MqttClient:
     def _handle_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
         if self.connected.is_set():
             log.warning("mqtt disconnected client=%s reason=%s; reconnecting", self.client_id, reason_code)
+            self.problem = f"connection lost ({reason_code}); reconnecting"
+        elif self.problem is None and self.settings.tls is None:
+            self._report(
+                f"{self.settings.host}:{self.settings.port} closed the connection before answering: a TLS "
+                "listener? (set [broker.tls]) or a broker that does not speak MQTT on this port"
+            )
         self.connected.clear()
+
+    def _handle_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # noqa: ANN001
+        pattern = self._pending_subscribes.pop(mid, "?")
+        refused = [str(rc) for rc in reason_codes if rc.is_failure]
+        if refused:
+            reasons = ", ".join(refused)
+            self._report(f"subscription to {pattern} refused ({reasons}): check the broker's ACL for this id")
 
     def _handle_message(self, client, userdata, message: paho.MQTTMessage) -> None:  # noqa: ANN001
         self.inbox.put((message.topic, message.payload))

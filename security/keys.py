@@ -55,12 +55,23 @@ def _unb64(path: Path, text: object, size: int) -> bytes:
 
 
 def _parse_key_file(path: Path, text: str, what: str) -> tuple[str, bytes, bytes]:
-    """``(name, ed25519 raw, x25519 raw)`` from a SkyFed key file's JSON."""
+    """``(name, ed25519 raw, x25519 raw)`` from a SkyFed key file's JSON of kind ``what``.
+
+    Private and public files have the same fields, so each says its ``kind``; files written before that
+    field existed are told apart by their suffix (``.key`` is private)."""
     try:
         data = json.loads(text)
         name = check_name(data["name"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        kind = data.get("kind") or ("private" if path.suffix == ".key" else what)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise KeyFileError(f"{path}: not a SkyFed {what} key file ({exc})") from None
+    if kind != what and kind == "private":
+        raise KeyFileError(
+            f"{path} is a PRIVATE key: use the public key next to it ({path.with_suffix('.pub').name}); "
+            "a private key never leaves its node"
+        )
+    if kind != what:
+        raise KeyFileError(f"{path} is a {kind} key; this needs the node's private key ({name}.key)")
     return name, _unb64(path, data.get("ed25519"), 32), _unb64(path, data.get("x25519"), 32)
 
 
@@ -83,7 +94,8 @@ class PublicIdentity:
 
     def to_json(self) -> str:
         ed, x = self.raw()
-        return json.dumps({"name": self.name, "ed25519": _b64(ed), "x25519": _b64(x)}, indent=1) + "\n"
+        body = {"name": self.name, "kind": "public", "ed25519": _b64(ed), "x25519": _b64(x)}
+        return json.dumps(body, indent=1) + "\n"
 
     @classmethod
     def from_json(cls, text: str, path: Path = Path("<memory>")) -> PublicIdentity:
@@ -121,6 +133,7 @@ class Identity:
         """Write ``<name>.key`` (0600) and ``<name>.pub`` into ``directory``; return the key path."""
         body = {
             "name": self.name,
+            "kind": "private",
             "ed25519": _b64(_raw_private(self.signing_key)),
             "x25519": _b64(_raw_private(self.exchange_key)),
         }
@@ -136,11 +149,11 @@ class Identity:
             text = path.read_text()
         except OSError as exc:
             raise KeyFileError(f"{path}: cannot read private key ({exc.strerror})") from None
+        name, ed, x = _parse_key_file(path, text, "private")  # first: a public key given here says so
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise KeyFileError(
                 f"{path}: private key is readable by others (mode {oct(mode & 0o777)}); run: chmod 600 {path}"
             )
-        name, ed, x = _parse_key_file(path, text, "private")
         return cls(name, Ed25519PrivateKey.from_private_bytes(ed), X25519PrivateKey.from_private_bytes(x))
 
 

@@ -69,3 +69,24 @@ def test_signed_document_verifies_and_any_change_is_caught():
         verify_document(sign_document({"round": 3}, Identity.generate("mallory")), Keyring([server.public]))
     with pytest.raises(InvalidDocument, match="malformed"):
         verify_document(["not", "a", "doc"], server.public)
+
+
+def test_a_private_key_is_refused_where_a_public_one_belongs_and_never_copied(tmp_path):
+    from skyfed import main
+
+    Identity.generate("drone-01").save(tmp_path)
+    for path in (tmp_path / "drone-01.key", tmp_path / "renamed.pub"):
+        if path.suffix == ".pub":
+            path.write_text((tmp_path / "drone-01.key").read_text())
+        with pytest.raises(KeyFileError, match=r"is a PRIVATE key: use the public key next to it"):
+            PublicIdentity.load(path)
+    old_format = json.loads((tmp_path / "drone-01.key").read_text())
+    del old_format["kind"]  # files written before key files said their kind: the suffix decides
+    (tmp_path / "old.key").write_text(json.dumps(old_format))
+    with pytest.raises(KeyFileError, match="PRIVATE"):
+        PublicIdentity.load(tmp_path / "old.key")
+    with pytest.raises(KeyFileError, match=r"is a public key; this needs the node's private key \(drone-01.key\)"):
+        Identity.load(tmp_path / "drone-01.pub")
+    enrolled = tmp_path / "enrolled"
+    assert main(["keys", "enroll", str(tmp_path / "drone-01.key"), "--enrolled", str(enrolled)]) == 2
+    assert not enrolled.exists() or not any(enrolled.iterdir())

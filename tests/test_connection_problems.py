@@ -1,0 +1,69 @@
+"""A daemon that cannot reach or use its broker says why, once, with the fix — never silence."""
+
+import logging
+import time
+
+from protocol.mqtt import BrokerSettings, MqttClient, TlsSettings
+from sim.broker import free_port, start_broker
+from tests.fedharness import wait_until
+
+
+def unreachable_lines(caplog) -> list[str]:  # noqa: ANN001
+    return [r.getMessage() for r in caplog.records if "mqtt unreachable" in r.getMessage()]
+
+
+def test_nothing_listening_is_said_once_with_the_fix_and_cleared_when_the_broker_comes(tmp_path, caplog):
+    port = free_port()
+    client = MqttClient("probe", BrokerSettings(host="127.0.0.1", port=port), persistent=False)
+    caplog.set_level(logging.WARNING, logger="skyfed.mqtt")
+    client.start()
+    try:
+        wait_until(lambda: client.problem, 10, "a connection problem")
+        time.sleep(2.5)  # paho retries with back-off meanwhile: the same problem is not logged again
+        (line,) = unreachable_lines(caplog)
+        assert f"nothing listens on 127.0.0.1:{port}" in line and "broker.port" in line
+        broker = start_broker(data_dir=tmp_path / "broker", kind="mosquitto", port=port)
+        try:
+            assert client.connected.wait(20) and client.problem is None
+        finally:
+            broker.stop()
+    finally:
+        client.stop()
+
+
+def test_an_unresolvable_host_names_the_key_to_fix(caplog):
+    client = MqttClient("probe", BrokerSettings(host="no-such-broker.invalid", port=1883), persistent=False)
+    client.start()
+    try:
+        wait_until(lambda: client.problem, 15, "a connection problem")
+        assert "cannot resolve broker host 'no-such-broker.invalid'" in client.problem
+        assert "broker.host" in client.problem
+    finally:
+        client.stop()
+
+
+def test_a_tls_client_on_a_plain_port_is_told_about_tls(broker, tmp_path):
+    from security.pki import create_ca
+
+    ca = create_ca(tmp_path / "pki", "t")
+    settings = BrokerSettings(host=broker.host, port=broker.port, tls=TlsSettings(str(ca.cert)))
+    client = MqttClient("probe", settings, persistent=False)
+    client.start()
+    try:
+        wait_until(lambda: client.problem, 10, "a connection problem")
+        assert "TLS handshake" in client.problem and "TLS listener" in client.problem
+    finally:
+        client.stop()
+
+
+def test_status_says_unreachable_with_the_reason_while_there_is_a_problem(tmp_path):
+    from agent.config import load_agent_config
+    from agent.daemon import EdgeAgent
+    from sim.federation import SimSettings, create_federation
+
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="c"), ("127.0.0.1", 1))
+    agent = EdgeAgent(load_agent_config(layout.agent_configs["agent-01"]))
+    assert agent._status().state != "unreachable"
+    agent.mqtt.problem = "subscription to skyfed/c/round refused (Not authorized): check the broker's ACL for this id"
+    status = agent._status()
+    assert status.state == "unreachable" and "check the broker's ACL" in status.detail
