@@ -43,6 +43,7 @@ class Checkpoint:
     strategy_state: NamedArrays = field(default_factory=dict)
     last_metrics: dict | None = None
     replay: list[list] = field(default_factory=list)
+    health: dict = field(default_factory=dict)  # broker_server.health.HealthBook.to_dict()
 
 
 class CheckpointStore:
@@ -72,6 +73,7 @@ class CheckpointStore:
                 "round_state": rs.to_dict() if rs is not None else None,
                 "last_metrics": checkpoint.last_metrics,
                 "replay": checkpoint.replay,
+                "health": checkpoint.health,
             },
         )
         keep = {STATE_FILE, model_file, strategy_file, self.updates.directory.name}
@@ -103,4 +105,5 @@ class CheckpointStore:
             strategy_state=strategy_state,
             last_metrics=state["last_metrics"],
             replay=state["replay"],
+            health=state.get("health", {}),
         )

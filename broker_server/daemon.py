@@ -126,6 +126,7 @@ class Aggregator(MqttDaemon):
         elif action == "close":
             self._close(now)
         elif action == "reannounce":
+            self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id))
             self._announce(reannounce=True)
         self._heal_retained(now)
         self._publish_status()
@@ -282,9 +283,12 @@ class Aggregator(MqttDaemon):
 
     def _status_json(self, state: str | None = None) -> bytes:
         rs = self.engine.round_state
+        counters = [f"{k}={v}" for k, v in sorted(self.rejections.items())]
+        backed_off = self.engine.health.backed_off(self.engine.next_round)
+        if backed_off:  # agents that missed deadlines, with their consecutive misses
+            counters.append("backed_off=" + " ".join(f"{a}:{n}" for a, n in backed_off.items()))
         state, detail = self.connection_state(
-            state or ("finished" if self.engine.finished else "running"),
-            ", ".join(f"{k}={v}" for k, v in sorted(self.rejections.items())),
+            state or ("finished" if self.engine.finished else "running"), ", ".join(counters)
         )
         return ServerStatus(
             state=state,

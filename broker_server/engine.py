@@ -21,6 +21,7 @@ import torch
 from broker_server.accept import RoundInputs, accept_update
 from broker_server.checkpoint import Checkpoint, CheckpointStore, new_run_id
 from broker_server.config import ServerConfig
+from broker_server.health import HealthBook
 from broker_server.metrics_log import MetricsLog
 from broker_server.pipeline import (
     Aggregate,
@@ -32,7 +33,7 @@ from broker_server.pipeline import (
     Step,
     run_pipeline,
 )
-from broker_server.rounds import RoundState, UpdateRecord, decide, select_agents
+from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missing, select_agents
 from broker_server.strategies import build_strategy
 from broker_server.validation import NotForThisRound, UpdateRejected, positive_ranges
 from models.serialization import dumps, float32_region, save_file
@@ -72,6 +73,7 @@ class RoundEngine:
         if evaluator is not None:
             self.steps.append(Evaluate(evaluator))
         self.orphan_rejections: list[dict[str, str]] = []
+        self.health = HealthBook()
         self._last_metrics: dict | None = None
         self._restore()
 
@@ -94,6 +96,7 @@ class RoundEngine:
         self._set_model(checkpoint.global_arrays)
         self.strategy.restore(checkpoint.strategy_state)
         self.replay.restore(checkpoint.replay)
+        self.health = HealthBook.from_dict(checkpoint.health)
         self.metrics_log.reconcile(checkpoint.last_metrics)
         self._last_metrics = checkpoint.last_metrics
         if self.round_state is not None:
@@ -131,6 +134,7 @@ class RoundEngine:
                 strategy_state=self.strategy.state(),
                 last_metrics=self._last_metrics,
                 replay=self.replay.export(),
+                health=self.health.to_dict(),
             )
         )
 
@@ -147,11 +151,14 @@ class RoundEngine:
 
     # rounds ------------------------------------------------------------------------------------------
     def begin_round(self, eligible: list[str], now: float) -> RoundState | None:
-        """Open the next round if enough agents are eligible; the caller then announces it."""
+        """Open the next round if enough agents are eligible; the caller then announces it. Backed-off
+        agents are left out while enough others are eligible (backing off never stops a federation)."""
         if self.round_state is not None or self.finished or len(eligible) < self.rules.min_agents:
             return None
         number = self.next_round
-        selected = select_agents(eligible, self.rules, seed=self.config.server.seed * 100_003 + number)
+        available = self.health.available(eligible, number)
+        pool = available if len(available) >= self.rules.min_agents else eligible
+        selected = select_agents(pool, self.rules, seed=self.config.server.seed * 100_003 + number)
         self.round_state = RoundState(round=number, attempt=0, selected=selected, deadline=0.0, started_at=now)
         self.round_state.rejected.extend(self.orphan_rejections)
         self.orphan_rejections.clear()
@@ -166,6 +173,26 @@ class RoundEngine:
         rs.deadline = now + self.rules.deadline_s
         self.checkpoint()
         return rs
+
+    def replace_missing(self, eligible: list[str]) -> tuple[list[str], list[str]]:
+        """The deadline passed without quorum: back off every pending agent, and let eligible agents that
+        are not backed off stand in for them (``rounds.replace_missing``). Returns ``(excused, stand_ins)``."""
+        rs = self.round_state
+        assert rs is not None
+        for agent in rs.pending:
+            record = self.health.missed(agent, rs.round)
+            log.warning(
+                "agent missed the deadline agent=%s round=%d misses=%d not_selected_until_round=%d",
+                agent,
+                rs.round,
+                record.misses,
+                record.backed_off_until + 1,
+            )
+        seed = self.config.server.seed * 100_003 + rs.round * 101 + rs.attempt
+        excused, stand_ins = replace_missing(rs, self.health.available(eligible, rs.round), seed)
+        if stand_ins:
+            log.warning("round %d: %s stand in for %s", rs.round, ",".join(stand_ins), ",".join(excused))
+        return excused, stand_ins
 
     def decide(self, now: float) -> str:
         return "idle" if self.round_state is None else decide(self.round_state, self.rules, now)
@@ -192,6 +219,7 @@ class RoundEngine:
             raise
         if record.agent in self.round_state.failed:  # it sent a valid update after a refused one
             self.round_state.failed.remove(record.agent)
+        self.health.delivered(record.agent)
         self.checkpoint()
         return record
 
@@ -247,6 +275,7 @@ class RoundEngine:
             reason=reason,
             offenders=offenders,
             aggregation=aggregation,
+            missed=rs.missed,
         )
         self.round_state, self.next_round = None, rs.round + 1
         self.checkpoint(last_metrics=json.loads(metrics.to_json()))

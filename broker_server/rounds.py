@@ -3,7 +3,10 @@
 ARCHITECTURE.md, round lifecycle: select agents (fraction, minimum), announce, accept updates, and
 close when every selected agent has reported (an agent whose authenticated update was refused has
 reported: it has no other one to send), or when the deadline passed with the quorum met. A deadline
-without quorum re-announces the same round (``attempt`` + 1) to the agents still pending.
+without quorum re-announces the same round (``attempt`` + 1); ``replace_missing`` first lets eligible
+agents that were not selected stand in for the ones that missed it (they are excused: no longer waited
+for, though a late update of theirs is still accepted). Selection happens before any strategy sees an
+update, so stand-ins are simply more contributors to whatever the strategy does.
 The daemon turns these decisions into MQTT messages; this module can be tested without a broker.
 """
 
@@ -66,6 +69,7 @@ class RoundState:
     updates: list[UpdateRecord] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)  # selected agents whose own update was refused
+    missed: list[str] = field(default_factory=list)  # selected agents excused after a deadline, replaced
 
     @property
     def accepted(self) -> list[str]:
@@ -74,7 +78,7 @@ class RoundState:
     @property
     def pending(self) -> list[str]:
         """Selected agents still waited for: not accepted, and not refused (they have no other update)."""
-        done = set(self.accepted) | set(self.failed)
+        done = set(self.accepted) | set(self.failed) | set(self.missed)
         return [a for a in self.selected if a not in done]
 
     @property
@@ -88,6 +92,19 @@ class RoundState:
     def from_dict(cls, data: dict) -> RoundState:
         updates = [UpdateRecord(**u) for u in data.pop("updates")]
         return cls(**data, updates=updates)
+
+
+def replace_missing(state: RoundState, candidates: list[str], seed: int) -> tuple[list[str], list[str]]:
+    """At a deadline without quorum: as many of ``candidates`` (eligible, not yet selected) as there are
+    pending agents join the round, drawn reproducibly, and as many pending agents are excused. Returns
+    ``(excused, stand_ins)``; with no candidate left the pending agents are simply asked again."""
+    pending = state.pending
+    available = sorted(set(candidates) - set(state.selected))
+    stand_ins = sorted(random.Random(seed).sample(available, min(len(pending), len(available))))
+    excused = pending[: len(stand_ins)]
+    state.missed.extend(excused)
+    state.selected.extend(stand_ins)
+    return excused, stand_ins
 
 
 def decide(state: RoundState, rules: RoundRules, now: float) -> str:

@@ -225,3 +225,4 @@ class RoundMetrics(Message):
     reason: str = ""
     offenders: list[str] = field(default_factory=list)
     aggregation: dict = field(default_factory=dict)
+    missed: list[str] = field(default_factory=list)  # selected agents that missed a deadline and were replaced

@@ -1,0 +1,51 @@
+"""Which agents deliver: rounds progress without the ones that do not, and an operator is told.
+
+An agent's status is unauthenticated JSON (anyone who may publish on ``agent/<id>/status`` can make a
+switched-off agent look ready), so being *asked* rests on a forgeable claim; what counts here is only
+what the server saw itself: an authenticated update accepted, or a deadline passed without one. An
+agent that misses a round's deadline is backed off: not selected for 1, 2, 4 … (at most
+``MAX_BACKOFF_ROUNDS``) rounds after each consecutive miss, and its first accepted update clears the
+record. So a forged "ready" costs at most one deadline, then ever fewer, and a broken device stops
+being waited for. Pure bookkeeping; the engine keeps it in the checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+MAX_BACKOFF_ROUNDS = 32
+
+
+@dataclass
+class AgentRecord:
+    misses: int = 0  # consecutive rounds in which the agent missed a deadline it was asked to meet
+    backed_off_until: int = 0  # not selected in rounds up to and including this one
+
+
+class HealthBook:
+    def __init__(self, records: dict[str, AgentRecord] | None = None) -> None:
+        self.records = records or {}
+
+    def missed(self, agent: str, round_number: int) -> AgentRecord:
+        record = self.records.setdefault(agent, AgentRecord())
+        record.misses += 1
+        record.backed_off_until = round_number + min(2 ** (record.misses - 1), MAX_BACKOFF_ROUNDS)
+        return record
+
+    def delivered(self, agent: str) -> None:
+        self.records.pop(agent, None)
+
+    def available(self, agents: list[str], round_number: int) -> list[str]:
+        """``agents`` minus the ones backed off for ``round_number``."""
+        return [a for a in agents if round_number > self.records.get(a, AgentRecord()).backed_off_until]
+
+    def backed_off(self, round_number: int) -> dict[str, int]:
+        """Agent → consecutive misses, for the agents not selectable in ``round_number``."""
+        return {a: r.misses for a, r in sorted(self.records.items()) if round_number <= r.backed_off_until}
+
+    def to_dict(self) -> dict[str, dict[str, int]]:
+        return {agent: asdict(record) for agent, record in self.records.items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, dict[str, int]]) -> HealthBook:
+        return cls({agent: AgentRecord(**record) for agent, record in data.items()})
