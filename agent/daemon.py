@@ -72,6 +72,7 @@ class EdgeAgent(MqttDaemon):
         self.task: RoundTask | None = None
         self.state = "starting"
         self.detail = ""
+        self._key_mismatch = False
         self._last_status = 0.0
         self._log = Throttle(10.0)
         super().__init__(
@@ -168,7 +169,11 @@ class EdgeAgent(MqttDaemon):
                 payload, topic_sender=self.server.name, kinds=kinds, topic_round=topic_round
             )
         except TransferRejected as exc:
-            self._warn(f"transfer-{exc.reason}", "transfer rejected kind=%s reason=%s", "/".join(kinds), exc.reason)
+            if "groupkey" in kinds and exc.reason == "bad-chunk":  # sealed to a key this agent no longer has
+                self._key_mismatch = True
+                self._warn("re-enrol", "%s", self._waiting_for())
+            else:
+                self._warn(f"transfer-{exc.reason}", "transfer rejected kind=%s reason=%s", "/".join(kinds), exc.reason)
             return
         if completed is None:
             return
@@ -180,6 +185,7 @@ class EdgeAgent(MqttDaemon):
     def _on_group_key(self, completed: Completed) -> None:
         key = GroupKey.from_bytes(bytes(completed.data))
         self.group_keys[key.key_id] = key
+        self._key_mismatch = False
         log.info("group key received key_id=%s", key.key_id)
         # (Re)subscribing makes the broker resend the retained model chunks, now decryptable.
         self.mqtt.subscribe(self.topics.model_wildcard)
@@ -268,6 +274,28 @@ class EdgeAgent(MqttDaemon):
         self._set_state("done", publish=True)
 
     # status ------------------------------------------------------------------------------------------
+    def _waiting_for(self) -> str:
+        """What an idle agent waits for, in words an operator can act on ('' when nothing is missing)."""
+        if self._key_mismatch:
+            return (
+                "the group key the server sealed for this agent does not open with this agent's key: its key "
+                f"changed after it was enrolled. Re-enrol this agent: skyfed keys enroll {self.id}.pub "
+                "--enrolled <server's keys.enrolled>, then restart the server"
+            )
+        if not self.group_keys:
+            return (
+                "waiting for the group key, which the server sends to enrolled agents once it sees their status; "
+                f"if this lasts, {self.id} is not enrolled there (skyfed keys enroll {self.id}.pub) or the "
+                "server is not running"
+            )
+        if self.task is None:
+            return f"waiting for a round task on {self.topics.round}"
+        if self.state == "waiting-model":
+            return f"waiting for model version {self.task.model_version} on the broker"
+        if self.state == "idle" and self.id not in self.task.selected:
+            return f"not selected for round {self.task.round}"
+        return ""
+
     def _warn(self, key: str, message: str, *args: object) -> None:
         held = self._log.allow(key)
         if held is not None:
@@ -281,7 +309,7 @@ class EdgeAgent(MqttDaemon):
 
     def _status(self) -> AgentStatus:
         task = self.task
-        state, detail = self.connection_state(self.state, self.detail)
+        state, detail = self.connection_state(self.state, self.detail or self._waiting_for())
         return AgentStatus(
             agent=self.id,
             state=state,

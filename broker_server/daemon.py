@@ -40,6 +40,9 @@ log = logging.getLogger("skyfed.server")
 
 MODEL_STALL_S = 15.0  # an agent waiting this long for the current model gets it re-published
 NOT_ENROLLED = "(not enrolled)"
+IGNORED_LOG_INTERVAL_S = 3600.0  # an agent the server ignores is named once an hour
+MAX_IGNORED_NAMED = 256  # beyond this many invented ids, the rest are only counted
+RE_ENROL = "not signed by the key enrolled for this agent: if its key was re-made, re-enrol this agent"
 TASK_GRACE_S = 300.0  # a task stays valid this long past its deadline (clock skew); then agents ignore it
 REJECTION_LOG_INTERVAL_S = 10.0
 
@@ -81,6 +84,7 @@ class Aggregator(MqttDaemon):
         self.rejections = Counter[str]()
         self.phase = "starting"
         self._rejection_log = Throttle(REJECTION_LOG_INTERVAL_S)
+        self._ignored_log = Throttle(IGNORED_LOG_INTERVAL_S)
         self._task_payload: bytes | None = None
         self._reasserted_at = 0.0
         self._reassert_pending = False
@@ -108,6 +112,9 @@ class Aggregator(MqttDaemon):
         if agent is None:
             return
         if topic == self.topics.agent_status(agent):
+            if payload and agent not in self.registry.keyring:
+                self._ignore(agent)
+                return
             previous, status = self.registry.update(agent, payload)
             self.group_keys.on_status(agent, previous, status)
             self._note_model_wait(agent, status)
@@ -261,6 +268,28 @@ class Aggregator(MqttDaemon):
             ",".join(m.aggregation.get("clipped", [])) or "-",
         )
 
+    def _ignore(self, agent: str) -> None:
+        """A status from an id that is not enrolled: counted, and named in the log once an hour with how
+        to admit it (invented ids past the first few hundred share one line)."""
+        self.rejections["ignored-not-enrolled"] += 1
+        named = len(self._ignored_log) < MAX_IGNORED_NAMED
+        held = self._ignored_log.allow(agent if named else "*")
+        if held is None:
+            return
+        if not named:
+            log.warning("agent ignored: statuses from more ids that are not enrolled (%d held back)", held)
+            return
+        enrolled = self.config.enrolled_dir
+        log.warning(
+            "agent ignored agent=%s reason=not-enrolled: no %s.pub in %s; to admit it: "
+            "skyfed keys enroll %s.pub --enrolled %s, then restart the server",
+            printable(agent, 64),
+            printable(agent, 64),
+            enrolled,
+            printable(agent, 64),
+            enrolled,
+        )
+
     def _reject(self, agent: str, reason: str) -> None:
         """Count, log (throttled) and record a refusal. Ids that are not enrolled (anyone can invent topic
         ids) share one log key and one metrics entry per kind, so junk cannot crowd out real agents."""
@@ -268,6 +297,8 @@ class Aggregator(MqttDaemon):
         kind = reason.split(":")[0]
         self.rejections[kind] += 1
         enrolled = agent in self.registry.keyring
+        if enrolled and kind == "bad-signature":
+            reason = f"bad-signature: {RE_ENROL}"
         held = self._rejection_log.allow(f"{agent if enrolled else '*'}:{kind}")
         if held is not None:
             log.warning("rejected agent=%s reason=%s held_back=%d", printable(agent, 64), reason, held)

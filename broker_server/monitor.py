@@ -51,14 +51,14 @@ class FederationView:
                 *_cells(s.state, s.round, s.phase, s.strategy, f"v{s.model_version}", s.agents_online, s.detail)
             )
         agents = Table(show_header=True)
-        for col in ("agent", "state", "round", "done", "samples", "model", "gate", "age s"):
+        for col in ("agent", "state", "round", "done", "samples", "model", "gate", "age s", "detail"):
             agents.add_column(col)
         now = time.time()
         for name, a in sorted(self.agents.items()):
             gate = "ok" if a.gate.ok else "blocked: " + ", ".join(a.gate.reasons)
             agents.add_row(
                 *_cells(name, a.state, a.round, a.last_completed_round, a.samples, f"v{a.version}", gate)
-                + _cells(f"{now - a.updated_at:.0f}")
+                + _cells(f"{now - a.updated_at:.0f}", a.detail)
             )
         rounds = Table(show_header=True)
         for col in ("round", "accepted", "rejected", "accuracy", "loss", "seconds", "MB up", "MB down"):

@@ -70,6 +70,10 @@ class Throttle:
         self._last: dict[str, float] = {}
         self._held: dict[str, int] = {}
 
+    def __len__(self) -> int:
+        """How many keys it currently remembers."""
+        return len(self._last)
+
     def allow(self, key: str) -> int | None:
         """None to stay quiet; otherwise the number of lines held back since the last one for ``key``."""
         now = self.clock()

@@ -149,6 +149,7 @@ class MqttClient:
         self._subscriptions: dict[str, int] = {}
         self._on_connect_hook = on_connect
         self.problem: str | None = None  # why the broker is unreachable or refuses us, in words; None when fine
+        self._stopping = False
         self._pending_subscribes: dict[int, str] = {}
         v5 = settings.protocol == "5"
         self._persistent = persistent
@@ -191,7 +192,8 @@ class MqttClient:
 
     def stop(self) -> None:
         """Disconnect cleanly (no LWT) and stop the network thread."""
-        self.connected.clear()  # first, so the disconnect below is not reported as a lost connection
+        self._stopping = True  # first, so the disconnect below is not reported as a problem
+        self.connected.clear()
         self._client.disconnect()
         self._client.loop_stop()
 
@@ -266,6 +268,8 @@ class MqttClient:
             self._on_connect_hook()
 
     def _handle_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
+        if self._stopping:
+            return
         if self.connected.is_set():
             log.warning("mqtt disconnected client=%s reason=%s; reconnecting", self.client_id, reason_code)
             self.problem = f"connection lost ({reason_code}); reconnecting"

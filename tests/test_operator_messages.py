@@ -1,0 +1,59 @@
+"""An operator is told what is wrong and what to do: an agent that is not enrolled, or whose key was
+re-made after enrolment, is named by the server and says itself what it waits for."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from broker_server.config import load_server_config
+from broker_server.daemon import Aggregator
+from protocol.messages import AgentStatus
+from security.keys import Identity
+from tests.fedharness import Federation, wait_until
+
+
+def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker, caplog):
+    caplog.set_level(logging.WARNING)
+    fed = Federation(tmp_path, broker, rounds=1, agents=3)
+    server_dir = fed.layout.server_config.parent
+    (server_dir / "enrolled" / "agent-03.pub").unlink()  # never enrolled
+    Identity.generate("agent-02").save(tmp_path / "agent-02")  # re-made after enrolment
+    from agent.config import load_agent_config
+    from agent.daemon import EdgeAgent
+
+    fed.agents[1] = EdgeAgent(load_agent_config(fed.layout.agent_configs["agent-02"]))  # loads the new key
+    fed.threads[1] = threading.Thread(target=fed.agents[1].run, args=(fed.stop,), daemon=True)
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    stop = threading.Event()
+    server_thread = threading.Thread(target=server.run, args=(stop,), daemon=True)
+    server_thread.start()
+    fed.start_agents()
+    try:
+        wait_until(lambda: "re-enrol this agent" in fed.agents[1]._status().detail.lower(), 30, "re-enrol hint")
+        wait_until(lambda: "is not enrolled there" in fed.agents[2]._status().detail, 30, "not-enrolled hint")
+        wait_until(lambda: "ignored-not-enrolled" in server._status_json().decode(), 30, "the server's count")
+        status = AgentStatus.from_json(fed.agents[1]._status().to_json())  # as published, so the monitor shows it
+        assert status.state == "idle" and "keys enroll agent-02.pub" in status.detail
+    finally:
+        stop.set()
+        server_thread.join(15)
+        fed.close()
+    ignored = [r.getMessage() for r in caplog.records if "agent ignored agent=agent-03" in r.getMessage()]
+    assert len(ignored) == 1, ignored  # once, though the agent keeps publishing its status
+    assert "skyfed keys enroll agent-03.pub --enrolled" in ignored[0] and "restart the server" in ignored[0]
+
+
+def test_an_update_signed_by_another_key_says_re_enrol(tmp_path, broker):
+    from tests.fedharness import ServerHarness
+
+    with ServerHarness(tmp_path, broker) as h:
+        h.announce_agents()
+        update = h.update_bytes(h.random_delta(1), samples=100)
+        h.publish_update("agent-01", h.sealed(Identity.generate("agent-01"), update))  # its key was re-made
+        h.wait_rejection("bad-signature")
+        h.publish_update("agent-01", h.sealed(h.agents["agent-01"], update))
+        h.publish_update("agent-02", h.sealed(h.agents["agent-02"], update))
+        metrics = h.wait_metrics()
+    (rejection,) = metrics.rejected
+    assert rejection.agent == "agent-01" and "re-enrol this agent" in rejection.reason
