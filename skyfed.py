@@ -14,7 +14,7 @@ from collections.abc import Sequence
 def build_parser() -> argparse.ArgumentParser:
     from agent.cli import add_agent_commands
     from broker_server.cli import add_monitor_command, add_server_commands
-    from security.cli import add_keys_commands
+    from security.cli import add_certs_commands, add_keys_commands
     from sim.cli import add_sim_commands
 
     parser = argparse.ArgumentParser(
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_monitor_command(commands)
     add_sim_commands(commands)
     add_keys_commands(commands)
+    add_certs_commands(commands)
     return parser
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 import secrets
 import stat
@@ -73,6 +74,24 @@ def _parse_key_file(path: Path, text: str, what: str) -> tuple[str, bytes, bytes
     if kind != what:
         raise KeyFileError(f"{path} is a {kind} key; this needs the node's private key ({name}.key)")
     return name, _unb64(path, data.get("ed25519"), 32), _unb64(path, data.get("x25519"), 32)
+
+
+def _ownership(path: Path) -> str:
+    """Who owns ``path`` and who is asking, with the command that fixes it (root-made keys, say)."""
+    import pwd
+
+    def user(uid: int) -> str:
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return str(uid)
+
+    try:
+        owner = user(path.stat().st_uid)
+    except OSError:
+        return "permission denied on its folder"
+    me = user(os.geteuid())
+    return f"it belongs to {owner} and this process runs as {me}: run  chown {me}: {path}"
 
 
 def _raw_private(key: Ed25519PrivateKey | X25519PrivateKey) -> bytes:
@@ -147,6 +166,8 @@ class Identity:
         try:
             mode = path.stat().st_mode
             text = path.read_text()
+        except PermissionError:
+            raise KeyFileError(f"{path}: cannot read private key: {_ownership(path)}") from None
         except OSError as exc:
             raise KeyFileError(f"{path}: cannot read private key ({exc.strerror})") from None
         name, ed, x = _parse_key_file(path, text, "private")  # first: a public key given here says so

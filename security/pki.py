@@ -2,7 +2,8 @@
 
 The client certificate's CN is the node's SkyFed name (agent id or ``server``), which mosquitto can
 use as the MQTT username (``use_identity_as_username``) so an ACL confines each agent to its own
-topics. This is the part of ``skyfed provision`` (ROADMAP item 2) that the TLS tests need today.
+topics. Command line: ``skyfed certs ca|broker|client`` (also ``python -m security.pki``); the full
+``skyfed provision`` is ROADMAP item 2.
 Private keys are ECDSA P-256, written 0600.
 """
 
@@ -112,3 +113,11 @@ def issue(ca: Issued, directory: Path, common_name: str, *, hosts: tuple[str, ..
         builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
     cert = builder.sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
     return _write(directory, common_name, cert, key)
+
+
+if __name__ == "__main__":  # the command line lives in ``skyfed certs``
+    import sys
+
+    from skyfed import main
+
+    sys.exit(main(["certs", *sys.argv[1:]]))

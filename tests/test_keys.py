@@ -90,3 +90,34 @@ def test_a_private_key_is_refused_where_a_public_one_belongs_and_never_copied(tm
     enrolled = tmp_path / "enrolled"
     assert main(["keys", "enroll", str(tmp_path / "drone-01.key"), "--enrolled", str(enrolled)]) == 2
     assert not enrolled.exists() or not any(enrolled.iterdir())
+
+
+def test_certs_command_makes_a_ca_broker_and_client_certificates_and_says_what_is_missing(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from cryptography import x509
+
+    from skyfed import main
+
+    pki = tmp_path / "pki"
+    assert main(["certs", "client", "drone-01", "--dir", str(pki)]) == 2
+    assert "no CA in" in capsys.readouterr().err
+    assert main(["certs", "ca", "--dir", str(pki), "--federation", "fleet"]) == 0
+    assert main(["certs", "ca", "--dir", str(pki), "--federation", "fleet"]) == 2  # never replaced
+    assert main(["certs", "broker", "--dir", str(pki), "--host", "127.0.0.1", "--host", "broker.lan"]) == 0
+    assert main(["certs", "client", "drone-01", "--dir", str(pki)]) == 0
+    cert = x509.load_pem_x509_certificate((pki / "drone-01.crt").read_bytes())
+    assert cert.subject.rfc4514_string().startswith("CN=drone-01")
+    assert stat.S_IMODE((pki / "drone-01.crt.key").stat().st_mode) == 0o600
+    usage = subprocess.run([sys.executable, "-m", "security.pki", "--help"], capture_output=True, text=True)
+    assert usage.returncode == 0 and "usage: skyfed certs" in usage.stdout
+
+
+def test_an_unreadable_key_says_who_owns_it_and_the_chown(tmp_path):
+    from security.keys import _ownership
+
+    path = Identity.generate("drone-01").save(tmp_path)
+    text = _ownership(path)
+    me = __import__("pwd").getpwuid(os.geteuid()).pw_name
+    assert f"belongs to {me}" in text and f"chown {me}: {path}" in text
