@@ -1,4 +1,4 @@
-"""``skyfed sim``, ``skyfed demo`` and ``skyfed report``."""
+"""``skyfed sim``, ``skyfed demo``, ``skyfed data`` and ``skyfed report``."""
 
 from __future__ import annotations
 
@@ -114,11 +114,42 @@ def _add_sim_options(
     parser.set_defaults(handler=run_sim_command)
 
 
+def run_data(args: argparse.Namespace) -> int:
+    from models.partition import parse
+    from security.keys import check_name
+    from sim.federation import describe_partition, write_digits_data
+
+    try:
+        names = [check_name(a) for a in args.agents]
+        parse(args.partition)
+    except ValueError as exc:
+        print(f"skyfed data: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    histogram = write_digits_data(out, names, args.partition, args.seed)
+    print(f"wrote {out / 'server' / 'test.npz'} (the server's eval_data)")
+    for name, line in zip(names, describe_partition(histogram, names), strict=True):
+        print(f"wrote {out / name / 'data.npz'} ({line.split(': ', 1)[1]})")
+    return 0
+
+
 def add_sim_commands(commands: argparse._SubParsersAction) -> None:
     sim = commands.add_parser("sim", help="run a whole local federation over a real broker")
     _add_sim_options(sim, agents=4, rounds=5, partition="dirichlet:0.5", out="runs/sim", federation="sim")
     demo = commands.add_parser("demo", help="the sim with friendly defaults (digits CNN, 4 agents, non-IID)")
     _add_sim_options(demo, agents=4, rounds=10, partition="shards", out="runs/demo", federation="demo")
+    data = commands.add_parser(
+        "data",
+        help="write example data for a deployment: OUT/<agent>/data.npz and the server's OUT/server/test.npz",
+        description="scikit-learn's bundled 8x8 digits (nothing is downloaded): 20 %% held out for the server's "
+        "evaluation (OUT/server/test.npz, its server.eval_data), the rest split across the named agents "
+        "(OUT/<agent>/data.npz, each agent's agent.data), in the format the agent reads.",
+    )
+    data.add_argument("agents", nargs="+", help="agent ids, e.g. drone-01 drone-02 drone-03")
+    data.add_argument("--out", default=".", help="folder to write into (default: here)")
+    data.add_argument("--partition", default="iid", help="iid | shards | dirichlet:ALPHA (label skew)")
+    data.add_argument("--seed", type=int, default=0)
+    data.set_defaults(handler=run_data)
     report = commands.add_parser("report", help="plot a run's metrics.jsonl into curves.png")
     report.add_argument("dir")
     report.set_defaults(handler=run_report)

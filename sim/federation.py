@@ -111,17 +111,28 @@ def write_toml(path: Path, tables: dict[str, dict[str, object]]) -> None:
     path.write_text("\n".join(lines))
 
 
+def write_digits_data(root: Path, names: list[str], partition_spec: str, seed: int) -> np.ndarray:
+    """scikit-learn's digits split into ``root/server/test.npz`` (the server's evaluation set, 20 %) and
+    ``root/<name>/data.npz`` per agent (the rest, partitioned); returns the label histogram per agent."""
+    train, test = load_digits(test_fraction=0.2, seed=seed)
+    parts = partition.parse(partition_spec)(train.y, len(names), seed)
+    (root / "server").mkdir(parents=True, exist_ok=True)
+    save_npz(root / "server" / "test.npz", test)
+    for name, indices in zip(names, parts, strict=True):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        save_npz(root / name / "data.npz", train.subset(indices))
+    return partition.label_histogram(train.y, parts, num_classes=10)
+
+
 def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]) -> FederationLayout:
     """Write everything a federation of ``settings.agents`` agents needs under ``root``."""
-    train, test = load_digits(test_fraction=0.2, seed=settings.seed)
-    parts = partition.parse(settings.partition)(train.y, settings.agents, settings.seed)
+    histogram = write_digits_data(root, agent_names(settings.agents), settings.partition, settings.seed)
     broker_table = {"host": broker[0], "port": broker[1]}
 
     server_dir = root / "server"
     (server_dir / "enrolled").mkdir(parents=True, exist_ok=True)
     server_identity = Identity.generate("server")
     server_identity.save(server_dir)
-    save_npz(server_dir / "test.npz", test)
     write_toml(
         server_dir / "server.toml",
         {
@@ -153,14 +164,12 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
         },
     )
     agent_configs: dict[str, Path] = {}
-    for name, indices in zip(agent_names(settings.agents), parts, strict=True):
+    for name in agent_names(settings.agents):
         agent_dir = root / name
-        agent_dir.mkdir(parents=True, exist_ok=True)
         identity = Identity.generate(name)
         identity.save(agent_dir)
         enroll(server_dir / "enrolled", identity.public)
         server_identity.public.save(agent_dir / "server.pub")
-        save_npz(agent_dir / "data.npz", train.subset(indices))
         write_toml(
             agent_dir / "agent.toml",
             {
@@ -178,7 +187,6 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
             },
         )
         agent_configs[name] = agent_dir / "agent.toml"
-    histogram = partition.label_histogram(train.y, parts, num_classes=10)
     return FederationLayout(root, server_dir / "server.toml", agent_configs, histogram)
 
 
