@@ -33,7 +33,7 @@ from protocol.transfer import Completed, Reassembler, TransferLimits, TransferRe
 from protocol.update import UpdateMeta
 from security.envelope import Opener, seal
 from security.keys import GroupKey, Identity, Keyring, PublicIdentity
-from security.signing import InvalidDocument, verify_document
+from security.signing import InvalidDocument, signed_payload, verify_document
 
 log = logging.getLogger("skyfed.agent")
 
@@ -75,11 +75,12 @@ class EdgeAgent(MqttDaemon):
         self._key_mismatch = False
         self._last_status = 0.0
         self._log = Throttle(10.0)
+        offline = signed_payload(AgentStatus.offline(self.id).to_dict(), self.identity)
         super().__init__(
             MqttClient(
                 self.id,
                 config.broker,
-                will=Will(self.topics.agent_status(self.id), AgentStatus.offline(self.id).to_json()),
+                will=Will(self.topics.agent_status(self.id), offline),
                 on_connect=self._on_connect,
             ),
             log,
@@ -284,9 +285,10 @@ class EdgeAgent(MqttDaemon):
             )
         if not self.group_keys:
             return (
-                "waiting for the group key, which the server sends to enrolled agents once it sees their status; "
-                f"if this lasts, {self.id} is not enrolled there (skyfed keys enroll {self.id}.pub) or the "
-                "server is not running"
+                "waiting for the group key, which the server sends to enrolled agents once it sees their signed "
+                f"status; if this lasts, {self.id} is not enrolled there, or was enrolled with a key it no longer "
+                f"has: enrol or re-enrol this agent (skyfed keys enroll {self.id}.pub --enrolled <server's "
+                "keys.enrolled>, then restart the server), or the server is not running"
             )
         if self.task is None:
             return f"waiting for a round task on {self.topics.round}"
@@ -329,4 +331,5 @@ class EdgeAgent(MqttDaemon):
         if not force and now - self._last_status < self.config.agent.status_interval_s:
             return None
         self._last_status = now
-        return self.mqtt.publish(self.topics.agent_status(self.id), self._status().to_json(), retain=True)
+        payload = signed_payload(self._status().to_dict(), self.identity)  # the server selects on signed status only
+        return self.mqtt.publish(self.topics.agent_status(self.id), payload, retain=True)

@@ -10,7 +10,6 @@ reason in the log (throttled per agent and kind), the counters in ``server/statu
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
@@ -23,7 +22,7 @@ from broker_server.engine import RoundEngine
 from broker_server.evaluation import Evaluator
 from broker_server.groupkeys import GroupKeyDistributor, load_or_create
 from broker_server.publisher import ModelPublisher
-from broker_server.registry import AgentRegistry
+from broker_server.registry import AgentRegistry, StatusRefused
 from broker_server.validation import UpdateRejected
 from common.text import printable
 from models.datasets import load_dataset
@@ -34,7 +33,7 @@ from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferRejected
 from security.envelope import Opener
 from security.keys import Identity, Keyring
-from security.signing import sign_document
+from security.signing import signed_payload
 
 log = logging.getLogger("skyfed.server")
 
@@ -66,7 +65,7 @@ class Aggregator(MqttDaemon):
             evaluator = Evaluator(config.server.model, config.server.num_classes, load_dataset(config.eval_path))
         self.engine = RoundEngine(config, replay=self.opener.replay, evaluator=evaluator)
         self.reassembler = Reassembler(self.opener, config.limits.to_limits(self.engine.update_bytes()))
-        self.registry = AgentRegistry(keyring)
+        self.registry = AgentRegistry(keyring, config.rounds.status_timeout_s)
         super().__init__(
             MqttClient(
                 f"{fed}-server",
@@ -115,7 +114,11 @@ class Aggregator(MqttDaemon):
             if payload and agent not in self.registry.keyring:
                 self._ignore(agent)
                 return
-            previous, status = self.registry.update(agent, payload)
+            try:
+                previous, status = self.registry.update(agent, payload, self.clock())
+            except StatusRefused as exc:
+                self._reject(agent, exc.reason)
+                return
             self.group_keys.on_status(agent, previous, status)
             self._note_model_wait(agent, status)
         elif topic == self.topics.agent_update(agent):
@@ -128,12 +131,12 @@ class Aggregator(MqttDaemon):
         action = self.engine.decide(now)
         if action == "idle" and not self.engine.finished:
             self.phase = "waiting-for-agents"
-            if self.engine.begin_round(self.registry.eligible(self.group_keys.key.key_id), now) is not None:
+            if self.engine.begin_round(self.registry.eligible(self.group_keys.key.key_id, now), now) is not None:
                 self._announce(reannounce=False)
         elif action == "close":
             self._close(now)
         elif action == "reannounce":
-            self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id))
+            self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id, now))
             self._announce(reannounce=True)
         self._heal_retained(now)
         self._publish_status()
@@ -165,7 +168,7 @@ class Aggregator(MqttDaemon):
             run_id=self.engine.run_id,
             expires_at=rs.deadline + TASK_GRACE_S,
         )
-        self._task_payload = json.dumps(sign_document(task.to_dict(), self.identity), separators=(",", ":")).encode()
+        self._task_payload = signed_payload(task.to_dict(), self.identity)
         self.mqtt.publish(self.topics.round, self._task_payload, retain=True)
         self.phase = "training"
         log.info(

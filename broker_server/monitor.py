@@ -36,7 +36,7 @@ class FederationView:
             elif topic == self.topics.server_metrics:
                 self.metrics = [*self.metrics[-9:], RoundMetrics.from_json(payload)]
             elif (agent := self.topics.agent_of(topic)) and topic == self.topics.agent_status(agent) and payload:
-                self.agents[agent] = AgentStatus.from_json(payload)
+                self.agents[agent] = AgentStatus.from_signed_json(payload)  # as claimed: the monitor holds no keys
         except MessageError:
             pass
 

@@ -1,46 +1,93 @@
-"""The server's view of its agents, from their retained status messages: who is online and eligible.
+"""The server's view of its agents, from their signed status messages: who is online and may be asked.
 
-Only enrolled agents are tracked (a status from anyone else is ignored). Status is public JSON that
-anyone with publish rights can forge, so it is used only to decide whom to *ask*; what an agent *sends*
-is authenticated separately (``security.envelope``).
+Status is public JSON on ``agent/<id>/status`` that anyone with publish rights could write, so the
+server only believes a status the agent signed (``security.signing``) and that is newer than any it
+has seen from that agent (a replayed old "ready" is refused; so is a status from a device whose clock
+went back — its message says to check the clock). An agent is eligible only while its last accepted
+status arrived within ``status_timeout_s`` (agents republish every ``status_interval_s``), so a device
+that died is dropped even if its last words are replayed. ``offline`` (the agent's signed last will,
+made at connect time) is accepted whatever its time. What an agent *sends* is authenticated
+separately (``security.envelope``); who *delivers* is tracked by ``broker_server.health``.
 """
 
 from __future__ import annotations
 
-import logging
+from dataclasses import dataclass
 
-from protocol.messages import AgentStatus, MessageError
+from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
+from protocol.messages import MAX_JSON_BYTES, AgentStatus, MessageError
 from security.keys import Keyring
+from security.signing import InvalidDocument, verify_document
 
-log = logging.getLogger("skyfed.server")
+
+class StatusRefused(Exception):
+    """A status the server does not believe; ``reason`` says why in words."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class Seen:
+    status: AgentStatus
+    received_at: float  # server clock
+    newest: float  # the newest ``updated_at`` accepted from this agent, offline included or not
 
 
 class AgentRegistry:
-    def __init__(self, keyring: Keyring) -> None:
+    def __init__(self, keyring: Keyring, status_timeout_s: float) -> None:
         self.keyring = keyring
-        self.agents: dict[str, AgentStatus] = {}
+        self.status_timeout_s = status_timeout_s
+        self.seen: dict[str, Seen] = {}
 
-    def update(self, agent: str, payload: bytes) -> tuple[AgentStatus | None, AgentStatus | None]:
-        """Fold in one status message; return ``(previous, current)`` (current None if cleared or bad)."""
-        if agent not in self.keyring:
-            return None, None
-        previous = self.agents.get(agent)
+    @property
+    def agents(self) -> dict[str, AgentStatus]:
+        return {agent: seen.status for agent, seen in self.seen.items()}
+
+    def update(self, agent: str, payload: bytes, now: float) -> tuple[AgentStatus | None, AgentStatus | None]:
+        """Fold in one status message of an enrolled agent; return ``(previous, current)`` (current None
+        when cleared). ``StatusRefused`` if it is not signed by the agent, malformed, or a replay."""
+        before = self.seen.get(agent)
+        previous = before.status if before is not None else None
         if not payload:
-            self.agents.pop(agent, None)
+            self.seen.pop(agent, None)
             return previous, None
+        public = self.keyring.get(agent)
+        assert public is not None, "only enrolled agents reach the registry"
         try:
-            status = AgentStatus.from_json(payload)
-        except MessageError as exc:
-            log.warning("bad status agent=%s error=%s", agent, exc)
-            return previous, None
-        self.agents[agent] = status
+            document = parse_untrusted_json(payload, max_bytes=MAX_JSON_BYTES)
+            status = AgentStatus.from_dict(verify_document(document, public))
+        except InvalidDocument as exc:
+            raise StatusRefused(
+                f"status-{exc.reason}: not signed by the key enrolled for {agent} (forged, or its key was re-made: "
+                "then re-enrol this agent)"
+            ) from None
+        except (UntrustedJsonError, MessageError) as exc:
+            raise StatusRefused(f"status-malformed: {exc}") from None
+        if status.agent != agent:
+            raise StatusRefused(f"status-mismatch: signed for {status.agent!r}, published as {agent!r}")
+        newest = before.newest if before is not None else float("-inf")
+        if status.state != "offline":
+            if status.updated_at <= newest:
+                raise StatusRefused(
+                    f"status-replayed: not newer than one already seen from {agent} (a replay, or the "
+                    "device's clock went back: check its clock)"
+                )
+            newest = status.updated_at
+        self.seen[agent] = Seen(status, now, newest)
         return previous, status
 
-    def eligible(self, group_key_id: str) -> list[str]:
-        """Online agents whose gate is open and who hold the current group key."""
+    def eligible(self, group_key_id: str, now: float) -> list[str]:
+        """Agents whose last signed status is recent, online, gate open, and holding the current key."""
         return sorted(
-            a for a, s in self.agents.items() if s.state != "offline" and s.gate.ok and s.group_key_id == group_key_id
+            a
+            for a, seen in self.seen.items()
+            if now - seen.received_at <= self.status_timeout_s
+            and seen.status.state != "offline"
+            and seen.status.gate.ok
+            and seen.status.group_key_id == group_key_id
         )
 
     def online(self) -> int:
-        return sum(s.state != "offline" for s in self.agents.values())
+        return sum(s.status.state != "offline" for s in self.seen.values())

@@ -25,6 +25,7 @@ class RoundRules:
     min_agents: int = 2
     quorum: int = 2
     deadline_s: float = 300.0
+    status_timeout_s: float = 60.0  # an agent whose last signed status is older is not asked
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 1:
@@ -37,6 +38,11 @@ class RoundRules:
             )
         if self.deadline_s <= 0:
             raise ValueError(f"rounds.deadline_s must be > 0, got {self.deadline_s}")
+        if self.status_timeout_s <= 0:
+            raise ValueError(
+                f"rounds.status_timeout_s must be > 0 (and above the agents' status_interval_s), got "
+                f"{self.status_timeout_s}"
+            )
 
 
 def select_agents(eligible: list[str], rules: RoundRules, seed: int) -> list[str]:

@@ -69,6 +69,16 @@ class Message:
             raise MessageError(str(exc)) from None
         return cls.from_dict(data)
 
+    @classmethod
+    def from_signed_json(cls: type[M], payload: bytes | str) -> M:
+        """The body of a signed document (``security.signing``), NOT verified: for readers that hold no
+        keys, such as the monitor. Whoever acts on it verifies the signature first."""
+        try:
+            data = parse_untrusted_json(payload, max_bytes=MAX_JSON_BYTES)
+        except UntrustedJsonError as exc:
+            raise MessageError(str(exc)) from None
+        return cls.from_dict(data.get("body") if isinstance(data, dict) else None)
+
 
 def finite_or_null(value: Any) -> Any:
     """``value`` with every NaN or infinity (at any depth) replaced by None."""

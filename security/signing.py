@@ -1,4 +1,4 @@
-"""Signed JSON documents (round tasks): public and readable, but authenticated by Ed25519.
+"""Signed JSON documents (round tasks, agent status): public and readable, but authenticated by Ed25519.
 
 ``{"body": {...}, "signer": name, "sig": base64}`` where the signature covers a context string and
 the canonical JSON of the body (sorted keys, no spaces, UTF-8), so any re-serialization verifies.
@@ -32,6 +32,11 @@ def canonical(body: dict[str, Any]) -> bytes:
 def sign_document(body: dict[str, Any], identity: Identity) -> dict[str, Any]:
     signature = identity.signing_key.sign(CONTEXT + canonical(body))
     return {"body": body, "signer": identity.name, "sig": base64.b64encode(signature).decode()}
+
+
+def signed_payload(body: dict[str, Any], identity: Identity) -> bytes:
+    """``sign_document`` as the compact JSON bytes that go on the wire."""
+    return json.dumps(sign_document(body, identity), separators=(",", ":")).encode()
 
 
 def verify_document(document: Any, trusted: Keyring | PublicIdentity) -> dict[str, Any]:

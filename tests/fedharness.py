@@ -27,6 +27,7 @@ from protocol.topics import Topics
 from protocol.update import UpdateMeta
 from security.envelope import seal
 from security.keys import Identity
+from security.signing import signed_payload
 from sim.federation import SimSettings, create_federation, write_toml
 
 
@@ -158,7 +159,8 @@ class ServerHarness:
                 updated_at=time.time(),
                 group_key_id=self.server.group_keys.key.key_id,
             )
-            self.driver.publish(self.topics.agent_status(name), status.to_json(), retain=True)
+            payload = signed_payload(status.to_dict(), self.agents[name])  # as the agent signs it
+            self.driver.publish(self.topics.agent_status(name), payload, retain=True)
         return wait_until(lambda: self.tasks and self.tasks[-1], what="a round task")
 
     def update_bytes(self, delta: dict[str, np.ndarray], *, round_number: int = 1, samples: int = 100) -> bytes:

@@ -7,6 +7,8 @@ from rich.console import Console
 from broker_server.monitor import FederationView
 from protocol.messages import AgentStatus
 from protocol.topics import Topics
+from security.keys import Identity
+from security.signing import signed_payload
 from tests.fedharness import round_metrics
 
 
@@ -21,7 +23,8 @@ def test_markup_in_a_status_is_shown_literally():
     hostile = AgentStatus(
         agent="drone-01", state="[/oops][bold red]pwned", round=1, samples=1, version=1, updated_at=0.0
     )
-    view.apply("skyfed/fleet/agent/drone-01/status", hostile.to_json())
+    signed = signed_payload(hostile.to_dict(), Identity.generate("drone-01"))  # agents sign their status
+    view.apply("skyfed/fleet/agent/drone-01/status", signed)
     assert "[/oops][bold red]pwned" in _render(view)
 
 

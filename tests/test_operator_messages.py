@@ -30,9 +30,10 @@ def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker,
     server_thread.start()
     fed.start_agents()
     try:
-        wait_until(lambda: "re-enrol this agent" in fed.agents[1]._status().detail.lower(), 30, "re-enrol hint")
+        wait_until(lambda: "re-enrol this agent" in fed.agents[1]._status().detail, 30, "re-enrol hint")
         wait_until(lambda: "is not enrolled there" in fed.agents[2]._status().detail, 30, "not-enrolled hint")
         wait_until(lambda: "ignored-not-enrolled" in server._status_json().decode(), 30, "the server's count")
+        wait_until(lambda: "status-bad-signature" in server._status_json().decode(), 30, "the re-keyed agent refused")
         status = AgentStatus.from_json(fed.agents[1]._status().to_json())  # as published, so the monitor shows it
         assert status.state == "idle" and "keys enroll agent-02.pub" in status.detail
     finally:
@@ -42,6 +43,8 @@ def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker,
     ignored = [r.getMessage() for r in caplog.records if "agent ignored agent=agent-03" in r.getMessage()]
     assert len(ignored) == 1, ignored  # once, though the agent keeps publishing its status
     assert "skyfed keys enroll agent-03.pub --enrolled" in ignored[0] and "restart the server" in ignored[0]
+    refused = [r.getMessage() for r in caplog.records if "agent=agent-02 reason=status-bad-signature" in r.getMessage()]
+    assert refused and "re-enrol this agent" in refused[0]
 
 
 def test_an_update_signed_by_another_key_says_re_enrol(tmp_path, broker):

@@ -1,61 +1,47 @@
-"""One agent that never delivers — broken, or switched off with a forged "ready" status — cannot stall
-a federation: at the deadline an idle eligible agent stands in, and the absent one is backed off."""
+"""One agent that never delivers cannot stall a federation: at the deadline an idle eligible agent
+stands in, and the absent one is backed off. And only the agent itself can say it is ready: an
+unsigned, foreign-signed, replayed or stale status makes nobody eligible."""
 
 from __future__ import annotations
 
 import threading
-import time
+
+import pytest
 
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from broker_server.health import HealthBook
+from broker_server.registry import AgentRegistry, StatusRefused
 from broker_server.rounds import RoundRules, RoundState, UpdateRecord, decide, replace_missing
 from protocol.messages import AgentStatus
-from protocol.mqtt import BrokerSettings, MqttClient
+from security.keys import Identity, Keyring
+from security.signing import signed_payload
 from tests.fedharness import Federation, override_toml, wait_until
 
 
-class ForgedStatus:
-    """Someone with publish rights on ``agent/agent-03/status`` keeps a switched-off agent looking ready."""
+class NeverDelivers:
+    """A trainer that fails every time: the agent looks healthy (fresh signed status) but never sends."""
 
-    def __init__(self, broker, server: Aggregator) -> None:  # noqa: ANN001
-        self.client = MqttClient("forger", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
-        assert self.client.start(timeout_s=5)
-        self.server, self.stop = server, threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        while not self.stop.is_set():
-            status = AgentStatus(
-                agent="agent-03", state="idle", round=0, samples=400, version=1, updated_at=time.time(),
-                group_key_id=self.server.group_keys.key.key_id,  # read off any real agent's status
-            )  # fmt: skip
-            self.client.publish("skyfed/it/agent/agent-03/status", status.to_json(), retain=True)
-            self.stop.wait(0.5)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.client.stop()
+    def train(self, global_arrays, task):  # noqa: ANN001, ANN201
+        raise RuntimeError("camera driver crashed")
 
 
-def test_a_switched_off_agent_with_a_forged_ready_status_is_replaced_and_backed_off(tmp_path, broker):
+def test_an_agent_that_never_delivers_is_replaced_at_the_deadline_and_backed_off(tmp_path, broker):
     fed = Federation(tmp_path, broker, rounds=3, agents=3)
     override_toml(fed.layout.server_config, rounds={"fraction": 0.5, "min_agents": 2, "quorum": 2, "deadline_s": 4.0})
+    fed.agents[2].trainer = NeverDelivers()
     server = Aggregator(load_server_config(fed.layout.server_config))
     server_thread = threading.Thread(target=server.run, daemon=True)
     server_thread.start()
-    forger = ForgedStatus(broker, server)
     try:
-        fed.threads[0].start()  # agent-01 and the ghost make the two a round needs: the ghost is selected
+        fed.threads[0].start()  # agent-01 and the broken agent-03 make the two a round needs
+        fed.threads[2].start()
         wait_until(lambda: server.engine.round_state is not None, 30, "round 1 to start")
         assert server.engine.round_state.selected == ["agent-01", "agent-03"]
         fed.threads[1].start()  # agent-02 comes online, idle, during round 1
         server_thread.join(90)
-        assert not server_thread.is_alive(), "the federation stalled on the absent agent"
+        assert not server_thread.is_alive(), "the federation stalled on the agent that never delivers"
     finally:
-        forger.close()
         fed.close()
     first, *later = fed.metrics()
     assert first.missed == ["agent-03"] and sorted(first.accepted) == ["agent-01", "agent-02"]
@@ -63,6 +49,27 @@ def test_a_switched_off_agent_with_a_forged_ready_status_is_replaced_and_backed_
     assert [m.round for m in later] == [2, 3] and all(len(m.accepted) >= 2 for m in later)
     assert server.engine.health.records["agent-03"].misses >= 1
     assert "agent-01" not in server.engine.health.records
+
+
+def test_only_a_fresh_status_signed_by_the_agent_makes_it_eligible():
+    agent = Identity.generate("drone-01")
+    registry = AgentRegistry(Keyring([agent.public]), status_timeout_s=60)
+
+    def status(t: float, state: str = "idle") -> AgentStatus:
+        return AgentStatus(agent="drone-01", state=state, round=0, samples=9, version=1, updated_at=t, group_key_id="k")
+
+    forged = status(100.0).to_json()  # no signature: anyone with publish rights could write it
+    with pytest.raises(StatusRefused, match="status-malformed"):
+        registry.update("drone-01", forged, now=0.0)
+    with pytest.raises(StatusRefused, match="status-bad-signature.*re-enrol this agent"):
+        registry.update("drone-01", signed_payload(status(100.0).to_dict(), Identity.generate("drone-01")), now=0.0)
+    ready = signed_payload(status(100.0).to_dict(), agent)
+    registry.update("drone-01", ready, now=0.0)
+    assert registry.eligible("k", now=59.0) == ["drone-01"] and registry.eligible("k", now=61.0) == []
+    registry.update("drone-01", signed_payload(status(50.0, "offline").to_dict(), agent), now=70.0)  # its last will
+    with pytest.raises(StatusRefused, match="status-replayed.*check its clock"):
+        registry.update("drone-01", ready, now=71.0)  # its last "ready", replayed after it died
+    assert registry.eligible("k", now=71.0) == []
 
 
 def test_stand_ins_replace_the_pending_agents_and_a_late_update_is_still_welcome():
