@@ -8,6 +8,16 @@ from sim.broker import free_port, start_broker
 from tests.fedharness import wait_until
 
 
+def problem_of(settings: BrokerSettings, timeout_s: float = 15) -> str:
+    """The first connection problem a client with ``settings`` reports."""
+    client = MqttClient("probe", settings, persistent=False)
+    client.start()
+    try:
+        return wait_until(lambda: client.problem, timeout_s, "a connection problem")
+    finally:
+        client.stop()
+
+
 def unreachable_lines(caplog) -> list[str]:  # noqa: ANN001
     return [r.getMessage() for r in caplog.records if "mqtt unreachable" in r.getMessage()]
 
@@ -31,29 +41,17 @@ def test_nothing_listening_is_said_once_with_the_fix_and_cleared_when_the_broker
         client.stop()
 
 
-def test_an_unresolvable_host_names_the_key_to_fix(caplog):
-    client = MqttClient("probe", BrokerSettings(host="no-such-broker.invalid", port=1883), persistent=False)
-    client.start()
-    try:
-        wait_until(lambda: client.problem, 15, "a connection problem")
-        assert "cannot resolve broker host 'no-such-broker.invalid'" in client.problem
-        assert "broker.host" in client.problem
-    finally:
-        client.stop()
+def test_an_unresolvable_host_names_the_key_to_fix():
+    problem = problem_of(BrokerSettings(host="no-such-broker.invalid", port=1883))
+    assert "cannot resolve broker host 'no-such-broker.invalid'" in problem and "broker.host" in problem
 
 
 def test_a_tls_client_on_a_plain_port_is_told_about_tls(broker, tmp_path):
     from security.pki import create_ca
 
     ca = create_ca(tmp_path / "pki", "t")
-    settings = BrokerSettings(host=broker.host, port=broker.port, tls=TlsSettings(str(ca.cert)))
-    client = MqttClient("probe", settings, persistent=False)
-    client.start()
-    try:
-        wait_until(lambda: client.problem, 10, "a connection problem")
-        assert "TLS handshake" in client.problem and "TLS listener" in client.problem
-    finally:
-        client.stop()
+    problem = problem_of(BrokerSettings(host=broker.host, port=broker.port, tls=TlsSettings(str(ca.cert))))
+    assert "TLS handshake" in problem and "TLS listener" in problem
 
 
 def test_status_says_unreachable_with_the_reason_while_there_is_a_problem(tmp_path):

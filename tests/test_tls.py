@@ -14,7 +14,8 @@ from protocol.mqtt import BrokerSettings, MqttClient, TlsSettings
 from security.pki import create_ca, issue
 from sim.broker import ListenerTls, start_broker
 from sim.federation import SimSettings, create_federation
-from tests.fedharness import override_toml, wait_until
+from tests.fedharness import override_toml
+from tests.test_connection_problems import problem_of
 
 
 @pytest.fixture
@@ -121,23 +122,11 @@ def test_example_acl_confines_an_agent_to_its_own_topics(tmp_path):
 
 def test_a_plain_client_on_the_tls_port_is_told_to_set_broker_tls(tls_broker):
     broker, _, _ = tls_broker
-    client = MqttClient("plain", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
-    client.start()
-    try:
-        wait_until(lambda: client.problem, 10, "a connection problem")
-        assert "[broker.tls]" in client.problem
-    finally:
-        client.stop()
+    assert "[broker.tls]" in problem_of(BrokerSettings(host=broker.host, port=broker.port))
 
 
 def test_a_certificate_from_another_ca_does_not_verify_and_says_which_key(tls_broker, tmp_path):
     broker, _, _ = tls_broker
     other = create_ca(tmp_path / "other", "other")
-    settings = BrokerSettings(host="localhost", port=broker.port, tls=TlsSettings(str(other.cert)))
-    client = MqttClient("wrong-ca", settings, persistent=False)
-    client.start()
-    try:
-        wait_until(lambda: client.problem, 10, "a connection problem")
-        assert "does not verify" in client.problem and "broker.tls.ca_certs" in client.problem
-    finally:
-        client.stop()
+    problem = problem_of(BrokerSettings(host="localhost", port=broker.port, tls=TlsSettings(str(other.cert))))
+    assert "does not verify" in problem and "broker.tls.ca_certs" in problem
