@@ -288,7 +288,8 @@ class EdgeAgent(MqttDaemon):
                 "waiting for the group key, which the server sends to enrolled agents once it sees their signed "
                 f"status; if this lasts, {self.id} is not enrolled there, or was enrolled with a key it no longer "
                 f"has: enrol or re-enrol this agent (skyfed keys enroll {self.id}.pub --enrolled <server's "
-                "keys.enrolled>, then restart the server), or the server is not running"
+                "keys.enrolled>, then restart the server); or the server is not running; or, with TLS and the "
+                "per-agent ACL, this agent's certificate CN is not its id (the broker then drops its messages)"
             )
         if self.task is None:
             return f"waiting for a round task on {self.topics.round}"
