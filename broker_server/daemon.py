@@ -32,7 +32,7 @@ from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferRejected
 from security.envelope import Opener
-from security.keys import Identity, Keyring
+from security.keys import REVOKED, Identity, Keyring, revoked_names
 from security.signing import signed_payload
 
 log = logging.getLogger("skyfed.server")
@@ -59,6 +59,7 @@ class Aggregator(MqttDaemon):
         self.topics = Topics(fed)
         self.identity = Identity.load(config.identity_path)
         keyring = Keyring.load_dir(config.enrolled_dir)
+        self.revoked = revoked_names(config.enrolled_dir)
         self.opener = Opener(identity=self.identity, federation=fed, senders=keyring)
         evaluator = None
         if config.eval_path is not None:
@@ -272,8 +273,18 @@ class Aggregator(MqttDaemon):
         )
 
     def _ignore(self, agent: str) -> None:
-        """A status from an id that is not enrolled: counted, and named in the log once an hour with how
-        to admit it (invented ids past the first few hundred share one line)."""
+        """A status from an id that is not enrolled: counted, and named in the log once an hour with why
+        and how to admit it (invented ids past the first few hundred share one line)."""
+        enrolled = self.config.enrolled_dir
+        if agent in self.revoked:
+            self.rejections["ignored-revoked"] += 1
+            if self._ignored_log.allow(agent) is not None:
+                log.warning(
+                    "agent ignored agent=%s reason=revoked: its key is in %s; to re-admit it: "
+                    "skyfed keys enroll %s/%s.pub --enrolled %s, then restart the server",
+                    agent, enrolled / REVOKED, enrolled / REVOKED, agent, enrolled,
+                )  # fmt: skip
+            return
         self.rejections["ignored-not-enrolled"] += 1
         named = len(self._ignored_log) < MAX_IGNORED_NAMED
         held = self._ignored_log.allow(agent if named else "*")
@@ -282,7 +293,6 @@ class Aggregator(MqttDaemon):
         if not named:
             log.warning("agent ignored: statuses from more ids that are not enrolled (%d held back)", held)
             return
-        enrolled = self.config.enrolled_dir
         log.warning(
             "agent ignored agent=%s reason=not-enrolled: no %s.pub in %s; to admit it: "
             "skyfed keys enroll %s.pub --enrolled %s, then restart the server",

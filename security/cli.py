@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from security.keys import Identity, KeyFileError, PublicIdentity, enroll
+from security.keys import Identity, KeyFileError, PublicIdentity, enroll, revoke
 
 
 def ownership_hint(*paths: Path) -> str:
@@ -47,6 +47,16 @@ def enroll_key(args: argparse.Namespace) -> int:
         return 2
     path = enroll(Path(args.enrolled), public)
     print(f"enrolled {public.name} (fingerprint {public.fingerprint()}) as {path}; restart the server to load it")
+    return 0
+
+
+def revoke_key(args: argparse.Namespace) -> int:
+    try:
+        path = revoke(Path(args.enrolled), args.name)
+    except (KeyFileError, ValueError) as exc:
+        print(f"skyfed keys: {exc}", file=sys.stderr)
+        return 2
+    print(f"revoked {args.name}: its key moved to {path}; restart the server to stop trusting it")
     return 0
 
 
@@ -108,3 +118,7 @@ def add_keys_commands(commands: argparse._SubParsersAction) -> None:
     add.add_argument("pub", help="path to the agent's NAME.pub")
     add.add_argument("--enrolled", required=True, help="the server's keys.enrolled folder")
     add.set_defaults(handler=enroll_key)
+    revoke_parser = keys.add_parser("revoke", help="stop trusting an agent: move its .pub to enrolled/revoked/")
+    revoke_parser.add_argument("name", help="the agent id")
+    revoke_parser.add_argument("--enrolled", required=True, help="the server's keys.enrolled folder")
+    revoke_parser.set_defaults(handler=revoke_key)

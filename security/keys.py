@@ -206,12 +206,32 @@ class Keyring:
         return len(self._by_name)
 
 
+REVOKED = "revoked"  # subfolder of the enrolment folder: keys no longer trusted, kept to say why
+
+
 def enroll(directory: Path, identity: PublicIdentity) -> Path:
-    """Trust ``identity``: write ``<name>.pub`` into the enrolment folder."""
+    """Trust ``identity``: write ``<name>.pub`` into the enrolment folder (and un-revoke it)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{identity.name}.pub"
     identity.save(path)
+    (directory / REVOKED / path.name).unlink(missing_ok=True)
     return path
+
+
+def revoke(directory: Path, name: str) -> Path:
+    """Stop trusting ``name``: move its ``.pub`` into ``<enrolled>/revoked/`` (the server then says why
+    it ignores the agent instead of treating it as a stranger)."""
+    source = directory / f"{check_name(name)}.pub"
+    if not source.exists():
+        raise KeyFileError(f"{source}: no such enrolled agent")
+    (directory / REVOKED).mkdir(exist_ok=True)
+    target = directory / REVOKED / source.name
+    source.rename(target)
+    return target
+
+
+def revoked_names(directory: Path) -> set[str]:
+    return {p.stem for p in (directory / REVOKED).glob("*.pub")}
 
 
 @dataclass(frozen=True)

@@ -65,3 +65,34 @@ def test_status_says_unreachable_with_the_reason_while_there_is_a_problem(tmp_pa
     agent.mqtt.problem = "subscription to skyfed/c/round refused (Not authorized): check the broker's ACL for this id"
     status = agent._status()
     assert status.state == "unreachable" and "check the broker's ACL" in status.detail
+
+
+def test_refused_credentials_name_the_keys_to_check(tmp_path):
+    import subprocess
+
+    from sim.broker import mosquitto_path
+
+    passwords = tmp_path / "passwords"
+    subprocess.run(["mosquitto_passwd", "-b", "-c", str(passwords), "server", "right"], check=True)
+    port = free_port()
+    config = tmp_path / "mosquitto.conf"
+    user = __import__("getpass").getuser()  # as root, mosquitto would switch to a user that cannot read tmp_path
+    config.write_text(f"listener {port} 127.0.0.1\nuser {user}\nallow_anonymous false\npassword_file {passwords}\n")
+    broker = subprocess.Popen([mosquitto_path(), "-c", str(config)], stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _listening(port), 10, "mosquitto to listen")
+        problem = problem_of(BrokerSettings(host="127.0.0.1", port=port, username="server", password="wrong"))
+        assert "refused the connection" in problem and "broker.username/password" in problem
+    finally:
+        broker.terminate()
+        broker.wait(10)
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False

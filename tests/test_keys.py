@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from security.keys import GroupKey, Identity, KeyFileError, Keyring, PublicIdentity, enroll
+from security.keys import GroupKey, Identity, KeyFileError, Keyring, PublicIdentity, enroll, revoked_names
 from security.signing import InvalidDocument, sign_document, verify_document
 
 
@@ -121,3 +121,17 @@ def test_an_unreadable_key_says_who_owns_it_and_the_chown(tmp_path):
     text = _ownership(path)
     me = __import__("pwd").getpwuid(os.geteuid()).pw_name
     assert f"belongs to {me}" in text and f"chown {me}: {path}" in text
+
+
+def test_revoke_moves_the_key_aside_and_enrolling_again_restores_it(tmp_path, capsys):
+    from skyfed import main
+
+    identity = Identity.generate("drone-01")
+    enrolled = tmp_path / "enrolled"
+    enroll(enrolled, identity.public)
+    assert main(["keys", "revoke", "drone-01", "--enrolled", str(enrolled)]) == 0
+    assert "restart the server" in capsys.readouterr().out
+    assert Keyring.load_dir(enrolled).names() == [] and revoked_names(enrolled) == {"drone-01"}
+    assert main(["keys", "revoke", "drone-01", "--enrolled", str(enrolled)]) == 2  # not enrolled any more
+    enroll(enrolled, PublicIdentity.load(enrolled / "revoked" / "drone-01.pub"))
+    assert Keyring.load_dir(enrolled).names() == ["drone-01"] and revoked_names(enrolled) == set()
