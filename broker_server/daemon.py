@@ -94,7 +94,8 @@ class Aggregator(MqttDaemon):
 
     # MqttDaemon --------------------------------------------------------------------------------------
     def subscriptions(self) -> list[str]:
-        return [self.topics.agent_status_wildcard, self.topics.agent_update_wildcard, self.topics.round]
+        # every federation's agent status (not only ours, with no overlap: a status arrives once)
+        return [self.topics.any_federation_status_wildcard, self.topics.agent_update_wildcard, self.topics.round]
 
     def on_start(self) -> None:
         self.publisher.publish(self.engine.version, self.engine.global_arrays)
@@ -107,6 +108,9 @@ class Aggregator(MqttDaemon):
     def handle(self, topic: str, payload: bytes) -> None:
         if topic == self.topics.round:
             self._on_round_topic(payload)
+            return
+        if (foreign := self.topics.foreign_status_of(topic)) is not None:
+            self._note_foreign(*foreign)
             return
         agent = self.topics.agent_of(topic)
         if agent is None:
@@ -271,6 +275,19 @@ class Aggregator(MqttDaemon):
             m.model_version,
             ",".join(m.aggregation.get("clipped", [])) or "-",
         )
+
+    def _note_foreign(self, federation: str, agent: str) -> None:
+        """One of our enrolled agents publishing under another federation: its agent.federation is wrong.
+        Ids we do not know there belong to someone else's federation and are none of our business."""
+        if agent not in self.registry.keyring:
+            return
+        self.rejections["ignored-wrong-federation"] += 1
+        if self._ignored_log.allow(f"{federation}/{agent}") is not None:
+            log.warning(
+                "agent ignored agent=%s reason=wrong-federation: it publishes on federation %r, this server runs "
+                "%r: set federation = %r in its agent.toml",
+                agent, printable(federation, 64), self.topics.federation, self.topics.federation,
+            )  # fmt: skip
 
     def _ignore(self, agent: str) -> None:
         """A status from an id that is not enrolled: counted, and named in the log once an hour with why

@@ -80,6 +80,18 @@ class Topics:
             return parts[3]
         return None
 
+    @property
+    def any_federation_status_wildcard(self) -> str:
+        """Agent status in every federation: the server's way to spot one of its agents configured for another."""
+        return f"{ROOT}/+/agent/+/status"
+
+    def foreign_status_of(self, topic: str) -> tuple[str, str] | None:
+        """``(federation, agent)`` of an agent status topic of *another* federation, or None."""
+        parts = topic.split("/")
+        if len(parts) == 5 and parts[0] == ROOT and parts[2] == "agent" and parts[4] == "status":
+            return (parts[1], parts[3]) if parts[1] != self.federation else None
+        return None
+
     def model_version_of(self, topic: str) -> int | None:
         """The version in ``…/model/<version>/<index>``, or None."""
         parts = topic.split("/")

@@ -10,12 +10,12 @@ from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from protocol.messages import AgentStatus
 from security.keys import Identity, revoke
-from tests.fedharness import Federation, wait_until
+from tests.fedharness import Federation, override_toml, wait_until
 
 
 def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker, caplog):
     caplog.set_level(logging.WARNING)
-    fed = Federation(tmp_path, broker, rounds=1, agents=4)
+    fed = Federation(tmp_path, broker, rounds=1, agents=5)
     server_dir = fed.layout.server_config.parent
     (server_dir / "enrolled" / "agent-03.pub").unlink()  # never enrolled
     revoke(server_dir / "enrolled", "agent-04")
@@ -25,6 +25,9 @@ def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker,
 
     fed.agents[1] = EdgeAgent(load_agent_config(fed.layout.agent_configs["agent-02"]))  # loads the new key
     fed.threads[1] = threading.Thread(target=fed.agents[1].run, args=(fed.stop,), daemon=True)
+    override_toml(fed.layout.agent_configs["agent-05"], agent={"federation": "other"})  # a typo in its config
+    fed.agents[4] = EdgeAgent(load_agent_config(fed.layout.agent_configs["agent-05"]))
+    fed.threads[4] = threading.Thread(target=fed.agents[4].run, args=(fed.stop,), daemon=True)
     server = Aggregator(load_server_config(fed.layout.server_config))
     stop = threading.Event()
     server_thread = threading.Thread(target=server.run, args=(stop,), daemon=True)
@@ -35,6 +38,7 @@ def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker,
         wait_until(lambda: "is not enrolled there" in fed.agents[2]._status().detail, 30, "not-enrolled hint")
         wait_until(lambda: "ignored-not-enrolled" in server._status_json().decode(), 30, "the server's count")
         wait_until(lambda: "ignored-revoked" in server._status_json().decode(), 30, "the revoked agent counted")
+        wait_until(lambda: "ignored-wrong-federation" in server._status_json().decode(), 30, "the lost agent counted")
         wait_until(lambda: "status-bad-signature" in server._status_json().decode(), 30, "the re-keyed agent refused")
         status = AgentStatus.from_json(fed.agents[1]._status().to_json())  # as published, so the monitor shows it
         assert status.state == "idle" and "keys enroll agent-02.pub" in status.detail
@@ -45,6 +49,8 @@ def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker,
     ignored = [r.getMessage() for r in caplog.records if "agent ignored agent=agent-03" in r.getMessage()]
     assert len(ignored) == 1, ignored  # once, though the agent keeps publishing its status
     assert "skyfed keys enroll agent-03.pub --enrolled" in ignored[0] and "restart the server" in ignored[0]
+    (lost,) = [r.getMessage() for r in caplog.records if "agent ignored agent=agent-05" in r.getMessage()]
+    assert "reason=wrong-federation" in lost and "set federation = 'it' in its agent.toml" in lost
     (revoked,) = [r.getMessage() for r in caplog.records if "agent ignored agent=agent-04" in r.getMessage()]
     assert "reason=revoked" in revoked and "enrolled/revoked" in revoked
     refused = [r.getMessage() for r in caplog.records if "agent=agent-02 reason=status-bad-signature" in r.getMessage()]
