@@ -1,11 +1,12 @@
 """``make bench``: run every benchmark and print one JSON line per result (copy them into the README)."""
 
-from benchmarks import aggregation, transport
+from benchmarks import aggregation, swapping, transport
 
 
 def main() -> None:
     aggregation.main()
     transport.main()
+    swapping.main()
 
 
 if __name__ == "__main__":
