@@ -117,7 +117,7 @@ def test_column_blocks_cover_every_value_once_for_many_agents():
 @pytest.mark.parametrize(
     "table, message",
     [
-        ({"name": "fedmagic"}, "strategy.name 'fedmagic' is unknown; choose one of centered-clip, fedavg, krum"),
+        ({"name": "fedmagic"}, "strategy.name 'fedmagic' is unknown; choose one of centered-clip, fedadam, fedavg"),
         ({"name": "fedavg", "weighting": "loud"}, "strategy.weighting"),
         ({"name": "trimmed-mean", "beta": 0.5}, r"strategy.beta must be in \[0, 0.5\)"),
         ({"name": "krum", "f": -1}, "strategy.f must be >= 0"),
@@ -192,3 +192,33 @@ def test_centered_clip_never_extrapolates_running_statistics():
     flipped = [np.array(x, np.float32) for x in ([1.0, 0.0, -0.05], [1.1, 0.0, -0.05], [-1.0, 0.0, -0.05])]
     out = strategy.aggregate(np.array([0.0, 0.0, 0.1], np.float32), contributions(flipped)).global_vector
     assert 0 <= out[2] <= 0.1
+
+
+def test_fedadam_and_fedyogi_take_the_hand_computed_step_and_keep_state_only_on_commit():
+    deltas = [np.array([1.0, -1.0], np.float32), np.array([3.0, -1.0], np.float32)]  # mean change (2, -1)
+    g = np.zeros(2, np.float32)
+    adam = build_strategy({"name": "fedadam", "weighting": "uniform", "server_lr": 0.1, "tau": 1e-3})
+    adam.begin(g, (TensorSpec("w", "float32", (2,)),))
+    first = adam.aggregate(g, contributions(deltas))
+    # m = 0.1 * (2, -1); v = 0.01 * (4, 1); step = 0.1 * m / (sqrt(v) + 1e-3)
+    np.testing.assert_allclose(first.global_vector, [0.1 * 0.2 / (0.2 + 1e-3), 0.1 * -0.1 / (0.1 + 1e-3)], rtol=1e-5)
+    assert adam.state()["m"].tolist() == [0.0, 0.0]  # not committed yet
+    adam.on_commit(first)
+    np.testing.assert_allclose(adam.state()["m"], [0.2, -0.1], rtol=1e-6)
+    yogi = build_strategy({"name": "fedyogi", "weighting": "uniform", "server_lr": 0.1})
+    yogi.begin(g, (TensorSpec("w", "float32", (2,)),))
+    yogi.on_commit(yogi.aggregate(g, contributions(deltas)))
+    np.testing.assert_allclose(yogi.state()["v"], [0.01 * 4, 0.01 * 1], rtol=1e-5)  # v = 0 - 0.01*d²*sign(-d²)
+
+
+def test_fedavgm_accumulates_velocity_and_leaves_running_statistics_to_plain_averaging():
+    spec = (TensorSpec("w", "float32", (1,)), TensorSpec("bn.running_var", "float32", (1,)))
+    g = np.array([0.0, 1.0], np.float32)
+    momentum = build_strategy({"name": "fedavgm", "weighting": "uniform", "momentum": 0.5, "server_lr": 1.0})
+    for expected in ([1.0, 0.5], [1.5, 0.5]):  # velocity 1, then 0.5 * 1 + 1; the variance moves by -0.5 each time
+        momentum.begin(g, spec)
+        result = momentum.aggregate(g, contributions([np.array([1.0, -0.5], np.float32)]))
+        momentum.on_commit(result)
+        np.testing.assert_allclose(result.global_vector - g, [expected[0], -0.5])
+    with pytest.raises(ValueError, match=r"strategy.momentum must be in \[0, 1\)"):
+        build_strategy({"name": "fedavgm", "momentum": 1.0})
