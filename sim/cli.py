@@ -94,8 +94,10 @@ def _add_sim_options(
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--deadline", type=float, default=60.0, help="round deadline in seconds")
-    parser.add_argument("--strategy",
-        help="krum (the server default) | fedavg | median | trimmed-mean | centered-clip | fedavgm | fedadam | fedyogi",)
+    parser.add_argument(
+        "--strategy",
+        help="krum (server default) | fedavg | median | trimmed-mean | centered-clip | fedavgm | fedadam | fedyogi",
+    )
     parser.add_argument(
         "--strategy-option", action="append", default=[], metavar="KEY=VALUE", help="e.g. beta=0.2, f=2 (repeatable)"
     )
