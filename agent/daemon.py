@@ -36,6 +36,7 @@ from security.keys import GroupKey, Identity, Keyring, PublicIdentity
 from security.signing import InvalidDocument, signed_payload, verify_document
 
 log = logging.getLogger("skyfed.agent")
+STUCK_LOG_S = 60.0  # connected this long without the group key: say why in the agent's own log
 
 PUBLISH_TIMEOUT_S = 120.0
 MODEL_LIMITS = TransferLimits(
@@ -73,6 +74,8 @@ class EdgeAgent(MqttDaemon):
         self.state = "starting"
         self.detail = ""
         self._key_mismatch = False
+        self._stuck_since: float | None = None
+        self._said_stuck = False
         self._last_status = 0.0
         self._log = Throttle(10.0)
         offline = signed_payload(AgentStatus.offline(self.id).to_dict(), self.identity)
@@ -112,7 +115,19 @@ class EdgeAgent(MqttDaemon):
 
     def tick(self) -> None:
         self._step()
+        self._say_if_stuck()
         self._publish_status()
+
+    def _say_if_stuck(self) -> None:
+        """Someone watching this device's journal learns, once, why it never trains (not only the server)."""
+        if self.group_keys or not self.mqtt.connected.is_set():
+            self._stuck_since = None
+            return
+        now = time.monotonic()
+        self._stuck_since = self._stuck_since or now
+        if now - self._stuck_since >= STUCK_LOG_S and not self._said_stuck:
+            self._said_stuck = True
+            log.warning("no group key after %.0f s: %s", now - self._stuck_since, self._waiting_for())
 
     def publish_final_status(self) -> paho.MQTTMessageInfo | None:
         self.state = "offline"  # a clean stop says so itself; a crash leaves it to the LWT
@@ -288,8 +303,9 @@ class EdgeAgent(MqttDaemon):
                 "waiting for the group key, which the server sends to enrolled agents once it sees their signed "
                 f"status; if this lasts, {self.id} is not enrolled there, or was enrolled with a key it no longer "
                 f"has: enrol or re-enrol this agent (skyfed keys enroll {self.id}.pub --enrolled <server's "
-                "keys.enrolled>, then restart the server); or the server is not running; or, with TLS and the "
-                "per-agent ACL, this agent's certificate CN is not its id (the broker then drops its messages)"
+                "keys.enrolled>, then restart the server); or the server is not running, or runs another "
+                f"federation than this agent's {self.topics.federation!r}; or, with TLS and the per-agent ACL, "
+                "this agent's certificate CN is not its id (the broker then drops its messages)"
             )
         if self.task is None:
             return f"waiting for a round task on {self.topics.round}"

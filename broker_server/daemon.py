@@ -122,7 +122,7 @@ class Aggregator(MqttDaemon):
             try:
                 previous, status = self.registry.update(agent, payload, self.clock())
             except StatusRefused as exc:
-                self._reject(agent, exc.reason)
+                self._status_refused(agent, exc.reason)
                 return
             self.group_keys.on_status(agent, previous, status)
             self._note_model_wait(agent, status)
@@ -288,6 +288,23 @@ class Aggregator(MqttDaemon):
                 "%r: set federation = %r in its agent.toml",
                 agent, printable(federation, 64), self.topics.federation, self.topics.federation,
             )  # fmt: skip
+
+    def _status_refused(self, agent: str, reason: str) -> None:
+        """A status the registry does not believe: counted, and logged once an hour per agent and kind
+        (an agent republishes every few seconds); a re-keyed agent is told how to re-enrol."""
+        kind = reason.split(":")[0]
+        self.rejections[kind] += 1
+        if self._ignored_log.allow(f"{agent}:{kind}") is None:
+            return
+        if kind == "status-older":  # also what a restart's re-deliveries look like: not an alarm
+            log.info("status ignored agent=%s reason=%s", agent, printable(reason))
+            return
+        enrolled = self.config.enrolled_dir
+        log.warning(
+            "agent ignored agent=%s reason=%s; if its key was re-made, re-enrol this agent: "
+            "skyfed keys enroll %s.pub --enrolled %s, then restart the server",
+            agent, printable(reason), agent, enrolled,
+        )  # fmt: skip
 
     def _ignore(self, agent: str) -> None:
         """A status from an id that is not enrolled: counted, and named in the log once an hour with why

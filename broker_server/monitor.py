@@ -51,8 +51,9 @@ class FederationView:
                 *_cells(s.state, s.round, s.phase, s.strategy, f"v{s.model_version}", s.agents_online, s.detail)
             )
         agents = Table(show_header=True)
-        for col in ("agent", "state", "round", "done", "samples", "model", "gate", "age s", "detail"):
-            agents.add_column(col)
+        for col in ("agent", "state", "round", "done", "samples", "model", "gate", "age s"):
+            agents.add_column(col, overflow="fold")
+        agents.add_column("detail", overflow="fold", ratio=1, min_width=30)
         now = time.time()
         for name, a in sorted(self.agents.items()):
             gate = "ok" if a.gate.ok else "blocked: " + ", ".join(a.gate.reasons)
@@ -82,9 +83,12 @@ class FederationView:
         return Group(head, agents, rounds)
 
 
+MAX_CELL = 800  # characters of one network-supplied value shown (an agent's detail names a fix)
+
+
 def _cells(*values: object) -> list[Text]:
     """Plain text cells: a status string such as ``[/oops]`` is shown, never parsed as markup."""
-    return [Text(str(v)[:200]) for v in values]
+    return [Text(str(v)[:MAX_CELL]) for v in values]
 
 
 def _fmt(value: object) -> str:

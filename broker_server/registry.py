@@ -2,12 +2,13 @@
 
 Status is public JSON on ``agent/<id>/status`` that anyone with publish rights could write, so the
 server only believes a status the agent signed (``security.signing``) and that is newer than any it
-has seen from that agent (a replayed old "ready" is refused; so is a status from a device whose clock
-went back — its message says to check the clock). An agent is eligible only while its last accepted
-status arrived within ``status_timeout_s`` (agents republish every ``status_interval_s``), so a device
-that died is dropped even if its last words are replayed. ``offline`` (the agent's signed last will,
-made at connect time) is accepted whatever its time. What an agent *sends* is authenticated
-separately (``security.envelope``); who *delivers* is tracked by ``broker_server.health``.
+has seen from that agent: a replayed old "ready" is refused, and so is a status from a device whose
+clock went back; the same status delivered twice (as after a server restart) is a harmless duplicate.
+An agent is eligible only while its last accepted status arrived within ``status_timeout_s`` (agents
+republish every ``status_interval_s``), so a device that died is dropped even if its last words are
+replayed. ``offline`` (the agent's signed last will, made at connect time) is accepted whatever its
+time. What an agent *sends* is authenticated separately (``security.envelope``); who *delivers* is
+tracked by ``broker_server.health``.
 """
 
 from __future__ import annotations
@@ -60,19 +61,20 @@ class AgentRegistry:
             status = AgentStatus.from_dict(verify_document(document, public))
         except InvalidDocument as exc:
             raise StatusRefused(
-                f"status-{exc.reason}: not signed by the key enrolled for {agent} (forged, or its key was re-made: "
-                "then re-enrol this agent)"
+                f"status-{exc.reason}: not signed by the key enrolled for {agent} (forged, or its key was re-made)"
             ) from None
         except (UntrustedJsonError, MessageError) as exc:
             raise StatusRefused(f"status-malformed: {exc}") from None
         if status.agent != agent:
             raise StatusRefused(f"status-mismatch: signed for {status.agent!r}, published as {agent!r}")
         newest = before.newest if before is not None else float("-inf")
+        if before is not None and status == before.status:
+            return previous, previous  # delivered twice (a persistent session and the retained copy)
         if status.state != "offline":
             if status.updated_at <= newest:
                 raise StatusRefused(
-                    f"status-replayed: not newer than one already seen from {agent} (a replay, or the "
-                    "device's clock went back: check its clock)"
+                    f"status-older: not newer than one already seen from {agent} (a late re-delivery, a "
+                    "replay, or the device's clock went back)"
                 )
             newest = status.updated_at
         self.seen[agent] = Seen(status, now, newest)

@@ -17,7 +17,8 @@ def ownership_hint(*paths: Path) -> str:
     files = " ".join(str(p) for p in paths)
     return (
         f"\nnote: written as root, mode 0600. The daemon that uses them must own them, e.g. "
-        f"chown skyfed:skyfed {files} (the skyfed-*.service user), or chown mosquitto: for the broker's"
+        f"chown skyfed:skyfed {files} for the skyfed-*.service user (or chown mosquitto: for the broker's "
+        "certificate key)"
     )
 
 
@@ -45,6 +46,18 @@ def enroll_key(args: argparse.Namespace) -> int:
     except KeyFileError as exc:
         print(f"skyfed keys: {exc}", file=sys.stderr)
         return 2
+    existing = Path(args.enrolled) / f"{public.name}.pub"
+    if existing.exists():
+        try:
+            old = PublicIdentity.load(existing).fingerprint()
+        except KeyFileError:
+            old = "unreadable"
+        if old != public.fingerprint():
+            print(
+                f"skyfed keys: warning: replacing {public.name}'s enrolled key (fingerprint {old}) with "
+                f"{public.fingerprint()}: the old key will no longer be trusted",
+                file=sys.stderr,
+            )
     path = enroll(Path(args.enrolled), public)
     print(f"enrolled {public.name} (fingerprint {public.fingerprint()}) as {path}; restart the server to load it")
     return 0

@@ -67,10 +67,12 @@ def _parse_key_file(path: Path, text: str, what: str) -> tuple[str, bytes, bytes
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise KeyFileError(f"{path}: not a SkyFed {what} key file ({exc})") from None
     if kind != what and kind == "private":
-        raise KeyFileError(
-            f"{path} is a PRIVATE key: use the public key next to it ({path.with_suffix('.pub').name}); "
-            "a private key never leaves its node"
+        public = (
+            f"the public key next to it ({path.with_suffix('.pub').name})"
+            if path.suffix != ".pub"
+            else (f"{name}.pub, which `skyfed keys new` wrote beside it")
         )
+        raise KeyFileError(f"{path} is a PRIVATE key: use {public}; a private key never leaves its node")
     if kind != what:
         raise KeyFileError(f"{path} is a {kind} key; this needs the node's private key ({name}.key)")
     return name, _unb64(path, data.get("ed25519"), 32), _unb64(path, data.get("x25519"), 32)

@@ -75,11 +75,11 @@ def test_a_private_key_is_refused_where_a_public_one_belongs_and_never_copied(tm
     from skyfed import main
 
     Identity.generate("drone-01").save(tmp_path)
-    for path in (tmp_path / "drone-01.key", tmp_path / "renamed.pub"):
-        if path.suffix == ".pub":
-            path.write_text((tmp_path / "drone-01.key").read_text())
-        with pytest.raises(KeyFileError, match=r"is a PRIVATE key: use the public key next to it"):
-            PublicIdentity.load(path)
+    with pytest.raises(KeyFileError, match=r"is a PRIVATE key: use the public key next to it \(drone-01.pub\)"):
+        PublicIdentity.load(tmp_path / "drone-01.key")
+    (tmp_path / "renamed.pub").write_text((tmp_path / "drone-01.key").read_text())
+    with pytest.raises(KeyFileError, match=r"renamed.pub is a PRIVATE key: use drone-01.pub, which"):
+        PublicIdentity.load(tmp_path / "renamed.pub")
     old_format = json.loads((tmp_path / "drone-01.key").read_text())
     del old_format["kind"]  # files written before key files said their kind: the suffix decides
     (tmp_path / "old.key").write_text(json.dumps(old_format))

@@ -13,7 +13,10 @@ from security.keys import Identity, revoke
 from tests.fedharness import Federation, override_toml, wait_until
 
 
-def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker, caplog):
+def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker, caplog, monkeypatch):
+    from agent import daemon as agent_daemon
+
+    monkeypatch.setattr(agent_daemon, "STUCK_LOG_S", 1.0)
     caplog.set_level(logging.WARNING)
     fed = Federation(tmp_path, broker, rounds=1, agents=5)
     server_dir = fed.layout.server_config.parent
@@ -40,6 +43,8 @@ def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker,
         wait_until(lambda: "ignored-revoked" in server._status_json().decode(), 30, "the revoked agent counted")
         wait_until(lambda: "ignored-wrong-federation" in server._status_json().decode(), 30, "the lost agent counted")
         wait_until(lambda: "status-bad-signature" in server._status_json().decode(), 30, "the re-keyed agent refused")
+        said = lambda: any("no group key after" in r.getMessage() for r in caplog.records)  # noqa: E731
+        wait_until(said, 30, "the agent's own log")
         status = AgentStatus.from_json(fed.agents[1]._status().to_json())  # as published, so the monitor shows it
         assert status.state == "idle" and "keys enroll agent-02.pub" in status.detail
     finally:
@@ -49,12 +54,15 @@ def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker,
     ignored = [r.getMessage() for r in caplog.records if "agent ignored agent=agent-03" in r.getMessage()]
     assert len(ignored) == 1, ignored  # once, though the agent keeps publishing its status
     assert "skyfed keys enroll agent-03.pub --enrolled" in ignored[0] and "restart the server" in ignored[0]
+    stuck = [r.getMessage() for r in caplog.records if "no group key after" in r.getMessage()]
+    assert sum("agent-03 is not enrolled there" in line for line in stuck) == 1  # in its own log, once
+    assert all("enrol or re-enrol this agent" in line for line in stuck)
     (lost,) = [r.getMessage() for r in caplog.records if "agent ignored agent=agent-05" in r.getMessage()]
     assert "reason=wrong-federation" in lost and "set federation = 'it' in its agent.toml" in lost
     (revoked,) = [r.getMessage() for r in caplog.records if "agent ignored agent=agent-04" in r.getMessage()]
     assert "reason=revoked" in revoked and "enrolled/revoked" in revoked
     refused = [r.getMessage() for r in caplog.records if "agent=agent-02 reason=status-bad-signature" in r.getMessage()]
-    assert refused and "re-enrol this agent" in refused[0]
+    assert len(refused) == 1 and "re-enrol this agent: skyfed keys enroll agent-02.pub --enrolled" in refused[0]
 
 
 def test_an_update_signed_by_another_key_says_re_enrol(tmp_path, broker):

@@ -61,13 +61,14 @@ def test_only_a_fresh_status_signed_by_the_agent_makes_it_eligible():
     forged = status(100.0).to_json()  # no signature: anyone with publish rights could write it
     with pytest.raises(StatusRefused, match="status-malformed"):
         registry.update("drone-01", forged, now=0.0)
-    with pytest.raises(StatusRefused, match="status-bad-signature.*re-enrol this agent"):
+    with pytest.raises(StatusRefused, match="status-bad-signature.*its key was re-made"):
         registry.update("drone-01", signed_payload(status(100.0).to_dict(), Identity.generate("drone-01")), now=0.0)
     ready = signed_payload(status(100.0).to_dict(), agent)
     registry.update("drone-01", ready, now=0.0)
+    assert registry.update("drone-01", ready, now=1.0)[1].updated_at == 100.0  # delivered twice: a duplicate
     assert registry.eligible("k", now=59.0) == ["drone-01"] and registry.eligible("k", now=61.0) == []
     registry.update("drone-01", signed_payload(status(50.0, "offline").to_dict(), agent), now=70.0)  # its last will
-    with pytest.raises(StatusRefused, match="status-replayed.*check its clock"):
+    with pytest.raises(StatusRefused, match="status-older.*clock went back"):
         registry.update("drone-01", ready, now=71.0)  # its last "ready", replayed after it died
     assert registry.eligible("k", now=71.0) == []
 
