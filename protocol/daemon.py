@@ -54,8 +54,7 @@ def run_daemon(name: str, build: Callable[[], MqttDaemon]) -> int:
     try:
         daemon = build()
     except (ConfigError, ValueError, OSError) as exc:
-        logging.getLogger(f"skyfed.{name}").error("cannot start: %s", exc)
-        print(f"skyfed {name}: {exc}", file=sys.stderr)
+        logging.getLogger(f"skyfed.{name}").error("cannot start: %s", exc)  # stderr: the terminal or the journal
         return 2
     daemon.run(stop_on_signals())
     return 0
