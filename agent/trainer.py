@@ -52,5 +52,6 @@ class ClassifierTrainer:
             momentum=task.train.momentum,
             seed=self.seed_base + task.round,
             device=self.device,
+            prox_mu=task.train.prox_mu,
         )
         return TrainResult(arrays=to_arrays(model), samples=outcome.samples, loss=outcome.loss)

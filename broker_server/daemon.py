@@ -169,7 +169,7 @@ class Aggregator(MqttDaemon):
             pending=rs.pending,
             deadline=rs.deadline,
             issued_at=self.clock(),
-            train=self.config.training,
+            train=self.engine.strategy.configure_train(self.config.training, rs.round),
             run_id=self.engine.run_id,
             expires_at=rs.deadline + TASK_GRACE_S,
         )

@@ -1,7 +1,9 @@
 """Local training and evaluation loops for classifiers (shared by the agent's trainer and the server).
 
-Plain PyTorch: SGD with momentum over mini-batches, cross-entropy loss. Runs on CUDA when present and
-on the CPU otherwise. The YOLO trainer (Ultralytics) will be a separate plug-in with its own loop.
+Plain PyTorch: SGD with momentum over mini-batches, cross-entropy loss, plus FedProx's proximal term
+(μ/2)·‖w − w_start‖² over the trainable parameters when ``prox_mu`` > 0 (Li et al. 2020, "Federated
+Optimization in Heterogeneous Networks", https://arxiv.org/abs/1812.06127). Runs on CUDA when present
+and on the CPU otherwise. The YOLO trainer (Ultralytics) will be a separate plug-in with its own loop.
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ def train_sgd(
     momentum: float,
     seed: int,
     device: torch.device,
+    prox_mu: float = 0.0,
 ) -> TrainOutcome:
-    """Train ``model`` in place; return the sample count and the mean loss of the last epoch."""
+    """Train ``model`` in place; return the sample count and the mean loss (without the proximal term)
+    of the last epoch."""
     model.to(device).train()
+    start = [p.detach().clone() for p in model.parameters()] if prox_mu > 0 else []
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     loss_fn = nn.CrossEntropyLoss()
     loader = to_loader(data, batch_size=batch_size, shuffle=True, seed=seed)
@@ -43,12 +48,18 @@ def train_sgd(
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
-            loss.backward()
+            objective = loss + prox_mu / 2 * proximal(model, start) if start else loss
+            objective.backward()
             optimizer.step()
             total += loss.item() * len(y)
             seen += len(y)
         last_loss = total / max(seen, 1)
     return TrainOutcome(samples=len(data), loss=last_loss)
+
+
+def proximal(model: nn.Module, start: list[torch.Tensor]) -> torch.Tensor:
+    """‖w − w_start‖² over the trainable parameters (FedProx's term without μ/2)."""
+    return sum(((p - s) ** 2).sum() for p, s in zip(model.parameters(), start, strict=True))  # type: ignore[return-value]
 
 
 @torch.no_grad()

@@ -99,6 +99,7 @@ class TrainSettings(Message):
     batch_size: int = 32
     lr: float = 0.05
     momentum: float = 0.9
+    prox_mu: float = 0.0  # FedProx's proximal coefficient μ (0: plain SGD); set by the strategy, not [training]
 
 
 @dataclass(frozen=True)

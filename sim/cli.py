@@ -96,7 +96,8 @@ def _add_sim_options(
     parser.add_argument("--deadline", type=float, default=60.0, help="round deadline in seconds")
     parser.add_argument(
         "--strategy",
-        help="krum (server default) | fedavg | median | trimmed-mean | centered-clip | fedavgm | fedadam | fedyogi",
+        help="krum (server default) | fedavg | fedprox | median | trimmed-mean | centered-clip | fedavgm | fedadam "
+        "| fedyogi",
     )
     parser.add_argument(
         "--strategy-option", action="append", default=[], metavar="KEY=VALUE", help="e.g. beta=0.2, f=2 (repeatable)"

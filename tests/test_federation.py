@@ -262,3 +262,11 @@ def test_agent_restart_neither_repeats_nor_skips_a_round(tmp_path, broker):
     assert first.trainer.rounds == [1, 2]
     assert restarted.trainer.rounds == [3]  # round 2 not repeated, round 3 not skipped
     assert [sorted(m.accepted) for m in fed.metrics()] == [["agent-01", "agent-02"]] * 3
+
+
+def test_the_round_task_carries_what_the_strategy_configures(tmp_path, broker):
+    from tests.fedharness import ServerHarness
+
+    with ServerHarness(tmp_path, broker, strategy={"name": "fedprox", "mu": 0.05}) as h:
+        task = h.announce_agents()
+    assert task.strategy == "fedprox" and task.train.prox_mu == 0.05

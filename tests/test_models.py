@@ -9,7 +9,7 @@ import torch
 
 from models.datasets import load_digits
 from models.serialization import SerializationError, dumps, float32_region, load_file, loads, save_file
-from models.training import evaluate, train_sgd
+from models.training import evaluate, proximal, train_sgd
 from models.weights import delta, flatten, float_part, load_arrays, spec_of, to_arrays, unflatten
 from models.zoo import build_model, input_shape
 
@@ -133,3 +133,28 @@ def test_save_file_is_atomic_and_load_file_copies(tmp_path):
     arrays, _ = load_file(path)
     arrays["x"][0] = 5  # a private, writable copy
     assert list(tmp_path.iterdir()) == [path]
+
+
+def test_fedprox_proximal_term_keeps_local_training_closer_to_the_start_model():
+    train, _ = load_digits(seed=0)
+    distances = {}
+    for mu in (0.0, 10.0):
+        torch.manual_seed(0)
+        model = build_model("digits_cnn", num_classes=10)
+        start = [p.detach().clone() for p in model.parameters()]
+        train_sgd(model, train.subset(np.arange(400)), epochs=2, batch_size=32, lr=0.05, momentum=0.9, seed=0,
+                  device=torch.device("cpu"), prox_mu=mu)  # fmt: skip
+        with torch.no_grad():
+            distances[mu] = float(proximal(model, start))
+    assert distances[10.0] < 0.5 * distances[0.0], distances
+
+
+def test_fedprox_strategy_sends_mu_in_the_round_task_and_aggregates_like_fedavg():
+    from broker_server.strategies import build_strategy
+    from protocol.messages import TrainSettings
+
+    prox = build_strategy({"name": "fedprox", "mu": 0.1})
+    assert prox.configure_train(TrainSettings(epochs=3), round_number=1) == TrainSettings(epochs=3, prox_mu=0.1)
+    assert build_strategy({"name": "fedavg"}).configure_train(TrainSettings(), 1).prox_mu == 0.0
+    with pytest.raises(ValueError, match="strategy.mu must be >= 0"):
+        build_strategy({"name": "fedprox", "mu": -1})

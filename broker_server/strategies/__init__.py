@@ -12,13 +12,15 @@ from typing import Any
 from broker_server.strategies.base import Contribution, RoundResult, Strategy
 from broker_server.strategies.centered_clip import CenteredClip
 from broker_server.strategies.fedavg import FedAvg
+from broker_server.strategies.fedprox import FedProx
 from broker_server.strategies.krum import MultiKrum
 from broker_server.strategies.median import FedMedian
 from broker_server.strategies.server_optimizers import FedAdam, FedAvgM, FedYogi
 from broker_server.strategies.trimmed_mean import TrimmedMean
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (FedAvg, FedMedian, TrimmedMean, MultiKrum, CenteredClip, FedAvgM, FedAdam, FedYogi)
+    cls.name: cls
+    for cls in (FedAvg, FedProx, FedMedian, TrimmedMean, MultiKrum, CenteredClip, FedAvgM, FedAdam, FedYogi)
 }
 
 

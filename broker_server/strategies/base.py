@@ -1,6 +1,7 @@
 """The strategy interface the round engine drives.
 
-A round is ``begin`` → (per accepted update, for streaming strategies) ``fold_plan`` → ``aggregate``.
+A round is ``configure_train`` (what the round task asks of the agents) → ``begin`` → (per accepted
+update, for streaming strategies) ``fold_plan`` → ``aggregate``.
 Updates arrive validated and with their influence bounded (``broker_server.bounds``): a strategy sees
 ``Contribution``s — a read-only float32 delta over the global model's floating tensors, the capped
 sample count and the clip scale — and returns the next global vector. Every accepted update stays in
@@ -24,6 +25,7 @@ import numpy as np
 from broker_server.bounds import Tentative
 from broker_server.onepass import Fold
 from models.weights import TensorSpec
+from protocol.messages import TrainSettings
 from protocol.typed import SchemaError, build
 
 NamedArrays = dict[str, np.ndarray]
@@ -73,6 +75,11 @@ class Strategy(ABC):
             return cls(build(cls.Options, table, where="strategy", strict=True))
         except SchemaError as exc:
             raise ValueError(f"{exc} (strategy {cls.name!r})") from None
+
+    def configure_train(self, settings: TrainSettings, round_number: int) -> TrainSettings:
+        """The local training settings this round's task sends (``[training]`` as given by default); a
+        strategy adds its own, e.g. FedProx's μ."""
+        return settings
 
     def begin(self, global_vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> None:  # noqa: B027 - optional hook
         """A round starts from ``global_vector`` (read-only), laid out as ``spec`` (``models.weights.flatten``)."""
