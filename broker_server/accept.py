@@ -42,6 +42,8 @@ class RoundInputs:
 def check_gates(state: RoundState | None, agent: str, round_number: int) -> RoundState:
     if state is None:
         raise NotForThisRound("no-round-open")
+    if round_number < state.round:  # e.g. after the round closed at its threshold: the work is not carried over
+        raise NotForThisRound(f"late: round {round_number} is closed, current is {state.round}")
     if round_number != state.round:
         raise NotForThisRound(f"wrong-round: transfer for round {round_number}, current is {state.round}")
     if agent not in state.selected:

@@ -195,7 +195,9 @@ class RoundEngine:
         return excused, stand_ins
 
     def decide(self, now: float) -> str:
-        return "idle" if self.round_state is None else decide(self.round_state, self.rules, now)
+        if self.round_state is None:
+            return "idle"
+        return decide(self.round_state, self.rules, now, self.strategy.threshold)
 
     def accept(self, completed: Completed) -> UpdateRecord:
         """Accept one update into the open round and checkpoint it. A refused update of a selected agent

@@ -113,11 +113,12 @@ def replace_missing(state: RoundState, candidates: list[str], seed: int) -> tupl
     return excused, stand_ins
 
 
-def decide(state: RoundState, rules: RoundRules, now: float) -> str:
+def decide(state: RoundState, rules: RoundRules, now: float, threshold: int = 0) -> str:
     """``"wait"``, ``"close"`` or ``"reannounce"`` for the round in progress: close as soon as nobody is
-    pending with the quorum met, or at the deadline with the quorum met; otherwise re-announce then."""
+    pending with the quorum met, as soon as ``threshold`` updates are in (SmartFed's static threshold,
+    0 = off), or at the deadline with the quorum met; otherwise re-announce then."""
     quorate = len(state.updates) >= rules.quorum
-    if not state.pending and quorate:
+    if (not state.pending and quorate) or (threshold > 0 and len(state.updates) >= threshold):
         return "close"
     if now < state.deadline:
         return "wait"

@@ -222,3 +222,17 @@ def test_fedavgm_accumulates_velocity_and_leaves_running_statistics_to_plain_ave
         np.testing.assert_allclose(result.global_vector - g, [expected[0], -0.5])
     with pytest.raises(ValueError, match=r"strategy.momentum must be in \[0, 1\)"):
         build_strategy({"name": "fedavgm", "momentum": 1.0})
+
+
+def test_threshold_closes_a_round_once_k_updates_are_in_and_is_validated():
+    from broker_server.rounds import RoundRules, RoundState, UpdateRecord, decide
+
+    state = RoundState(round=1, attempt=1, selected=["a", "b", "c"], deadline=100.0, started_at=0.0)
+    state.updates.append(UpdateRecord(agent="a", samples=1, loss=0.1, norm=1.0, wire_bytes=1))
+    rules = RoundRules(min_agents=3, quorum=3)
+    assert decide(state, rules, now=1.0) == "wait" and decide(state, rules, now=1.0, threshold=2) == "wait"
+    state.updates.append(UpdateRecord(agent="b", samples=1, loss=0.1, norm=1.0, wire_bytes=1))
+    assert decide(state, rules, now=1.0, threshold=2) == "close"
+    assert build_strategy({"name": "krum", "threshold": 2}).threshold == 2
+    with pytest.raises(ValueError, match="strategy.threshold must be a whole number >= 0"):
+        build_strategy({"name": "fedavg", "threshold": 1.5})

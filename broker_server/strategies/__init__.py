@@ -33,9 +33,17 @@ def build_strategy(table: dict[str, Any]) -> Strategy:
     """The strategy ``table["name"]`` (default ``DEFAULT_STRATEGY``) built from the other keys of ``[strategy]``."""
     options = dict(table)
     name = options.pop("name", DEFAULT_STRATEGY)
+    threshold = options.pop("threshold", 0)
     if not isinstance(name, str) or name not in STRATEGIES:
         raise ValueError(f"strategy.name {name!r} is unknown; choose one of {', '.join(sorted(STRATEGIES))}")
-    return STRATEGIES[name].from_table(options)
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+        raise ValueError(
+            f"strategy.threshold must be a whole number >= 0 (close a round once that many updates are in; "
+            f"0 = wait for every selected agent), got {threshold!r}"
+        )
+    strategy = STRATEGIES[name].from_table(options)
+    strategy.threshold = threshold
+    return strategy
 
 
 __all__ = ["Contribution", "RoundResult", "Strategy", "build_strategy", "DEFAULT_STRATEGY", "STRATEGIES"]

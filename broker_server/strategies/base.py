@@ -64,6 +64,7 @@ class Strategy(ABC):
     Options: ClassVar[type] = NoOptions
     # True when the new model is a convex combination of clipped deltas, so its change is within the clip bound.
     bounded_by_clip: ClassVar[bool] = False
+    threshold: int = 0  # close the round once this many updates are in (``[strategy] threshold``; 0 = off)
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
