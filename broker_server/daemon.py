@@ -282,7 +282,7 @@ class Aggregator(MqttDaemon):
         if agent not in self.registry.keyring:
             return
         self.rejections["ignored-wrong-federation"] += 1
-        if self._ignored_log.allow(f"{federation}/{agent}") is not None:
+        if self._ignored_log.allow(f"foreign:{agent}") is not None:  # per agent: federation names are free
             log.warning(
                 "agent ignored agent=%s reason=wrong-federation: it publishes on federation %r, this server runs "
                 "%r: set federation = %r in its agent.toml",
@@ -299,24 +299,24 @@ class Aggregator(MqttDaemon):
         if kind == "status-older":  # also what a restart's re-deliveries look like: not an alarm
             log.info("status ignored agent=%s reason=%s", agent, printable(reason))
             return
-        enrolled = self.config.enrolled_dir
         log.warning(
-            "agent ignored agent=%s reason=%s; if its key was re-made, re-enrol this agent: "
-            "skyfed keys enroll %s.pub --enrolled %s, then restart the server",
-            agent, printable(reason), agent, enrolled,
+            "agent ignored agent=%s reason=%s; if its key was re-made, re-enrol this agent: %s",
+            agent, printable(reason), self._enrol_command(f"{agent}.pub"),
         )  # fmt: skip
+
+    def _enrol_command(self, pub: str) -> str:
+        return f"skyfed keys enroll {pub} --enrolled {self.config.enrolled_dir}, then restart the server"
 
     def _ignore(self, agent: str) -> None:
         """A status from an id that is not enrolled: counted, and named in the log once an hour with why
         and how to admit it (invented ids past the first few hundred share one line)."""
-        enrolled = self.config.enrolled_dir
+        revoked = self.config.enrolled_dir / REVOKED
         if agent in self.revoked:
             self.rejections["ignored-revoked"] += 1
             if self._ignored_log.allow(agent) is not None:
                 log.warning(
-                    "agent ignored agent=%s reason=revoked: its key is in %s; to re-admit it: "
-                    "skyfed keys enroll %s/%s.pub --enrolled %s, then restart the server",
-                    agent, enrolled / REVOKED, enrolled / REVOKED, agent, enrolled,
+                    "agent ignored agent=%s reason=revoked: its key is in %s; to re-admit it: %s",
+                    agent, revoked, self._enrol_command(f"{revoked / agent}.pub"),
                 )  # fmt: skip
             return
         self.rejections["ignored-not-enrolled"] += 1
@@ -327,15 +327,11 @@ class Aggregator(MqttDaemon):
         if not named:
             log.warning("agent ignored: statuses from more ids that are not enrolled (%d held back)", held)
             return
+        name = printable(agent, 64)
         log.warning(
-            "agent ignored agent=%s reason=not-enrolled: no %s.pub in %s; to admit it: "
-            "skyfed keys enroll %s.pub --enrolled %s, then restart the server",
-            printable(agent, 64),
-            printable(agent, 64),
-            enrolled,
-            printable(agent, 64),
-            enrolled,
-        )
+            "agent ignored agent=%s reason=not-enrolled: no %s.pub in %s; to admit it: %s",
+            name, name, self.config.enrolled_dir, self._enrol_command(f"{name}.pub"),
+        )  # fmt: skip
 
     def _reject(self, agent: str, reason: str) -> None:
         """Count, log (throttled) and record a refusal. Ids that are not enrolled (anyone can invent topic

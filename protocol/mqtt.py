@@ -254,6 +254,7 @@ class MqttClient:
             self._report(describe_refusal(reason_code, self.settings))
             return
         self._report(None)
+        self._pending_subscribes.clear()  # acknowledgements lost with the previous connection never come
         for pattern, qos in self._subscriptions.items():
             self._subscribe(client, pattern, qos)
         log.info(

@@ -82,7 +82,8 @@ def mosquitto_config(host: str, port: int, data_dir: Path, tls: ListenerTls | No
     )
 
 
-def _accepts(host: str, port: int) -> bool:
+def accepts(host: str, port: int) -> bool:
+    """Whether something listens on ``host:port`` now."""
     try:
         with socket.create_connection((host, port), timeout=0.2):
             return True
@@ -124,7 +125,7 @@ class LocalBroker:
 
             self._embedded = Broker(port=self.port, listen=self.host, max_payload_size=EMBEDDED_MAX_PAYLOAD)
             self._embedded.start(timeout=self.startup_timeout_s)  # type: ignore[attr-defined]
-        while not _accepts(self.host, self.port):
+        while not accepts(self.host, self.port):
             if self._process is not None and self._process.poll() is not None:
                 raise RuntimeError(f"{self.kind} exited with code {self._process.returncode}:\n{self.log_tail()}")
             if time.monotonic() - started > self.startup_timeout_s:

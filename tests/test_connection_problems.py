@@ -4,7 +4,7 @@ import logging
 import time
 
 from protocol.mqtt import BrokerSettings, MqttClient, TlsSettings
-from sim.broker import free_port, start_broker
+from sim.broker import accepts, free_port, start_broker
 from tests.fedharness import wait_until
 
 
@@ -42,7 +42,7 @@ def test_nothing_listening_is_said_once_with_the_fix_and_cleared_when_the_broker
 
 
 def test_an_unresolvable_host_names_the_key_to_fix():
-    problem = problem_of(BrokerSettings(host="no-such-broker.invalid", port=1883))
+    problem = problem_of(BrokerSettings(host="no-such-broker.invalid", port=free_port()))  # never reached
     assert "cannot resolve broker host 'no-such-broker.invalid'" in problem and "broker.host" in problem
 
 
@@ -80,19 +80,9 @@ def test_refused_credentials_name_the_keys_to_check(tmp_path):
     config.write_text(f"listener {port} 127.0.0.1\nuser {user}\nallow_anonymous false\npassword_file {passwords}\n")
     broker = subprocess.Popen([mosquitto_path(), "-c", str(config)], stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: _listening(port), 10, "mosquitto to listen")
+        wait_until(lambda: accepts("127.0.0.1", port), 10, "mosquitto to listen")
         problem = problem_of(BrokerSettings(host="127.0.0.1", port=port, username="server", password="wrong"))
         assert "refused the connection" in problem and "broker.username/password" in problem
     finally:
         broker.terminate()
         broker.wait(10)
-
-
-def _listening(port: int) -> bool:
-    import socket
-
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-        return True
-    except OSError:
-        return False
