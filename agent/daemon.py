@@ -7,6 +7,9 @@ Only the newest signed task counts: an older (round, attempt) of the same server
 replayed old task cannot stall the agent even after a restart. Progress is durable (``agent.state``):
 after a crash or reboot the agent resumes without skipping or repeating a round, and re-sends a stored
 update the broker never acknowledged, or that the server lists as still pending in a later attempt.
+A task may tell this agent to start from a model other than the global one (model swapping): its own
+model after its last round (kept on disk) or one the server sealed to it alone on its inbox; the task
+names that model by fingerprint, and the agent trains only from a model that matches it.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from agent.trainer import ClassifierTrainer, Trainer
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from models.datasets import load_dataset
 from models.serialization import SerializationError, dumps, loads
-from models.weights import NamedArrays, delta
+from models.weights import NamedArrays, advanced, delta, fingerprint
 from models.zoo import pick_device
 from protocol.daemon import MqttDaemon, Throttle
-from protocol.messages import MAX_JSON_BYTES, AgentStatus, Gate, MessageError, RoundTask
+from protocol.messages import MAX_JSON_BYTES, AgentStart, AgentStatus, Gate, MessageError, RoundTask
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Completed, Reassembler, TransferLimits, TransferRejected
@@ -70,6 +73,7 @@ class EdgeAgent(MqttDaemon):
         self.progress = self.store.load()
         self.models: dict[int, NamedArrays] = {}
         self.model_sha256 = ""
+        self.own_models = {slot: self._fingerprinted(self.store.load_model(slot)) for slot in ("local", "inbox")}
         self.task: RoundTask | None = None
         self.state = "starting"
         self.detail = ""
@@ -109,7 +113,7 @@ class EdgeAgent(MqttDaemon):
         if topic == self.topics.round:
             self._on_task(payload)
         elif topic == self.topics.agent_inbox(self.id):
-            self._on_transfer_chunk(payload, frozenset({"groupkey"}))
+            self._on_transfer_chunk(payload, frozenset({"groupkey", "start"}))
         elif (version := self.topics.model_version_of(topic)) is not None and payload:
             self._on_transfer_chunk(payload, frozenset({"model"}), version)
 
@@ -195,6 +199,8 @@ class EdgeAgent(MqttDaemon):
             return
         if completed.manifest.kind == "groupkey":
             self._on_group_key(completed)
+        elif completed.manifest.kind == "start":
+            self._on_start_model(completed)
         else:
             self._on_model(completed)
 
@@ -223,6 +229,32 @@ class EdgeAgent(MqttDaemon):
         self.model_sha256 = completed.manifest.sha256.hex()
         log.info("model received version=%d bytes=%d", version, completed.manifest.size)
 
+    def _on_start_model(self, completed: Completed) -> None:
+        """A model sealed to this agent alone (a swap partner's, say): kept on disk until a task names it."""
+        try:
+            arrays, _ = loads(completed.data)
+        except SerializationError as exc:
+            log.warning("start model rejected reason=%s", exc)
+            return
+        arrays = {name: a.copy() for name, a in arrays.items()}
+        self.store.save_model("inbox", arrays)
+        self.own_models["inbox"] = self._fingerprinted(arrays)
+        log.info("start model received round=%d sha256=%s", completed.manifest.round, self.own_models["inbox"][0][:12])
+
+    @staticmethod
+    def _fingerprinted(arrays: NamedArrays | None) -> tuple[str, NamedArrays | None]:
+        return (fingerprint(arrays), arrays) if arrays is not None else ("", None)
+
+    def _start_model(self, task: RoundTask, start: AgentStart) -> NamedArrays | None:
+        """The model this round starts from, if this agent has it (the global one, or by fingerprint)."""
+        if start.source == "global":
+            arrays = self.models.get(task.model_version)
+            return arrays if arrays is not None and self.model_sha256 == task.model_sha256 else None
+        for sha, arrays in self.own_models.values():
+            if sha == start.sha256:
+                return arrays
+        return None
+
     # work --------------------------------------------------------------------------------------------
     def _step(self) -> None:
         task = self.task
@@ -237,24 +269,38 @@ class EdgeAgent(MqttDaemon):
             if self.id in task.pending and unsent:
                 self._resend(task)
             return self._set_state("done")
-        global_arrays = self.models.get(task.model_version)
-        if global_arrays is None or self.model_sha256 != task.model_sha256:
+        start = task.start_of(self.id)
+        base = self._start_model(task, start)
+        if base is None:
             return self._set_state("waiting-model")
-        self._train_and_send(task, global_arrays)
+        self._train_and_send(task, base, start)
         return None
 
-    def _train_and_send(self, task: RoundTask, global_arrays: NamedArrays) -> None:
+    def _train_and_send(self, task: RoundTask, base: NamedArrays, start: AgentStart) -> None:
         self._set_state("training", publish=True)
         started = time.perf_counter()
-        result = self.trainer.train(global_arrays, task)
-        meta = UpdateMeta(round=task.round, base_version=task.model_version, samples=result.samples, loss=result.loss)
-        data = dumps(delta(result.arrays, global_arrays), metadata=meta.to_metadata())
+        result = self.trainer.train(base, task)
+        meta = UpdateMeta(
+            round=task.round,
+            base_version=task.model_version,
+            samples=result.samples,
+            loss=result.loss,
+            base_sha256="" if start.source == "global" else start.sha256,
+        )
+        change = delta(result.arrays, base)
+        data = dumps(change, metadata=meta.to_metadata())
         self.store.store_update(task.round, data)
+        if task.action != "average":  # the server keeps this agent's model: so does the agent, bit for bit
+            local = advanced(base, change)
+            self.store.save_model("local", local)
+            self.own_models["local"] = self._fingerprinted(local)
         self.progress.last_completed_round = task.round
         self.store.save(self.progress)
         log.info(
-            "trained round=%d samples=%d loss=%.4f seconds=%.2f",
+            "trained round=%d start=%s action=%s samples=%d loss=%.4f seconds=%.2f",
             task.round,
+            start.source,
+            task.action,
             result.samples,
             result.loss,
             time.perf_counter() - started,
@@ -310,6 +356,11 @@ class EdgeAgent(MqttDaemon):
         if self.task is None:
             return f"waiting for a round task on {self.topics.round}"
         if self.state == "waiting-model":
+            start = self.task.start_of(self.id)
+            if start.source != "global":
+                return (
+                    f"waiting for its start model {start.sha256[:12]} ({start.source}) from the server's inbox message"
+                )
             return f"waiting for model version {self.task.model_version} on the broker"
         if self.state == "idle" and self.id not in self.task.selected:
             return f"not selected for round {self.task.round}"
@@ -341,6 +392,7 @@ class EdgeAgent(MqttDaemon):
             last_completed_round=self.progress.last_completed_round,
             detail=detail,
             errors=self.errors,
+            start=task.start_of(self.id).source if task and self.id in task.selected else "",
         )
 
     def _publish_status(self, *, force: bool = False) -> paho.MQTTMessageInfo | None:

@@ -5,6 +5,9 @@ the round and attempt whose update the broker last *acknowledged* (written only 
 crash mid-send leaves the update marked unsent). The update itself is kept as
 ``update-r<round>.safetensors`` until a newer round replaces it. ``task.json`` is the newest signed
 round task the agent accepted: after a restart a replayed older task is still recognised as older.
+For strategies that keep each agent's model (model swapping), ``local.safetensors`` is this agent's
+model after its last round and ``inbox.safetensors`` the newest model the server sealed to it (a swap
+partner's): a round task names the one to start from by fingerprint, and both survive a restart.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from common.files import atomic_write, read_json, write_json
+from models.serialization import dumps, load_file
+from models.weights import NamedArrays
+
+MODEL_SLOTS = ("local", "inbox")
 
 
 @dataclass
@@ -60,3 +67,12 @@ class ProgressStore:
     def stored_update(self, round_number: int) -> bytes | None:
         path = self.update_path(round_number)
         return path.read_bytes() if path.exists() else None
+
+    def save_model(self, slot: str, arrays: NamedArrays) -> None:
+        """Keep a start model durably: ``local`` (this agent's after its round) or ``inbox`` (the server's)."""
+        assert slot in MODEL_SLOTS
+        atomic_write(self.directory / f"{slot}.safetensors", dumps(arrays), mode=0o600)
+
+    def load_model(self, slot: str) -> NamedArrays | None:
+        path = self.directory / f"{slot}.safetensors"
+        return load_file(path)[0] if path.exists() else None

@@ -31,12 +31,14 @@ from protocol.transfer import Completed
 
 @dataclass(frozen=True)
 class RoundInputs:
-    """What an update is checked against: the global model it must have been trained from."""
+    """What an update is checked against: the model its sender was told to start from (the global
+    model, or with ``base_sha256`` set, the agent's own or its swap partner's)."""
 
     spec: tuple[TensorSpec, ...]
     model_version: int
-    global_vector: np.ndarray
+    base_vector: np.ndarray
     positive: tuple[TensorRange, ...] = ()
+    base_sha256: str = ""
 
 
 def check_gates(state: RoundState | None, agent: str, round_number: int) -> RoundState:
@@ -66,7 +68,11 @@ def accept_update(
     agent = completed.manifest.sender
     state = check_gates(state, agent, completed.manifest.round)
     parsed = parse_update(
-        completed.data, expected_spec=inputs.spec, round_number=state.round, model_version=inputs.model_version
+        completed.data,
+        expected_spec=inputs.spec,
+        round_number=state.round,
+        model_version=inputs.model_version,
+        base_sha256=inputs.base_sha256,
     )
     bounds = tentative(
         policy,
@@ -83,7 +89,7 @@ def accept_update(
     try:
         if policy.max_update_norm > 0 and result.norm > policy.max_update_norm:
             raise UpdateRejected(f"norm-too-large: {result.norm:.4g} > {policy.max_update_norm:.4g}")
-        check_invariants(parsed.delta, inputs.global_vector, inputs.positive)
+        check_invariants(parsed.delta, inputs.base_vector, inputs.positive)
         store.put(state.round, agent, completed.data)
     except BaseException:
         if folded and fold is not None:

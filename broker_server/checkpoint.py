@@ -3,7 +3,8 @@
 Layout of ``<state_dir>/checkpoint/``: ``state.json`` (run id, next round, model version, the round in
 progress, the last round's metrics, the replay guard) names the model file
 ``global-v<version>.safetensors`` and the cross-round strategy state ``strategy-v<version>.safetensors``;
-``updates/round-<r>/`` holds the open round's accepted updates (``broker_server.update_store``).
+``updates/round-<r>/`` holds the open round's accepted updates (``broker_server.update_store``),
+``agents/`` the agents' own models that model-swapping strategies assign (``broker_server.agent_models``).
 ``state.json`` is replaced last and atomically, so after a ``kill -9`` at any instant the server
 resumes from a consistent state and no accepted update is lost. Files no longer named are deleted.
 """
@@ -14,6 +15,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker_server.agent_models import Assignment, ModelBank
 from broker_server.rounds import RoundState
 from broker_server.strategies.base import NamedArrays
 from broker_server.update_store import UpdateStore
@@ -44,6 +46,7 @@ class Checkpoint:
     last_metrics: dict | None = None
     replay: list[list] = field(default_factory=list)
     health: dict = field(default_factory=dict)  # broker_server.health.HealthBook.to_dict()
+    assignments: dict = field(default_factory=dict)  # agent -> broker_server.agent_models.Assignment.to_dict()
 
 
 class CheckpointStore:
@@ -51,6 +54,7 @@ class CheckpointStore:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.updates = UpdateStore(directory / "updates")
+        self.agents = ModelBank(directory / "agents")
 
     def save(self, checkpoint: Checkpoint) -> None:
         version = checkpoint.model_version
@@ -74,13 +78,15 @@ class CheckpointStore:
                 "last_metrics": checkpoint.last_metrics,
                 "replay": checkpoint.replay,
                 "health": checkpoint.health,
+                "assignments": checkpoint.assignments,
             },
         )
-        keep = {STATE_FILE, model_file, strategy_file, self.updates.directory.name}
+        keep = {STATE_FILE, model_file, strategy_file, self.updates.directory.name, self.agents.directory.name}
         for path in self.directory.iterdir():
             if path.name not in keep and not path.name.startswith("."):
                 path.unlink(missing_ok=True)
         self.updates.keep_only(rs.round if rs is not None else None)
+        self.agents.keep_only({Assignment.from_dict(a).model for a in checkpoint.assignments.values()})
 
     def load(self) -> Checkpoint | None:
         state_path = self.directory / STATE_FILE
@@ -106,4 +112,5 @@ class CheckpointStore:
             last_metrics=state["last_metrics"],
             replay=state["replay"],
             health=state.get("health", {}),
+            assignments=state.get("assignments", {}),
         )

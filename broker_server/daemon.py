@@ -26,12 +26,13 @@ from broker_server.registry import AgentRegistry, StatusRefused
 from broker_server.validation import UpdateRejected
 from common.text import printable
 from models.datasets import load_dataset
+from models.serialization import dumps
 from protocol.daemon import MqttDaemon, Throttle
-from protocol.messages import AgentStatus, RoundMetrics, RoundTask, ServerStatus
+from protocol.messages import AgentStart, AgentStatus, RoundMetrics, RoundTask, ServerStatus
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferRejected
-from security.envelope import Opener
+from security.envelope import Opener, seal
 from security.keys import REVOKED, Identity, Keyring, revoked_names
 from security.signing import signed_payload
 
@@ -154,6 +155,7 @@ class Aggregator(MqttDaemon):
         rs = self.engine.announce(self.clock())
         published = self.publisher.current
         assert published is not None
+        assignments = self.engine.assignments
         task = RoundTask(
             federation=self.topics.federation,
             round=rs.round,
@@ -172,15 +174,25 @@ class Aggregator(MqttDaemon):
             train=self.engine.strategy.configure_train(self.config.training, rs.round),
             run_id=self.engine.run_id,
             expires_at=rs.deadline + TASK_GRACE_S,
+            action=rs.action,
+            starts=[
+                AgentStart(agent, assignments[agent].source, assignments[agent].model.sha256)
+                for agent in rs.selected
+                if agent in assignments
+            ],
         )
         self._task_payload = signed_payload(task.to_dict(), self.identity)
         self.mqtt.publish(self.topics.round, self._task_payload, retain=True)
+        for agent in rs.pending:
+            if agent in assignments and assignments[agent].source == "inbox":
+                self._send_start(agent)
         self.phase = "training"
         log.info(
-            "round %s round=%d attempt=%d selected=%s pending=%s deadline_s=%.0f",
+            "round %s round=%d attempt=%d action=%s selected=%s pending=%s deadline_s=%.0f",
             "reannounced" if reannounce else "started",
             rs.round,
             rs.attempt,
+            rs.action,
             ",".join(rs.selected),
             ",".join(rs.pending),
             self.config.rounds.deadline_s,
@@ -209,6 +221,11 @@ class Aggregator(MqttDaemon):
             self.mqtt.publish(self.topics.round, self._task_payload, retain=True)
             log.warning("the retained round task was replaced by another publisher; re-published the current one")
         stalled = sorted(a for a, since in self._waiting_model_since.items() if now - since >= MODEL_STALL_S)
+        for agent in [a for a in stalled if a in self.engine.assignments]:  # its own start model: sent again
+            stalled.remove(agent)
+            self._waiting_model_since[agent] = now
+            self._send_start(agent)
+            log.warning("agent %s waited %.0fs for its start model; sent it to its inbox again", agent, MODEL_STALL_S)
         if stalled and now - self._model_republished_at >= MODEL_STALL_S:
             self._model_republished_at = now
             self.publisher.publish(self.engine.version, self.engine.global_arrays)
@@ -352,6 +369,23 @@ class Aggregator(MqttDaemon):
         for chunk in chunks:
             self.mqtt.publish(self.topics.agent_inbox(agent), chunk)
 
+    def _send_start(self, agent: str) -> None:
+        """Seal the model ``agent`` starts this round from to that agent alone, on its inbox."""
+        rs, public = self.engine.round_state, self.registry.keyring.get(agent)
+        if rs is None or public is None:
+            return
+        _, chunks = seal(
+            dumps(self.engine.start_model(agent)),
+            sender=self.identity,
+            federation=self.topics.federation,
+            kind="start",
+            round=rs.round,
+            recipient=public,
+        )
+        self._send_inbox(agent, chunks)
+        rs.inbox_bytes += sum(map(len, chunks))
+        log.info("start model sent round=%d agent=%s chunks=%d", rs.round, agent, len(chunks))
+
     def _on_connect(self) -> None:
         self._last_status = 0.0  # republish status promptly after a (re)connect
 
@@ -375,6 +409,7 @@ class Aggregator(MqttDaemon):
             updated_at=self.clock(),
             detail=detail,
             errors=self.errors,
+            action=rs.action if rs is not None else "",
         ).to_json()
 
     def _publish_status(self, *, force: bool = False, state: str | None = None) -> paho.MQTTMessageInfo | None:

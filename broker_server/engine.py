@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from broker_server.accept import RoundInputs, accept_update
+from broker_server.agent_models import Assignment, next_assignments
 from broker_server.checkpoint import Checkpoint, CheckpointStore, new_run_id
 from broker_server.config import ServerConfig
 from broker_server.health import HealthBook
@@ -28,6 +29,7 @@ from broker_server.pipeline import (
     BoundInfluence,
     CheckModel,
     Evaluate,
+    KeepAgentModels,
     RoundContext,
     RoundRejected,
     Step,
@@ -35,9 +37,10 @@ from broker_server.pipeline import (
 )
 from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missing, select_agents
 from broker_server.strategies import build_strategy
+from broker_server.strategies.swapping import ModelSwapping
 from broker_server.validation import NotForThisRound, UpdateRejected, positive_ranges
 from models.serialization import dumps, float32_region, save_file
-from models.weights import NamedArrays, flatten, float_part, to_arrays
+from models.weights import NamedArrays, flatten, float_part, to_arrays, with_floats
 from models.zoo import build_model
 from protocol.messages import Rejection, RoundMetrics
 from protocol.transfer import Completed
@@ -65,11 +68,11 @@ class RoundEngine:
         self.strategy = build_strategy(config.strategy)
         self.store = CheckpointStore(config.state_dir / "checkpoint")
         self.metrics_log = MetricsLog(config.state_dir / "metrics.jsonl")
-        self.steps: list[Step] = [
-            BoundInfluence(self.policy),
-            Aggregate(self.strategy),
-            CheckModel(self.policy, self.strategy.bounded_by_clip),
-        ]
+        self.assignments: dict[str, Assignment] = {}
+        self.steps: list[Step] = [BoundInfluence(self.policy)]
+        if isinstance(self.strategy, ModelSwapping):
+            self.steps.append(KeepAgentModels(self.strategy, self.store.agents, self.base_vector, self._pairing_rng))
+        self.steps += [Aggregate(self.strategy), CheckModel(self.policy, self.strategy.bounded_by_clip)]
         if evaluator is not None:
             self.steps.append(Evaluate(evaluator))
         self.orphan_rejections: list[dict[str, str]] = []
@@ -97,6 +100,7 @@ class RoundEngine:
         self.strategy.restore(checkpoint.strategy_state)
         self.replay.restore(checkpoint.replay)
         self.health = HealthBook.from_dict(checkpoint.health)
+        self.assignments = {a: Assignment.from_dict(x) for a, x in checkpoint.assignments.items()}
         self.metrics_log.reconcile(checkpoint.last_metrics)
         self._last_metrics = checkpoint.last_metrics
         if self.round_state is not None:
@@ -135,8 +139,23 @@ class RoundEngine:
                 last_metrics=self._last_metrics,
                 replay=self.replay.export(),
                 health=self.health.to_dict(),
+                assignments={a: x.to_dict() for a, x in self.assignments.items()},
             )
         )
+
+    # agents' own models ------------------------------------------------------------------------------
+    def base_vector(self, agent: str) -> np.ndarray:
+        """The float vector ``agent`` trains from this round: its assigned model, else the global one."""
+        assignment = self.assignments.get(agent)
+        return self.global_vector if assignment is None else self.store.agents.vector(assignment.model)
+
+    def start_model(self, agent: str) -> NamedArrays:
+        """The whole model ``agent`` starts from (what its inbox gets when it is not the global one)."""
+        return with_floats(self.global_arrays, self.base_vector(agent), self.float_spec)
+
+    def _pairing_rng(self) -> np.random.Generator:
+        assert self.round_state is not None
+        return np.random.default_rng([self.config.server.seed, self.round_state.round])
 
     @property
     def finished(self) -> bool:
@@ -159,7 +178,14 @@ class RoundEngine:
         available = self.health.available(eligible, number)
         pool = available if len(available) >= self.rules.min_agents else eligible
         selected = select_agents(pool, self.rules, seed=self.config.server.seed * 100_003 + number)
-        self.round_state = RoundState(round=number, attempt=0, selected=selected, deadline=0.0, started_at=now)
+        self.round_state = RoundState(
+            round=number,
+            attempt=0,
+            selected=selected,
+            deadline=0.0,
+            started_at=now,
+            action=self.strategy.action(number),
+        )
         self.round_state.rejected.extend(self.orphan_rejections)
         self.orphan_rejections.clear()
         self.strategy.begin(self.global_vector, self.float_spec)
@@ -202,11 +228,19 @@ class RoundEngine:
     def accept(self, completed: Completed) -> UpdateRecord:
         """Accept one update into the open round and checkpoint it. A refused update of a selected agent
         (``UpdateRejected``, re-raised) marks the agent failed for the round, so it is not waited for."""
+        agent = completed.manifest.sender
+        assignment = self.assignments.get(agent) if self.round_state and agent in self.round_state.selected else None
         try:
             record = accept_update(
                 completed,
                 self.round_state,
-                RoundInputs(self.float_spec, self.version, self.global_vector, self.positive),
+                RoundInputs(
+                    self.float_spec,
+                    self.version,
+                    self.global_vector if assignment is None else self.store.agents.vector(assignment.model),
+                    self.positive,
+                    base_sha256="" if assignment is None else assignment.model.sha256,
+                ),
                 policy=self.policy,
                 strategy=self.strategy,
                 store=self.store.updates,
@@ -247,6 +281,7 @@ class RoundEngine:
             open_delta=lambda agent: self.store.updates.delta(rs.round, agent),
         )
         outcome, reason, offenders = "committed", "", []
+        global_starts = sum(agent not in self.assignments for agent in rs.selected)
         try:
             run_pipeline(self.steps, ctx)
         except RoundRejected as rejected:
@@ -255,8 +290,11 @@ class RoundEngine:
         if outcome == "committed":
             assert ctx.candidate is not None and ctx.result is not None
             self.strategy.on_commit(ctx.result)
-            self._set_model(ctx.candidate)
-            self.version += 1
+            if self.strategy.keeps_models:
+                self.assignments = next_assignments(rs.action, self.assignments, ctx.kept, ctx.exact, ctx.pairs)
+            if rs.action == "average":
+                self._set_model(ctx.candidate)
+                self.version += 1
         aggregation = ctx.aggregation_detail()
         if outcome == "rolled-back" and ctx.evaluation:
             aggregation["rejected_eval"] = ctx.evaluation
@@ -269,7 +307,7 @@ class RoundEngine:
             duration_s=round(now - rs.started_at, 3),
             aggregate_s=round(ctx.aggregate_s, 6),
             bytes_up=rs.bytes_up,
-            bytes_down=model_wire_bytes * len(rs.selected),
+            bytes_down=model_wire_bytes * global_starts + rs.inbox_bytes,
             eval=ctx.evaluation if outcome == "committed" else {},
             model_version=self.version,
             finished_at=now,
@@ -278,10 +316,11 @@ class RoundEngine:
             offenders=offenders,
             aggregation=aggregation,
             missed=rs.missed,
+            action=rs.action,
         )
         self.round_state, self.next_round = None, rs.round + 1
         self.checkpoint(last_metrics=json.loads(metrics.to_json()))
         self.metrics_log.append(metrics)
-        if outcome == "committed":
+        if outcome == "committed" and rs.action == "average":
             save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
         return metrics

@@ -1,6 +1,6 @@
 """The close-of-round pipeline: small steps over one ``RoundContext``, each separately testable.
 
-    bound influence → aggregate → check the model → evaluate      (then the engine commits)
+    bound influence → [keep agents' models] → aggregate → check the model → evaluate   (then commit)
 
 A step either fills in its part of the context or raises ``RoundRejected`` with a reason and the
 agents to blame; any other exception in a step becomes a rejection too (``internal-error in <step>``).
@@ -14,17 +14,28 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from scipy.linalg.blas import sdot
 
+from broker_server.agent_models import Holding, ModelBank
 from broker_server.bounds import Influence, InfluencePolicy, bound_influence, lower_median
 from broker_server.rounds import RoundState
 from broker_server.strategies.base import Contribution, RoundResult, Strategy
+from broker_server.strategies.swapping import ModelSwapping
 from broker_server.validation import UpdateRejected, check_invariants, positive_ranges
-from models.weights import NamedArrays, TensorSpec, unflatten
+from models.weights import (
+    NamedArrays,
+    TensorSpec,
+    advanced,
+    fingerprint,
+    flatten,
+    float_part,
+    unflatten,
+    with_floats,
+)
 
 DOMINANCE = 2.0  # an agent whose contribution exceeds this multiple of the lower median one is named
 
@@ -51,6 +62,10 @@ class RoundContext:
     candidate: NamedArrays | None = None
     evaluation: dict[str, float] = field(default_factory=dict)
     aggregate_s: float = 0.0
+    kept: dict[str, Holding] = field(default_factory=dict)  # each agent's model after the round
+    exact: set[str] = field(default_factory=set)  # agents whose kept model is bit for bit their own copy
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+    pairing_detail: dict[str, Any] = field(default_factory=dict)
 
     def aggregation_detail(self) -> dict[str, Any]:
         detail: dict[str, Any] = {}
@@ -60,6 +75,7 @@ class RoundContext:
             detail.update(self.influence.describe(self.state.accepted, claimed, norms))
         if self.result is not None:
             detail.update(self.result.detail)
+        detail.update(self.pairing_detail)
         return detail
 
 
@@ -96,6 +112,37 @@ class BoundInfluence(Step):
             Contribution(u.agent, ctx.open_delta(u.agent), float(capped), float(scale), u.norm, u.folded)
             for u, capped, scale in zip(updates, influence.samples, influence.scales, strict=True)
         ]
+
+
+@dataclass
+class KeepAgentModels(Step):
+    """For model-keeping strategies: each agent's model after the round is its start model plus its
+    clipped delta (``models.weights.advanced``, as the agent computes it), kept in the bank; the
+    strategy then sees those models, and in a ``swap`` round says who exchanges with whom."""
+
+    strategy: ModelSwapping
+    bank: ModelBank
+    base_of: Callable[[str], np.ndarray]
+    rng: Callable[[], np.random.Generator]
+    name: str = "keep-models"
+
+    def run(self, ctx: RoundContext) -> None:
+        kept_contributions = []
+        for c in ctx.contributions:
+            start = with_floats(ctx.global_arrays, self.base_of(c.agent), ctx.float_spec)
+            step = c.delta if c.scale == 1 else c.delta * np.float32(c.scale)
+            model = advanced(start, unflatten(step, ctx.float_spec))
+            holding = Holding(ctx.state.round, c.agent, fingerprint(model))
+            self.bank.put(holding, flatten(float_part(model), ctx.float_spec), ctx.float_spec)
+            ctx.kept[c.agent] = holding
+            if c.scale == 1:
+                ctx.exact.add(c.agent)
+            kept_contributions.append(replace(c, model=self.bank.vector(holding)))
+        ctx.contributions = kept_contributions
+        if ctx.state.action == "swap":
+            agents = [c.agent for c in kept_contributions]
+            models = [unflatten(c.model, ctx.float_spec) for c in kept_contributions if c.model is not None]
+            ctx.pairs, ctx.pairing_detail = self.strategy.pairs(agents, models, self.rng())
 
 
 @dataclass
@@ -136,11 +183,7 @@ class CheckModel(Step):
             limits.append(ctx.influence.clip_bound * (1 + 1e-3))
         if limits and norm > min(limits):
             raise RoundRejected(f"change-too-large: {norm:.4g} > {min(limits):.4g}", offenders(ctx.contributions))
-        floats = unflatten(ctx.result.global_vector, ctx.float_spec)
-        ctx.candidate = {
-            name: floats[name].astype(value.dtype, copy=False) if name in floats else value
-            for name, value in ctx.global_arrays.items()
-        }
+        ctx.candidate = with_floats(ctx.global_arrays, ctx.result.global_vector, ctx.float_spec)
 
 
 @dataclass

@@ -76,6 +76,8 @@ class RoundState:
     rejected: list[dict[str, str]] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)  # selected agents whose own update was refused
     missed: list[str] = field(default_factory=list)  # selected agents excused after a deadline, replaced
+    action: str = "average"  # what the strategy does with the round's updates (average, swap, local)
+    inbox_bytes: int = 0  # models sealed to agents' inboxes for this round (swap partners' and others)
 
     @property
     def accepted(self) -> list[str]:

@@ -76,6 +76,7 @@ def parse_update(
     expected_spec: tuple[TensorSpec, ...],
     round_number: int,
     model_version: int,
+    base_sha256: str = "",
 ) -> ParsedUpdate:
     """Parse and check one update's structure; raise ``UpdateRejected`` with the reason on the first problem."""
     try:
@@ -90,6 +91,9 @@ def parse_update(
         raise UpdateRejected(f"wrong-round: update for round {meta.round}, current is {round_number}")
     if meta.base_version != model_version:
         raise UpdateRejected(f"stale-base: trained on version {meta.base_version}, current is {model_version}")
+    if meta.base_sha256 != base_sha256:
+        said = f"model {base_sha256[:12]}" if base_sha256 else "the global model"
+        raise UpdateRejected(f"wrong-base: trained from {meta.base_sha256[:12] or 'the global model'}, not {said}")
     if tuple(spec) != tuple(expected_spec):
         raise UpdateRejected(f"wrong-tensors: {describe_spec_mismatch(tuple(spec), expected_spec)}")
     return ParsedUpdate(meta=meta, delta=vector)

@@ -8,6 +8,7 @@ Pure functions: arrays in, arrays out.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -51,6 +52,26 @@ def delta(local: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> Na
             raise ValueError(f"shape of {name} is {local[name].shape}, expected {b.shape}")
         out[name] = np.subtract(local[name], b, dtype=np.float32)
     return out
+
+
+def advanced(base: Mapping[str, np.ndarray], change: Mapping[str, np.ndarray]) -> NamedArrays:
+    """``base`` + ``change`` on the floating entries (added in float32, stored in ``base``'s dtype); the
+    integer entries stay ``base``'s. Agent and server both compute an agent's model after a round with
+    this one function, so they hold the same bits and can name a model by its ``fingerprint``."""
+    return {
+        name: np.add(b, change[name], dtype=np.float32).astype(b.dtype, copy=False) if is_float(b) else b
+        for name, b in base.items()
+    }
+
+
+def fingerprint(arrays: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 (hex) over every entry's name, dtype, shape and bytes, in name order: which model this is."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        digest.update(a.tobytes())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -106,6 +127,13 @@ def flatten(arrays: Mapping[str, np.ndarray], spec: tuple[TensorSpec, ...]) -> n
     if not spec:
         return np.zeros(0, np.float32)
     return np.concatenate([np.asarray(arrays[s.name], dtype=np.float32).reshape(-1) for s in spec])
+
+
+def with_floats(arrays: Mapping[str, np.ndarray], vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> NamedArrays:
+    """``arrays`` with their floating entries replaced by ``vector`` (``flatten`` layout, cast back to each
+    entry's dtype); the other entries are kept."""
+    floats = unflatten(vector, spec)
+    return {name: floats[name].astype(a.dtype, copy=False) if name in floats else a for name, a in arrays.items()}
 
 
 def unflatten(vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> NamedArrays:

@@ -102,6 +102,25 @@ class TrainSettings(Message):
     prox_mu: float = 0.0  # FedProx's proximal coefficient μ (0: plain SGD); set by the strategy, not [training]
 
 
+START_SOURCES = ("global", "local", "inbox")
+ACTIONS = ("average", "swap", "local")
+
+
+@dataclass(frozen=True)
+class AgentStart:
+    """The model one agent starts this round from, when it is not the global model.
+
+    ``source`` is ``local`` (the agent's own model after its last round, which it keeps on disk) or
+    ``inbox`` (a model the server seals to this agent alone, e.g. its swap partner's). Either way the
+    agent trains only from a model whose ``models.weights.fingerprint`` is ``sha256``; whatever the
+    source, the signed task names the exact bits.
+    """
+
+    agent: str
+    source: str
+    sha256: str
+
+
 @dataclass(frozen=True)
 class RoundTask(Message):
     """What the server asks of the selected agents; published retained on ``round``, signed.
@@ -109,6 +128,9 @@ class RoundTask(Message):
     ``attempt`` grows when the server re-announces the same round (deadline passed without quorum, or
     the server restarted mid-round); ``pending`` lists the selected agents whose update it still lacks,
     so an agent that already trained this round re-sends its stored update instead of training again.
+    ``action`` says what the server will do with this round's updates (``average`` them into a new
+    global model, ``swap`` models between agents, or let each train on its ``local`` model); ``starts``
+    names the agents that do not start from the global model, and what they start from.
     """
 
     SCHEMA: ClassVar[str] = "skyfed.round/1"
@@ -129,6 +151,15 @@ class RoundTask(Message):
     train: TrainSettings = field(default_factory=TrainSettings)
     run_id: str = ""
     expires_at: float = 0.0
+    action: str = "average"
+    starts: list[AgentStart] = field(default_factory=list)
+
+    def start_of(self, agent: str) -> AgentStart:
+        """What ``agent`` starts from (the global model unless ``starts`` says otherwise)."""
+        for start in self.starts:
+            if start.agent == agent:
+                return start
+        return AgentStart(agent=agent, source="global", sha256=self.model_sha256)
 
     def is_newer_than(self, other: RoundTask) -> bool:
         """Ordering agents use to refuse replayed tasks: (round, attempt) within one server run, and the
@@ -165,6 +196,7 @@ class AgentStatus(Message):
     last_completed_round: int = 0
     detail: str = ""
     errors: int = 0
+    start: str = ""  # what this round's training starts from: global, local or inbox
 
     @classmethod
     def offline(cls, agent: str) -> AgentStatus:
@@ -187,6 +219,8 @@ class ServerStatus(Message):
     updated_at: float
     detail: str = ""
     errors: int = 0
+    action: str = ""  # what the current round's updates are for: average, swap or local
+    best: dict = field(default_factory=dict)  # the elected best model: round, version, metric, value
 
     @classmethod
     def offline(cls, federation: str) -> ServerStatus:
@@ -237,3 +271,4 @@ class RoundMetrics(Message):
     offenders: list[str] = field(default_factory=list)
     aggregation: dict = field(default_factory=dict)
     missed: list[str] = field(default_factory=list)  # selected agents that missed a deadline and were replaced
+    action: str = "average"  # average (a new global model), swap or local (agents keep their own models)

@@ -26,6 +26,7 @@ class UpdateMeta:
     samples: int
     loss: float
     codec: str = "none"
+    base_sha256: str = ""  # fingerprint of the start model when it was not the global one
 
     def to_metadata(self) -> dict[str, str]:
         return {
@@ -35,6 +36,7 @@ class UpdateMeta:
             "samples": str(self.samples),
             "loss": repr(float(self.loss)),
             "codec": self.codec,
+            "base_sha256": self.base_sha256,
         }
 
     @classmethod
@@ -48,6 +50,7 @@ class UpdateMeta:
                 samples=int(metadata["samples"]),
                 loss=float(metadata["loss"]),
                 codec=metadata.get("codec", "none"),
+                base_sha256=metadata.get("base_sha256", ""),
             )
         except (KeyError, ValueError) as exc:
             raise UpdateMetaError(f"bad-metadata: {exc}") from None

@@ -123,6 +123,11 @@ def test_column_blocks_cover_every_value_once_for_many_agents():
         ({"name": "krum", "f": -1}, "strategy.f must be >= 0"),
         ({"name": "median", "beta": 0.1}, "strategy.beta is not a known key"),
         ({"name": "krum", "f": "two"}, "strategy.f has the wrong type"),
+        ({"name": "fedswap", "h1": 0}, "strategy.h1 must be >= 1"),
+        ({"name": "simfedswap", "pairing": "best"}, "strategy.pairing 'best' must be one of random, gs, mss"),
+        ({"name": "simfedswap", "similarity": "cca"}, "strategy.similarity 'cca' must be one of osad, cka, rbf-cka"),
+        ({"name": "fedswap", "sp": 1.5}, r"strategy.sp must be in \[0, 1\]"),
+        ({"name": "fedswap", "h3": 2}, "strategy.h3 is not a known key; did you mean 'h1'"),
     ],
 )
 def test_bad_strategy_options_name_the_key(table, message):

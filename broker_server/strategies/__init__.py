@@ -16,12 +16,11 @@ from broker_server.strategies.fedprox import FedProx
 from broker_server.strategies.krum import MultiKrum
 from broker_server.strategies.median import FedMedian
 from broker_server.strategies.server_optimizers import FedAdam, FedAvgM, FedYogi
+from broker_server.strategies.swapping import ModelSwapping, SimFedSwap
 from broker_server.strategies.trimmed_mean import TrimmedMean
 
-STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls
-    for cls in (FedAvg, FedProx, FedMedian, TrimmedMean, MultiKrum, CenteredClip, FedAvgM, FedAdam, FedYogi)
-}
+_ALL = (FedAvg, FedProx, FedMedian, TrimmedMean, MultiKrum, CenteredClip, FedAvgM, FedAdam, FedYogi)
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (*_ALL, ModelSwapping, SimFedSwap)}
 
 
 # The default meets docs/results/robustness.md's target (2 of 10 attackers cost < 2 points); fedavg is

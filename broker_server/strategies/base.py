@@ -1,7 +1,10 @@
 """The strategy interface the round engine drives.
 
-A round is ``configure_train`` (what the round task asks of the agents) → ``begin`` → (per accepted
-update, for streaming strategies) ``fold_plan`` → ``aggregate``.
+A round is ``action`` and ``configure_train`` (what the round task asks of the agents) → ``begin`` →
+(per accepted update, for streaming strategies) ``fold_plan`` → ``aggregate``. A strategy that needs
+every update of the round (median, Krum) overrides ``aggregate`` alone: the buffering is the update
+store's. Model-swapping strategies (``keeps_models``) derive from ``strategies.swapping.ModelSwapping``
+and override ``pairs`` alone.
 Updates arrive validated and with their influence bounded (``broker_server.bounds``): a strategy sees
 ``Contribution``s — a read-only float32 delta over the global model's floating tensors, the capped
 sample count and the clip scale — and returns the next global vector. Every accepted update stays in
@@ -42,6 +45,7 @@ class Contribution:
     scale: float  # clip factor min(1, C / norm)
     norm: float
     folded: float = 0.0  # coefficient a streaming strategy already folded in (0: not folded)
+    model: np.ndarray | None = None  # the agent's whole model after the round (model-keeping strategies only)
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,9 @@ class Strategy(ABC):
     # True when the new model is a convex combination of clipped deltas, so its change is within the clip bound.
     bounded_by_clip: ClassVar[bool] = False
     threshold: int = 0  # close the round once this many updates are in (``[strategy] threshold``; 0 = off)
+    # True when every agent's model is kept across rounds (``broker_server.agent_models``): deltas are then
+    # over each agent's own start model, and ``Contribution.model`` holds its model after the round.
+    keeps_models: ClassVar[bool] = False
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -81,6 +88,11 @@ class Strategy(ABC):
         """The local training settings this round's task sends (``[training]`` as given by default); a
         strategy adds its own, e.g. FedProx's μ."""
         return settings
+
+    def action(self, round_number: int) -> str:
+        """What this round's updates are for: ``average`` (a new global model), or for strategies that
+        keep models, ``swap`` or ``local``."""
+        return "average"
 
     def begin(self, global_vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> None:  # noqa: B027 - optional hook
         """A round starts from ``global_vector`` (read-only), laid out as ``spec`` (``models.weights.flatten``)."""

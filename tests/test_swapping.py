@@ -1,0 +1,115 @@
+"""Server-mediated model swapping over a real mosquitto, with real agents and real training (issue 8).
+
+One federation of four agents runs ``fedswap`` with h1 = 1, h2 = 3 (swap, swap, average) while a raw
+subscriber records every inbox message, and the server is killed with ``kill -9`` after the first swap,
+while the agents train on their partners' models. Checked: each agent's second round starts from
+exactly (bit for bit) the model its partner held after the first; an inbox message opens only for its
+recipient; nothing is lost across the kill (every round complete, the final average published).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from models.weights import NamedArrays
+from security.envelope import InvalidEnvelope, Opener
+from security.keys import Identity, Keyring, PublicIdentity
+from tests.fedharness import Federation, override_toml, wait_until
+from tests.test_federation import SlowInRound, Sniffer, _float_windows, _leaks, _start_server_process
+
+
+class Recording:
+    """Keeps a copy of every start model a trainer is given, by round."""
+
+    def __init__(self, inner) -> None:  # noqa: ANN001
+        self.inner, self.bases = inner, {}
+
+    def train(self, base, task):  # noqa: ANN001, ANN201
+        self.bases[task.round] = {k: v.copy() for k, v in base.items()}
+        return self.inner.train(base, task)
+
+
+def _record_local_models(agent) -> list[NamedArrays]:  # noqa: ANN001
+    saved: list[NamedArrays] = []
+    save = agent.store.save_model
+
+    def recording(slot: str, arrays: NamedArrays) -> None:
+        if slot == "local":
+            saved.append({k: v.copy() for k, v in arrays.items()})
+        save(slot, arrays)
+
+    agent.store.save_model = recording
+    return saved
+
+
+def _identical(a: NamedArrays, b: NamedArrays) -> bool:
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.timeout(300)
+def test_swap_hands_each_agent_its_partners_model_sealed_to_it_and_survives_kill_9(tmp_path, broker):
+    fed = Federation(tmp_path, broker, rounds=3, agents=4, partition="dirichlet:0.5")
+    override_toml(fed.layout.server_config, strategy={"name": "fedswap", "h1": 1, "h2": 3}, rounds={"quorum": 4})
+    locals_by_agent = {}
+    for agent in fed.agents:
+        agent.trainer = SlowInRound(Recording(agent.trainer), round_number=2, delay_s=6.0)
+        locals_by_agent[agent.id] = _record_local_models(agent)
+    sniffer = Sniffer(broker)
+    log = tmp_path / "server.log"
+    server = _start_server_process(fed.layout.server_config, log)
+    fed.start_agents()
+    state_file = fed.server_state / "checkpoint" / "state.json"
+
+    def in_round_2() -> bool:
+        try:
+            rs = json.loads(state_file.read_text())["round_state"]
+        except (FileNotFoundError, json.JSONDecodeError):
+            return False
+        return bool(rs) and rs["round"] == 2 and not rs["updates"]
+
+    try:
+        wait_until(in_round_2, 120, "round 2 open after the first swap")
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(10)
+        server = _start_server_process(fed.layout.server_config, log)
+        assert server.wait(180) == 0, log.read_text()[-3000:]
+    finally:
+        if server.poll() is None:
+            server.kill()
+        sniffer.close()
+        fed.close()
+
+    metrics = fed.metrics()
+    assert [(m.round, m.action) for m in metrics] == [(1, "swap"), (2, "swap"), (3, "average")]
+    assert all(sorted(m.accepted) == sorted(m.participants) and len(m.accepted) == 4 for m in metrics)
+    assert [m.model_version for m in metrics] == [1, 1, 2]  # only the average publishes a new global model
+    assert "server resumed" in log.read_text()
+
+    pairs = metrics[0].aggregation["pairs"]
+    assert sorted(a for pair in pairs for a in pair) == sorted(a.id for a in fed.agents)
+    trainers = {a.id: a.trainer.inner for a in fed.agents}
+    for a, b in pairs:  # after the swap each trained on exactly its partner's model of round 1
+        assert _identical(trainers[a].bases[2], locals_by_agent[b][0])
+        assert _identical(trainers[b].bases[2], locals_by_agent[a][0])
+        assert not _identical(trainers[a].bases[2], trainers[b].bases[2])
+
+    identities = {a.id: Identity.load(a.config.identity_path) for a in fed.agents}
+    server_public = PublicIdentity.load(fed.agents[0].config.server_key_path)
+    inbox = [(t.split("/")[3], p) for t, p in sniffer.payloads if t.endswith("/inbox") and p]
+    starts = [(owner, p) for owner, p in inbox if b"start" in p[:200]]
+    assert {owner for owner, _ in starts} == set(identities)
+    for owner, payload in starts:
+        for name, identity in identities.items():
+            opener = Opener(identity=identity, federation="it", senders=Keyring([server_public]))
+            if name == owner:
+                opener.open_chunk(payload)
+            else:
+                with pytest.raises(InvalidEnvelope):
+                    opener.open_chunk(payload)
+    windows = set().union(*(_float_windows(locals_by_agent[a][0]) for a in identities))
+    assert not any(_leaks(p, windows) for _, p in starts)

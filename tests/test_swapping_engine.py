@@ -1,0 +1,113 @@
+"""The round engine with a model-keeping strategy, without a broker: per-agent starts, validation
+against each agent's own base, the kept models' arithmetic, pruning, and a restart between rounds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from broker_server.agent_models import Assignment, Holding, next_assignments
+from broker_server.config import load_server_config
+from broker_server.engine import RoundEngine
+from broker_server.validation import UpdateRejected
+from models.serialization import dumps
+from models.weights import advanced, fingerprint, float_part
+from protocol.transfer import Completed
+from protocol.update import UpdateMeta
+from security.envelope import NO_DIGEST, Manifest
+from security.replay import ReplayGuard
+from sim.federation import SimSettings, create_federation
+from tests.fedharness import override_toml
+
+AGENTS = ["agent-01", "agent-02", "agent-03"]
+
+
+@pytest.fixture
+def config(tmp_path):
+    layout = create_federation(tmp_path, SimSettings(agents=3, rounds=3, federation="e"), ("127.0.0.1", 1))
+    override_toml(
+        layout.server_config,
+        rounds={"min_agents": 3, "quorum": 3},
+        strategy={"name": "fedswap", "h1": 1, "h2": 2},  # swap, average, swap
+        bounds={"clip": "off"},
+    )
+    return load_server_config(layout.server_config)
+
+
+def update(engine: RoundEngine, agent: str, seed: int, *, base_sha256: str | None = None, samples: int = 100):
+    """A random delta as ``agent`` would send it, claiming the base the engine assigned unless told."""
+    rng = np.random.default_rng(seed)
+    floats = float_part(engine.global_arrays)
+    delta = {k: (0.01 * rng.standard_normal(floats[k].shape)).astype(np.float32) for k in sorted(floats)}
+    assigned = engine.assignments.get(agent)
+    claimed = base_sha256 if base_sha256 is not None else (assigned.model.sha256 if assigned else "")
+    meta = UpdateMeta(engine.round_state.round, engine.version, samples, 0.3, base_sha256=claimed)
+    data = dumps(delta, metadata=meta.to_metadata())
+    manifest = Manifest("e", "update", engine.round_state.round, agent, "server", bytes(16), 0.0, len(data), 1 << 20,
+                        1, NO_DIGEST)  # fmt: skip
+    return Completed(manifest, memoryview(data), len(data)), delta
+
+
+def run_round(engine: RoundEngine, seed: int) -> dict:
+    engine.begin_round(AGENTS, now=0.0)
+    engine.announce(now=0.0)
+    sent = {}
+    for i, agent in enumerate(AGENTS):
+        done, delta = update(engine, agent, seed + i, samples=100 * (i + 1))
+        sent[agent] = (engine.start_model(agent), delta)
+        engine.accept(done)
+    return sent
+
+
+def test_swap_round_keeps_models_pairs_them_and_the_next_round_checks_each_agents_own_base(config):
+    engine = RoundEngine(config, replay=ReplayGuard(3600))
+    sent = run_round(engine, seed=0)
+    first = engine.close(now=1.0, model_wire_bytes=1000)
+    assert first.action == "swap" and first.model_version == 1 and engine.version == 1
+    assert first.bytes_down == 3000  # everyone downloaded the global model, nobody got an inbox model
+    models = {a: advanced(base, delta) for a, (base, delta) in sent.items()}  # what each agent holds now
+    (a, b), = first.aggregation["pairs"]  # fmt: skip
+    alone = (set(AGENTS) - {a, b}).pop()  # odd agent: goes on from its own model
+    assert engine.assignments[a] == Assignment("inbox", Holding(1, b, fingerprint(models[b])))
+    assert engine.assignments[b] == Assignment("inbox", Holding(1, a, fingerprint(models[a])))
+    assert engine.assignments[alone] == Assignment("local", Holding(1, alone, fingerprint(models[alone])))
+    for agent in AGENTS:
+        start = engine.start_model(agent)
+        owner = engine.assignments[agent].model.owner
+        assert all(np.array_equal(start[k], models[owner][k]) for k in start)
+
+    resumed = RoundEngine(config, replay=ReplayGuard(3600))  # a restart between the swap and round 2
+    assert resumed.assignments == engine.assignments
+    resumed.begin_round(AGENTS, now=2.0)
+    resumed.announce(now=2.0)
+    assert resumed.round_state.action == "average"
+    wrong, _ = update(resumed, a, seed=9, base_sha256="")  # trained from the global model, not its partner's
+    with pytest.raises(UpdateRejected, match="wrong-base"):
+        resumed.accept(wrong)
+    deltas = {}
+    for i, agent in enumerate(AGENTS):
+        done, deltas[agent] = update(resumed, agent, seed=10 + i, samples=100 * (i + 1))
+        resumed.accept(done)
+    second = resumed.close(now=3.0, model_wire_bytes=1000)
+    assert second.action == "average" and second.outcome == "committed" and resumed.version == 2
+    weights = {agent: 100 * (i + 1) for i, agent in enumerate(AGENTS)}
+    owner = {agent: engine.assignments[agent].model.owner for agent in AGENTS}
+    for name, value in float_part(resumed.global_arrays).items():
+        expected = sum(
+            weights[x] * (models[owner[x]][name].astype(np.float64) + deltas[x][name]) for x in AGENTS
+        ) / sum(weights.values())
+        np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert resumed.assignments == {}  # after an average everyone starts from the global model
+    assert not any((config.state_dir / "checkpoint" / "agents").iterdir())  # kept models no one needs: deleted
+
+
+def test_next_assignments_by_action():
+    kept = {x: Holding(4, x, x * 2) for x in "abc"}
+    current = {"d": Assignment("local", Holding(2, "d", "dd"))}
+    assert next_assignments("average", current, kept, set("abc"), []) == {}
+    local = next_assignments("local", current, kept, {"a", "b"}, [])
+    assert local["a"].source == "local" and local["c"] == Assignment("inbox", kept["c"])  # c was clipped
+    assert local["d"] == current["d"]  # not selected: unchanged
+    swap = next_assignments("swap", current, kept, set("abc"), [("a", "c")])
+    assert swap["a"] == Assignment("inbox", kept["c"]) and swap["c"] == Assignment("inbox", kept["a"])
+    assert swap["b"] == Assignment("local", kept["b"])  # unpaired
