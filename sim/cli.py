@@ -53,7 +53,8 @@ def run_sim_command(args: argparse.Namespace) -> int:
 
     quiet_connection_logs()
     exit_on_sigterm()
-
+    if getattr(args, "config", None):
+        return _run_experiment(Path(args.config), args.out)
     try:
         settings = _settings(args)
     except ValueError as exc:
@@ -66,6 +67,22 @@ def run_sim_command(args: argparse.Namespace) -> int:
     result = run_sim(settings, Path(args.out), broker_address=args.broker)
     final = result.metrics[-1].eval.get("accuracy") if result.metrics else None
     print(f"done in {result.seconds:.1f} s; final accuracy {final}; results in {result.out}/")
+    return 0
+
+
+def _run_experiment(path: Path, out: str) -> int:
+    from sim.experiment import load_experiment, run_experiment
+
+    try:
+        experiment = load_experiment(path)
+    except (OSError, ValueError) as exc:
+        print(f"skyfed sim: {exc}", file=sys.stderr)
+        return 2
+    folder = Path(out if out != "runs/sim" else f"runs/{path.stem}")
+    runs = len(experiment.conditions) * len(experiment.methods) * len(experiment.seeds)
+    print(f"SkyFed experiment {experiment.title!r}: {runs} runs into {folder}/ (resumes if interrupted)")
+    run_experiment(experiment, folder)
+    print((folder / "results.md").read_text(), end="")
     return 0
 
 
@@ -97,7 +114,7 @@ def _add_sim_options(
     parser.add_argument(
         "--strategy",
         help="krum (server default) | fedavg | fedprox | median | trimmed-mean | centered-clip | fedavgm | fedadam "
-        "| fedyogi",
+        "| fedyogi | fedswap | simfedswap",
     )
     parser.add_argument(
         "--strategy-option", action="append", default=[], metavar="KEY=VALUE", help="e.g. beta=0.2, f=2 (repeatable)"
@@ -140,6 +157,9 @@ def run_data(args: argparse.Namespace) -> int:
 def add_sim_commands(commands: argparse._SubParsersAction) -> None:
     sim = commands.add_parser("sim", help="run a whole local federation over a real broker")
     _add_sim_options(sim, agents=4, rounds=5, partition="dirichlet:0.5", out="runs/sim", federation="sim")
+    sim.add_argument(
+        "--config", help="an experiment file (experiments/<name>.toml): run its whole grid and write results.md"
+    )
     demo = commands.add_parser("demo", help="the sim with friendly defaults (digits CNN, 4 agents, non-IID)")
     _add_sim_options(demo, agents=4, rounds=10, partition="shards", out="runs/demo", federation="demo")
     data = commands.add_parser(
