@@ -23,6 +23,7 @@ from common.files import read_json, write_json
 from models.serialization import load_file, save_file
 
 STATE_FILE = "state.json"
+BEST_FILE = "best.safetensors"  # the best-evaluated global model, for ``[strategy] elect_best``
 FORMAT = 2
 
 
@@ -47,6 +48,7 @@ class Checkpoint:
     replay: list[list] = field(default_factory=list)
     health: dict = field(default_factory=dict)  # broker_server.health.HealthBook.to_dict()
     assignments: dict = field(default_factory=dict)  # agent -> broker_server.agent_models.Assignment.to_dict()
+    best: dict = field(default_factory=dict)  # the best-evaluated version so far (best.safetensors holds it)
 
 
 class CheckpointStore:
@@ -79,9 +81,11 @@ class CheckpointStore:
                 "replay": checkpoint.replay,
                 "health": checkpoint.health,
                 "assignments": checkpoint.assignments,
+                "best": checkpoint.best,
             },
         )
-        keep = {STATE_FILE, model_file, strategy_file, self.updates.directory.name, self.agents.directory.name}
+        keep = {STATE_FILE, model_file, strategy_file, BEST_FILE, self.updates.directory.name}
+        keep.add(self.agents.directory.name)
         for path in self.directory.iterdir():
             if path.name not in keep and not path.name.startswith("."):
                 path.unlink(missing_ok=True)
@@ -113,4 +117,11 @@ class CheckpointStore:
             replay=state["replay"],
             health=state.get("health", {}),
             assignments=state.get("assignments", {}),
+            best=state.get("best", {}),
         )
+
+    def save_best(self, arrays: NamedArrays) -> None:
+        save_file(self.directory / BEST_FILE, arrays)
+
+    def load_best(self) -> NamedArrays:
+        return load_file(self.directory / BEST_FILE)[0]

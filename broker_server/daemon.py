@@ -269,7 +269,7 @@ class Aggregator(MqttDaemon):
         published = self.publisher.current
         assert published is not None
         metrics = self.engine.close(now, model_wire_bytes=published.wire_bytes)
-        if metrics.outcome == "committed":
+        if self.engine.version != published.version:  # a new average, or the best model elected at the end
             self.publisher.publish(self.engine.version, self.engine.global_arrays)
         self.mqtt.publish(self.topics.server_metrics, metrics.to_json())
         self._log_round(metrics)
@@ -410,6 +410,7 @@ class Aggregator(MqttDaemon):
             detail=detail,
             errors=self.errors,
             action=rs.action if rs is not None else "",
+            best=self.engine.best,
         ).to_json()
 
     def _publish_status(self, *, force: bool = False, state: str | None = None) -> paho.MQTTMessageInfo | None:

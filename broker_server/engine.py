@@ -77,6 +77,7 @@ class RoundEngine:
             self.steps.append(Evaluate(evaluator))
         self.orphan_rejections: list[dict[str, str]] = []
         self.health = HealthBook()
+        self.best: dict = {}  # version, round and accuracy of the best-evaluated global model (elect_best)
         self._last_metrics: dict | None = None
         self._restore()
 
@@ -101,6 +102,7 @@ class RoundEngine:
         self.replay.restore(checkpoint.replay)
         self.health = HealthBook.from_dict(checkpoint.health)
         self.assignments = {a: Assignment.from_dict(x) for a, x in checkpoint.assignments.items()}
+        self.best = checkpoint.best
         self.metrics_log.reconcile(checkpoint.last_metrics)
         self._last_metrics = checkpoint.last_metrics
         if self.round_state is not None:
@@ -140,6 +142,7 @@ class RoundEngine:
                 replay=self.replay.export(),
                 health=self.health.to_dict(),
                 assignments={a: x.to_dict() for a, x in self.assignments.items()},
+                best=self.best,
             )
         )
 
@@ -318,9 +321,37 @@ class RoundEngine:
             missed=rs.missed,
             action=rs.action,
         )
+        published = outcome == "committed" and rs.action == "average"
+        if published and self.strategy.elect_best:
+            self._note_if_best(rs.round, ctx.evaluation)
         self.round_state, self.next_round = None, rs.round + 1
         self.checkpoint(last_metrics=json.loads(metrics.to_json()))
         self.metrics_log.append(metrics)
-        if outcome == "committed" and rs.action == "average":
+        if published:
             save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
+        if self.finished and self.strategy.elect_best:
+            self._elect_best()
         return metrics
+
+    def _note_if_best(self, round_number: int, evaluation: dict[str, float]) -> None:
+        accuracy = evaluation.get("accuracy")
+        if accuracy is not None and accuracy > self.best.get("accuracy", -1.0):
+            self.store.save_best(self.global_arrays)  # before the checkpoint that names it
+            self.best = {"version": self.version, "round": round_number, "accuracy": accuracy}
+
+    def _elect_best(self) -> None:
+        """SmartFed's election at the end of a run: the version that evaluated best on the server's data
+        becomes the final global model (published again as a new version when it is not the last one)."""
+        if not self.best or self.best.get("elected") or self.best["version"] == self.version:
+            self.best = {**self.best, "elected": True} if self.best else {}
+            self.checkpoint()
+            return
+        self._set_model(self.store.load_best())
+        self.version += 1
+        self.best = {**self.best, "elected": True, "published_as": self.version}
+        self.checkpoint()
+        save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
+        log.info(
+            "best model elected version=%d round=%d accuracy=%.4f published_as=%d",
+            self.best["version"], self.best["round"], self.best["accuracy"], self.version,
+        )  # fmt: skip

@@ -33,6 +33,7 @@ def build_strategy(table: dict[str, Any]) -> Strategy:
     options = dict(table)
     name = options.pop("name", DEFAULT_STRATEGY)
     threshold = options.pop("threshold", 0)
+    elect_best = options.pop("elect_best", False)
     if not isinstance(name, str) or name not in STRATEGIES:
         raise ValueError(f"strategy.name {name!r} is unknown; choose one of {', '.join(sorted(STRATEGIES))}")
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
@@ -41,7 +42,13 @@ def build_strategy(table: dict[str, Any]) -> Strategy:
             f"0 = wait for every selected agent), got {threshold!r}"
         )
     strategy = STRATEGIES[name].from_table(options)
+    if not isinstance(elect_best, bool):
+        raise ValueError(
+            f"strategy.elect_best must be true or false (at the end of the run, publish the global model that "
+            f"evaluated best), got {elect_best!r}"
+        )
     strategy.threshold = threshold
+    strategy.elect_best = elect_best
     return strategy
 
 

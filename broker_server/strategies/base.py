@@ -69,6 +69,7 @@ class Strategy(ABC):
     # True when the new model is a convex combination of clipped deltas, so its change is within the clip bound.
     bounded_by_clip: ClassVar[bool] = False
     threshold: int = 0  # close the round once this many updates are in (``[strategy] threshold``; 0 = off)
+    elect_best: bool = False  # at the end of the run, publish the version that evaluated best (SmartFed)
     # True when every agent's model is kept across rounds (``broker_server.agent_models``): deltas are then
     # over each agent's own start model, and ``Contribution.model`` holds its model after the round.
     keeps_models: ClassVar[bool] = False
