@@ -47,29 +47,30 @@ class FederationView:
         for col in ("server", "round", "phase", "strategy", "model", "agents online", "rejections"):
             head.add_column(col)
         if s is not None:
-            phase = f"{s.phase} ({s.action})" if s.action else s.phase
+            phase = f"{s.phase} ({s.action})" if s.action not in ("", "average") else s.phase
             model = f"v{s.model_version}" + (f", best v{s.best['version']}" if s.best.get("version") else "")
             head.add_row(*_cells(s.state, s.round, phase, s.strategy, model, s.agents_online, s.detail))
         agents = Table(show_header=True)
-        for col in ("agent", "state", "round", "done", "start", "samples", "model", "gate", "age s"):
+        for col in ("agent", "state", "round", "done", "samples", "model", "gate", "age s"):
             agents.add_column(col, overflow="fold")
         agents.add_column("detail", overflow="fold", ratio=1, min_width=30)
         now = time.time()
         for name, a in sorted(self.agents.items()):
             gate = "ok" if a.gate.ok else "blocked: " + ", ".join(a.gate.reasons)
+            state = f"{a.state} (from {a.start})" if a.start not in ("", "global") else a.state
             agents.add_row(
-                *_cells(name, a.state, a.round, a.last_completed_round, a.start, a.samples, f"v{a.version}", gate)
+                *_cells(name, state, a.round, a.last_completed_round, a.samples, f"v{a.version}", gate)
                 + _cells(f"{now - a.updated_at:.0f}", a.detail)
             )
         rounds = Table(show_header=True)
-        for col in ("round", "action", "accepted", "rejected", "accuracy", "loss", "seconds", "MB up", "MB down"):
+        for col in ("round", "accepted", "rejected", "accuracy", "loss", "seconds", "MB up", "MB down"):
             rounds.add_column(col)
         for m in self.metrics:
             outcome = "" if m.outcome == "committed" else f" ({m.outcome}: {m.reason})"
+            outcome += "" if m.action == "average" else f" {m.action}"
             rounds.add_row(
                 *_cells(
                     f"{m.round}{outcome}",
-                    m.action,
                     f"{len(m.accepted)}/{len(m.participants)}",
                     len(m.rejected),
                     _fmt(m.eval.get("accuracy")),

@@ -27,9 +27,12 @@ ERROR_LOG_INTERVAL_S = 60.0
 TICK_INTERVAL_S = 0.1
 
 
-def configure_logging(level: str) -> None:
-    """One line per event; journald adds its own timestamps (it sets JOURNAL_STREAM), anywhere else we do."""
+def configure_logging(level: str, *, thread_names: bool = False) -> None:
+    """One line per event; journald adds its own timestamps (it sets JOURNAL_STREAM), anywhere else we do.
+    ``thread_names`` prefixes each line with its thread's name (several daemons in one process)."""
     fmt = "%(levelname)s %(name)s: %(message)s"
+    if thread_names:
+        fmt = "[%(threadName)s] " + fmt
     if not os.environ.get("JOURNAL_STREAM"):
         fmt = "%(asctime)s " + fmt
     logging.basicConfig(level=getattr(logging, level.upper()), format=fmt, stream=sys.stderr)

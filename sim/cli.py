@@ -44,6 +44,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         attackers=args.attackers,
         attack=args.attack or "",
         attack_scope=args.attack_scope,
+        agents_per_process=args.agents_per_process,
     )
 
 
@@ -99,6 +100,11 @@ def _add_sim_options(
     parser: argparse.ArgumentParser, *, agents: int, rounds: int, partition: str, out: str, federation: str
 ) -> None:
     parser.add_argument("--agents", type=int, default=agents)
+    parser.add_argument(
+        "--agents-per-process", type=int, default=1, metavar="K",
+        help="host K agents in one OS process (each still its own MQTT connection, keys and state): PyTorch is "
+        "loaded once per K agents, so 100 agents fit on a small machine",
+    )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--partition", default=partition, help="iid | shards | shards:K | dirichlet:ALPHA")
     parser.add_argument("--seed", type=int, default=0)

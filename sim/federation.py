@@ -42,6 +42,7 @@ class SimSettings:
     attackers: int = 0
     attack: str = ""
     attack_scope: str = "parameters"
+    agents_per_process: int = 1  # K agents share one OS process (sim.agent_host); 1 = one process each
 
     def __post_init__(self) -> None:
         from broker_server.bounds import InfluencePolicy
@@ -51,6 +52,8 @@ class SimSettings:
 
         if self.agents < 1:
             raise ValueError(f"--agents must be >= 1, got {self.agents}")
+        if self.agents_per_process < 1:
+            raise ValueError(f"--agents-per-process must be >= 1, got {self.agents_per_process}")
         if self.rounds < 1:
             raise ValueError(f"--rounds must be >= 1, got {self.rounds}")
         if not 0 <= self.attackers < self.agents:

@@ -59,6 +59,27 @@ def _terminate(processes: list[subprocess.Popen], timeout_s: float = 10.0) -> No
             proc.wait()
 
 
+def _spawn_agents(
+    configs: dict[str, Path], settings: SimSettings, attackers: list[str], logs: Path
+) -> list[subprocess.Popen]:
+    """One ``skyfed agent run`` per agent (``sim.attack_agent`` for attackers), or with
+    ``agents_per_process`` K > 1, one ``sim.agent_host`` per K agents (log ``<first>..<last>.log``)."""
+    attack = ["--attack", settings.attack, "--scope", settings.attack_scope]
+    if settings.agents_per_process == 1:
+        return [
+            _spawn(["--config", str(path), *attack], logs / f"{name}.log", "sim.attack_agent")
+            if name in attackers
+            else _spawn(["agent", "run", "--config", str(path)], logs / f"{name}.log")
+            for name, path in configs.items()
+        ]
+    names, k = list(configs), settings.agents_per_process
+    hosts = []
+    for group in (names[i : i + k] for i in range(0, len(names), k)):
+        args = [a for name in group for a in ("--attacker" if name in attackers else "--config", str(configs[name]))]
+        hosts.append(_spawn([*args, *attack], logs / f"{group[0]}..{group[-1]}.log", "sim.agent_host"))
+    return hosts
+
+
 def format_round(m: RoundMetrics, elapsed_s: float) -> str:
     acc = m.eval.get("accuracy")
     loss = m.eval.get("loss")
@@ -118,16 +139,7 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
         attackers = settings.attacker_names()
         if attackers:
             echo(f"  attackers ({settings.attack}, {settings.attack_scope}): {', '.join(attackers)}")
-        agents = [
-            _spawn(
-                ["--config", str(path), "--attack", settings.attack, "--scope", settings.attack_scope],
-                logs / f"{name}.log",
-                "sim.attack_agent",
-            )
-            if name in attackers
-            else _spawn(["agent", "run", "--config", str(path)], logs / f"{name}.log")
-            for name, path in layout.agent_configs.items()
-        ]
+        agents = _spawn_agents(layout.agent_configs, settings, attackers, logs)
         stack.callback(_terminate, [server, *agents])
         metrics: list[RoundMetrics] = []
         deadline = time.monotonic() + settings.rounds * (settings.deadline_s * 3) + 120

@@ -69,13 +69,16 @@ def test_sim_against_an_existing_broker_writes_metrics_curves_and_model(tmp_path
 
 
 def test_sim_with_a_robust_strategy_and_attackers_says_who_attacked(tmp_path, broker):
+    """Also: two agents per OS process (``--agents-per-process``), the attacker hosted with an honest one."""
     out = tmp_path / "attacked"
     result = skyfed(
         "sim", "--agents", "4", "--rounds", "2", "--strategy", "trimmed-mean", "--strategy-option", "beta=0.25",
         "--attackers", "1", "--attack", "samples:100000", "--partition", "iid", "--out", str(out), "--broker",
-        broker.address, "--federation", "attacked",
+        broker.address, "--federation", "attacked", "--agents-per-process", "2",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+    hosts = sorted(p.name for p in (out / "federation" / "logs").glob("agent-*.log"))
+    assert hosts == ["agent-01..agent-02.log", "agent-03..agent-04.log"]
     assert "strategy trimmed-mean" in result.stdout and "attackers (samples:100000, parameters): " in result.stdout
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["strategy"] for r in rows] == ["trimmed-mean"] * 2
@@ -94,6 +97,7 @@ def test_sim_with_a_robust_strategy_and_attackers_says_who_attacked(tmp_path, br
         (["--attackers", "1"], "--attackers needs --attack KIND"),
         (["--attackers", "1", "--attack", "scale"], "--attack 'scale' must be sign-flip, scale:F"),
         (["--attackers", "4", "--attack", "sign-flip"], "--attackers must be between 0 and --agents - 1"),
+        (["--agents-per-process", "0"], "--agents-per-process must be >= 1"),
     ],
 )
 def test_sim_refuses_bad_arguments_with_a_message(args, message):
@@ -120,3 +124,26 @@ def test_sweep_table_reports_mean_and_sd_per_configuration_and_condition():
     ]
     median_line = next(line for line in table(rows).splitlines() if line.startswith("| median |"))
     assert median_line.startswith("| median | 97.0 ± 1.0 | – |")
+
+
+def test_an_experiment_file_with_a_bad_key_is_refused_before_any_run(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text('title = "t"\n[methods]\nswap = {strategy = {name = "fedswap", h1 = 0}}\n')
+    result = skyfed("sim", "--config", str(config), "--out", str(tmp_path / "out"), timeout=60)
+    assert result.returncode == 2 and "strategy.h1 must be >= 1" in result.stderr, result.stderr
+    config.write_text('title = "t"\n[sim]\nagnets = 3\n')
+    result = skyfed("sim", "--config", str(config), "--out", str(tmp_path / "out"), timeout=60)
+    assert result.returncode == 2 and "agnets is not a known key; did you mean 'agents'" in result.stderr
+
+
+def test_experiment_summary_counts_only_published_models_towards_the_target():
+    from sim.experiment import summarise
+
+    def line(round_number, action, accuracy):
+        return {"round": round_number, "action": action, "outcome": "committed", "eval": {"accuracy": accuracy},
+                "finished_at": 10.0 * round_number, "duration_s": 10.0, "bytes_up": 100, "bytes_down": 50}  # fmt: skip
+
+    metrics = [line(1, "local", 0.95), line(2, "swap", 0.96), line(3, "average", 0.8), line(4, "average", 0.91)]
+    summary = summarise(metrics, target=0.9)
+    assert summary["rounds_to_target"] == 4 and summary["seconds_to_target"] == 40.0
+    assert summary["bytes_up_per_round"] == 100 and summary["bytes_down_per_round"] == 50
