@@ -21,12 +21,13 @@ import paho.mqtt.client as paho
 import torch
 
 from agent.config import AgentConfig
+from agent.start_models import StartModels
 from agent.state import AgentProgress, ProgressStore
 from agent.trainer import ClassifierTrainer, Trainer
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from models.datasets import load_dataset
 from models.serialization import SerializationError, dumps, loads
-from models.weights import NamedArrays, advanced, delta, fingerprint
+from models.weights import NamedArrays, advanced, delta
 from models.zoo import pick_device
 from protocol.daemon import MqttDaemon, Throttle
 from protocol.messages import MAX_JSON_BYTES, AgentStart, AgentStatus, Gate, MessageError, RoundTask
@@ -73,7 +74,7 @@ class EdgeAgent(MqttDaemon):
         self.progress = self.store.load()
         self.models: dict[int, NamedArrays] = {}
         self.model_sha256 = ""
-        self.own_models = {slot: self._fingerprinted(self.store.load_model(slot)) for slot in ("local", "inbox")}
+        self.start_models = StartModels(self.store)
         self.task: RoundTask | None = None
         self.state = "starting"
         self.detail = ""
@@ -236,24 +237,15 @@ class EdgeAgent(MqttDaemon):
         except SerializationError as exc:
             log.warning("start model rejected reason=%s", exc)
             return
-        arrays = {name: a.copy() for name, a in arrays.items()}
-        self.store.save_model("inbox", arrays)
-        self.own_models["inbox"] = self._fingerprinted(arrays)
-        log.info("start model received round=%d sha256=%s", completed.manifest.round, self.own_models["inbox"][0][:12])
-
-    @staticmethod
-    def _fingerprinted(arrays: NamedArrays | None) -> tuple[str, NamedArrays | None]:
-        return (fingerprint(arrays), arrays) if arrays is not None else ("", None)
+        sha256 = self.start_models.keep("inbox", {name: a.copy() for name, a in arrays.items()})
+        log.info("start model received round=%d sha256=%s", completed.manifest.round, sha256[:12])
 
     def _start_model(self, task: RoundTask, start: AgentStart) -> NamedArrays | None:
         """The model this round starts from, if this agent has it (the global one, or by fingerprint)."""
         if start.source == "global":
             arrays = self.models.get(task.model_version)
             return arrays if arrays is not None and self.model_sha256 == task.model_sha256 else None
-        for sha, arrays in self.own_models.values():
-            if sha == start.sha256:
-                return arrays
-        return None
+        return self.start_models.find(start.sha256)
 
     # work --------------------------------------------------------------------------------------------
     def _step(self) -> None:
@@ -291,9 +283,7 @@ class EdgeAgent(MqttDaemon):
         data = dumps(change, metadata=meta.to_metadata())
         self.store.store_update(task.round, data)
         if task.action != "average":  # the server keeps this agent's model: so does the agent, bit for bit
-            local = advanced(base, change)
-            self.store.save_model("local", local)
-            self.own_models["local"] = self._fingerprinted(local)
+            self.start_models.keep("local", advanced(base, change))
         self.progress.last_completed_round = task.round
         self.store.save(self.progress)
         log.info(

@@ -21,6 +21,7 @@ from broker_server.config import ServerConfig
 from broker_server.engine import RoundEngine
 from broker_server.evaluation import Evaluator
 from broker_server.groupkeys import GroupKeyDistributor, load_or_create
+from broker_server.ignored import IgnoredAgents
 from broker_server.publisher import ModelPublisher
 from broker_server.registry import AgentRegistry, StatusRefused
 from broker_server.validation import UpdateRejected
@@ -33,15 +34,13 @@ from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferRejected
 from security.envelope import Opener, seal
-from security.keys import REVOKED, Identity, Keyring, revoked_names
+from security.keys import Identity, Keyring
 from security.signing import signed_payload
 
 log = logging.getLogger("skyfed.server")
 
 MODEL_STALL_S = 15.0  # an agent waiting this long for the current model gets it re-published
 NOT_ENROLLED = "(not enrolled)"
-IGNORED_LOG_INTERVAL_S = 3600.0  # an agent the server ignores is named once an hour
-MAX_IGNORED_NAMED = 256  # beyond this many invented ids, the rest are only counted
 RE_ENROL = "not signed by the key enrolled for this agent: if its key was re-made, re-enrol this agent"
 TASK_GRACE_S = 300.0  # a task stays valid this long past its deadline (clock skew); then agents ignore it
 REJECTION_LOG_INTERVAL_S = 10.0
@@ -60,7 +59,6 @@ class Aggregator(MqttDaemon):
         self.topics = Topics(fed)
         self.identity = Identity.load(config.identity_path)
         keyring = Keyring.load_dir(config.enrolled_dir)
-        self.revoked = revoked_names(config.enrolled_dir)
         self.opener = Opener(identity=self.identity, federation=fed, senders=keyring)
         evaluator = None
         if config.eval_path is not None:
@@ -85,7 +83,7 @@ class Aggregator(MqttDaemon):
         self.rejections = Counter[str]()
         self.phase = "starting"
         self._rejection_log = Throttle(REJECTION_LOG_INTERVAL_S)
-        self._ignored_log = Throttle(IGNORED_LOG_INTERVAL_S)
+        self.ignored = IgnoredAgents(config.enrolled_dir, keyring, fed, self.rejections)
         self._task_payload: bytes | None = None
         self._reasserted_at = 0.0
         self._reassert_pending = False
@@ -111,19 +109,19 @@ class Aggregator(MqttDaemon):
             self._on_round_topic(payload)
             return
         if (foreign := self.topics.foreign_status_of(topic)) is not None:
-            self._note_foreign(*foreign)
+            self.ignored.foreign(*foreign)
             return
         agent = self.topics.agent_of(topic)
         if agent is None:
             return
         if topic == self.topics.agent_status(agent):
             if payload and agent not in self.registry.keyring:
-                self._ignore(agent)
+                self.ignored.not_enrolled(agent)
                 return
             try:
                 previous, status = self.registry.update(agent, payload, self.clock())
             except StatusRefused as exc:
-                self._status_refused(agent, exc.reason)
+                self.ignored.status_refused(agent, exc.reason)
                 return
             self.group_keys.on_status(agent, previous, status)
             self._note_model_wait(agent, status)
@@ -292,63 +290,6 @@ class Aggregator(MqttDaemon):
             m.model_version,
             ",".join(m.aggregation.get("clipped", [])) or "-",
         )
-
-    def _note_foreign(self, federation: str, agent: str) -> None:
-        """One of our enrolled agents publishing under another federation: its agent.federation is wrong.
-        Ids we do not know there belong to someone else's federation and are none of our business."""
-        if agent not in self.registry.keyring:
-            return
-        self.rejections["ignored-wrong-federation"] += 1
-        if self._ignored_log.allow(f"foreign:{agent}") is not None:  # per agent: federation names are free
-            log.warning(
-                "agent ignored agent=%s reason=wrong-federation: it publishes on federation %r, this server runs "
-                "%r: set federation = %r in its agent.toml",
-                agent, printable(federation, 64), self.topics.federation, self.topics.federation,
-            )  # fmt: skip
-
-    def _status_refused(self, agent: str, reason: str) -> None:
-        """A status the registry does not believe: counted, and logged once an hour per agent and kind
-        (an agent republishes every few seconds); a re-keyed agent is told how to re-enrol."""
-        kind = reason.split(":")[0]
-        self.rejections[kind] += 1
-        if self._ignored_log.allow(f"{agent}:{kind}") is None:
-            return
-        if kind == "status-older":  # also what a restart's re-deliveries look like: not an alarm
-            log.info("status ignored agent=%s reason=%s", agent, printable(reason))
-            return
-        log.warning(
-            "agent ignored agent=%s reason=%s; if its key was re-made, re-enrol this agent: %s",
-            agent, printable(reason), self._enrol_command(f"{agent}.pub"),
-        )  # fmt: skip
-
-    def _enrol_command(self, pub: str) -> str:
-        return f"skyfed keys enroll {pub} --enrolled {self.config.enrolled_dir}, then restart the server"
-
-    def _ignore(self, agent: str) -> None:
-        """A status from an id that is not enrolled: counted, and named in the log once an hour with why
-        and how to admit it (invented ids past the first few hundred share one line)."""
-        revoked = self.config.enrolled_dir / REVOKED
-        if agent in self.revoked:
-            self.rejections["ignored-revoked"] += 1
-            if self._ignored_log.allow(agent) is not None:
-                log.warning(
-                    "agent ignored agent=%s reason=revoked: its key is in %s; to re-admit it: %s",
-                    agent, revoked, self._enrol_command(f"{revoked / agent}.pub"),
-                )  # fmt: skip
-            return
-        self.rejections["ignored-not-enrolled"] += 1
-        named = len(self._ignored_log) < MAX_IGNORED_NAMED
-        held = self._ignored_log.allow(agent if named else "*")
-        if held is None:
-            return
-        if not named:
-            log.warning("agent ignored: statuses from more ids that are not enrolled (%d held back)", held)
-            return
-        name = printable(agent, 64)
-        log.warning(
-            "agent ignored agent=%s reason=not-enrolled: no %s.pub in %s; to admit it: %s",
-            name, name, self.config.enrolled_dir, self._enrol_command(f"{name}.pub"),
-        )  # fmt: skip
 
     def _reject(self, agent: str, reason: str) -> None:
         """Count, log (throttled) and record a refusal. Ids that are not enrolled (anyone can invent topic

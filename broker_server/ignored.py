@@ -1,0 +1,88 @@
+"""Agents the server ignores, and how it tells the operator: once an hour per agent and reason, with
+the command that fixes it (enrol, re-enrol, re-admit a revoked agent, or correct a federation name).
+
+Anyone can invent topic ids, so ids that are not enrolled are named only for the first few hundred;
+past that they share one line. Every ignored message is counted in ``counts`` (the server status).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from pathlib import Path
+
+from common.text import printable
+from protocol.daemon import Throttle
+from security.keys import REVOKED, Keyring, revoked_names
+
+log = logging.getLogger("skyfed.server")
+
+IGNORED_LOG_INTERVAL_S = 3600.0  # an agent the server ignores is named once an hour
+MAX_IGNORED_NAMED = 256  # beyond this many invented ids, the rest are only counted
+
+
+class IgnoredAgents:
+    def __init__(self, enrolled_dir: Path, keyring: Keyring, federation: str, counts: Counter[str]) -> None:
+        self.enrolled_dir = enrolled_dir
+        self.keyring = keyring
+        self.federation = federation
+        self.counts = counts
+        self.revoked = revoked_names(enrolled_dir)
+        self._log = Throttle(IGNORED_LOG_INTERVAL_S)
+
+    def foreign(self, federation: str, agent: str) -> None:
+        """One of our enrolled agents publishing under another federation: its agent.federation is wrong.
+        Ids we do not know there belong to someone else's federation and are none of our business."""
+        if agent not in self.keyring:
+            return
+        self.counts["ignored-wrong-federation"] += 1
+        if self._log.allow(f"foreign:{agent}") is not None:  # per agent: federation names are free
+            log.warning(
+                "agent ignored agent=%s reason=wrong-federation: it publishes on federation %r, this server runs "
+                "%r: set federation = %r in its agent.toml",
+                agent, printable(federation, 64), self.federation, self.federation,
+            )  # fmt: skip
+
+    def status_refused(self, agent: str, reason: str) -> None:
+        """A status the registry does not believe: counted, and logged once an hour per agent and kind
+        (an agent republishes every few seconds); a re-keyed agent is told how to re-enrol."""
+        kind = reason.split(":")[0]
+        self.counts[kind] += 1
+        if self._log.allow(f"{agent}:{kind}") is None:
+            return
+        if kind == "status-older":  # also what a restart's re-deliveries look like: not an alarm
+            log.info("status ignored agent=%s reason=%s", agent, printable(reason))
+            return
+        log.warning(
+            "agent ignored agent=%s reason=%s; if its key was re-made, re-enrol this agent: %s",
+            agent, printable(reason), self.enrol_command(f"{agent}.pub"),
+        )  # fmt: skip
+
+    def enrol_command(self, pub: str) -> str:
+        return f"skyfed keys enroll {pub} --enrolled {self.enrolled_dir}, then restart the server"
+
+    def not_enrolled(self, agent: str) -> None:
+        """A status from an id that is not enrolled: counted, and named in the log once an hour with why
+        and how to admit it (invented ids past the first few hundred share one line)."""
+        revoked = self.enrolled_dir / REVOKED
+        if agent in self.revoked:
+            self.counts["ignored-revoked"] += 1
+            if self._log.allow(agent) is not None:
+                log.warning(
+                    "agent ignored agent=%s reason=revoked: its key is in %s; to re-admit it: %s",
+                    agent, revoked, self.enrol_command(f"{revoked / agent}.pub"),
+                )  # fmt: skip
+            return
+        self.counts["ignored-not-enrolled"] += 1
+        named = len(self._log) < MAX_IGNORED_NAMED
+        held = self._log.allow(agent if named else "*")
+        if held is None:
+            return
+        if not named:
+            log.warning("agent ignored: statuses from more ids that are not enrolled (%d held back)", held)
+            return
+        name = printable(agent, 64)
+        log.warning(
+            "agent ignored agent=%s reason=not-enrolled: no %s.pub in %s; to admit it: %s",
+            name, name, self.enrolled_dir, self.enrol_command(f"{name}.pub"),
+        )  # fmt: skip
