@@ -231,7 +231,12 @@ class EdgeAgent(MqttDaemon):
         log.info("model received version=%d bytes=%d", version, completed.manifest.size)
 
     def _on_start_model(self, completed: Completed) -> None:
-        """A model sealed to this agent alone (a swap partner's, say): kept on disk until a task names it."""
+        """A model sealed to this agent alone (a swap partner's, say): kept on disk until a task names it.
+        One for a round older than the current task's is a replay, and is ignored (it would evict the
+        model the task names)."""
+        if self.task is not None and completed.manifest.round < self.task.round:
+            self._warn("start-stale", "start model ignored round=%d reason=older-than-task", completed.manifest.round)
+            return
         try:
             arrays, _ = loads(completed.data)
         except SerializationError as exc:

@@ -13,6 +13,8 @@ from agent.daemon import EdgeAgent
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from models.serialization import dumps
+from models.weights import fingerprint
+from protocol.messages import AgentStart
 from protocol.mqtt import BrokerSettings, MqttClient
 from security.envelope import seal
 from security.keys import GroupKey, Identity
@@ -224,3 +226,30 @@ def test_an_agent_keeps_its_newer_model_when_an_older_one_is_replayed(tmp_path):
     for chunk in sealed[1]:
         agent.handle("skyfed/it/model/1/0", bytes(chunk))
     assert list(agent.models) == [1]
+
+
+def test_a_start_model_is_kept_across_a_restart_and_an_older_rounds_one_is_ignored(tmp_path):
+    """Swapping: a model sealed to this agent is kept on disk and found by the fingerprint the task names;
+    one sealed for an older round than the task's (a replay) cannot evict it; another agent's key opens nothing."""
+    layout = create_federation(tmp_path, SimSettings(agents=2, rounds=1, federation="it"), ("127.0.0.1", 1))
+    server = Identity.load(layout.server_config.parent / "server.key")
+    agent = EdgeAgent(load_agent_config(layout.agent_configs["agent-01"]))
+    models = {r: {"w": np.full(4, r, np.float32)} for r in (2, 3)}
+    sealed = {
+        r: seal(dumps(m), sender=server, federation="it", kind="start", round=r, recipient=agent.identity.public)[1]
+        for r, m in models.items()
+    }
+    start = AgentStart(agent="agent-01", source="inbox", sha256=fingerprint(models[3]))
+    task = _signed_task(server, round=3, issued_at=time.time(), action="swap", starts=[start])
+    agent._on_task(task)
+    for chunk in sealed[3]:
+        agent.handle("skyfed/it/agent/agent-01/inbox", bytes(chunk))
+    for chunk in sealed[2]:
+        agent.handle("skyfed/it/agent/agent-01/inbox", bytes(chunk))  # replayed from an older round
+    restarted = EdgeAgent(load_agent_config(layout.agent_configs["agent-01"]))
+    found = restarted._start_model(restarted.task, restarted.task.start_of("agent-01"))
+    assert found is not None and np.array_equal(found["w"], models[3]["w"])
+    other = EdgeAgent(load_agent_config(layout.agent_configs["agent-02"]))
+    for chunk in sealed[3]:
+        other.handle("skyfed/it/agent/agent-02/inbox", bytes(chunk))  # sealed to agent-01: does not open
+    assert other.start_models.find(fingerprint(models[3])) is None
