@@ -24,6 +24,7 @@ from agent.config import AgentConfig
 from agent.start_models import StartModels
 from agent.state import AgentProgress, ProgressStore
 from agent.trainer import ClassifierTrainer, Trainer
+from agent.waiting import waiting_for
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from models.datasets import load_dataset
 from models.serialization import SerializationError, dumps, loads
@@ -232,17 +233,20 @@ class EdgeAgent(MqttDaemon):
 
     def _on_start_model(self, completed: Completed) -> None:
         """A model sealed to this agent alone (a swap partner's, say): kept on disk until a task names it.
-        One for a round older than the current task's is a replay, and is ignored (it would evict the
-        model the task names)."""
-        if self.task is not None and completed.manifest.round < self.task.round:
-            self._warn("start-stale", "start model ignored round=%d reason=older-than-task", completed.manifest.round)
+        One for a round older than the current task's or than the inbox model held is a replay, and is
+        ignored (it would evict the model a task names)."""
+        newest = max(self.task.round if self.task is not None else 0, self.start_models.round_of("inbox"))
+        if completed.manifest.round < newest:
+            self._warn("start-stale", "start model ignored round=%d reason=older-than-held", completed.manifest.round)
             return
         try:
             arrays, _ = loads(completed.data)
         except SerializationError as exc:
             log.warning("start model rejected reason=%s", exc)
             return
-        sha256 = self.start_models.keep("inbox", {name: a.copy() for name, a in arrays.items()})
+        sha256 = self.start_models.keep(
+            "inbox", {name: a.copy() for name, a in arrays.items()}, completed.manifest.round
+        )
         log.info("start model received round=%d sha256=%s", completed.manifest.round, sha256[:12])
 
     def _start_model(self, task: RoundTask, start: AgentStart) -> NamedArrays | None:
@@ -288,7 +292,7 @@ class EdgeAgent(MqttDaemon):
         data = dumps(change, metadata=meta.to_metadata())
         self.store.store_update(task.round, data)
         if task.action != "average":  # the server keeps this agent's model: so does the agent, bit for bit
-            self.start_models.keep("local", advanced(base, change))
+            self.start_models.keep("local", advanced(base, change), task.round)
         self.progress.last_completed_round = task.round
         self.store.save(self.progress)
         log.info(
@@ -332,34 +336,14 @@ class EdgeAgent(MqttDaemon):
 
     # status ------------------------------------------------------------------------------------------
     def _waiting_for(self) -> str:
-        """What an idle agent waits for, in words an operator can act on ('' when nothing is missing)."""
-        if self._key_mismatch:
-            return (
-                "the group key the server sealed for this agent does not open with this agent's key: its key "
-                f"changed after it was enrolled. Re-enrol this agent: skyfed keys enroll {self.id}.pub "
-                "--enrolled <server's keys.enrolled>, then restart the server"
-            )
-        if not self.group_keys:
-            return (
-                "waiting for the group key, which the server sends to enrolled agents once it sees their signed "
-                f"status; if this lasts, {self.id} is not enrolled there, or was enrolled with a key it no longer "
-                f"has: enrol or re-enrol this agent (skyfed keys enroll {self.id}.pub --enrolled <server's "
-                "keys.enrolled>, then restart the server); or the server is not running, or runs another "
-                f"federation than this agent's {self.topics.federation!r}; or, with TLS and the per-agent ACL, "
-                "this agent's certificate CN is not its id (the broker then drops its messages)"
-            )
-        if self.task is None:
-            return f"waiting for a round task on {self.topics.round}"
-        if self.state == "waiting-model":
-            start = self.task.start_of(self.id)
-            if start.source != "global":
-                return (
-                    f"waiting for its start model {start.sha256[:12]} ({start.source}) from the server's inbox message"
-                )
-            return f"waiting for model version {self.task.model_version} on the broker"
-        if self.state == "idle" and self.id not in self.task.selected:
-            return f"not selected for round {self.task.round}"
-        return ""
+        return waiting_for(
+            agent=self.id,
+            topics=self.topics,
+            key_mismatch=self._key_mismatch,
+            has_group_key=bool(self.group_keys),
+            task=self.task,
+            state=self.state,
+        )
 
     def _warn(self, key: str, message: str, *args: object) -> None:
         held = self._log.allow(key)

@@ -15,17 +15,22 @@ from models.weights import NamedArrays, fingerprint
 class StartModels:
     def __init__(self, store: ProgressStore) -> None:
         self.store = store
-        self._held: dict[str, tuple[str, NamedArrays]] = {}
+        self._held: dict[str, tuple[str, NamedArrays, int]] = {}
         for slot in MODEL_SLOTS:
-            arrays = store.load_model(slot)
-            if arrays is not None:
-                self._held[slot] = (fingerprint(arrays), arrays)
+            loaded = store.load_model(slot)
+            if loaded is not None:
+                self._held[slot] = (fingerprint(loaded[0]), *loaded)
 
-    def keep(self, slot: str, arrays: NamedArrays) -> str:
-        """Store ``arrays`` durably in ``slot`` (replacing what it held); returns their fingerprint."""
-        self.store.save_model(slot, arrays)
-        self._held[slot] = (fingerprint(arrays), arrays)
+    def keep(self, slot: str, arrays: NamedArrays, round_number: int) -> str:
+        """Store ``arrays`` (for round ``round_number``) durably in ``slot``, replacing what it held;
+        returns their fingerprint."""
+        self.store.save_model(slot, arrays, round_number)
+        self._held[slot] = (fingerprint(arrays), arrays, round_number)
         return self._held[slot][0]
 
+    def round_of(self, slot: str) -> int:
+        """The round the model in ``slot`` was kept for (0 when empty)."""
+        return self._held[slot][2] if slot in self._held else 0
+
     def find(self, sha256: str) -> NamedArrays | None:
-        return next((arrays for sha, arrays in self._held.values() if sha == sha256), None)
+        return next((arrays for sha, arrays, _ in self._held.values() if sha == sha256), None)

@@ -68,11 +68,15 @@ class ProgressStore:
         path = self.update_path(round_number)
         return path.read_bytes() if path.exists() else None
 
-    def save_model(self, slot: str, arrays: NamedArrays) -> None:
+    def save_model(self, slot: str, arrays: NamedArrays, round_number: int) -> None:
         """Keep a start model durably: ``local`` (this agent's after its round) or ``inbox`` (the server's)."""
         assert slot in MODEL_SLOTS
-        atomic_write(self.directory / f"{slot}.safetensors", dumps(arrays), mode=0o600)
+        atomic_write(self.directory / f"{slot}.safetensors", dumps(arrays, {"round": str(round_number)}), mode=0o600)
 
-    def load_model(self, slot: str) -> NamedArrays | None:
+    def load_model(self, slot: str) -> tuple[NamedArrays, int] | None:
+        """The model in ``slot`` and the round it was kept for."""
         path = self.directory / f"{slot}.safetensors"
-        return load_file(path)[0] if path.exists() else None
+        if not path.exists():
+            return None
+        arrays, metadata = load_file(path)
+        return arrays, int(metadata.get("round", "0"))

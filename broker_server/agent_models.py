@@ -53,20 +53,26 @@ class Assignment:
 def next_assignments(
     action: str,
     current: dict[str, Assignment],
+    asked: list[str],
     kept: dict[str, Holding],
     exact: set[str],
     pairs: list[tuple[str, str]],
 ) -> dict[str, Assignment]:
-    """Where every agent starts after a round whose agents' models are ``kept``.
+    """Where every agent starts after a round that ``asked`` agents to train and ``kept`` the models of
+    those whose update counted (none when the round was rolled back).
 
-    ``average``: nobody keeps a model (all start from the new global one). ``local``: each agent that
-    trained goes on from its own model (``local`` if it is ``exact``ly the agent's copy, else sent to its
+    ``average``: nobody keeps a model (all start from the new global one). ``local``: each agent in
+    ``kept`` goes on from its own model (``local`` if it is ``exact``ly the agent's copy, else sent to its
     inbox). ``swap``: each pair exchanges models through the inbox; an unpaired agent goes on from its
-    own. Agents that did not train this round keep their assignment.
+    own. An agent asked but not kept (refused, late, excused) may have replaced its own copy by training
+    anyway, so the model it keeps on the server is sent to its inbox; other agents keep their assignment.
     """
     if action == "average":
         return {}
     out = dict(current)
+    for agent in asked:
+        if agent not in kept and agent in out:
+            out[agent] = Assignment("inbox", out[agent].model)
     for agent, holding in kept.items():
         out[agent] = Assignment("local" if agent in exact else "inbox", holding)
     for a, b in pairs:

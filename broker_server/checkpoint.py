@@ -23,12 +23,16 @@ from common.files import read_json, write_json
 from models.serialization import load_file, save_file
 
 STATE_FILE = "state.json"
-BEST_FILE = "best.safetensors"  # the best-evaluated global model, for ``[strategy] elect_best``
 FORMAT = 2
 
 
 class CheckpointError(ValueError):
     """A checkpoint this version cannot resume from; the message says what to do."""
+
+
+def best_name(version: int) -> str:
+    """The file of the best-evaluated global model (``broker_server.election``)."""
+    return f"best-v{version}.safetensors"
 
 
 def new_run_id() -> str:
@@ -48,7 +52,7 @@ class Checkpoint:
     replay: list[list] = field(default_factory=list)
     health: dict = field(default_factory=dict)  # broker_server.health.HealthBook.to_dict()
     assignments: dict = field(default_factory=dict)  # agent -> broker_server.agent_models.Assignment.to_dict()
-    best: dict = field(default_factory=dict)  # the best-evaluated version so far (best.safetensors holds it)
+    best: dict = field(default_factory=dict)  # the best-evaluated version so far (broker_server.election)
 
 
 class CheckpointStore:
@@ -84,8 +88,15 @@ class CheckpointStore:
                 "best": checkpoint.best,
             },
         )
-        keep = {STATE_FILE, model_file, strategy_file, BEST_FILE, self.updates.directory.name}
-        keep.add(self.agents.directory.name)
+        best_file = best_name(checkpoint.best["version"]) if "version" in checkpoint.best else None
+        keep = {
+            STATE_FILE,
+            model_file,
+            strategy_file,
+            best_file,
+            self.updates.directory.name,
+            self.agents.directory.name,
+        }
         for path in self.directory.iterdir():
             if path.name not in keep and not path.name.startswith("."):
                 path.unlink(missing_ok=True)
@@ -120,8 +131,8 @@ class CheckpointStore:
             best=state.get("best", {}),
         )
 
-    def save_best(self, arrays: NamedArrays) -> None:
-        save_file(self.directory / BEST_FILE, arrays)
+    def save_best(self, version: int, arrays: NamedArrays) -> None:
+        save_file(self.directory / best_name(version), arrays)
 
-    def load_best(self) -> NamedArrays:
-        return load_file(self.directory / BEST_FILE)[0]
+    def load_best(self, version: int) -> NamedArrays:
+        return load_file(self.directory / best_name(version))[0]

@@ -29,7 +29,7 @@ from common.text import printable
 from models.datasets import load_dataset
 from models.serialization import dumps
 from protocol.daemon import MqttDaemon, Throttle
-from protocol.messages import AgentStart, AgentStatus, RoundMetrics, RoundTask, ServerStatus
+from protocol.messages import MAX_JSON_BYTES, AgentStart, AgentStatus, RoundMetrics, RoundTask, ServerStatus
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferRejected
@@ -180,6 +180,9 @@ class Aggregator(MqttDaemon):
             ],
         )
         self._task_payload = signed_payload(task.to_dict(), self.identity)
+        if len(self._task_payload) > MAX_JSON_BYTES:  # agents would refuse it: say why rounds stall
+            log.error("round task is %d bytes, over the %d agents accept: select fewer agents per round "
+                      "(rounds.fraction)", len(self._task_payload), MAX_JSON_BYTES)  # fmt: skip
         self.mqtt.publish(self.topics.round, self._task_payload, retain=True)
         for agent in rs.pending:
             if agent in assignments and assignments[agent].source == "inbox":
@@ -206,7 +209,8 @@ class Aggregator(MqttDaemon):
 
     def _note_model_wait(self, agent: str, status: AgentStatus | None) -> None:
         rs = self.engine.round_state
-        if status is not None and status.state == "waiting-model" and rs is not None and status.round == rs.round:
+        waiting = status is not None and status.state == "waiting-model" and rs is not None
+        if waiting and status.round == rs.round and agent in rs.pending:  # only asked agents get a model again
             self._waiting_model_since.setdefault(agent, self.clock())
         else:
             self._waiting_model_since.pop(agent, None)
@@ -351,7 +355,7 @@ class Aggregator(MqttDaemon):
             detail=detail,
             errors=self.errors,
             action=rs.action if rs is not None else "",
-            best=self.engine.best,
+            best=self.engine.best.record,
         ).to_json()
 
     def _publish_status(self, *, force: bool = False, state: str | None = None) -> paho.MQTTMessageInfo | None:

@@ -22,6 +22,7 @@ from broker_server.accept import RoundInputs, accept_update
 from broker_server.agent_models import Assignment, next_assignments
 from broker_server.checkpoint import Checkpoint, CheckpointStore, new_run_id
 from broker_server.config import ServerConfig
+from broker_server.election import BestModel
 from broker_server.health import HealthBook
 from broker_server.metrics_log import MetricsLog
 from broker_server.pipeline import (
@@ -71,15 +72,22 @@ class RoundEngine:
         self.assignments: dict[str, Assignment] = {}
         self.steps: list[Step] = [BoundInfluence(self.policy)]
         if isinstance(self.strategy, ModelSwapping):
-            self.steps.append(KeepAgentModels(self.strategy, self.store.agents, self.base_vector, self._pairing_rng))
+            keep = KeepAgentModels(self.strategy, self.store.agents, self.base_vector, self._pairing_rng, self.policy)
+            self.steps.append(keep)
+            cycle = self.strategy.options.h1 * self.strategy.options.h2
+            if config.server.rounds % cycle:
+                log.warning("server.rounds = %d is not a multiple of h1*h2 = %d: the last %d rounds' training never "
+                            "reaches the final global model", config.server.rounds, cycle,
+                            config.server.rounds % cycle)  # fmt: skip
         self.steps += [Aggregate(self.strategy), CheckModel(self.policy, self.strategy.bounded_by_clip)]
         if evaluator is not None:
             self.steps.append(Evaluate(evaluator))
         self.orphan_rejections: list[dict[str, str]] = []
         self.health = HealthBook()
-        self.best: dict = {}  # version, round and accuracy of the best-evaluated global model (elect_best)
         self._last_metrics: dict | None = None
         self._restore()
+        if self.finished and self.strategy.elect_best and not self.best.elected:
+            self._elect_best()  # the run ended just before a crash: elect now
 
     # state -------------------------------------------------------------------------------------------
     def _restore(self) -> None:
@@ -89,6 +97,7 @@ class RoundEngine:
             initial = build_model(self.config.server.model, num_classes=self.config.server.num_classes)
             self.run_id, self.version, self.next_round = new_run_id(), 1, 1
             self.round_state: RoundState | None = None
+            self.best = BestModel(self.store, {})
             self._set_model(to_arrays(initial))
             self.checkpoint()
             save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
@@ -102,7 +111,12 @@ class RoundEngine:
         self.replay.restore(checkpoint.replay)
         self.health = HealthBook.from_dict(checkpoint.health)
         self.assignments = {a: Assignment.from_dict(x) for a, x in checkpoint.assignments.items()}
-        self.best = checkpoint.best
+        self.best = BestModel(self.store, checkpoint.best)
+        if self.assignments and not self.strategy.keeps_models:
+            log.warning(
+                "strategy %s keeps no agent models: %d assignments dropped", self.strategy.name, len(self.assignments)
+            )
+            self.assignments = {}
         self.metrics_log.reconcile(checkpoint.last_metrics)
         self._last_metrics = checkpoint.last_metrics
         if self.round_state is not None:
@@ -142,7 +156,7 @@ class RoundEngine:
                 replay=self.replay.export(),
                 health=self.health.to_dict(),
                 assignments={a: x.to_dict() for a, x in self.assignments.items()},
-                best=self.best,
+                best=self.best.record,
             )
         )
 
@@ -293,11 +307,13 @@ class RoundEngine:
         if outcome == "committed":
             assert ctx.candidate is not None and ctx.result is not None
             self.strategy.on_commit(ctx.result)
-            if self.strategy.keeps_models:
-                self.assignments = next_assignments(rs.action, self.assignments, ctx.kept, ctx.exact, ctx.pairs)
             if rs.action == "average":
                 self._set_model(ctx.candidate)
                 self.version += 1
+        committed = outcome == "committed"
+        if self.strategy.keeps_models and (committed or rs.action != "average"):
+            kept, pairs = (ctx.kept, ctx.pairs) if committed else ({}, [])
+            self.assignments = next_assignments(rs.action, self.assignments, rs.selected, kept, ctx.exact, pairs)
         aggregation = ctx.aggregation_detail()
         if outcome == "rolled-back" and ctx.evaluation:
             aggregation["rejected_eval"] = ctx.evaluation
@@ -321,9 +337,9 @@ class RoundEngine:
             missed=rs.missed,
             action=rs.action,
         )
-        published = outcome == "committed" and rs.action == "average"
+        published = committed and rs.action == "average"
         if published and self.strategy.elect_best:
-            self._note_if_best(rs.round, ctx.evaluation)
+            self.best.note(self.version, rs.round, ctx.evaluation, self.global_arrays)
         self.round_state, self.next_round = None, rs.round + 1
         self.checkpoint(last_metrics=json.loads(metrics.to_json()))
         self.metrics_log.append(metrics)
@@ -333,25 +349,17 @@ class RoundEngine:
             self._elect_best()
         return metrics
 
-    def _note_if_best(self, round_number: int, evaluation: dict[str, float]) -> None:
-        accuracy = evaluation.get("accuracy")
-        if accuracy is not None and accuracy > self.best.get("accuracy", -1.0):
-            self.store.save_best(self.global_arrays)  # before the checkpoint that names it
-            self.best = {"version": self.version, "round": round_number, "accuracy": accuracy}
-
     def _elect_best(self) -> None:
-        """SmartFed's election at the end of a run: the version that evaluated best on the server's data
-        becomes the final global model (published again as a new version when it is not the last one)."""
-        if not self.best or self.best.get("elected") or self.best["version"] == self.version:
-            self.best = {**self.best, "elected": True} if self.best else {}
-            self.checkpoint()
-            return
-        self._set_model(self.store.load_best())
-        self.version += 1
-        self.best = {**self.best, "elected": True, "published_as": self.version}
+        """The run ended: the best-evaluated version becomes the final global model (``election``)."""
+        arrays = self.best.elect(self.version)
+        if arrays is not None:
+            self._set_model(arrays)
+            self.version += 1
+            self.best.published_as(self.version)
+            save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
+            record = self.best.record
+            log.info(
+                "best model elected version=%d round=%d accuracy=%.4f published_as=%d",
+                record["version"], record["round"], record["accuracy"], self.version,
+            )  # fmt: skip
         self.checkpoint()
-        save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
-        log.info(
-            "best model elected version=%d round=%d accuracy=%.4f published_as=%d",
-            self.best["version"], self.best["round"], self.best["accuracy"], self.version,
-        )  # fmt: skip

@@ -65,7 +65,7 @@ class RoundContext:
     kept: dict[str, Holding] = field(default_factory=dict)  # each agent's model after the round
     exact: set[str] = field(default_factory=set)  # agents whose kept model is bit for bit their own copy
     pairs: list[tuple[str, str]] = field(default_factory=list)
-    pairing_detail: dict[str, Any] = field(default_factory=dict)
+    kept_detail: dict[str, Any] = field(default_factory=dict)  # pairs, drift bound (model-keeping strategies)
 
     def aggregation_detail(self) -> dict[str, Any]:
         detail: dict[str, Any] = {}
@@ -75,7 +75,7 @@ class RoundContext:
             detail.update(self.influence.describe(self.state.accepted, claimed, norms))
         if self.result is not None:
             detail.update(self.result.detail)
-        detail.update(self.pairing_detail)
+        detail.update(self.kept_detail)
         return detail
 
 
@@ -118,31 +118,51 @@ class BoundInfluence(Step):
 class KeepAgentModels(Step):
     """For model-keeping strategies: each agent's model after the round is its start model plus its
     clipped delta (``models.weights.advanced``, as the agent computes it), kept in the bank; the
-    strategy then sees those models, and in a ``swap`` round says who exchanges with whom."""
+    strategy then sees those models, and in a ``swap`` round says who exchanges with whom.
+
+    The clip bounds one round's step, not how far an agent's model drifts from the global one over the
+    rounds between averages, and a drifted model is handed to a swap partner and averaged. So, unless
+    ``bounds.clip = "off"``, a model further than ``clip_multiple`` × the lower median drift from the
+    global model is pulled back to that distance (the agent then gets the server's copy, not its own)."""
 
     strategy: ModelSwapping
     bank: ModelBank
     base_of: Callable[[str], np.ndarray]
     rng: Callable[[], np.random.Generator]
+    policy: InfluencePolicy
     name: str = "keep-models"
 
     def run(self, ctx: RoundContext) -> None:
-        kept_contributions = []
+        drifts = []
         for c in ctx.contributions:
             start = with_floats(ctx.global_arrays, self.base_of(c.agent), ctx.float_spec)
             step = c.delta if c.scale == 1 else c.delta * np.float32(c.scale)
-            model = advanced(start, unflatten(step, ctx.float_spec))
-            holding = Holding(ctx.state.round, c.agent, fingerprint(model))
-            self.bank.put(holding, flatten(float_part(model), ctx.float_spec), ctx.float_spec)
-            ctx.kept[c.agent] = holding
+            drifts.append(self._keep(ctx, c.agent, advanced(start, unflatten(step, ctx.float_spec))))
             if c.scale == 1:
                 ctx.exact.add(c.agent)
-            kept_contributions.append(replace(c, model=self.bank.vector(holding)))
-        ctx.contributions = kept_contributions
+        if self.policy.clip != "off" and drifts:
+            bound = max(1.0, self.policy.clip_multiple) * lower_median(np.array(drifts))
+            capped = [(c.agent, d) for c, d in zip(ctx.contributions, drifts, strict=True) if d > bound]
+            for agent, drift in capped:
+                held = self.bank.vector(ctx.kept[agent])
+                pulled = ctx.global_vector + (held - ctx.global_vector) * np.float32(bound / drift)
+                self._keep(ctx, agent, with_floats(ctx.global_arrays, pulled, ctx.float_spec))
+                ctx.exact.discard(agent)
+            ctx.kept_detail.update(drift_bound=round(bound, 6), drift_capped=[agent for agent, _ in capped])
+        ctx.contributions = [replace(c, model=self.bank.vector(ctx.kept[c.agent])) for c in ctx.contributions]
         if ctx.state.action == "swap":
-            agents = [c.agent for c in kept_contributions]
-            models = [unflatten(c.model, ctx.float_spec) for c in kept_contributions if c.model is not None]
-            ctx.pairs, ctx.pairing_detail = self.strategy.pairs(agents, models, self.rng())
+            agents = [c.agent for c in ctx.contributions]
+            models = [unflatten(c.model, ctx.float_spec) for c in ctx.contributions if c.model is not None]
+            ctx.pairs, pairing = self.strategy.pairs(agents, models, self.rng())
+            ctx.kept_detail.update(pairing)
+
+    def _keep(self, ctx: RoundContext, agent: str, model: NamedArrays) -> float:
+        """Write ``agent``'s model to the bank; returns its distance from the global model."""
+        vector = flatten(float_part(model), ctx.float_spec)
+        ctx.kept[agent] = Holding(ctx.state.round, agent, fingerprint(model))
+        self.bank.put(ctx.kept[agent], vector, ctx.float_spec)
+        drift = vector - ctx.global_vector
+        return math.sqrt(float(sdot(drift, drift)))
 
 
 @dataclass
@@ -181,7 +201,8 @@ class CheckModel(Step):
             limits.append(self.policy.max_change_norm)
         if self.bounded_by_clip and math.isfinite(ctx.influence.clip_bound):
             limits.append(ctx.influence.clip_bound * (1 + 1e-3))
-        if limits and norm > min(limits):
+        published = ctx.state.action == "average"  # else the mean is only evaluated; kept models have their bound
+        if published and limits and norm > min(limits):
             raise RoundRejected(f"change-too-large: {norm:.4g} > {min(limits):.4g}", offenders(ctx.contributions))
         ctx.candidate = with_floats(ctx.global_arrays, ctx.result.global_vector, ctx.float_spec)
 

@@ -162,21 +162,25 @@ def test_a_round_whose_aggregate_has_a_negative_running_variance_is_rolled_back(
     assert engine.version == 1 and all(np.array_equal(before[k], v) for k, v in engine.global_arrays.items())
 
 
-def test_elect_best_publishes_the_best_evaluated_version_at_the_end_of_the_run(config):
-    """SmartFed's election: the version that evaluated best becomes the final global model."""
+def test_elect_best_publishes_the_best_evaluated_version_at_the_end_of_the_run(config, monkeypatch):
+    """SmartFed's election: the version that evaluated best becomes the final global model, also when
+    the server died between the last round's checkpoint and the election."""
     config = dataclasses.replace(config, strategy={"name": "fedavg", "elect_best": True})
     scores = iter([0.5, 0.9, 0.7])
     engine = RoundEngine(config, replay=ReplayGuard(3600), evaluator=lambda arrays: {"accuracy": next(scores)})
+    monkeypatch.setattr(RoundEngine, "_elect_best", lambda self: None)  # dies before electing
     models = {}
     for round_number in (1, 2, 3):
         open_round(engine)
         for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
             engine.accept(completed(engine, agent, seed=10 * round_number + i))
         engine.close(now=float(round_number), model_wire_bytes=0)
-        models[round_number] = {k: v.copy() for k, v in engine.global_arrays.items()} if round_number < 3 else None
-    assert engine.finished
-    assert engine.best == {"version": 3, "round": 2, "accuracy": 0.9, "elected": True, "published_as": 5}
-    assert engine.version == 5
-    assert all(np.array_equal(engine.global_arrays[k], v) for k, v in models[2].items())
-    resumed = RoundEngine(config, replay=ReplayGuard(3600))
-    assert resumed.best == engine.best and resumed.version == 5
+        models[round_number] = {k: v.copy() for k, v in engine.global_arrays.items()}
+    assert engine.finished and engine.version == 4 and not engine.best.elected
+    monkeypatch.undo()
+    resumed = RoundEngine(config, replay=ReplayGuard(3600))  # the restart finishes the election
+    assert resumed.best.record == {"version": 3, "round": 2, "accuracy": 0.9, "elected": True, "published_as": 5}
+    assert resumed.version == 5
+    assert all(np.array_equal(resumed.global_arrays[k], v) for k, v in models[2].items())
+    again = RoundEngine(config, replay=ReplayGuard(3600))
+    assert again.best.record == resumed.best.record and again.version == 5  # elected once

@@ -3,10 +3,13 @@ against each agent's own base, the kept models' arithmetic, pruning, and a resta
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from broker_server.agent_models import Assignment, Holding, next_assignments
+from broker_server.bounds import InfluencePolicy
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
 from broker_server.validation import UpdateRejected
@@ -34,11 +37,12 @@ def config(tmp_path):
     return load_server_config(layout.server_config)
 
 
-def update(engine: RoundEngine, agent: str, seed: int, *, base_sha256: str | None = None, samples: int = 100):
+def update(engine: RoundEngine, agent: str, seed: int, *, base_sha256: str | None = None, samples: int = 100,
+           scale: float = 1.0):  # fmt: skip
     """A random delta as ``agent`` would send it, claiming the base the engine assigned unless told."""
     rng = np.random.default_rng(seed)
     floats = float_part(engine.global_arrays)
-    delta = {k: (0.01 * rng.standard_normal(floats[k].shape)).astype(np.float32) for k in sorted(floats)}
+    delta = {k: (0.01 * scale * rng.standard_normal(floats[k].shape)).astype(np.float32) for k in sorted(floats)}
     assigned = engine.assignments.get(agent)
     claimed = base_sha256 if base_sha256 is not None else (assigned.model.sha256 if assigned else "")
     meta = UpdateMeta(engine.round_state.round, engine.version, samples, 0.3, base_sha256=claimed)
@@ -103,11 +107,33 @@ def test_swap_round_keeps_models_pairs_them_and_the_next_round_checks_each_agent
 
 def test_next_assignments_by_action():
     kept = {x: Holding(4, x, x * 2) for x in "abc"}
-    current = {"d": Assignment("local", Holding(2, "d", "dd"))}
-    assert next_assignments("average", current, kept, set("abc"), []) == {}
-    local = next_assignments("local", current, kept, {"a", "b"}, [])
+    current = {"d": Assignment("local", Holding(2, "d", "dd")), "e": Assignment("local", Holding(3, "e", "ee"))}
+    asked = [*"abc", "e"]  # e was asked to train but its update did not count (refused, late or excused)
+    assert next_assignments("average", current, asked, kept, set("abc"), []) == {}
+    local = next_assignments("local", current, asked, kept, {"a", "b"}, [])
     assert local["a"].source == "local" and local["c"] == Assignment("inbox", kept["c"])  # c was clipped
-    assert local["d"] == current["d"]  # not selected: unchanged
-    swap = next_assignments("swap", current, kept, set("abc"), [("a", "c")])
+    assert local["d"] == current["d"]  # not asked: unchanged
+    assert local["e"] == Assignment("inbox", current["e"].model)  # it may have overwritten its own copy
+    swap = next_assignments("swap", current, asked, kept, set("abc"), [("a", "c")])
     assert swap["a"] == Assignment("inbox", kept["c"]) and swap["c"] == Assignment("inbox", kept["a"])
     assert swap["b"] == Assignment("local", kept["b"])  # unpaired
+    rolled_back = next_assignments("swap", current, ["d"], {}, set(), [])
+    assert rolled_back["d"] == Assignment("inbox", current["d"].model) and rolled_back["e"] == current["e"]
+
+
+def test_a_drifting_agent_is_pulled_back_before_its_model_is_swapped_or_averaged(config):
+    """The clip bounds each step; the kept model's distance from the global one is bounded too (here the
+    per-round clip is a fixed bound too large to bite, so only the drift bound acts)."""
+    config = dataclasses.replace(config, bounds=InfluencePolicy(clip="fixed", clip_norm=1e9, clip_multiple=2.0))
+    engine = RoundEngine(config, replay=ReplayGuard(3600))
+    engine.begin_round(AGENTS, now=0.0)
+    engine.announce(now=0.0)
+    for i, agent in enumerate(AGENTS):
+        done, _ = update(engine, agent, seed=i, scale=10.0 if agent == "agent-03" else 1.0)
+        engine.accept(done)
+    detail = engine.close(now=1.0, model_wire_bytes=0).aggregation
+    assert detail["drift_capped"] == ["agent-03"]
+    held = next(a.model for a in engine.assignments.values() if a.model.owner == "agent-03")
+    drift = np.linalg.norm(engine.store.agents.vector(held).astype(np.float64) - engine.global_vector)
+    assert drift == pytest.approx(detail["drift_bound"], rel=1e-4)
+    assert "agent-03" not in [a for a, x in engine.assignments.items() if x.source == "local"]  # not its own copy

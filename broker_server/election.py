@@ -1,0 +1,40 @@
+"""SmartFed's best-model election (seed 001), ``[strategy] elect_best = true``.
+
+Every published global model's evaluation on the server's data is compared with the best so far; the
+best is kept as ``best-v<version>.safetensors`` next to the checkpoint (written before the checkpoint
+that names it, so a crash never leaves an uncommitted model behind that name). When the run ends, that
+version becomes the final global model — published again under a new version number if it was not the
+last one — and ``server/status`` names it (``best``: version, round, accuracy, published_as).
+"""
+
+from __future__ import annotations
+
+from broker_server.checkpoint import CheckpointStore
+from models.weights import NamedArrays
+
+
+class BestModel:
+    def __init__(self, store: CheckpointStore, record: dict) -> None:
+        self.store = store
+        self.record = record  # {} until a model was evaluated; kept in the checkpoint
+
+    @property
+    def elected(self) -> bool:
+        return bool(self.record.get("elected"))
+
+    def note(self, version: int, round_number: int, evaluation: dict[str, float], arrays: NamedArrays) -> None:
+        """A new global model ``version`` was committed with ``evaluation``: keep it if it is the best."""
+        accuracy = evaluation.get("accuracy")
+        if accuracy is not None and accuracy > self.record.get("accuracy", -1.0):
+            self.store.save_best(version, arrays)
+            self.record = {"version": version, "round": round_number, "accuracy": accuracy}
+
+    def elect(self, current_version: int) -> NamedArrays | None:
+        """At the end of the run: the best model's arrays when they must be published again, else None."""
+        self.record = {**self.record, "elected": True}
+        if "version" not in self.record or self.record["version"] == current_version:
+            return None
+        return self.store.load_best(self.record["version"])
+
+    def published_as(self, version: int) -> None:
+        self.record = {**self.record, "published_as": version}
