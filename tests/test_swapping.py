@@ -38,10 +38,10 @@ def _record_local_models(agent) -> list[NamedArrays]:  # noqa: ANN001
     saved: list[NamedArrays] = []
     save = agent.store.save_model
 
-    def recording(slot: str, arrays: NamedArrays) -> None:
+    def recording(slot: str, arrays: NamedArrays, round_number: int) -> None:
         if slot == "local":
             saved.append({k: v.copy() for k, v in arrays.items()})
-        save(slot, arrays)
+        save(slot, arrays, round_number)
 
     agent.store.save_model = recording
     return saved
