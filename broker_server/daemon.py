@@ -266,6 +266,8 @@ class Aggregator(MqttDaemon):
             len(rs.selected),
         )
         self._publish_status(force=True)
+        if self.engine.decide(self.clock()) == "close":  # at once: a threshold of K takes exactly K updates
+            self._close(self.clock())
 
     def _close(self, now: float) -> None:
         published = self.publisher.current
