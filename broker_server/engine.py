@@ -246,6 +246,8 @@ class RoundEngine:
         """Accept one update into the open round and checkpoint it. A refused update of a selected agent
         (``UpdateRejected``, re-raised) marks the agent failed for the round, so it is not waited for."""
         agent = completed.manifest.sender
+        if self.round_state is None and completed.manifest.round < self.next_round:  # between two rounds
+            raise NotForThisRound(f"late: round {completed.manifest.round} is closed")
         assignment = self.assignments.get(agent) if self.round_state and agent in self.round_state.selected else None
         try:
             record = accept_update(

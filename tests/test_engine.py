@@ -14,6 +14,7 @@ from broker_server.engine import RoundEngine
 from broker_server.strategies import STRATEGIES
 from broker_server.strategies.base import RoundResult
 from broker_server.strategies.fedavg import FedAvg
+from broker_server.validation import NotForThisRound
 from models.serialization import dumps
 from models.weights import float_part, ranges_of
 from protocol.transfer import Completed
@@ -184,3 +185,15 @@ def test_elect_best_publishes_the_best_evaluated_version_at_the_end_of_the_run(c
     assert all(np.array_equal(resumed.global_arrays[k], v) for k, v in models[2].items())
     again = RoundEngine(config, replay=ReplayGuard(3600))
     assert again.best.record == resumed.best.record and again.version == 5  # elected once
+
+
+def test_an_update_for_a_closed_round_between_rounds_is_refused_as_late(config):
+    engine = RoundEngine(config, replay=ReplayGuard(3600))
+    open_round(engine)
+    slow = completed(engine, "agent-03", seed=3)
+    for i, agent in enumerate(["agent-01", "agent-02"]):
+        engine.accept(completed(engine, agent, seed=i))
+    engine.round_state.missed.append("agent-03")  # excused: the round closes without it
+    engine.close(now=1.0, model_wire_bytes=0)
+    with pytest.raises(NotForThisRound, match="late: round 1 is closed"):
+        engine.accept(slow)
