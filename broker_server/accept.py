@@ -39,11 +39,13 @@ class RoundInputs:
     base_vector: np.ndarray
     positive: tuple[TensorRange, ...] = ()
     base_sha256: str = ""
+    next_round: int = 0  # the round the server opens next (an update for an earlier one is late)
 
 
-def check_gates(state: RoundState | None, agent: str, round_number: int) -> RoundState:
-    if state is None:
-        raise NotForThisRound("no-round-open")
+def check_gates(state: RoundState | None, agent: str, round_number: int, next_round: int) -> RoundState:
+    """The open round, if this update may join it; ``next_round`` is the round the server opens next."""
+    if state is None:  # between two rounds: an update for one already closed is late, like during the next
+        raise NotForThisRound(f"late: round {round_number} is closed" if round_number < next_round else "no-round-open")
     if round_number < state.round:  # e.g. after the round closed at its threshold: the work is not carried over
         raise NotForThisRound(f"late: round {round_number} is closed, current is {state.round}")
     if round_number != state.round:
@@ -66,7 +68,7 @@ def accept_update(
 ) -> UpdateRecord:
     """Check, fold and store one update; append and return its record, or raise ``UpdateRejected``."""
     agent = completed.manifest.sender
-    state = check_gates(state, agent, completed.manifest.round)
+    state = check_gates(state, agent, completed.manifest.round, inputs.next_round)
     parsed = parse_update(
         completed.data,
         expected_spec=inputs.spec,

@@ -163,7 +163,9 @@ class RoundEngine:
     # agents' own models ------------------------------------------------------------------------------
     def base_vector(self, agent: str) -> np.ndarray:
         """The float vector ``agent`` trains from this round: its assigned model, else the global one."""
-        assignment = self.assignments.get(agent)
+        return self._vector_of(self.assignments.get(agent))
+
+    def _vector_of(self, assignment: Assignment | None) -> np.ndarray:
         return self.global_vector if assignment is None else self.store.agents.vector(assignment.model)
 
     def start_model(self, agent: str) -> NamedArrays:
@@ -246,8 +248,6 @@ class RoundEngine:
         """Accept one update into the open round and checkpoint it. A refused update of a selected agent
         (``UpdateRejected``, re-raised) marks the agent failed for the round, so it is not waited for."""
         agent = completed.manifest.sender
-        if self.round_state is None and completed.manifest.round < self.next_round:  # between two rounds
-            raise NotForThisRound(f"late: round {completed.manifest.round} is closed")
         assignment = self.assignments.get(agent) if self.round_state and agent in self.round_state.selected else None
         try:
             record = accept_update(
@@ -256,9 +256,10 @@ class RoundEngine:
                 RoundInputs(
                     self.float_spec,
                     self.version,
-                    self.global_vector if assignment is None else self.store.agents.vector(assignment.model),
+                    self._vector_of(assignment),
                     self.positive,
                     base_sha256="" if assignment is None else assignment.model.sha256,
+                    next_round=self.next_round,
                 ),
                 policy=self.policy,
                 strategy=self.strategy,

@@ -102,10 +102,6 @@ class TrainSettings(Message):
     prox_mu: float = 0.0  # FedProx's proximal coefficient μ (0: plain SGD); set by the strategy, not [training]
 
 
-START_SOURCES = ("global", "local", "inbox")
-ACTIONS = ("average", "swap", "local")
-
-
 @dataclass(frozen=True)
 class AgentStart:
     """The model one agent starts this round from, when it is not the global model.

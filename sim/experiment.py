@@ -47,6 +47,11 @@ def load_experiment(path: Path) -> Experiment:
     """Read and check an experiment file; every run's settings are built once, so a bad key fails now."""
     try:
         experiment = build(Experiment, tomllib.loads(path.read_text()), where=path.name, strict=True)
+        tables = {"sim": {}}  # each table over [sim] first, so an error names the table it is in
+        tables |= {f"conditions.{name}": t for name, t in experiment.conditions.items()}
+        tables |= {f"methods.{name}": t for name, t in experiment.methods.items()}
+        for where, table in tables.items():
+            build(SimSettings, {**experiment.sim, **table}, where=where, strict=True)
         for condition in experiment.conditions:
             for method in experiment.methods:
                 experiment.settings(condition, method, experiment.seeds[0])

@@ -20,8 +20,8 @@ was to start from. A ``swap`` or ``local`` round publishes no global model; its 
 mean of the round's models (what an ``average`` would give), so curves stay comparable with FedAvg.
 
 Memory at the end of a round: one model-sized float32 vector for the mean, plus, for similarity
-pairing, every paired agent's weight tensors (N × the model's size); the agents' models themselves
-are memory-mapped files (``broker_server.agent_models``).
+pairing, the weight tensors of every agent whose update was accepted (N × the model's size); the
+agents' models themselves are memory-mapped files (``broker_server.agent_models``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from broker_server.strategies.fedavg import WEIGHTINGS
 class SwapOptions:
     h1: int = 5  # rounds between swaps (the thesis's MNIST setting, Table 5-2)
     h2: int = 3  # swaps per averaging period, counting the average
-    sp: float = 1.0  # swap fraction: floor(n/2 * sp) pairs
+    sp: float = 1.0  # swap fraction: int((n // 2) * sp) pairs, the thesis's NS
     pairing: str = "random"
     similarity: str = "osad"
     weighting: str = "samples"
