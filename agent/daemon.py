@@ -296,10 +296,11 @@ class EdgeAgent(MqttDaemon):
         self.progress.last_completed_round = task.round
         self.store.save(self.progress)
         log.info(
-            "trained round=%d start=%s action=%s samples=%d loss=%.4f seconds=%.2f",
+            "trained round=%d start=%s action=%s work=%g samples=%d loss=%.4f seconds=%.2f",
             task.round,
             start.source,
             task.action,
+            task.train_of(self.id).work,
             result.samples,
             result.loss,
             time.perf_counter() - started,

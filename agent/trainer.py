@@ -37,21 +37,24 @@ class ClassifierTrainer:
     def __init__(self, data: Dataset, *, device: torch.device, agent_id: str, seed: int = 0) -> None:
         self.data = data
         self.device = device
+        self.agent_id = agent_id
         self.seed_base = seed * 1_000_003 + zlib.crc32(agent_id.encode())
 
     def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
         model = build_model(task.model, num_classes=task.num_classes)
         load_arrays(model, global_arrays)
         torch.manual_seed(self.seed_base + task.round)
+        settings = task.train_of(self.agent_id)
         outcome = train_sgd(
             model,
             self.data,
-            epochs=task.train.epochs,
-            batch_size=task.train.batch_size,
-            lr=task.train.lr,
-            momentum=task.train.momentum,
+            epochs=settings.epochs,
+            batch_size=settings.batch_size,
+            lr=settings.lr,
+            momentum=settings.momentum,
             seed=self.seed_base + task.round,
             device=self.device,
-            prox_mu=task.train.prox_mu,
+            prox_mu=settings.prox_mu,
+            work=settings.work,
         )
         return TrainResult(arrays=to_arrays(model), samples=outcome.samples, loss=outcome.loss)

@@ -51,6 +51,7 @@ class Checkpoint:
     last_metrics: dict | None = None
     replay: list[list] = field(default_factory=list)
     health: dict = field(default_factory=dict)  # broker_server.health.HealthBook.to_dict()
+    pace: dict = field(default_factory=dict)  # broker_server.pace.PaceBook.to_dict()
     assignments: dict = field(default_factory=dict)  # agent -> broker_server.agent_models.Assignment.to_dict()
     best: dict = field(default_factory=dict)  # the best-evaluated version so far (broker_server.election)
 
@@ -84,6 +85,7 @@ class CheckpointStore:
                 "last_metrics": checkpoint.last_metrics,
                 "replay": checkpoint.replay,
                 "health": checkpoint.health,
+                "pace": checkpoint.pace,
                 "assignments": checkpoint.assignments,
                 "best": checkpoint.best,
             },
@@ -127,6 +129,7 @@ class CheckpointStore:
             last_metrics=state["last_metrics"],
             replay=state["replay"],
             health=state.get("health", {}),
+            pace=state.get("pace", {}),
             assignments=state.get("assignments", {}),
             best=state.get("best", {}),
         )

@@ -29,7 +29,16 @@ from common.text import printable
 from models.datasets import load_dataset
 from models.serialization import dumps
 from protocol.daemon import MqttDaemon, Throttle
-from protocol.messages import MAX_JSON_BYTES, AgentStart, AgentStatus, RoundMetrics, RoundTask, ServerStatus
+from protocol.messages import (
+    MAX_JSON_BYTES,
+    AgentStart,
+    AgentStatus,
+    AgentTrain,
+    RoundMetrics,
+    RoundTask,
+    ServerStatus,
+    TrainSettings,
+)
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferRejected
@@ -169,7 +178,7 @@ class Aggregator(MqttDaemon):
             pending=rs.pending,
             deadline=rs.deadline,
             issued_at=self.clock(),
-            train=self.engine.strategy.configure_train(self.config.training, rs.round),
+            train=TrainSettings.from_dict(rs.train),
             run_id=self.engine.run_id,
             expires_at=rs.deadline + TASK_GRACE_S,
             action=rs.action,
@@ -178,6 +187,7 @@ class Aggregator(MqttDaemon):
                 for agent in rs.selected
                 if agent in assignments
             ],
+            agent_train=[AgentTrain(agent, TrainSettings.from_dict(train)) for agent, train in rs.agent_train.items()],
         )
         self._task_payload = signed_payload(task.to_dict(), self.identity)
         if len(self._task_payload) > MAX_JSON_BYTES:  # agents would refuse it: say why rounds stall
@@ -248,7 +258,7 @@ class Aggregator(MqttDaemon):
         if completed is None:
             return
         try:
-            record = self.engine.accept(completed)
+            record = self.engine.accept(completed, self.clock())
         except UpdateRejected as exc:
             self._reject(completed.manifest.sender, exc.reason)
             return

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -25,6 +26,7 @@ from broker_server.config import ServerConfig
 from broker_server.election import BestModel
 from broker_server.health import HealthBook
 from broker_server.metrics_log import MetricsLog
+from broker_server.pace import PaceBook
 from broker_server.pipeline import (
     Aggregate,
     BoundInfluence,
@@ -43,7 +45,7 @@ from broker_server.validation import NotForThisRound, UpdateRejected, positive_r
 from models.serialization import dumps, float32_region, save_file
 from models.weights import NamedArrays, flatten, float_part, to_arrays, with_floats
 from models.zoo import build_model
-from protocol.messages import Rejection, RoundMetrics
+from protocol.messages import Rejection, RoundMetrics, TrainSettings
 from protocol.transfer import Completed
 from protocol.update import UpdateMeta
 from security.replay import ReplayGuard
@@ -84,6 +86,7 @@ class RoundEngine:
             self.steps.append(Evaluate(evaluator))
         self.orphan_rejections: list[dict[str, str]] = []
         self.health = HealthBook()
+        self.pace = PaceBook()
         self._last_metrics: dict | None = None
         self._restore()
         if self.finished and self.strategy.elect_best and not self.best.elected:
@@ -106,10 +109,13 @@ class RoundEngine:
         self.run_id = checkpoint.run_id
         self.version, self.next_round = checkpoint.model_version, checkpoint.next_round
         self.round_state = checkpoint.round_state
+        if self.round_state is not None and not self.round_state.train:  # a round from before per-agent plans
+            self.round_state.train = self.config.training.to_dict()
         self._set_model(checkpoint.global_arrays)
         self.strategy.restore(checkpoint.strategy_state)
         self.replay.restore(checkpoint.replay)
         self.health = HealthBook.from_dict(checkpoint.health)
+        self.pace = PaceBook.from_dict(checkpoint.pace)
         self.assignments = {a: Assignment.from_dict(x) for a, x in checkpoint.assignments.items()}
         self.best = BestModel(self.store, checkpoint.best)
         if self.assignments and not self.strategy.keeps_models:
@@ -155,6 +161,7 @@ class RoundEngine:
                 last_metrics=self._last_metrics,
                 replay=self.replay.export(),
                 health=self.health.to_dict(),
+                pace=self.pace.to_dict(),
                 assignments={a: x.to_dict() for a, x in self.assignments.items()},
                 best=self.best.record,
             )
@@ -197,6 +204,7 @@ class RoundEngine:
         available = self.health.available(eligible, number)
         pool = available if len(available) >= self.rules.min_agents else eligible
         selected = select_agents(pool, self.rules, seed=self.config.server.seed * 100_003 + number)
+        plan = self.strategy.configure_train(self.config.training, number, self.pace.of(selected))
         self.round_state = RoundState(
             round=number,
             attempt=0,
@@ -204,6 +212,8 @@ class RoundEngine:
             deadline=0.0,
             started_at=now,
             action=self.strategy.action(number),
+            train=plan.shared.to_dict(),
+            agent_train={agent: settings.to_dict() for agent, settings in plan.agents.items() if agent in selected},
         )
         self.round_state.rejected.extend(self.orphan_rejections)
         self.orphan_rejections.clear()
@@ -244,9 +254,16 @@ class RoundEngine:
             return "idle"
         return decide(self.round_state, self.rules, now, self.strategy.threshold)
 
-    def accept(self, completed: Completed) -> UpdateRecord:
-        """Accept one update into the open round and checkpoint it. A refused update of a selected agent
-        (``UpdateRejected``, re-raised) marks the agent failed for the round, so it is not waited for."""
+    def train_of(self, agent: str) -> TrainSettings:
+        """The settings ``agent`` was asked to train with in the open round."""
+        rs = self.round_state
+        assert rs is not None
+        return TrainSettings.from_dict(rs.agent_train.get(agent, rs.train))
+
+    def accept(self, completed: Completed, now: float | None = None) -> UpdateRecord:
+        """Accept one update into the open round and checkpoint it; ``now`` (default: the time) times the
+        agent's pace. A refused update of a selected agent (``UpdateRejected``, re-raised) marks the agent
+        failed for the round, so it is not waited for."""
         agent = completed.manifest.sender
         assignment = self.assignments.get(agent) if self.round_state and agent in self.round_state.selected else None
         try:
@@ -276,6 +293,9 @@ class RoundEngine:
         if record.agent in self.round_state.failed:  # it sent a valid update after a refused one
             self.round_state.failed.remove(record.agent)
         self.health.delivered(record.agent)
+        rs = self.round_state
+        self.pace.observe(record.agent, (time.time() if now is None else now) - rs.started_at,
+                          self.train_of(record.agent).work)  # fmt: skip
         self.checkpoint()
         return record
 
@@ -318,6 +338,8 @@ class RoundEngine:
             kept, pairs = (ctx.kept, ctx.pairs) if committed else ({}, [])
             self.assignments = next_assignments(rs.action, self.assignments, rs.selected, kept, ctx.exact, pairs)
         aggregation = ctx.aggregation_detail()
+        if rs.agent_train:  # what each agent was asked to do where it differed (e.g. FedProx's partial work)
+            aggregation["work"] = {agent: settings["work"] for agent, settings in rs.agent_train.items()}
         if outcome == "rolled-back" and ctx.evaluation:
             aggregation["rejected_eval"] = ctx.evaluation
         metrics = RoundMetrics(

@@ -78,6 +78,8 @@ class RoundState:
     missed: list[str] = field(default_factory=list)  # selected agents excused after a deadline, replaced
     action: str = "average"  # what the strategy does with the round's updates (average, swap, local)
     inbox_bytes: int = 0  # models sealed to agents' inboxes for this round (swap partners' and others)
+    train: dict = field(default_factory=dict)  # the round's shared TrainSettings, as the strategy planned them
+    agent_train: dict[str, dict] = field(default_factory=dict)  # agent -> its own TrainSettings, where they differ
 
     @property
     def accepted(self) -> list[str]:

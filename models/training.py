@@ -8,6 +8,7 @@ and on the CPU otherwise. The YOLO trainer (Ultralytics) will be a separate plug
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -33,18 +34,26 @@ def train_sgd(
     seed: int,
     device: torch.device,
     prox_mu: float = 0.0,
+    work: float = 1.0,
 ) -> TrainOutcome:
     """Train ``model`` in place; return the sample count and the mean loss (without the proximal term)
-    of the last epoch."""
+    of the last epoch. ``work`` < 1 stops after that share of the epochs' mini-batches (at least one):
+    FedProx's partial work, so a slow device still reports in time."""
     model.to(device).train()
     start = [p.detach().clone() for p in model.parameters()] if prox_mu > 0 else []
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     loss_fn = nn.CrossEntropyLoss()
     loader = to_loader(data, batch_size=batch_size, shuffle=True, seed=seed)
     last_loss = float("nan")
+    steps_left = max(1, math.ceil(work * epochs * len(loader)))
     for _ in range(epochs):
+        if steps_left == 0:
+            break
         total, seen = 0.0, 0
         for x, y in loader:
+            if steps_left == 0:
+                break
+            steps_left -= 1
             x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
@@ -53,7 +62,7 @@ def train_sgd(
             optimizer.step()
             total += loss.item() * len(y)
             seen += len(y)
-        last_loss = total / max(seen, 1)
+        last_loss = total / seen
     return TrainOutcome(samples=len(data), loss=last_loss)
 
 

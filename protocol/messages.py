@@ -100,6 +100,20 @@ class TrainSettings(Message):
     lr: float = 0.05
     momentum: float = 0.9
     prox_mu: float = 0.0  # FedProx's proximal coefficient μ (0: plain SGD); set by the strategy, not [training]
+    work: float = 1.0  # share of the epochs' mini-batches to run (FedProx's partial work); set by the strategy
+
+    def __post_init__(self) -> None:
+        if not 0 < self.work <= 1:
+            raise ValueError(f"work must be in (0, 1] (the share of the local epochs to run), got {self.work}")
+
+
+@dataclass(frozen=True)
+class AgentTrain:
+    """Training settings for one agent that differ from the round's shared ``train`` (a strategy's
+    per-agent choice, e.g. less local work for a slow device)."""
+
+    agent: str
+    train: TrainSettings
 
 
 @dataclass(frozen=True)
@@ -126,7 +140,8 @@ class RoundTask(Message):
     so an agent that already trained this round re-sends its stored update instead of training again.
     ``action`` says what the server will do with this round's updates (``average`` them into a new
     global model, ``swap`` models between agents, or let each train on its ``local`` model); ``starts``
-    names the agents that do not start from the global model, and what they start from.
+    names the agents that do not start from the global model, and what they start from; ``agent_train``
+    the agents whose training settings differ from the shared ``train``.
     """
 
     SCHEMA: ClassVar[str] = "skyfed.round/1"
@@ -149,6 +164,11 @@ class RoundTask(Message):
     expires_at: float = 0.0
     action: str = "average"
     starts: list[AgentStart] = field(default_factory=list)
+    agent_train: list[AgentTrain] = field(default_factory=list)
+
+    def train_of(self, agent: str) -> TrainSettings:
+        """The settings ``agent`` trains with this round (the shared ``train`` unless ``agent_train`` says)."""
+        return next((t.train for t in self.agent_train if t.agent == agent), self.train)
 
     def start_of(self, agent: str) -> AgentStart:
         """What ``agent`` starts from (the global model unless ``starts`` says otherwise)."""

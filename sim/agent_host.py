@@ -1,11 +1,13 @@
-"""``python -m sim.agent_host --config A.toml --config B.toml …``: several agents in one OS process.
+"""``python -m sim.agent_host --config A.toml --config B.toml …``: one or several agents in one OS process.
 
-For simulations of many agents (``skyfed sim --agents-per-process K``): each agent is exactly the
-daemon ``skyfed agent run`` starts — its own MQTT connection and client id, keys, state folder and
-durable progress — running its loop on a thread of its own, so only the process and its PyTorch
-(about 370 MB of private memory per process) are shared. ``--attacker CONFIG`` adds an agent whose
-trainer attacks (``sim.attack_agent``). SIGTERM stops every agent cleanly (each publishes its final
-status); log lines carry the agent id as the thread name. Deployments run one agent per process.
+For simulations: each agent is exactly the daemon ``skyfed agent run`` starts — its own MQTT
+connection and client id, keys, state folder and durable progress — running its loop on a thread of
+its own, so only the process and its PyTorch (about 370 MB of private memory per process) are shared
+(``skyfed sim --agents-per-process K``). Experiments change an agent's trainer and nothing else:
+``--attacker CONFIG`` hosts an agent whose trainer attacks (``sim.attacks``), ``--slow CONFIG`` one
+whose training takes ``--slowdown`` times as long (``sim.slow``). SIGTERM stops every agent cleanly
+(each publishes its final status); log lines carry the agent id as the thread name. Deployments run
+one agent per process (``skyfed agent run``). Not part of the ``skyfed`` command on purpose.
 """
 
 from __future__ import annotations
@@ -18,8 +20,23 @@ from pathlib import Path
 from agent.config import load_agent_config
 from agent.daemon import EdgeAgent
 from protocol.daemon import configure_logging, stop_on_signals
-from sim import attack_agent
-from sim.attacks import SCOPES, Attack
+from sim.attacks import SCOPES, Attack, AttackingTrainer
+from sim.slow import SlowTrainer
+
+
+def build_agents(args: argparse.Namespace) -> list[EdgeAgent]:
+    """The hosted agents, attackers' and slow agents' trainers wrapped."""
+    attack = Attack.parse(args.attack) if args.attacker else None
+    slow = {Path(path).resolve() for path in args.slow}
+    agents = []
+    for path, attacking in [(p, False) for p in args.config] + [(p, True) for p in args.attacker]:
+        agent = EdgeAgent(load_agent_config(Path(path)))
+        if attacking:
+            agent.trainer = AttackingTrainer(agent.trainer, attack, agent.id, args.scope)
+        if Path(path).resolve() in slow:
+            agent.trainer = SlowTrainer(agent.trainer, args.slowdown)
+        agents.append(agent)
+    return agents
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,14 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attacker", action="append", default=[], help="an agent.toml whose agent attacks")
     parser.add_argument("--attack", default="", help="sign-flip | scale:F | noise:SIGMA | samples:N")
     parser.add_argument("--scope", default="parameters", choices=SCOPES)
+    parser.add_argument("--slow", action="append", default=[], help="a hosted agent.toml whose agent is slow")
+    parser.add_argument("--slowdown", type=float, default=1.0, help="how many times slower the slow agents train")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     configure_logging(args.log_level, thread_names=True)
     try:
-        agents = [EdgeAgent(load_agent_config(Path(path))) for path in args.config]
-        if args.attacker:
-            attack = Attack.parse(args.attack)
-            agents += [attack_agent.build(Path(path), attack, args.scope) for path in args.attacker]
+        agents = build_agents(args)
     except (ValueError, OSError) as exc:  # a bad config (ConfigError is a ValueError) or an unreadable file
         print(f"sim.agent_host: cannot start: {exc}", file=sys.stderr)
         return 2

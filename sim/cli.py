@@ -45,6 +45,8 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         attack=args.attack or "",
         attack_scope=args.attack_scope,
         agents_per_process=args.agents_per_process,
+        slow_agents=args.slow_agents,
+        slowdown=args.slowdown,
     )
 
 
@@ -138,6 +140,11 @@ def _add_sim_options(
         "--attack-scope", default="parameters", choices=["parameters", "all"],
         help="attack the trainable parameters only (default) or every floating tensor (BatchNorm statistics too)",
     )  # fmt: skip
+    parser.add_argument(
+        "--slow-agents", type=int, default=0, metavar="N",
+        help="N honest agents train --slowdown times slower (devices of unequal speed; see the threshold option)",
+    )  # fmt: skip
+    parser.add_argument("--slowdown", type=float, default=4.0, metavar="F", help="how many times slower (default 4)")
     parser.set_defaults(handler=run_sim_command)
 
 

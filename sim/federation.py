@@ -43,6 +43,8 @@ class SimSettings:
     attack: str = ""
     attack_scope: str = "parameters"
     agents_per_process: int = 1  # K agents share one OS process (sim.agent_host); 1 = one process each
+    slow_agents: int = 0  # how many honest agents train ``slowdown`` times slower (sim.slow)
+    slowdown: float = 4.0
 
     def __post_init__(self) -> None:
         from broker_server.bounds import InfluencePolicy
@@ -60,6 +62,13 @@ class SimSettings:
             raise ValueError(
                 f"--attackers must be between 0 and --agents - 1 ({self.agents - 1}), got {self.attackers}"
             )
+        if not 0 <= self.slow_agents <= self.agents - self.attackers:
+            raise ValueError(
+                f"--slow-agents must be between 0 and the number of honest agents ({self.agents - self.attackers}), "
+                f"got {self.slow_agents}"
+            )
+        if self.slowdown < 1:
+            raise ValueError(f"--slowdown must be >= 1 (how many times slower), got {self.slowdown}")
         if self.attackers and not self.attack:
             raise ValueError("--attackers needs --attack KIND (sign-flip, scale:F, noise:SIGMA or samples:N)")
         if self.attack:
@@ -73,6 +82,11 @@ class SimSettings:
     def attacker_names(self) -> list[str]:
         """Which agents attack: a reproducible draw from the seed."""
         return sorted(random.Random(self.seed).sample(agent_names(self.agents), self.attackers))
+
+    def slow_names(self) -> list[str]:
+        """Which honest agents are slow: a reproducible draw from the seed."""
+        honest = [name for name in agent_names(self.agents) if name not in self.attacker_names()]
+        return sorted(random.Random(f"{self.seed}-slow").sample(honest, self.slow_agents))
 
 
 @dataclass(frozen=True)

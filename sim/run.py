@@ -59,25 +59,24 @@ def _terminate(processes: list[subprocess.Popen], timeout_s: float = 10.0) -> No
             proc.wait()
 
 
-def _spawn_agents(
-    configs: dict[str, Path], settings: SimSettings, attackers: list[str], logs: Path
-) -> list[subprocess.Popen]:
-    """One ``skyfed agent run`` per agent (``sim.attack_agent`` for attackers), or with
-    ``agents_per_process`` K > 1, one ``sim.agent_host`` per K agents (log ``<first>..<last>.log``)."""
-    attack = ["--attack", settings.attack, "--scope", settings.attack_scope]
-    if settings.agents_per_process == 1:
-        return [
-            _spawn(["--config", str(path), *attack], logs / f"{name}.log", "sim.attack_agent")
-            if name in attackers
-            else _spawn(["agent", "run", "--config", str(path)], logs / f"{name}.log")
-            for name, path in configs.items()
-        ]
+def _spawn_agents(configs: dict[str, Path], settings: SimSettings, logs: Path) -> list[subprocess.Popen]:
+    """One ``skyfed agent run`` per agent, exactly as deployed; attackers and slow agents, or every agent
+    with ``agents_per_process`` K > 1, in ``sim.agent_host`` processes of up to K agents (log
+    ``<name>.log``, or ``<first>..<last>.log`` for several)."""
+    attackers, slow = settings.attacker_names(), settings.slow_names()
+    options = ["--attack", settings.attack, "--scope", settings.attack_scope, "--slowdown", str(settings.slowdown)]
     names, k = list(configs), settings.agents_per_process
-    hosts = []
-    for group in (names[i : i + k] for i in range(0, len(names), k)):
+    groups = [names[i : i + k] for i in range(0, len(names), k)]
+    processes = []
+    for group in groups:
+        if len(group) == 1 and group[0] not in attackers and group[0] not in slow:
+            processes.append(_spawn(["agent", "run", "--config", str(configs[group[0]])], logs / f"{group[0]}.log"))
+            continue
         args = [a for name in group for a in ("--attacker" if name in attackers else "--config", str(configs[name]))]
-        hosts.append(_spawn([*args, *attack], logs / f"{group[0]}..{group[-1]}.log", "sim.agent_host"))
-    return hosts
+        args += [a for name in group if name in slow for a in ("--slow", str(configs[name]))]
+        log_name = group[0] if len(group) == 1 else f"{group[0]}..{group[-1]}"
+        processes.append(_spawn([*args, *options], logs / f"{log_name}.log", "sim.agent_host"))
+    return processes
 
 
 def format_round(m: RoundMetrics, elapsed_s: float) -> str:
@@ -93,14 +92,12 @@ def format_round(m: RoundMetrics, elapsed_s: float) -> str:
     )
 
 
-def _annotate_metrics(source: Path, target: Path, attackers: list[str], attack: str) -> None:
-    """Copy the server's metrics, adding which agents attacked (the server cannot know)."""
+def _annotate_metrics(source: Path, target: Path, extra: dict[str, object]) -> None:
+    """Copy the server's metrics, adding what only the sim knows (which agents attacked or were slow)."""
     lines = []
     for line in source.read_text().splitlines():
         if line.strip():
-            row = json.loads(line)
-            row["attackers"], row["attack"] = attackers, attack or None
-            lines.append(json.dumps(row, separators=(",", ":")))
+            lines.append(json.dumps({**json.loads(line), **extra}, separators=(",", ":")))
     target.write_text("\n".join(lines) + "\n")
 
 
@@ -139,7 +136,9 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
         attackers = settings.attacker_names()
         if attackers:
             echo(f"  attackers ({settings.attack}, {settings.attack_scope}): {', '.join(attackers)}")
-        agents = _spawn_agents(layout.agent_configs, settings, attackers, logs)
+        if settings.slow_agents:
+            echo(f"  slow agents ({settings.slowdown:g}x): {', '.join(settings.slow_names())}")
+        agents = _spawn_agents(layout.agent_configs, settings, logs)
         stack.callback(_terminate, [server, *agents])
         metrics: list[RoundMetrics] = []
         deadline = time.monotonic() + settings.rounds * (settings.deadline_s * 3) + 120
@@ -157,7 +156,8 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
             tail = (logs / "server.log").read_text()[-3000:]
             raise RuntimeError(f"the server did not finish cleanly (logs in {logs}):\n{tail}")
     state = work / "server" / "state"
-    _annotate_metrics(state / "metrics.jsonl", out / "metrics.jsonl", attackers, settings.attack)
+    extra = {"attackers": attackers, "attack": settings.attack or None, "slow_agents": settings.slow_names()}
+    _annotate_metrics(state / "metrics.jsonl", out / "metrics.jsonl", extra)
     shutil.copy(state / "global_model.safetensors", out / "global_model.safetensors")
     plot_curves(out / "metrics.jsonl", out / "curves.png")
     return SimResult(out=out, metrics=metrics, seconds=time.monotonic() - started)

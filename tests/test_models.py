@@ -151,10 +151,36 @@ def test_fedprox_proximal_term_keeps_local_training_closer_to_the_start_model():
 
 def test_fedprox_strategy_sends_mu_in_the_round_task_and_aggregates_like_fedavg():
     from broker_server.strategies import build_strategy
+    from broker_server.strategies.base import TrainPlan
     from protocol.messages import TrainSettings
 
     prox = build_strategy({"name": "fedprox", "mu": 0.1})
-    assert prox.configure_train(TrainSettings(epochs=3), round_number=1) == TrainSettings(epochs=3, prox_mu=0.1)
-    assert build_strategy({"name": "fedavg"}).configure_train(TrainSettings(), 1).prox_mu == 0.0
+    paces = {"fast": 1.0, "slow": 10.0}
+    assert prox.configure_train(TrainSettings(epochs=3), 1, paces) == TrainPlan(TrainSettings(epochs=3, prox_mu=0.1))
+    assert build_strategy({"name": "fedavg"}).configure_train(TrainSettings(), 1, paces).shared.prox_mu == 0.0
     with pytest.raises(ValueError, match="strategy.mu must be >= 0"):
         build_strategy({"name": "fedprox", "mu": -1})
+    with pytest.raises(ValueError, match=r"strategy.min_work must be in \(0, 1\]"):
+        build_strategy({"name": "fedprox", "min_work": 0})
+
+
+def test_fedprox_partial_work_gives_agents_slower_than_the_median_the_share_that_matches_it():
+    from broker_server.strategies.fedprox import partial_work
+
+    paces = {"a": 1.0, "b": 2.0, "c": 4.0, "d": 10.0}  # median 3 seconds per unit of work
+    assert partial_work(paces, min_work=0.1) == {"c": 0.75, "d": 0.3}
+    assert partial_work(paces, min_work=0.5) == {"c": 0.75, "d": 0.5}
+    assert partial_work({}, min_work=0.1) == {} and partial_work({"a": 5.0}, min_work=0.1) == {}
+
+
+def test_train_sgd_with_partial_work_runs_that_share_of_the_mini_batches():
+    train, _ = load_digits(test_fraction=0.2, seed=0)
+    steps = []
+    for work in (1.0, 0.25, 0.001):
+        model = build_model("digits_cnn", num_classes=10)
+        calls: list[int] = []
+        model.register_forward_hook(lambda *_, calls=calls: calls.append(1))
+        train_sgd(model, train.subset(np.arange(400)), epochs=2, batch_size=32, lr=0.05, momentum=0.9, seed=0,
+                  device=torch.device("cpu"), work=work)  # fmt: skip
+        steps.append(len(calls))
+    assert steps == [26, 7, 1]  # 13 mini-batches per epoch; ceil(0.25 * 26) = 7; never less than one

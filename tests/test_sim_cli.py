@@ -87,6 +87,43 @@ def test_sim_with_a_robust_strategy_and_attackers_says_who_attacked(tmp_path, br
     assert rows[-1]["eval"]["accuracy"] > 0.5
 
 
+def test_a_threshold_round_closes_on_the_fast_agents_without_waiting_for_a_slow_one(tmp_path, broker):
+    """SmartFed's threshold with devices of unequal speed: one agent trains 30x slower (``--slow-agents``),
+    K = 3 of 4, so every round closes on the three fast agents' updates, and the slow one never counts."""
+    out = tmp_path / "slow"
+    result = skyfed(
+        "sim", "--agents", "4", "--rounds", "3", "--strategy", "fedavg", "--strategy-option", "threshold=3",
+        "--slow-agents", "1", "--slowdown", "30", "--partition", "iid", "--out", str(out), "--broker",
+        broker.address, "--federation", "slow",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    slow = rows[0]["slow_agents"]
+    assert len(slow) == 1 and f"slow agents (30x): {slow[0]}" in result.stdout
+    assert [len(r["accepted"]) for r in rows] == [3, 3, 3]
+    assert all(slow[0] not in r["accepted"] for r in rows)
+    assert (out / "federation" / "logs" / f"{slow[0]}.log").exists()  # hosted alone by sim.agent_host
+
+
+def test_fedprox_partial_work_asks_a_slow_agent_for_less_and_the_agent_does_less(tmp_path, broker):
+    """FedProx's partial work end to end: the server times the agents, the next task asks the slow one
+    (10x slower) for a share of the local work, and that agent trains that share."""
+    out = tmp_path / "partial"
+    result = skyfed(
+        "sim", "--agents", "3", "--rounds", "3", "--strategy", "fedprox", "--strategy-option", "partial_work=true",
+        "--slow-agents", "1", "--slowdown", "10", "--partition", "iid", "--out", str(out), "--broker",
+        broker.address, "--federation", "partial",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    slow = rows[0]["slow_agents"][0]
+    assert "work" not in rows[0]["aggregation"]  # round 1: nobody timed yet
+    work = rows[1]["aggregation"]["work"][slow]
+    assert work <= 0.5 and all(len(r["accepted"]) == 3 for r in rows), rows[1]["aggregation"]
+    log = (out / "federation" / "logs" / f"{slow}.log").read_text()
+    assert f"trained round=2 start=global action=average work={work:g} " in log
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -98,6 +135,8 @@ def test_sim_with_a_robust_strategy_and_attackers_says_who_attacked(tmp_path, br
         (["--attackers", "1", "--attack", "scale"], "--attack 'scale' must be sign-flip, scale:F"),
         (["--attackers", "4", "--attack", "sign-flip"], "--attackers must be between 0 and --agents - 1"),
         (["--agents-per-process", "0"], "--agents-per-process must be >= 1"),
+        (["--agents", "3", "--slow-agents", "4"], "--slow-agents must be between 0 and the number of honest agents"),
+        (["--slow-agents", "1", "--slowdown", "0.5"], "--slowdown must be >= 1"),
     ],
 )
 def test_sim_refuses_bad_arguments_with_a_message(args, message):

@@ -1,6 +1,6 @@
 """The strategy interface the round engine drives.
 
-A round is ``action`` and ``configure_train`` (what the round task asks of the agents) → ``begin`` →
+A round is ``action`` and ``configure_train`` (what the round task asks of each agent) → ``begin`` →
 (per accepted update, for streaming strategies) ``fold_plan`` → ``aggregate``. A strategy that needs
 every update of the round (median, Krum) overrides ``aggregate`` alone: the buffering is the update
 store's. Model-swapping strategies (``keeps_models``) derive from ``strategies.swapping.ModelSwapping``
@@ -57,6 +57,14 @@ class RoundResult:
 
 
 @dataclass(frozen=True)
+class TrainPlan:
+    """What a round task asks of the agents: ``shared`` settings, and ``agents`` whose own differ."""
+
+    shared: TrainSettings
+    agents: dict[str, TrainSettings] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class NoOptions:
     pass
 
@@ -85,10 +93,11 @@ class Strategy(ABC):
         except SchemaError as exc:
             raise ValueError(f"{exc} (strategy {cls.name!r})") from None
 
-    def configure_train(self, settings: TrainSettings, round_number: int) -> TrainSettings:
-        """The local training settings this round's task sends (``[training]`` as given by default); a
-        strategy adds its own, e.g. FedProx's μ."""
-        return settings
+    def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
+        """The local training this round's task asks for, shared and per agent (``[training]`` as given by
+        default); a strategy adds its own, e.g. FedProx's μ. ``paces`` holds, for the selected agents that
+        delivered before, the seconds each took per unit of work (``broker_server.pace``)."""
+        return TrainPlan(settings)
 
     def action(self, round_number: int) -> str:
         """What this round's updates are for: ``average`` (a new global model), or for strategies that

@@ -1,0 +1,30 @@
+"""Agents on slower hardware, for threshold experiments (``skyfed sim --slow-agents N --slowdown F``).
+
+A slow agent is the real agent daemon whose training takes F times as long as it did: after each
+honest round of training it waits (F − 1) × the time training took, as a device F times slower would.
+Waiting instead of computing keeps the shared CPU free, so the other agents' timings stay honest.
+"""
+
+from __future__ import annotations
+
+import time
+
+from agent.trainer import Trainer, TrainResult
+from models.weights import NamedArrays
+from protocol.messages import RoundTask
+
+
+class SlowTrainer:
+    """Wraps a trainer; each ``train`` takes ``slowdown`` times as long in wall-clock."""
+
+    def __init__(self, inner: Trainer, slowdown: float) -> None:
+        if slowdown < 1:
+            raise ValueError(f"--slowdown must be >= 1, got {slowdown}")
+        self.inner = inner
+        self.slowdown = slowdown
+
+    def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
+        started = time.monotonic()
+        result = self.inner.train(global_arrays, task)
+        time.sleep((self.slowdown - 1) * (time.monotonic() - started))
+        return result
