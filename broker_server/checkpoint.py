@@ -52,6 +52,7 @@ class Checkpoint:
     replay: list[list] = field(default_factory=list)
     health: dict = field(default_factory=dict)  # broker_server.health.HealthBook.to_dict()
     pace: dict = field(default_factory=dict)  # broker_server.pace.PaceBook.to_dict()
+    privacy: dict = field(default_factory=dict)  # broker_server.accountant.PrivacyLedger.to_dict()
     assignments: dict = field(default_factory=dict)  # agent -> broker_server.agent_models.Assignment.to_dict()
     best: dict = field(default_factory=dict)  # the best-evaluated version so far (broker_server.election)
 
@@ -86,6 +87,7 @@ class CheckpointStore:
                 "replay": checkpoint.replay,
                 "health": checkpoint.health,
                 "pace": checkpoint.pace,
+                "privacy": checkpoint.privacy,
                 "assignments": checkpoint.assignments,
                 "best": checkpoint.best,
             },
@@ -130,6 +132,7 @@ class CheckpointStore:
             replay=state["replay"],
             health=state.get("health", {}),
             pace=state.get("pace", {}),
+            privacy=state.get("privacy", {}),
             assignments=state.get("assignments", {}),
             best=state.get("best", {}),
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_server.bounds import InfluencePolicy
+from broker_server.privacy import PrivacyPolicy
 from broker_server.rounds import RoundRules
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
 from protocol.messages import TrainSettings
@@ -71,6 +72,7 @@ class ServerConfig:
     strategy: dict[str, Any] = field(default_factory=dict)  # [strategy]; {} = the default strategy
     bounds: InfluencePolicy = field(default_factory=InfluencePolicy)
     limits: LimitsSection = field(default_factory=LimitsSection)
+    privacy: PrivacyPolicy = field(default_factory=PrivacyPolicy)
 
     @property
     def state_dir(self) -> Path:
@@ -97,7 +99,8 @@ def load_server_config(path: Path) -> ServerConfig:
     from models.zoo import MODELS
 
     data = read_toml(path)
-    check_tables(path, data, {"server", "broker", "keys", "rounds", "training", "strategy", "bounds", "limits"})
+    check_tables(path, data, {"server", "broker", "keys", "rounds", "training", "strategy", "bounds", "limits",
+                                   "privacy"})  # fmt: skip
     try:
         config = ServerConfig(
             path=path,
@@ -109,12 +112,14 @@ def load_server_config(path: Path) -> ServerConfig:
             strategy=data.get("strategy", {}),
             bounds=table(path, data, "bounds", InfluencePolicy, required=False),
             limits=table(path, data, "limits", LimitsSection, required=False),
+            privacy=table(path, data, "privacy", PrivacyPolicy, required=False),
         )
         check_level("server.federation", config.server.federation)
         config.limits.to_limits(update_bytes=MiB)
         if not isinstance(config.strategy, dict):
             raise ValueError("strategy must be a table ([strategy])")
         build_strategy(config.strategy)
+        config.privacy.check_compatible(config.strategy, config.bounds)
     except ConfigError:
         raise
     except ValueError as exc:

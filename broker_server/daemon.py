@@ -146,6 +146,9 @@ class Aggregator(MqttDaemon):
             self.phase = "waiting-for-agents"
             if self.engine.begin_round(self.registry.eligible(self.group_keys.key.key_id, now), now) is not None:
                 self._announce(reannounce=False)
+            elif self.engine.finished:  # the privacy budget ran out
+                self.phase = "finished"
+                self._publish_if_new()
         elif action == "close":
             self._close(now)
         elif action == "reannounce":
@@ -155,7 +158,7 @@ class Aggregator(MqttDaemon):
         self._publish_status()
 
     def publish_final_status(self) -> paho.MQTTMessageInfo | None:
-        return self._publish_status(force=True, state="finished" if self.engine.finished else "stopped")
+        return self._publish_status(force=True, state=self._end_state() or "stopped")
 
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool) -> None:
@@ -279,12 +282,18 @@ class Aggregator(MqttDaemon):
         if self.engine.decide(self.clock()) == "close":  # at once: a threshold of K takes exactly K updates
             self._close(self.clock())
 
+    def _publish_if_new(self) -> None:
+        """Publish the engine's model if it is not the one out: a new average, or the best model elected at
+        the end of the run."""
+        current = self.publisher.current
+        if current is None or self.engine.version != current.version:
+            self.publisher.publish(self.engine.version, self.engine.global_arrays)
+
     def _close(self, now: float) -> None:
         published = self.publisher.current
         assert published is not None
         metrics = self.engine.close(now, model_wire_bytes=published.wire_bytes)
-        if self.engine.version != published.version:  # a new average, or the best model elected at the end
-            self.publisher.publish(self.engine.version, self.engine.global_arrays)
+        self._publish_if_new()
         self.mqtt.publish(self.topics.server_metrics, metrics.to_json())
         self._log_round(metrics)
         self.phase = "finished" if self.engine.finished else "waiting-for-agents"
@@ -352,9 +361,10 @@ class Aggregator(MqttDaemon):
         backed_off = self.engine.health.backed_off(self.engine.next_round)
         if backed_off:  # agents that missed deadlines, with their consecutive misses
             counters.append("backed_off=" + " ".join(f"{a}:{n}" for a, n in backed_off.items()))
-        state, detail = self.connection_state(
-            state or ("finished" if self.engine.finished else "running"), ", ".join(counters)
-        )
+        if self.engine.budget_exhausted:
+            counters.insert(0, f"privacy budget spent: too few agents can afford a round within epsilon "
+                               f"{self.config.privacy.target_epsilon:g}; the last model is final")  # fmt: skip
+        state, detail = self.connection_state(state or self._end_state() or "running", ", ".join(counters))
         return ServerStatus(
             state=state,
             federation=self.topics.federation,
@@ -368,7 +378,14 @@ class Aggregator(MqttDaemon):
             errors=self.errors,
             action=rs.action if rs is not None else "",
             best=self.engine.best.record,
+            privacy={} if self.engine.ledger is None else self.engine.ledger.summary(),
         ).to_json()
+
+    def _end_state(self) -> str:
+        """``budget_exhausted`` or ``finished`` once the run is over, else empty."""
+        if not self.engine.finished:
+            return ""
+        return "budget_exhausted" if self.engine.budget_exhausted else "finished"
 
     def _publish_status(self, *, force: bool = False, state: str | None = None) -> paho.MQTTMessageInfo | None:
         now = self.clock()

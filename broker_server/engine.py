@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from broker_server.accept import RoundInputs, accept_update
+from broker_server.accountant import PrivacyLedger
 from broker_server.agent_models import Assignment, next_assignments
 from broker_server.checkpoint import Checkpoint, CheckpointStore, new_run_id
 from broker_server.config import ServerConfig
@@ -27,20 +28,10 @@ from broker_server.election import BestModel
 from broker_server.health import HealthBook
 from broker_server.metrics_log import MetricsLog
 from broker_server.pace import PaceBook
-from broker_server.pipeline import (
-    Aggregate,
-    BoundInfluence,
-    CheckModel,
-    Evaluate,
-    KeepAgentModels,
-    RoundContext,
-    RoundRejected,
-    Step,
-    run_pipeline,
-)
+from broker_server.pipeline import RoundContext, RoundRejected, run_pipeline
+from broker_server.round_steps import round_steps
 from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missing, select_agents
 from broker_server.strategies import build_strategy
-from broker_server.strategies.swapping import ModelSwapping
 from broker_server.validation import NotForThisRound, UpdateRejected, positive_ranges
 from models.serialization import dumps, float32_region, save_file
 from models.weights import NamedArrays, flatten, float_part, to_arrays, with_floats
@@ -66,24 +57,16 @@ class RoundEngine:
     ) -> None:
         self.config = config
         self.rules = config.rounds
-        self.policy = config.bounds
+        self.policy = config.privacy.bounds(config.bounds)
         self.replay = replay
         self.strategy = build_strategy(config.strategy)
         self.store = CheckpointStore(config.state_dir / "checkpoint")
         self.metrics_log = MetricsLog(config.state_dir / "metrics.jsonl")
         self.assignments: dict[str, Assignment] = {}
-        self.steps: list[Step] = [BoundInfluence(self.policy)]
-        if isinstance(self.strategy, ModelSwapping):
-            keep = KeepAgentModels(self.strategy, self.store.agents, self.base_vector, self._pairing_rng, self.policy)
-            self.steps.append(keep)
-            cycle = self.strategy.options.h1 * self.strategy.options.h2
-            if config.server.rounds % cycle:
-                log.warning("server.rounds = %d is not a multiple of h1*h2 = %d: the last %d rounds' training never "
-                            "reaches the final global model", config.server.rounds, cycle,
-                            config.server.rounds % cycle)  # fmt: skip
-        self.steps += [Aggregate(self.strategy), CheckModel(self.policy, self.strategy.bounded_by_clip)]
-        if evaluator is not None:
-            self.steps.append(Evaluate(evaluator))
+        self.steps = round_steps(config, self.strategy, self.policy, self.store.agents, self.base_vector,
+                                 self._pairing_rng, evaluator)  # fmt: skip
+        self.ledger = PrivacyLedger(config.privacy) if config.privacy.enabled else None
+        self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
         self.orphan_rejections: list[dict[str, str]] = []
         self.health = HealthBook()
         self.pace = PaceBook()
@@ -116,6 +99,8 @@ class RoundEngine:
         self.replay.restore(checkpoint.replay)
         self.health = HealthBook.from_dict(checkpoint.health)
         self.pace = PaceBook.from_dict(checkpoint.pace)
+        if self.ledger is not None:
+            self.ledger = PrivacyLedger(self.config.privacy, checkpoint.privacy)
         self.assignments = {a: Assignment.from_dict(x) for a, x in checkpoint.assignments.items()}
         self.best = BestModel(self.store, checkpoint.best)
         if self.assignments and not self.strategy.keeps_models:
@@ -162,6 +147,7 @@ class RoundEngine:
                 replay=self.replay.export(),
                 health=self.health.to_dict(),
                 pace=self.pace.to_dict(),
+                privacy={} if self.ledger is None else self.ledger.to_dict(),
                 assignments={a: x.to_dict() for a, x in self.assignments.items()},
                 best=self.best.record,
             )
@@ -186,7 +172,7 @@ class RoundEngine:
     @property
     def finished(self) -> bool:
         limit = self.config.server.rounds
-        return limit > 0 and self.next_round > limit and self.round_state is None
+        return self.round_state is None and (self.budget_exhausted or limit > 0 and self.next_round > limit)
 
     def update_bytes(self) -> int:
         """The largest a valid update can be: the model's float tensors as float32, plus a header."""
@@ -201,6 +187,11 @@ class RoundEngine:
         if self.round_state is not None or self.finished or len(eligible) < self.rules.min_agents:
             return None
         number = self.next_round
+        if self.ledger is not None:
+            eligible = self.ledger.affordable(eligible)
+            if len(eligible) < self.rules.min_agents:
+                self.budget_exhausted = self._say_budget_exhausted(len(eligible))
+                return None
         available = self.health.available(eligible, number)
         pool = available if len(available) >= self.rules.min_agents else eligible
         selected = select_agents(pool, self.rules, seed=self.config.server.seed * 100_003 + number)
@@ -340,6 +331,12 @@ class RoundEngine:
         aggregation = ctx.aggregation_detail()
         if rs.agent_train:  # what each agent was asked to do where it differed (e.g. FedProx's partial work)
             aggregation["work"] = {agent: settings["work"] for agent, settings in rs.agent_train.items()}
+        privacy = {}
+        if self.ledger is not None:
+            if ctx.noise_std > 0:  # noise was drawn: whatever follows (commit, roll-back, eval) was released
+                self.ledger.charge([c.agent for c in ctx.contributions])
+            aggregation = self.ledger.public_detail({**aggregation, "noise_std": ctx.noise_std})
+            offenders, privacy = [], self.ledger.summary()
         if outcome == "rolled-back" and ctx.evaluation:
             aggregation["rejected_eval"] = ctx.evaluation
         metrics = RoundMetrics(
@@ -361,6 +358,7 @@ class RoundEngine:
             aggregation=aggregation,
             missed=rs.missed,
             action=rs.action,
+            privacy=privacy,
         )
         published = committed and rs.action == "average"
         if published and self.strategy.elect_best:
@@ -388,3 +386,13 @@ class RoundEngine:
                 record["version"], record["round"], record["accuracy"], self.version,
             )  # fmt: skip
         self.checkpoint()
+
+    def _say_budget_exhausted(self, affordable: int) -> bool:
+        """Fewer than ``rounds.min_agents`` agents can afford another round: the run ends here."""
+        if not self.budget_exhausted:
+            log.warning("privacy budget exhausted: only %d agents can afford another round within epsilon %g "
+                        "(rounds.min_agents = %d); stopping with the last model", affordable,
+                        self.config.privacy.target_epsilon, self.rules.min_agents)  # fmt: skip
+            if self.strategy.elect_best and not self.best.elected:
+                self._elect_best()
+        return True

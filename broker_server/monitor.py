@@ -45,11 +45,14 @@ class FederationView:
         s = self.server
         head = Table(title=Text(f"SkyFed federation {self.topics.federation!r}"), show_header=True)
         for col in ("server", "round", "phase", "strategy", "model", "agents online", "rejections"):
-            head.add_column(col)
+            head.add_column(col, overflow="fold")
         if s is not None:
             phase = f"{s.phase} ({s.action})" if s.action not in ("", "average") else s.phase
             model = f"v{s.model_version}" + (f", best v{s.best['version']}" if s.best.get("version") else "")
-            head.add_row(*_cells(s.state, s.round, phase, s.strategy, model, s.agents_online, s.detail))
+            strategy = s.strategy
+            if s.privacy:  # differential privacy: what the worst-off agent has spent
+                strategy += f", ε {s.privacy.get('epsilon')} of {s.privacy.get('target_epsilon') or '∞'}"
+            head.add_row(*_cells(s.state, s.round, phase, strategy, model, s.agents_online, s.detail))
         agents = Table(show_header=True)
         for col in ("agent", "state", "round", "done", "samples", "model", "gate", "age s"):
             agents.add_column(col, overflow="fold")

@@ -66,6 +66,7 @@ class RoundContext:
     exact: set[str] = field(default_factory=set)  # agents whose kept model is bit for bit their own copy
     pairs: list[tuple[str, str]] = field(default_factory=list)
     kept_detail: dict[str, Any] = field(default_factory=dict)  # pairs, drift bound (model-keeping strategies)
+    noise_std: float = 0.0  # differential privacy's noise on the new model (0: none was added)
 
     def aggregation_detail(self) -> dict[str, Any]:
         detail: dict[str, Any] = {}

@@ -237,6 +237,7 @@ class ServerStatus(Message):
     errors: int = 0
     action: str = ""  # what the current round's updates are for: average, swap or local
     best: dict = field(default_factory=dict)  # the elected best model: round, version, metric, value
+    privacy: dict = field(default_factory=dict)  # differential privacy: epsilon, delta, … spent so far (worst agent)
 
     @classmethod
     def offline(cls, federation: str) -> ServerStatus:
@@ -288,3 +289,4 @@ class RoundMetrics(Message):
     aggregation: dict = field(default_factory=dict)
     missed: list[str] = field(default_factory=list)  # selected agents that missed a deadline and were replaced
     action: str = "average"  # average (a new global model), swap or local (agents keep their own models)
+    privacy: dict = field(default_factory=dict)  # differential privacy: epsilon, delta, … spent so far (worst agent)

@@ -27,6 +27,8 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
     if args.strategy:
         strategy["name"] = args.strategy
     bounds = dict(parse_option(o) for o in args.bounds_option)
+    privacy = {key: value for key, value in (("clip", args.dp_clip), ("noise_multiplier", args.dp_noise),
+               ("target_epsilon", args.dp_target_epsilon), ("delta", args.dp_delta)) if value is not None}  # fmt: skip
     return SimSettings(
         agents=args.agents,
         rounds=args.rounds,
@@ -41,6 +43,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         deadline_s=args.deadline,
         strategy=strategy,
         bounds=bounds,
+        privacy=privacy,
         attackers=args.attackers,
         attack=args.attack or "",
         attack_scope=args.attack_scope,
@@ -134,6 +137,11 @@ def _add_sim_options(
         metavar="KEY=VALUE",
         help='[bounds] of server.toml, e.g. clip="off"',
     )
+    dp = parser.add_argument_group("central differential privacy ([privacy] of server.toml; docs/privacy.md)")
+    dp.add_argument("--dp-clip", type=float, metavar="S", help="clip every update to L2 norm S and add noise")
+    dp.add_argument("--dp-noise", type=float, metavar="Z", help="noise multiplier z: noise std z*S on the sum")
+    dp.add_argument("--dp-target-epsilon", type=float, metavar="E", help="stop selecting an agent before it passes E")
+    dp.add_argument("--dp-delta", type=float, metavar="D", help="delta of the reported (epsilon, delta); default 1e-5")
     parser.add_argument("--attackers", type=int, default=0, help="how many agents are malicious (real keys)")
     parser.add_argument("--attack", default=None, help="sign-flip | scale:F | noise:SIGMA | samples:N")
     parser.add_argument(

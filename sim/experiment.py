@@ -86,8 +86,7 @@ def run_experiment(experiment: Experiment, out: Path, echo=print) -> list[dict]:
                 if (condition, method, seed) in finished:
                     continue
                 result = run_sim(experiment.settings(condition, method, seed), out / "last", echo=lambda _line: None)
-                name = f"{condition}-{method}-{seed}".replace(" ", "_").replace("/", "_")
-                shutil.copy(out / "last" / "metrics.jsonl", out / "metrics" / f"{name}.jsonl")
+                shutil.copy(out / "last" / "metrics.jsonl", _metrics_path(out, condition, method, seed))
                 metrics = [json.loads(m.to_json()) for m in result.metrics]
                 row = {"condition": condition, "method": method, "seed": seed,
                        "final_accuracy": final_accuracy(out / "last"), "rounds": len(metrics),
@@ -96,9 +95,23 @@ def run_experiment(experiment: Experiment, out: Path, echo=print) -> list[dict]:
                 with open(log, "a") as handle:
                     handle.write(json.dumps(row) + "\n")
                 rows.append(row)
+    rows = [_resummarised(row, out, experiment.target) for row in rows]
     (out / "results.md").write_text(table(experiment, rows) + "\n")
     plot(experiment, rows, out)
     return rows
+
+
+def _metrics_path(out: Path, condition: str, method: str, seed: int) -> Path:
+    return out / "metrics" / (f"{condition}-{method}-{seed}".replace(" ", "_").replace("/", "_") + ".jsonl")
+
+
+def _resummarised(row: dict, out: Path, target: float) -> dict:
+    """``row`` with its summary recomputed from the run's stored metrics, so a changed ``target`` applies
+    to runs already done."""
+    path = _metrics_path(out, row["condition"], row["method"], row["seed"])
+    if not path.exists():
+        return row
+    return {**row, **summarise([json.loads(line) for line in path.read_text().splitlines() if line], target)}
 
 
 def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 1) -> str:

@@ -43,11 +43,13 @@ class SimSettings:
     attack: str = ""
     attack_scope: str = "parameters"
     agents_per_process: int = 1  # K agents share one OS process (sim.agent_host); 1 = one process each
+    privacy: dict[str, Any] = field(default_factory=dict)  # [privacy] of server.toml (central DP); {} = off
     slow_agents: int = 0  # how many honest agents train ``slowdown`` times slower (sim.slow)
     slowdown: float = 4.0
 
     def __post_init__(self) -> None:
         from broker_server.bounds import InfluencePolicy
+        from broker_server.privacy import PrivacyPolicy
         from broker_server.strategies import build_strategy
         from protocol.typed import build
         from sim.attacks import SCOPES, Attack
@@ -77,7 +79,8 @@ class SimSettings:
             raise ValueError(f"--attack-scope must be one of {', '.join(SCOPES)}, got {self.attack_scope!r}")
         partition.parse(self.partition)
         build_strategy(self.strategy)
-        build(InfluencePolicy, self.bounds, where="bounds", strict=True)
+        bounds = build(InfluencePolicy, self.bounds, where="bounds", strict=True)
+        build(PrivacyPolicy, self.privacy, where="privacy", strict=True).check_compatible(self.strategy, bounds)
 
     def attacker_names(self) -> list[str]:
         """Which agents attack: a reproducible draw from the seed."""
@@ -178,6 +181,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
             },
             "strategy": settings.strategy,
             "bounds": settings.bounds,
+            "privacy": settings.privacy,
         },
     )
     agent_configs: dict[str, Path] = {}

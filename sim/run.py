@@ -84,11 +84,12 @@ def format_round(m: RoundMetrics, elapsed_s: float) -> str:
     loss = m.eval.get("loss")
     if m.outcome != "committed":
         return f"round {m.round:3d}  {m.outcome}: {m.reason}  offenders {','.join(m.offenders) or '-'}"
+    privacy = f"  epsilon {m.privacy.get('epsilon')}" if m.privacy else ""
     return (
         f"round {m.round:3d}  accuracy {acc if acc is None else f'{acc:.4f}'}  "
         f"loss {loss if loss is None else f'{loss:.4f}'}  participants {len(m.accepted)}/{len(m.participants)}  "
         f"rejected {len(m.rejected)}  round_s {m.duration_s:6.2f}  elapsed_s {elapsed_s:6.1f}  "
-        f"MB up {m.bytes_up / 1e6:.2f}  MB down {m.bytes_down / 1e6:.2f}"
+        f"MB up {m.bytes_up / 1e6:.2f}  MB down {m.bytes_down / 1e6:.2f}{privacy}"
     )
 
 

@@ -1,6 +1,7 @@
 """The user-facing commands as a user runs them: ``skyfed sim --broker``, ``skyfed monitor``, ``skyfed keys``."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +15,10 @@ from models.zoo import build_model
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def skyfed(*args, timeout=180):
+def skyfed(*args, timeout=180, columns=80):
+    env = {**os.environ, "COLUMNS": str(columns)}  # the width rich lays tables out in
     return subprocess.run(
-        [sys.executable, "-m", "skyfed", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout
+        [sys.executable, "-m", "skyfed", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=env
     )
 
 
@@ -124,6 +126,29 @@ def test_fedprox_partial_work_asks_a_slow_agent_for_less_and_the_agent_does_less
     assert f"trained round=2 start=global action=average work={work:g} " in log
 
 
+def test_sim_with_central_dp_reports_epsilon_and_stops_when_the_budget_is_spent(tmp_path, broker):
+    """``--dp-*``: each round's metrics carry the worst agent's (ε, δ); with a target of 3.5 at z = 2 two
+    rounds fit (3.19), a third would not (4.01), so the run of 10 rounds ends after 2 with
+    ``budget_exhausted`` in the retained server status, which ``skyfed monitor`` shows."""
+    out = tmp_path / "dp"
+    result = skyfed(
+        "sim", "--agents", "3", "--rounds", "10", "--strategy", "fedavg", "--strategy-option", "weighting=uniform",
+        "--dp-clip", "0.5", "--dp-noise", "2", "--dp-target-epsilon", "3.5", "--partition", "iid", "--out", str(out),
+        "--broker", broker.address, "--federation", "private",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    from broker_server.accountant import epsilon_of
+
+    assert [r["privacy"]["epsilon"] for r in rows] == [round(epsilon_of(((2.0, n),), 1e-5), 4) for n in (1, 2)]
+    assert rows[0]["privacy"]["delta"] == 1e-5 and rows[0]["aggregation"]["noise_std"] == pytest.approx(2 * 0.5 / 3)
+    assert f"epsilon {rows[1]['privacy']['epsilon']}" in result.stdout
+    snapshot = skyfed(
+        "monitor", "--broker", broker.address, "--federation", "private", "--once", "--timeout", "2", columns=200
+    )
+    assert "budget_exhausted" in snapshot.stdout and f"ε {rows[1]['privacy']['epsilon']} of 3.5" in snapshot.stdout
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -137,6 +162,7 @@ def test_fedprox_partial_work_asks_a_slow_agent_for_less_and_the_agent_does_less
         (["--agents-per-process", "0"], "--agents-per-process must be >= 1"),
         (["--agents", "3", "--slow-agents", "4"], "--slow-agents must be between 0 and the number of honest agents"),
         (["--slow-agents", "1", "--slowdown", "0.5"], "--slowdown must be >= 1"),
+        (["--dp-clip", "1", "--dp-noise", "1"], "privacy needs strategy.name = 'fedavg' or 'fedprox', not 'krum'"),
     ],
 )
 def test_sim_refuses_bad_arguments_with_a_message(args, message):
@@ -186,3 +212,22 @@ def test_experiment_summary_counts_only_published_models_towards_the_target():
     summary = summarise(metrics, target=0.9)
     assert summary["rounds_to_target"] == 4 and summary["seconds_to_target"] == 40.0
     assert summary["bytes_up_per_round"] == 100 and summary["bytes_down_per_round"] == 50
+
+
+def test_a_finished_experiment_is_summarised_again_from_its_metrics_with_the_current_target(tmp_path):
+    """Changing ``target`` and re-running an experiment whose runs are all done runs nothing and rewrites
+    results.md from the stored metrics."""
+    from sim.experiment import Experiment, run_experiment
+
+    (tmp_path / "metrics").mkdir()
+    rounds = [{"round": r, "action": "average", "outcome": "committed", "eval": {"accuracy": acc},
+               "finished_at": 10.0 * r, "duration_s": 10.0, "bytes_up": 100, "bytes_down": 50}
+              for r, acc in ((1, 0.85), (2, 0.92), (3, 0.96))]  # fmt: skip
+    (tmp_path / "metrics" / "c-m-0.jsonl").write_text("\n".join(json.dumps(r) for r in rounds) + "\n")
+    row = {"condition": "c", "method": "m", "seed": 0, "final_accuracy": 0.96, "rounds": 3, "seconds": 30.0,
+           "rounds_to_target": 2, "seconds_to_target": 20.0}  # fmt: skip
+    (tmp_path / "runs.jsonl").write_text(json.dumps(row) + "\n")
+    experiment = Experiment(title="t", seeds=[0], target=0.95, conditions={"c": {}}, methods={"m": {}})
+    rows = run_experiment(experiment, tmp_path, echo=lambda _line: None)
+    assert rows[0]["rounds_to_target"] == 3 and rows[0]["seconds_to_target"] == 30.0
+    assert "| c | m | 96.0 ± 0.0 | 3.0 ± 0.0 | 30.0 ± 0.0 |" in (tmp_path / "results.md").read_text()

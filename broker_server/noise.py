@@ -1,0 +1,51 @@
+"""Differential privacy's noise step (``broker_server.privacy`` for the mechanism and its settings).
+
+The noise is float32 from numpy's PCG64 seeded with 128 bits from the OS (``secrets``), drawn afresh
+every round and never stored. Mironov's floating-point attack on textbook Gaussian samplers
+("On Significance of the Least Significant Bits for Differential Privacy", CCS 2012) is not
+defended (docs/privacy.md).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from broker_server.pipeline import RoundContext, Step
+from broker_server.privacy import PrivacyPolicy
+from broker_server.validation import positive_ranges
+from models.weights import TensorRange, with_floats
+
+
+def gaussian_noise(size: int, std: float, rng: np.random.Generator) -> np.ndarray:
+    """N(0, std²) as float32, ``size`` values."""
+    noise = rng.standard_normal(size, dtype=np.float32)
+    noise *= np.float32(std)
+    return noise
+
+
+def clamp_nonnegative(vector: np.ndarray, ranges: tuple[TensorRange, ...]) -> None:
+    """Running variances pushed below zero by the noise are set to zero (post-processing)."""
+    for r in ranges:
+        np.maximum(vector[r.start : r.stop], 0, out=vector[r.start : r.stop])
+
+
+@dataclass
+class AddNoise(Step):
+    """After the check of the clipped average: add N(0, (z·S/n)²) to every floating value of the new
+    model, n = the number of averaged updates. Sets ``ctx.noise_std`` (the round is then charged)."""
+
+    policy: PrivacyPolicy
+    name: str = "add-noise"
+
+    def run(self, ctx: RoundContext) -> None:
+        assert ctx.result is not None and ctx.contributions
+        std = self.policy.noise_multiplier * self.policy.clip / len(ctx.contributions)
+        rng = np.random.default_rng(secrets.randbits(128))
+        vector = ctx.result.global_vector + gaussian_noise(ctx.result.global_vector.size, std, rng)
+        clamp_nonnegative(vector, positive_ranges(ctx.float_spec))
+        ctx.result = replace(ctx.result, global_vector=vector)
+        ctx.candidate = with_floats(ctx.global_arrays, vector, ctx.float_spec)
+        ctx.noise_std = std

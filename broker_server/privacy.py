@@ -1,0 +1,89 @@
+"""Central differential privacy at the aggregator: DP-FedAvg's Gaussian noise and its configuration.
+
+DP-FedAvg (McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private Recurrent Language
+Models", ICLR 2018, arXiv:1710.06963): every update is clipped to L2 norm S (``[privacy] clip``), the
+clipped updates are averaged with equal weights, and Gaussian noise of standard deviation z·S / n is
+added to the average of n updates (z = ``noise_multiplier``) before anything derived from it leaves
+the server. Equivalently, the sum of the clipped updates gets N(0, z²S²): one agent, whatever its
+data, moves that sum by at most S, so each round is a Gaussian mechanism with noise multiplier z for
+every agent whose update it contains (user-level DP; the neighbouring datasets differ in one agent's
+data, its update replaced by zero — dp-accounting's ``REPLACE_SPECIAL``). The accounting is in
+``broker_server.accountant``; why SkyFed claims no amplification by sampling is there too. The noise
+step is ``broker_server.noise``.
+
+Everything after the noise is post-processing and costs no privacy: the evaluation, the commit or
+roll-back decided on it, the best-model election. Everything before it must not leak: with privacy on,
+``metrics.aggregation`` says only the clip bound and the noise (no per-agent norms or clip lists),
+and the checks that look at the un-noised average (``bounds.max_change_norm``) are refused.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from broker_server.bounds import InfluencePolicy
+
+# Strategies whose published model is the plain average of the clipped updates (so the sum has
+# sensitivity S). Robust ones (krum, median, trimmed-mean, centered-clip) choose or reweight updates
+# by looking at all of them; server optimisers (fedavgm, fedadam, fedyogi) would need the noise before
+# their step; swapping strategies hand agents each other's un-noised models.
+PRIVATE_STRATEGIES = ("fedavg", "fedprox")
+
+
+@dataclass(frozen=True)
+class PrivacyPolicy:
+    """``[privacy]`` of server.toml; absent or ``clip = 0``: no differential privacy."""
+
+    clip: float = 0.0  # S, the L2 bound of every update
+    noise_multiplier: float = 0.0  # z: noise standard deviation on the sum, in units of S
+    delta: float = 1e-5
+    target_epsilon: float = 0.0  # an agent is not selected again once one more round would pass it (0: no limit)
+
+    def __post_init__(self) -> None:
+        if not (self.clip >= 0 and math.isfinite(self.clip)):
+            raise ValueError(
+                f"privacy.clip must be a finite number >= 0 (0 = no differential privacy), got {self.clip}"
+            )
+        if self.enabled and not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
+            raise ValueError(
+                f"privacy.noise_multiplier must be > 0 when privacy.clip is set (e.g. 1.0), got {self.noise_multiplier}"
+            )
+        if not 0 < self.delta < 1:
+            raise ValueError(f"privacy.delta must be in (0, 1), e.g. 1e-5, got {self.delta}")
+        if not (self.target_epsilon >= 0 and math.isfinite(self.target_epsilon)):
+            raise ValueError(f"privacy.target_epsilon must be >= 0 (0 = no limit), got {self.target_epsilon}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.clip > 0
+
+    def check_compatible(self, strategy: dict, bounds: InfluencePolicy) -> None:
+        """Refuse, naming the key, a configuration under which the noise would not give the guarantee."""
+        if not self.enabled:
+            return
+        name = strategy.get("name", "krum")
+        if name not in PRIVATE_STRATEGIES:
+            raise ValueError(
+                f"privacy needs strategy.name = {' or '.join(repr(s) for s in PRIVATE_STRATEGIES)}, not {name!r}: "
+                "its model must be the plain average of the clipped updates (docs/privacy.md says why others are not)"
+            )
+        if strategy.get("weighting", "samples") != "uniform":
+            raise ValueError(
+                'privacy needs strategy.weighting = "uniform": weighting by claimed samples lets one agent '
+                "outweigh the clip bound"
+            )
+        if bounds.clip == "off" or (bounds.clip == "fixed" and bounds.clip_norm != self.clip):
+            raise ValueError(
+                f"bounds.clip must be left at its default with [privacy]: every update is clipped to privacy.clip "
+                f"= {self.clip}"
+            )
+        if bounds.max_change_norm > 0:
+            raise ValueError(
+                "bounds.max_change_norm must be 0 with [privacy]: it checks the average before the noise, and a "
+                "refusal would reveal it"
+            )
+
+    def bounds(self, policy: InfluencePolicy) -> InfluencePolicy:
+        """The influence policy the round uses: every update clipped to exactly S."""
+        return replace(policy, clip="fixed", clip_norm=self.clip) if self.enabled else policy

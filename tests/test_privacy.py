@@ -1,0 +1,130 @@
+"""Central differential privacy: the accountant against the exact Gaussian mechanism, the noise step,
+per-agent budgets across a restart, and the configurations that are refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from scipy.optimize import brentq
+from scipy.stats import norm
+
+from broker_server.accountant import PrivacyLedger, epsilon_of
+from broker_server.bounds import InfluencePolicy
+from broker_server.config import load_server_config
+from broker_server.engine import RoundEngine
+from broker_server.noise import AddNoise
+from broker_server.pipeline import RoundContext
+from broker_server.privacy import PrivacyPolicy
+from broker_server.rounds import RoundState
+from broker_server.strategies.base import Contribution, RoundResult
+from models.weights import TensorSpec
+from security.replay import ReplayGuard
+from sim.federation import SimSettings, create_federation
+from tests.fedharness import override_toml
+from tests.test_engine import completed
+
+
+def exact_epsilon(z: float, rounds: int, delta: float) -> float:
+    """The optimal ε of ``rounds`` Gaussian mechanisms of noise multiplier z (Balle & Wang 2018, Thm 8:
+    the composition is one Gaussian mechanism of multiplier z/√rounds)."""
+    mu = math.sqrt(rounds) / z
+    delta_of = lambda eps: norm.cdf(mu / 2 - eps / mu) - math.exp(eps) * norm.cdf(-mu / 2 - eps / mu)  # noqa: E731
+    return brentq(lambda eps: delta_of(eps) - delta, 0.0, 500.0)
+
+
+@pytest.mark.parametrize("z, rounds", [(1.0, 1), (2.0, 5), (5.0, 20), (0.8, 3)])
+def test_the_accountant_never_reports_less_than_the_exact_epsilon_and_stays_close_to_it(z, rounds):
+    reported = epsilon_of(((z, rounds),), 1e-5)
+    exact = exact_epsilon(z, rounds, 1e-5)
+    assert exact <= reported <= 1.35 * exact, (exact, reported)
+
+
+def test_each_agent_pays_only_for_the_rounds_it_was_in_and_the_report_is_the_worst_agent():
+    ledger = PrivacyLedger(PrivacyPolicy(clip=1.0, noise_multiplier=2.0, target_epsilon=3.5))
+    ledger.charge(["a", "b"])
+    ledger.charge(["a"])
+    assert ledger.epsilon("a") == pytest.approx(epsilon_of(((2.0, 2),), 1e-5))
+    assert ledger.epsilon("b") == pytest.approx(epsilon_of(((2.0, 1),), 1e-5))
+    assert ledger.epsilon("b") < ledger.epsilon("a")
+    assert ledger.epsilon("never-selected") == 0.0
+    assert (
+        ledger.summary()["epsilon"] == round(ledger.epsilon("a"), 4) and ledger.summary()["max_rounds_per_agent"] == 2
+    )
+    # 3 rounds at z = 2 cost 4.0 > 3.5: "a" (2 rounds) cannot afford a third, "b" can afford a second
+    assert ledger.affordable(["a", "b", "c"]) == ["b", "c"]
+    resumed = PrivacyLedger(ledger.policy, ledger.to_dict())
+    assert resumed.epsilon("a") == ledger.epsilon("a")
+
+
+def test_the_noise_step_adds_gaussian_noise_of_z_times_s_over_n_and_keeps_running_variances_valid():
+    spec = (TensorSpec("w", "float32", (200_000,)), TensorSpec("bn.running_var", "float32", (1_000,)))
+    mean = np.zeros(201_000, np.float32)
+    mean[200_000:] = 0.01  # small variances: the noise would push many below zero
+    state = RoundState(round=1, attempt=1, selected=["a"], deadline=0.0, started_at=0.0)
+    ctx = RoundContext(state, {"w": np.zeros(200_000, np.float32)}, mean.copy(), spec, lambda a: mean)
+    ctx.contributions = [Contribution(a, mean, 1.0, 1.0, 0.0) for a in ("a", "b", "c", "d")]
+    ctx.result = RoundResult(mean.copy())
+    AddNoise(PrivacyPolicy(clip=2.0, noise_multiplier=1.5)).run(ctx)
+    noise = ctx.result.global_vector[:200_000]
+    assert ctx.noise_std == pytest.approx(1.5 * 2.0 / 4)
+    assert np.std(noise) == pytest.approx(0.75, rel=0.01) and abs(float(np.mean(noise))) < 0.01
+    assert (ctx.result.global_vector[200_000:] >= 0).all() and (ctx.result.global_vector[200_000:] == 0).any()
+    assert np.array_equal(ctx.candidate["w"], ctx.result.global_vector[:200_000])
+
+
+@pytest.mark.parametrize(
+    "strategy, bounds, message",
+    [
+        ({}, InfluencePolicy(), "privacy needs strategy.name = 'fedavg' or 'fedprox', not 'krum'"),
+        ({"name": "fedadam", "weighting": "uniform"}, InfluencePolicy(), "not 'fedadam'"),
+        ({"name": "fedavg"}, InfluencePolicy(), 'privacy needs strategy.weighting = "uniform"'),
+        ({"name": "fedavg", "weighting": "uniform"}, InfluencePolicy(clip="off"), "bounds.clip must be left"),
+        ({"name": "fedavg", "weighting": "uniform"}, InfluencePolicy(max_change_norm=5.0), "bounds.max_change_norm"),
+    ],
+)
+def test_configurations_under_which_the_noise_would_not_protect_are_refused(strategy, bounds, message):
+    with pytest.raises(ValueError, match=message):
+        PrivacyPolicy(clip=1.0, noise_multiplier=1.0).check_compatible(strategy, bounds)
+    PrivacyPolicy().check_compatible(strategy, bounds)  # privacy off: anything goes
+
+
+def test_a_policy_with_clip_but_no_noise_is_refused():
+    with pytest.raises(ValueError, match="privacy.noise_multiplier must be > 0"):
+        PrivacyPolicy(clip=1.0)
+    with pytest.raises(ValueError, match=r"privacy.delta must be in \(0, 1\)"):
+        PrivacyPolicy(clip=1.0, noise_multiplier=1.0, delta=0.0)
+
+
+def test_the_budget_stops_the_run_before_a_round_that_would_pass_it_and_a_restart_remembers(tmp_path):
+    layout = create_federation(tmp_path, SimSettings(agents=3, rounds=10, federation="e"), ("127.0.0.1", 1))
+    override_toml(layout.server_config, rounds={"min_agents": 3, "quorum": 3},
+                  strategy={"name": "fedavg", "weighting": "uniform"},
+                  privacy={"clip": 0.5, "noise_multiplier": 2.0, "target_epsilon": 3.5})  # fmt: skip
+    config = load_server_config(layout.server_config)
+    agents = ["agent-01", "agent-02", "agent-03"]
+    engine = RoundEngine(config, replay=ReplayGuard(3600), evaluator=lambda arrays: {"accuracy": 0.5})
+    before = engine.global_vector.copy()
+    epsilons = []
+    while engine.begin_round(agents, now=0.0) is not None:
+        engine.announce(now=0.0)
+        for i, agent in enumerate(agents):
+            engine.accept(completed(engine, agent, seed=i), now=1.0)
+        metrics = engine.close(now=1.0, model_wire_bytes=0)
+        epsilons.append(metrics.privacy["epsilon"])
+        assert set(metrics.aggregation) == {"clip_bound", "noise_std"}  # no per-agent norms under privacy
+    assert epsilons == [round(epsilon_of(((2.0, n),), 1e-5), 4) for n in (1, 2)]  # 3.19 then 4.01 > 3.5: stop
+    assert engine.finished and engine.budget_exhausted and engine.version == 3
+    assert np.linalg.norm(engine.global_vector - before) > 10 * 0.5  # noise of std 2*0.5/3 on every value
+    resumed = RoundEngine(config, replay=ReplayGuard(3600))
+    assert resumed.ledger.summary()["epsilon"] == epsilons[-1]
+    assert resumed.begin_round(agents, now=0.0) is None and resumed.finished
+
+
+def test_without_privacy_the_engine_charges_nothing(tmp_path):
+    layout = create_federation(tmp_path, SimSettings(agents=3, rounds=1, federation="e"), ("127.0.0.1", 1))
+    config = dataclasses.replace(load_server_config(layout.server_config), strategy={"name": "fedavg"})
+    engine = RoundEngine(config, replay=ReplayGuard(3600))
+    assert engine.ledger is None and not engine.budget_exhausted
