@@ -82,7 +82,7 @@ def accept_update(
         np.array([u.samples for u in state.updates], np.float64),
         parsed.meta.samples,
     )
-    fold = strategy.fold_plan(bounds)
+    fold = strategy.fold_plan(bounds) if strategy.fold_on_accept else None
     try:
         result = scan(parsed.delta, fold)
     except NonFiniteUpdate as exc:

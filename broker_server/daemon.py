@@ -144,7 +144,8 @@ class Aggregator(MqttDaemon):
         action = self.engine.decide(now)
         if action == "idle" and not self.engine.finished:
             self.phase = "waiting-for-agents"
-            if self.engine.begin_round(self.registry.eligible(self.group_keys.key.key_id, now), now) is not None:
+            eligible = self.registry.eligible(self.group_keys.key.key_id, now)
+            if self.engine.begin_round(eligible, now, enrolled=self.registry.keyring.names()) is not None:
                 self._announce(reannounce=False)
             elif self.engine.finished:  # the privacy budget ran out
                 self.phase = "finished"
@@ -378,7 +379,7 @@ class Aggregator(MqttDaemon):
             errors=self.errors,
             action=rs.action if rs is not None else "",
             best=self.engine.best.record,
-            privacy={} if self.engine.ledger is None else self.engine.ledger.summary(),
+            privacy=self.engine.ledger.summary() if self.config.privacy.enabled else {},
         ).to_json()
 
     def _end_state(self) -> str:

@@ -65,7 +65,8 @@ class RoundEngine:
         self.assignments: dict[str, Assignment] = {}
         self.steps = round_steps(config, self.strategy, self.policy, self.store.agents, self.base_vector,
                                  self._pairing_rng, evaluator)  # fmt: skip
-        self.ledger = PrivacyLedger(config.privacy) if config.privacy.enabled else None
+        self.ledger = PrivacyLedger(config.privacy)
+        self.strategy.fold_on_accept = not config.privacy.enabled
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
         self.orphan_rejections: list[dict[str, str]] = []
         self.health = HealthBook()
@@ -99,8 +100,7 @@ class RoundEngine:
         self.replay.restore(checkpoint.replay)
         self.health = HealthBook.from_dict(checkpoint.health)
         self.pace = PaceBook.from_dict(checkpoint.pace)
-        if self.ledger is not None:
-            self.ledger = PrivacyLedger(self.config.privacy, checkpoint.privacy)
+        self.ledger = PrivacyLedger(self.config.privacy, checkpoint.privacy)
         self.assignments = {a: Assignment.from_dict(x) for a, x in checkpoint.assignments.items()}
         self.best = BestModel(self.store, checkpoint.best)
         if self.assignments and not self.strategy.keeps_models:
@@ -147,7 +147,7 @@ class RoundEngine:
                 replay=self.replay.export(),
                 health=self.health.to_dict(),
                 pace=self.pace.to_dict(),
-                privacy={} if self.ledger is None else self.ledger.to_dict(),
+                privacy=self.ledger.to_dict(),
                 assignments={a: x.to_dict() for a, x in self.assignments.items()},
                 best=self.best.record,
             )
@@ -181,16 +181,20 @@ class RoundEngine:
         return len(dumps(zeros, metadata=meta)) + HEADER_SLACK
 
     # rounds ------------------------------------------------------------------------------------------
-    def begin_round(self, eligible: list[str], now: float) -> RoundState | None:
+    def begin_round(self, eligible: list[str], now: float, enrolled: list[str] | None = None) -> RoundState | None:
         """Open the next round if enough agents are eligible; the caller then announces it. Backed-off
-        agents are left out while enough others are eligible (backing off never stops a federation)."""
+        agents are left out while enough others are eligible (backing off never stops a federation).
+        Under privacy, agents without budget for a round are left out, and once fewer than
+        ``rounds.min_agents`` of the ``enrolled`` (default: the eligible) have budget, the run ends."""
         if self.round_state is not None or self.finished or len(eligible) < self.rules.min_agents:
             return None
         number = self.next_round
-        if self.ledger is not None:
+        if self.config.privacy.enabled:
+            everyone = self.ledger.affordable(eligible if enrolled is None else enrolled)
+            if len(everyone) < self.rules.min_agents:
+                self.budget_exhausted = self._say_budget_exhausted(len(everyone))
             eligible = self.ledger.affordable(eligible)
             if len(eligible) < self.rules.min_agents:
-                self.budget_exhausted = self._say_budget_exhausted(len(eligible))
                 return None
         available = self.health.available(eligible, number)
         pool = available if len(available) >= self.rules.min_agents else eligible
@@ -235,7 +239,8 @@ class RoundEngine:
                 record.backed_off_until + 1,
             )
         seed = self.config.server.seed * 100_003 + rs.round * 101 + rs.attempt
-        excused, stand_ins = replace_missing(rs, self.health.available(eligible, rs.round), seed)
+        candidates = self.ledger.affordable(self.health.available(eligible, rs.round))
+        excused, stand_ins = replace_missing(rs, candidates, seed)  # under privacy, only agents with budget
         if stand_ins:
             log.warning("round %d: %s stand in for %s", rs.round, ",".join(stand_ins), ",".join(excused))
         return excused, stand_ins
@@ -331,12 +336,8 @@ class RoundEngine:
         aggregation = ctx.aggregation_detail()
         if rs.agent_train:  # what each agent was asked to do where it differed (e.g. FedProx's partial work)
             aggregation["work"] = {agent: settings["work"] for agent, settings in rs.agent_train.items()}
-        privacy = {}
-        if self.ledger is not None:
-            if ctx.noise_std > 0:  # noise was drawn: whatever follows (commit, roll-back, eval) was released
-                self.ledger.charge([c.agent for c in ctx.contributions])
-            aggregation = self.ledger.public_detail({**aggregation, "noise_std": ctx.noise_std})
-            offenders, privacy = [], self.ledger.summary()
+        averaged = [c.agent for c in ctx.contributions] + rs.failed if ctx.result is not None else []
+        self.ledger.after_round(averaged, published=committed and rs.action == "average")
         if outcome == "rolled-back" and ctx.evaluation:
             aggregation["rejected_eval"] = ctx.evaluation
         metrics = RoundMetrics(
@@ -358,8 +359,9 @@ class RoundEngine:
             aggregation=aggregation,
             missed=rs.missed,
             action=rs.action,
-            privacy=privacy,
         )
+        if self.config.privacy.enabled:
+            metrics = self.ledger.public_metrics(metrics, ctx.noise_std)
         published = committed and rs.action == "average"
         if published and self.strategy.elect_best:
             self.best.note(self.version, rs.round, ctx.evaluation, self.global_arrays)

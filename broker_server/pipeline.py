@@ -181,10 +181,13 @@ class Aggregate(Step):
 class CheckModel(Step):
     """Every value finite, no negative running variance, and the change within the policy:
     ``bounds.max_change_norm`` when set, and the clip bound for strategies whose output is a convex
-    combination of clipped deltas."""
+    combination of clipped deltas. Under differential privacy (``private``) only finiteness is checked:
+    a refusal decided on the un-noised average would reveal something about it (a running variance
+    that float32 rounding takes a hair below zero is repaired after the noise, ``AddNoise``)."""
 
     policy: InfluencePolicy
     bounded_by_clip: bool
+    private: bool = False
     name: str = "check"
 
     def run(self, ctx: RoundContext) -> None:
@@ -193,6 +196,9 @@ class CheckModel(Step):
         norm = math.sqrt(float(sdot(change, change))) if change.size else 0.0
         if not math.isfinite(norm) or not np.isfinite(ctx.result.global_vector).all():
             raise RoundRejected("non-finite-model", offenders(ctx.contributions))
+        if self.private:
+            ctx.candidate = with_floats(ctx.global_arrays, ctx.result.global_vector, ctx.float_spec)
+            return
         try:  # the same invariants every accepted update met (a strategy that extrapolates may break them)
             check_invariants(change, ctx.global_vector, positive_ranges(ctx.float_spec))
         except UpdateRejected as exc:

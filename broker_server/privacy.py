@@ -78,11 +78,12 @@ class PrivacyPolicy:
                 f"bounds.clip must be left at its default with [privacy]: every update is clipped to privacy.clip "
                 f"= {self.clip}"
             )
-        if bounds.max_change_norm > 0:
-            raise ValueError(
-                "bounds.max_change_norm must be 0 with [privacy]: it checks the average before the noise, and a "
-                "refusal would reveal it"
-            )
+        for key in ("max_change_norm", "max_update_norm"):
+            if getattr(bounds, key) > 0:
+                raise ValueError(
+                    f"bounds.{key} must be 0 with [privacy]: it tests a value measured before the noise, and its "
+                    "verdict would reveal it (every update is clipped to privacy.clip instead)"
+                )
 
     def bounds(self, policy: InfluencePolicy) -> InfluencePolicy:
         """The influence policy the round uses: every update clipped to exactly S."""

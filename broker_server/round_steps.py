@@ -42,7 +42,7 @@ def round_steps(
             log.warning("server.rounds = %d is not a multiple of h1*h2 = %d: the last %d rounds' training never "
                         "reaches the final global model", config.server.rounds, cycle,
                         config.server.rounds % cycle)  # fmt: skip
-    steps += [Aggregate(strategy), CheckModel(policy, strategy.bounded_by_clip)]
+    steps += [Aggregate(strategy), CheckModel(policy, strategy.bounded_by_clip, private=config.privacy.enabled)]
     if config.privacy.enabled:
         steps.append(AddNoise(config.privacy))
     if evaluator is not None:

@@ -78,6 +78,9 @@ class Strategy(ABC):
     bounded_by_clip: ClassVar[bool] = False
     threshold: int = 0  # close the round once this many updates are in (``[strategy] threshold``; 0 = off)
     elect_best: bool = False  # at the end of the run, publish the version that evaluated best (SmartFed)
+    # Fold updates into a running sum as they arrive (``fold_plan``). Off under differential privacy: an
+    # update is then processed at close whatever its norm, so the round's timing says nothing about it.
+    fold_on_accept: bool = True
     # True when every agent's model is kept across rounds (``broker_server.agent_models``): deltas are then
     # over each agent's own start model, and ``Contribution.model`` holds its model after the round.
     keeps_models: ClassVar[bool] = False
