@@ -186,16 +186,16 @@ class RoundEngine:
         agents are left out while enough others are eligible (backing off never stops a federation).
         Under privacy, agents without budget for a round are left out, and once fewer than
         ``rounds.min_agents`` of the ``enrolled`` (default: the eligible) have budget, the run ends."""
-        if self.round_state is not None or self.finished or len(eligible) < self.rules.min_agents:
+        if self.round_state is not None or self.finished:
             return None
-        number = self.next_round
         if self.config.privacy.enabled:
             everyone = self.ledger.affordable(eligible if enrolled is None else enrolled)
             if len(everyone) < self.rules.min_agents:
                 self.budget_exhausted = self._say_budget_exhausted(len(everyone))
             eligible = self.ledger.affordable(eligible)
-            if len(eligible) < self.rules.min_agents:
-                return None
+        if len(eligible) < self.rules.min_agents:
+            return None
+        number = self.next_round
         available = self.health.available(eligible, number)
         pool = available if len(available) >= self.rules.min_agents else eligible
         selected = select_agents(pool, self.rules, seed=self.config.server.seed * 100_003 + number)

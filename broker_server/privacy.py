@@ -53,6 +53,20 @@ class PrivacyPolicy:
             raise ValueError(f"privacy.delta must be in (0, 1), e.g. 1e-5, got {self.delta}")
         if not (self.target_epsilon >= 0 and math.isfinite(self.target_epsilon)):
             raise ValueError(f"privacy.target_epsilon must be >= 0 (0 = no limit), got {self.target_epsilon}")
+        if not self.enabled and (self.noise_multiplier or self.target_epsilon):
+            raise ValueError(
+                "privacy.clip must be > 0 to turn differential privacy on (noise_multiplier or target_epsilon is "
+                "set without it, which would run without any privacy)"
+            )
+        if self.enabled and self.target_epsilon:
+            from broker_server.accountant import epsilon_of  # the accountant imports this module
+
+            one_round = epsilon_of(((self.noise_multiplier, 1),), self.delta)
+            if one_round > self.target_epsilon:
+                raise ValueError(
+                    f"privacy.target_epsilon = {self.target_epsilon:g} is below what a single round costs (epsilon "
+                    f"{one_round:.3g} at noise_multiplier {self.noise_multiplier:g}): raise the target or the noise"
+                )
 
     @property
     def enabled(self) -> bool:
@@ -65,8 +79,9 @@ class PrivacyPolicy:
         name = strategy.get("name", "krum")
         if name not in PRIVATE_STRATEGIES:
             raise ValueError(
-                f"privacy needs strategy.name = {' or '.join(repr(s) for s in PRIVATE_STRATEGIES)}, not {name!r}: "
-                "its model must be the plain average of the clipped updates (docs/privacy.md says why others are not)"
+                f"privacy needs strategy.name = {' or '.join(repr(s) for s in PRIVATE_STRATEGIES)}, not {name!r}, "
+                'with strategy.weighting = "uniform": the model must be the plain average of the clipped updates '
+                "(docs/privacy.md says why others are not)"
             )
         if strategy.get("weighting", "samples") != "uniform":
             raise ValueError(

@@ -85,4 +85,5 @@ def build(cls: type[T], data: dict[str, Any], *, where: str, strict: bool) -> T:
     try:
         return cls(**values)
     except (TypeError, ValueError) as exc:
-        raise SchemaError(f"{where}: {exc}") from None
+        message = str(exc)  # a message that already names the key (``where.key …``) is not prefixed again
+        raise SchemaError(message if message.startswith(f"{where}.") else f"{where}: {message}") from None

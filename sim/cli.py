@@ -72,6 +72,10 @@ def run_sim_command(args: argparse.Namespace) -> int:
     )
     result = run_sim(settings, Path(args.out), broker_address=args.broker)
     final = result.metrics[-1].eval.get("accuracy") if result.metrics else None
+    privacy = result.metrics[-1].privacy if result.metrics else {}
+    if settings.privacy and len(result.metrics) < settings.rounds:
+        print(f"stopped after {len(result.metrics)} of {settings.rounds} rounds: the privacy budget is spent "
+              f"(epsilon {privacy.get('epsilon')} of target {settings.privacy.get('target_epsilon')})")  # fmt: skip
     print(f"done in {result.seconds:.1f} s; final accuracy {final}; results in {result.out}/")
     return 0
 

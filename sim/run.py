@@ -96,10 +96,10 @@ def format_round(m: RoundMetrics, elapsed_s: float) -> str:
 def _annotate_metrics(source: Path, target: Path, extra: dict[str, object]) -> None:
     """Copy the server's metrics, adding what only the sim knows (which agents attacked or were slow)."""
     lines = []
-    for line in source.read_text().splitlines():
+    for line in source.read_text().splitlines() if source.exists() else []:  # no round ran: no metrics
         if line.strip():
             lines.append(json.dumps({**json.loads(line), **extra}, separators=(",", ":")))
-    target.write_text("\n".join(lines) + "\n")
+    target.write_text("".join(line + "\n" for line in lines))
 
 
 def exit_on_sigterm() -> None:
@@ -160,5 +160,6 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
     extra = {"attackers": attackers, "attack": settings.attack or None, "slow_agents": settings.slow_names()}
     _annotate_metrics(state / "metrics.jsonl", out / "metrics.jsonl", extra)
     shutil.copy(state / "global_model.safetensors", out / "global_model.safetensors")
-    plot_curves(out / "metrics.jsonl", out / "curves.png")
+    if metrics:
+        plot_curves(out / "metrics.jsonl", out / "curves.png")
     return SimResult(out=out, metrics=metrics, seconds=time.monotonic() - started)

@@ -154,7 +154,7 @@ def test_privacy_turned_on_over_models_published_without_it_reports_no_finite_ep
     private = dataclasses.replace(plain, privacy=PrivacyPolicy(clip=0.5, noise_multiplier=2.0, target_epsilon=10.0))
     resumed = RoundEngine(private, replay=ReplayGuard(3600))
     assert resumed.ledger.summary()["epsilon"] == math.inf and resumed.ledger.summary()["unprotected_rounds"] == 1
-    assert resumed.begin_round(agents, now=0.0) is None and resumed.budget_exhausted
+    assert resumed.begin_round([], now=0.0, enrolled=agents) is None and resumed.budget_exhausted  # nobody online
 
 
 def test_under_privacy_no_update_is_folded_early_and_refusals_say_only_their_kind(tmp_path):
@@ -209,3 +209,13 @@ def test_spent_agents_neither_start_a_round_nor_stand_in_and_the_run_ends_only_w
     assert stand_ins == [] and excused == []
     run_round(fresh)
     assert engine.begin_round(first + fresh, now=0.0, enrolled=first + fresh) is None and engine.budget_exhausted
+
+
+def test_settings_that_would_silently_give_no_privacy_or_no_round_at_all_are_refused():
+    with pytest.raises(ValueError, match="privacy.clip must be > 0 to turn differential privacy on"):
+        PrivacyPolicy(noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="privacy.clip must be > 0"):
+        PrivacyPolicy(target_epsilon=8.0)
+    with pytest.raises(ValueError, match=r"target_epsilon = 2 is below what a single round costs \(epsilon 4.73"):
+        PrivacyPolicy(clip=0.5, noise_multiplier=1.0, target_epsilon=2.0)
+    PrivacyPolicy(clip=0.5, noise_multiplier=1.0, target_epsilon=4.8)  # one round fits

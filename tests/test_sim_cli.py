@@ -143,6 +143,9 @@ def test_sim_with_central_dp_reports_epsilon_and_stops_when_the_budget_is_spent(
     assert [r["privacy"]["epsilon"] for r in rows] == [round(epsilon_of(((2.0, n),), 1e-5), 4) for n in (1, 2)]
     assert rows[0]["privacy"]["delta"] == 1e-5 and rows[0]["aggregation"]["noise_std"] == pytest.approx(2 * 0.5 / 3)
     assert f"epsilon {rows[1]['privacy']['epsilon']}" in result.stdout
+    assert f"stopped after 2 of 10 rounds: the privacy budget is spent (epsilon {rows[1]['privacy']['epsilon']}" in (
+        result.stdout
+    )
     snapshot = skyfed(
         "monitor", "--broker", broker.address, "--federation", "private", "--once", "--timeout", "2", columns=200
     )
@@ -163,6 +166,7 @@ def test_sim_with_central_dp_reports_epsilon_and_stops_when_the_budget_is_spent(
         (["--agents", "3", "--slow-agents", "4"], "--slow-agents must be between 0 and the number of honest agents"),
         (["--slow-agents", "1", "--slowdown", "0.5"], "--slowdown must be >= 1"),
         (["--dp-clip", "1", "--dp-noise", "1"], "privacy needs strategy.name = 'fedavg' or 'fedprox', not 'krum'"),
+        (["--dp-noise", "1"], "privacy.clip must be > 0 to turn differential privacy on"),
     ],
 )
 def test_sim_refuses_bad_arguments_with_a_message(args, message):
