@@ -31,15 +31,11 @@ import dp_accounting
 from dp_accounting.privacy_accountant import NeighboringRelation
 
 from broker_server.privacy import PrivacyPolicy
+from broker_server.validation import reason_kind
 from protocol.messages import Rejection, RoundMetrics
 
 log = logging.getLogger("skyfed.server")
 PUBLIC_DETAIL = ("clip_bound", "work", "noise_std")
-
-
-def reason_kind(reason: str) -> str:
-    """``norm-too-large: 3.2 > 1`` → ``norm-too-large``: the kind, without values measured on an update."""
-    return reason.split(":", 1)[0]
 
 
 @lru_cache(maxsize=4096)

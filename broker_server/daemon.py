@@ -24,7 +24,7 @@ from broker_server.groupkeys import GroupKeyDistributor, load_or_create
 from broker_server.ignored import IgnoredAgents
 from broker_server.publisher import ModelPublisher
 from broker_server.registry import AgentRegistry, StatusRefused
-from broker_server.validation import UpdateRejected
+from broker_server.validation import UpdateRejected, reason_kind
 from common.text import printable
 from models.datasets import load_dataset
 from models.serialization import dumps
@@ -321,7 +321,7 @@ class Aggregator(MqttDaemon):
         """Count, log (throttled) and record a refusal. Ids that are not enrolled (anyone can invent topic
         ids) share one log key and one metrics entry per kind, so junk cannot crowd out real agents."""
         reason = printable(reason)
-        kind = reason.split(":")[0]
+        kind = reason_kind(reason)
         self.rejections[kind] += 1
         enrolled = agent in self.registry.keyring
         if enrolled and kind == "bad-signature":

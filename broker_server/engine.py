@@ -191,7 +191,8 @@ class RoundEngine:
         if self.config.privacy.enabled:
             everyone = self.ledger.affordable(eligible if enrolled is None else enrolled)
             if len(everyone) < self.rules.min_agents:
-                self.budget_exhausted = self._say_budget_exhausted(len(everyone))
+                self._end_for_budget(len(everyone))
+                return None
             eligible = self.ledger.affordable(eligible)
         if len(eligible) < self.rules.min_agents:
             return None
@@ -289,8 +290,7 @@ class RoundEngine:
         if record.agent in self.round_state.failed:  # it sent a valid update after a refused one
             self.round_state.failed.remove(record.agent)
         self.health.delivered(record.agent)
-        rs = self.round_state
-        self.pace.observe(record.agent, (time.time() if now is None else now) - rs.started_at,
+        self.pace.observe(record.agent, (time.time() if now is None else now) - self.round_state.started_at,
                           self.train_of(record.agent).work)  # fmt: skip
         self.checkpoint()
         return record
@@ -389,12 +389,12 @@ class RoundEngine:
             )  # fmt: skip
         self.checkpoint()
 
-    def _say_budget_exhausted(self, affordable: int) -> bool:
+    def _end_for_budget(self, affordable: int) -> None:
         """Fewer than ``rounds.min_agents`` agents can afford another round: the run ends here."""
         if not self.budget_exhausted:
+            self.budget_exhausted = True
             log.warning("privacy budget exhausted: only %d agents can afford another round within epsilon %g "
                         "(rounds.min_agents = %d); stopping with the last model", affordable,
                         self.config.privacy.target_epsilon, self.rules.min_agents)  # fmt: skip
             if self.strategy.elect_best and not self.best.elected:
                 self._elect_best()
-        return True

@@ -40,6 +40,11 @@ class ParsedUpdate:
     delta: np.ndarray  # zero-copy float32 view into the received bytes
 
 
+def reason_kind(reason: str) -> str:
+    """``norm-too-large: 3.2 > 1`` → ``norm-too-large``: a refusal's kind, without the values measured."""
+    return reason.split(":", 1)[0]
+
+
 def positive_ranges(spec: tuple[TensorSpec, ...]) -> tuple[TensorRange, ...]:
     """The BatchNorm running variances of a model (they must not go negative), by state_dict name."""
     return ranges_of(spec, ("running_var",))

@@ -62,7 +62,7 @@ def train_sgd(
             optimizer.step()
             total += loss.item() * len(y)
             seen += len(y)
-        last_loss = total / seen
+        last_loss = total / max(seen, 1)  # no batch at all: an empty dataset
     return TrainOutcome(samples=len(data), loss=last_loss)
 
 

@@ -22,6 +22,11 @@ def skyfed(*args, timeout=180, columns=80):
     )
 
 
+def metrics_rows(out):
+    """The sim's ``metrics.jsonl``, one dict per round."""
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_sim_against_an_existing_broker_writes_metrics_curves_and_model(tmp_path, broker):
     out = tmp_path / "run"
     result = skyfed(
@@ -44,7 +49,7 @@ def test_sim_against_an_existing_broker_writes_metrics_curves_and_model(tmp_path
     assert result.returncode == 0, result.stdout + result.stderr
     round_lines = [line for line in result.stdout.splitlines() if line.startswith("round ")]
     assert len(round_lines) == 3 and "accuracy" in round_lines[0] and "MB up" in round_lines[0]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(out)
     assert [r["round"] for r in rows] == [1, 2, 3]
     for key in (
         "strategy",
@@ -82,7 +87,7 @@ def test_sim_with_a_robust_strategy_and_attackers_says_who_attacked(tmp_path, br
     hosts = sorted(p.name for p in (out / "federation" / "logs").glob("agent-*.log"))
     assert hosts == ["agent-01..agent-02.log", "agent-03..agent-04.log"]
     assert "strategy trimmed-mean" in result.stdout and "attackers (samples:100000, parameters): " in result.stdout
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(out)
     assert [r["strategy"] for r in rows] == ["trimmed-mean"] * 2
     assert rows[0]["attack"] == "samples:100000" and len(rows[0]["attackers"]) == 1
     assert rows[0]["aggregation"]["trimmed_per_side"] == 1 and rows[0]["aggregation"]["capped"] == rows[0]["attackers"]
@@ -99,7 +104,7 @@ def test_a_threshold_round_closes_on_the_fast_agents_without_waiting_for_a_slow_
         broker.address, "--federation", "slow",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(out)
     slow = rows[0]["slow_agents"]
     assert len(slow) == 1 and f"slow agents (30x): {slow[0]}" in result.stdout
     assert [len(r["accepted"]) for r in rows] == [3, 3, 3]
@@ -117,7 +122,7 @@ def test_fedprox_partial_work_asks_a_slow_agent_for_less_and_the_agent_does_less
         broker.address, "--federation", "partial",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(out)
     slow = rows[0]["slow_agents"][0]
     assert "work" not in rows[0]["aggregation"]  # round 1: nobody timed yet
     work = rows[1]["aggregation"]["work"][slow]
@@ -137,7 +142,7 @@ def test_sim_with_central_dp_reports_epsilon_and_stops_when_the_budget_is_spent(
         "--broker", broker.address, "--federation", "private",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics_rows(out)
     from broker_server.accountant import epsilon_of
 
     assert [r["privacy"]["epsilon"] for r in rows] == [round(epsilon_of(((2.0, n),), 1e-5), 4) for n in (1, 2)]
