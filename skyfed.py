@@ -1,7 +1,8 @@
 """The ``skyfed`` command: one console script, each package owns its subcommand.
 
 ``skyfed agent run`` and ``skyfed server run`` are the daemons (systemd runs them), ``skyfed sim`` and
-``skyfed demo`` run a whole local federation, ``skyfed monitor`` watches the status topics.
+``skyfed demo`` run a whole local federation, ``skyfed monitor`` watches the status topics, ``skyfed
+provision`` writes every key, certificate and broker file of a federation.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     from agent.cli import add_agent_commands
     from broker_server.cli import add_monitor_command, add_server_commands
     from security.cli import add_certs_commands, add_keys_commands
+    from security.provision_cli import add_provision_command
     from sim.cli import add_sim_commands
 
     parser = argparse.ArgumentParser(
@@ -28,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sim_commands(commands)
     add_keys_commands(commands)
     add_certs_commands(commands)
+    add_provision_command(commands)
     return parser
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.local_dp import LocalPrivacySection
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
 from protocol.mqtt import BrokerSettings
 from protocol.topics import check_level
@@ -48,6 +49,7 @@ class AgentConfig:
     broker: BrokerSettings
     keys: KeysSection
     training: TrainingSection = field(default_factory=TrainingSection)
+    privacy: LocalPrivacySection = field(default_factory=LocalPrivacySection)  # local DP-SGD; off by default
 
     @property
     def state_dir(self) -> Path:
@@ -69,7 +71,7 @@ class AgentConfig:
 def load_agent_config(path: Path) -> AgentConfig:
     """Parse and check ``agent.toml``; raise ``ConfigError`` naming the key and the fix."""
     data = read_toml(path)
-    check_tables(path, data, {"agent", "broker", "keys", "training"})
+    check_tables(path, data, {"agent", "broker", "keys", "training", "privacy"})
     try:
         config = AgentConfig(
             path=path,
@@ -77,6 +79,7 @@ def load_agent_config(path: Path) -> AgentConfig:
             broker=broker_settings(path, data),
             keys=table(path, data, "keys", KeysSection),
             training=table(path, data, "training", TrainingSection, required=False),
+            privacy=table(path, data, "privacy", LocalPrivacySection, required=False),
         )
         check_level("agent.id", config.agent.id)
         check_level("agent.federation", config.agent.federation)

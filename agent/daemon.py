@@ -15,13 +15,15 @@ names that model by fingerprint, and the agent trains only from a model that mat
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import paho.mqtt.client as paho
 import torch
 
 from agent.config import AgentConfig
-from agent.start_models import StartModels
+from agent.local_dp import budget_for
+from agent.start_models import StartModelRefused, StartModels
 from agent.state import AgentProgress, ProgressStore
 from agent.trainer import ClassifierTrainer, Trainer
 from agent.waiting import waiting_for
@@ -40,6 +42,7 @@ from security.envelope import Opener, seal
 from security.keys import GroupKey, Identity, Keyring, PublicIdentity
 from security.signing import InvalidDocument, signed_payload, verify_document
 
+GROUP_KEYS_KEPT = 3  # after a rotation the previous key still opens the model until its re-publication
 log = logging.getLogger("skyfed.agent")
 STUCK_LOG_S = 60.0  # connected this long without the group key: say why in the agent's own log
 
@@ -70,7 +73,10 @@ class EdgeAgent(MqttDaemon):
             torch.set_num_threads(config.training.threads)
         device = pick_device() if config.training.device == "auto" else torch.device(config.training.device)
         self.data = load_dataset(config.data_path)
-        self.trainer = trainer or ClassifierTrainer(self.data, device=device, agent_id=self.id, seed=config.agent.seed)
+        self.budget = budget_for(config.privacy, config.state_dir, len(self.data))
+        self.trainer = trainer or ClassifierTrainer(
+            self.data, device=device, agent_id=self.id, seed=config.agent.seed, budget=self.budget
+        )
         self.store = ProgressStore(config.state_dir)
         self.progress = self.store.load()
         self.models: dict[int, NamedArrays] = {}
@@ -208,7 +214,10 @@ class EdgeAgent(MqttDaemon):
 
     def _on_group_key(self, completed: Completed) -> None:
         key = GroupKey.from_bytes(bytes(completed.data))
-        self.group_keys[key.key_id] = key
+        self.group_keys.pop(key.key_id, None)
+        self.group_keys[key.key_id] = key  # the newest last: the status reports it
+        while len(self.group_keys) > GROUP_KEYS_KEPT:
+            del self.group_keys[next(iter(self.group_keys))]
         self._key_mismatch = False
         log.info("group key received key_id=%s", key.key_id)
         # (Re)subscribing makes the broker resend the retained model chunks, now decryptable.
@@ -232,21 +241,13 @@ class EdgeAgent(MqttDaemon):
         log.info("model received version=%d bytes=%d", version, completed.manifest.size)
 
     def _on_start_model(self, completed: Completed) -> None:
-        """A model sealed to this agent alone (a swap partner's, say): kept on disk until a task names it.
-        One for a round older than the current task's or than the inbox model held is a replay, and is
-        ignored (it would evict the model a task names)."""
-        newest = max(self.task.round if self.task is not None else 0, self.start_models.round_of("inbox"))
-        if completed.manifest.round < newest:
-            self._warn("start-stale", "start model ignored round=%d reason=older-than-held", completed.manifest.round)
-            return
+        """A model sealed to this agent alone (a swap partner's, say), kept until a task names it."""
+        current = self.task.round if self.task is not None else 0
         try:
-            arrays, _ = loads(completed.data)
-        except SerializationError as exc:
-            log.warning("start model rejected reason=%s", exc)
+            sha256 = self.start_models.receive(completed.data, completed.manifest.round, current)
+        except StartModelRefused as exc:
+            self._warn(f"start-{exc.reason}", "start model ignored round=%d reason=%s", completed.manifest.round, exc)
             return
-        sha256 = self.start_models.keep(
-            "inbox", {name: a.copy() for name, a in arrays.items()}, completed.manifest.round
-        )
         log.info("start model received round=%d sha256=%s", completed.manifest.round, sha256[:12])
 
     def _start_model(self, task: RoundTask, start: AgentStart) -> NamedArrays | None:
@@ -270,6 +271,9 @@ class EdgeAgent(MqttDaemon):
             if self.id in task.pending and unsent:
                 self._resend(task)
             return self._set_state("done")
+        if self.budget is not None and (refusal := self.budget.refusal(task, self.id)):
+            self._warn("privacy", "round declined round=%d reason=%s", task.round, refusal)
+            return self._set_state("declined")
         start = task.start_of(self.id)
         base = self._start_model(task, start)
         if base is None:
@@ -287,6 +291,8 @@ class EdgeAgent(MqttDaemon):
             samples=result.samples,
             loss=result.loss,
             base_sha256="" if start.source == "global" else start.sha256,
+            local_epsilon=result.epsilon if result.epsilon is not None and math.isfinite(result.epsilon) else None,
+            local_delta=self.budget.policy.delta if self.budget is not None else None,
         )
         change = delta(result.arrays, base)
         data = dumps(change, metadata=meta.to_metadata())
@@ -359,6 +365,8 @@ class EdgeAgent(MqttDaemon):
 
     def _status(self) -> AgentStatus:
         task = self.task
+        refusal = self.budget.refusal(None, self.id) if self.budget is not None else ""
+        gate_reasons = [refusal] if refusal else []
         state, detail = self.connection_state(self.state, self.detail or self._waiting_for())
         return AgentStatus(
             agent=self.id,
@@ -367,12 +375,13 @@ class EdgeAgent(MqttDaemon):
             samples=len(self.data),
             version=max(self.models, default=0),
             updated_at=time.time(),
-            gate=Gate(ok=True, reasons=[]),
+            gate=Gate(ok=not gate_reasons, reasons=gate_reasons),
             group_key_id=next(reversed(self.group_keys), ""),
             last_completed_round=self.progress.last_completed_round,
             detail=detail,
             errors=self.errors,
             start=task.start_of(self.id).source if task and self.id in task.selected else "",
+            privacy=self.budget.summary() if self.budget is not None else {},
         )
 
     def _publish_status(self, *, force: bool = False) -> paho.MQTTMessageInfo | None:

@@ -9,7 +9,14 @@ names the exact model to start from, and where it came from does not matter.
 from __future__ import annotations
 
 from agent.state import MODEL_SLOTS, ProgressStore
+from models.serialization import SerializationError, loads
 from models.weights import NamedArrays, fingerprint
+
+
+class StartModelRefused(ValueError):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
 
 
 class StartModels:
@@ -27,6 +34,18 @@ class StartModels:
         self.store.save_model(slot, arrays, round_number)
         self._held[slot] = (fingerprint(arrays), arrays, round_number)
         return self._held[slot][0]
+
+    def receive(self, data: bytes | bytearray | memoryview, round_number: int, task_round: int) -> str:
+        """Keep an inbox model sealed for ``round_number``; return its fingerprint. One for a round older
+        than the current task's or than the inbox model held is a replay, refused: it would evict the
+        model a task names."""
+        if round_number < max(task_round, self.round_of("inbox")):
+            raise StartModelRefused("stale", "older-than-held")
+        try:
+            arrays, _ = loads(data)
+        except SerializationError as exc:
+            raise StartModelRefused("malformed", str(exc)) from None
+        return self.keep("inbox", {name: a.copy() for name, a in arrays.items()}, round_number)
 
     def round_of(self, slot: str) -> int:
         """The round the model in ``slot`` was kept for (0 when empty)."""

@@ -14,14 +14,14 @@ def waiting_for(
         return (
             "the group key the server sealed for this agent does not open with this agent's key: its key "
             f"changed after it was enrolled. Re-enrol this agent: skyfed keys enroll {agent}.pub "
-            "--enrolled <server's keys.enrolled>, then restart the server"
+            "--enrolled <server's keys.enrolled> (the running server picks it up)"
         )
     if not has_group_key:
         return (
             "waiting for the group key, which the server sends to enrolled agents once it sees their signed "
             f"status; if this lasts, {agent} is not enrolled there, or was enrolled with a key it no longer "
             f"has: enrol or re-enrol this agent (skyfed keys enroll {agent}.pub --enrolled <server's "
-            "keys.enrolled>, then restart the server); or the server is not running, or runs another "
+            "keys.enrolled>; the running server picks it up); or the server is not running, or runs another "
             f"federation than this agent's {topics.federation!r}; or, with TLS and the per-agent ACL, "
             "this agent's certificate CN is not its id (the broker then drops its messages)"
         )

@@ -19,10 +19,17 @@ def run_server(args: argparse.Namespace) -> int:
 def run_monitor(args: argparse.Namespace) -> int:
     from broker_server.monitor import monitor
     from protocol.daemon import quiet_connection_logs
-    from protocol.mqtt import BrokerSettings
+    from protocol.mqtt import BrokerSettings, TlsSettings
 
     quiet_connection_logs()
-    return monitor(BrokerSettings.from_address(args.broker), args.federation, once=args.once, timeout_s=args.timeout)
+    tls = None
+    if args.cafile:
+        tls = TlsSettings(args.cafile, args.cert, args.key)
+    elif args.cert or args.key:
+        print("skyfed monitor: --cert and --key need --cafile (the federation CA, e.g. DIR/monitor/ca.crt)")
+        return 2
+    settings = BrokerSettings.from_address(args.broker, tls=tls)
+    return monitor(settings, args.federation, once=args.once, timeout_s=args.timeout)
 
 
 def add_server_commands(commands: argparse._SubParsersAction) -> None:
@@ -39,4 +46,7 @@ def add_monitor_command(commands: argparse._SubParsersAction) -> None:
     mon.add_argument("--federation", default="demo")
     mon.add_argument("--once", action="store_true", help="print one snapshot and exit")
     mon.add_argument("--timeout", type=float, default=3.0, help="with --once: seconds to collect status")
+    mon.add_argument("--cafile", help="TLS: the federation CA (skyfed provision's DIR/monitor/ca.crt)")
+    mon.add_argument("--cert", help="TLS: the monitoring certificate (DIR/monitor/monitor.crt)")
+    mon.add_argument("--key", help="TLS: its key (DIR/monitor/monitor.crt.key)")
     mon.set_defaults(handler=run_monitor)

@@ -35,6 +35,11 @@ class ServerSection:
 class KeysSection:
     identity: str
     enrolled: str
+    rotate_every_rounds: int = 0  # a new group key before every N-th round (0 = only on revocation)
+
+    def __post_init__(self) -> None:
+        if self.rotate_every_rounds < 0:
+            raise ValueError(f"keys.rotate_every_rounds must be >= 0 (0 = off), got {self.rotate_every_rounds}")
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,10 @@ from broker_server.engine import RoundEngine
 from broker_server.evaluation import Evaluator
 from broker_server.groupkeys import GroupKeyDistributor, load_or_create
 from broker_server.ignored import IgnoredAgents
+from broker_server.metrics_log import log_round
 from broker_server.publisher import ModelPublisher
 from broker_server.registry import AgentRegistry, StatusRefused
+from broker_server.trust import TrustKeeper
 from broker_server.validation import UpdateRejected, reason_kind
 from common.text import printable
 from models.datasets import load_dataset
@@ -34,7 +36,6 @@ from protocol.messages import (
     AgentStart,
     AgentStatus,
     AgentTrain,
-    RoundMetrics,
     RoundTask,
     ServerStatus,
     TrainSettings,
@@ -43,7 +44,7 @@ from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferRejected
 from security.envelope import Opener, seal
-from security.keys import Identity, Keyring
+from security.keys import GroupKey, Identity, Keyring
 from security.signing import signed_payload
 
 log = logging.getLogger("skyfed.server")
@@ -84,7 +85,8 @@ class Aggregator(MqttDaemon):
             ),
             log,
         )
-        group_key = load_or_create(config.state_dir / "group.key")
+        key_path = config.state_dir / "group.key"
+        group_key = load_or_create(key_path)
         self.group_keys = GroupKeyDistributor(
             group_key, identity=self.identity, keyring=keyring, federation=fed, send=self._send_inbox, clock=clock
         )
@@ -93,6 +95,16 @@ class Aggregator(MqttDaemon):
         self.phase = "starting"
         self._rejection_log = Throttle(REJECTION_LOG_INTERVAL_S)
         self.ignored = IgnoredAgents(config.enrolled_dir, keyring, fed, self.rejections)
+        self.trust = TrustKeeper(
+            config.enrolled_dir,
+            registry=self.registry,
+            ignored=self.ignored,
+            distributor=self.group_keys,
+            key_path=key_path,
+            on_rotated=self._on_key_rotated,
+            on_enrolled=lambda: self.mqtt.subscribe(self.topics.any_federation_status_wildcard),  # retained again
+            rotate_every_rounds=config.keys.rotate_every_rounds,
+        )
         self._task_payload: bytes | None = None
         self._reasserted_at = 0.0
         self._reassert_pending = False
@@ -141,9 +153,11 @@ class Aggregator(MqttDaemon):
         for rejection in self.reassembler.expire():
             self._reject(rejection.sender, rejection.reason)
         now = self.clock()
+        self.trust.poll(now)
         action = self.engine.decide(now)
         if action == "idle" and not self.engine.finished:
             self.phase = "waiting-for-agents"
+            self.trust.rotate_on_schedule(self.engine.next_round)
             eligible = self.registry.eligible(self.group_keys.key.key_id, now)
             if self.engine.begin_round(eligible, now, enrolled=self.registry.keyring.names()) is not None:
                 self._announce(reannounce=False)
@@ -283,6 +297,11 @@ class Aggregator(MqttDaemon):
         if self.engine.decide(self.clock()) == "close":  # at once: a threshold of K takes exactly K updates
             self._close(self.clock())
 
+    def _on_key_rotated(self, key: GroupKey) -> None:
+        """The current model again, under the new key: an agent that joins now can read it."""
+        self.publisher.group_key = key
+        self.publisher.publish(self.engine.version, self.engine.global_arrays)
+
     def _publish_if_new(self) -> None:
         """Publish the engine's model if it is not the one out: a new average, or the best model elected at
         the end of the run."""
@@ -296,26 +315,9 @@ class Aggregator(MqttDaemon):
         metrics = self.engine.close(now, model_wire_bytes=published.wire_bytes)
         self._publish_if_new()
         self.mqtt.publish(self.topics.server_metrics, metrics.to_json())
-        self._log_round(metrics)
+        log_round(metrics)
         self.phase = "finished" if self.engine.finished else "waiting-for-agents"
         self._publish_status(force=True)
-
-    @staticmethod
-    def _log_round(m: RoundMetrics) -> None:
-        log.info(
-            "round closed round=%d outcome=%s accepted=%d/%d rejected=%d accuracy=%s loss=%s aggregate_ms=%.2f "
-            "version=%d clipped=%s",
-            m.round,
-            m.outcome,
-            len(m.accepted),
-            len(m.participants),
-            len(m.rejected),
-            m.eval.get("accuracy"),
-            m.eval.get("loss"),
-            m.aggregate_s * 1e3,
-            m.model_version,
-            ",".join(m.aggregation.get("clipped", [])) or "-",
-        )
 
     def _reject(self, agent: str, reason: str) -> None:
         """Count, log (throttled) and record a refusal. Ids that are not enrolled (anyone can invent topic

@@ -2,8 +2,9 @@
 
 When an enrolled agent's status shows another ``group_key_id`` than the current one, the key is sealed
 to that agent's X25519 key (``kind = groupkey``) and published on its inbox, at most every
-``RESEND_S`` seconds per agent, at once after the agent (re)started. Rotation on revocation comes with
-``skyfed provision revoke`` (ROADMAP); keys are looked up by id, so agents can hold several.
+``RESEND_S`` seconds per agent, at once after the agent (re)started. ``rotate`` makes a new key (on
+revocation, or on schedule: ``broker_server.trust``) and sends it at once to the agents online; keys
+are looked up by id, so agents hold the old one until the new one arrives.
 """
 
 from __future__ import annotations
@@ -56,9 +57,21 @@ class GroupKeyDistributor:
             self._sent_at.pop(agent, None)
         if status is None or status.state == "offline" or status.group_key_id == self.key.key_id:
             return
-        now = self.clock()
+        if self.clock() - self._sent_at.get(agent, -RESEND_S) >= RESEND_S:
+            self.send_to(agent)
+
+    def rotate(self, path: Path, online: list[str]) -> GroupKey:
+        """Replace the key (kept in ``path``) and send the new one to the ``online`` agents still enrolled."""
+        self.key = GroupKey.generate()
+        atomic_write(path, self.key.to_bytes(), mode=0o600)
+        self._sent_at.clear()
+        for agent in online:
+            self.send_to(agent)
+        return self.key
+
+    def send_to(self, agent: str) -> None:
         public = self.keyring.get(agent)
-        if public is None or now - self._sent_at.get(agent, -RESEND_S) < RESEND_S:
+        if public is None:
             return
         _, chunks = seal(
             self.key.to_bytes(),
@@ -69,5 +82,5 @@ class GroupKeyDistributor:
             recipient=public,
         )
         self.send(agent, chunks)
-        self._sent_at[agent] = now
+        self._sent_at[agent] = self.clock()
         log.info("group key sent agent=%s key_id=%s", agent, self.key.key_id)

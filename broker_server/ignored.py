@@ -59,7 +59,7 @@ class IgnoredAgents:
         )  # fmt: skip
 
     def enrol_command(self, pub: str) -> str:
-        return f"skyfed keys enroll {pub} --enrolled {self.enrolled_dir}, then restart the server"
+        return f"skyfed keys enroll {pub} --enrolled {self.enrolled_dir} (takes effect without a restart)"
 
     def not_enrolled(self, agent: str) -> None:
         """A status from an id that is not enrolled: counted, and named in the log once an hour with why

@@ -8,10 +8,13 @@ exactly once.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
 from protocol.messages import RoundMetrics
+
+log = logging.getLogger("skyfed.server")
 
 
 class MetricsLog:
@@ -43,3 +46,21 @@ class MetricsLog:
         metrics = RoundMetrics.from_dict(last)
         if self.last_round() != metrics.round:
             self.append(metrics)
+
+
+def log_round(m: RoundMetrics) -> None:
+    """One journal line per closed round."""
+    log.info(
+        "round closed round=%d outcome=%s accepted=%d/%d rejected=%d accuracy=%s loss=%s aggregate_ms=%.2f "
+        "version=%d clipped=%s",
+        m.round,
+        m.outcome,
+        len(m.accepted),
+        len(m.participants),
+        len(m.rejected),
+        m.eval.get("accuracy"),
+        m.eval.get("loss"),
+        m.aggregate_s * 1e3,
+        m.model_version,
+        ",".join(m.aggregation.get("clipped", [])) or "-",
+    )

@@ -80,6 +80,13 @@ class AgentRegistry:
         self.seen[agent] = Seen(status, now, newest)
         return previous, status
 
+    def forget(self, agent: str) -> None:
+        """An agent no longer enrolled: never selected again, whatever its last status said."""
+        self.seen.pop(agent, None)
+
+    def online_agents(self) -> list[str]:
+        return sorted(a for a, seen in self.seen.items() if seen.status.state != "offline")
+
     def eligible(self, group_key_id: str, now: float) -> list[str]:
         """Agents whose last signed status is recent, online, gate open, and holding the current key."""
         return sorted(
@@ -92,4 +99,4 @@ class AgentRegistry:
         )
 
     def online(self) -> int:
-        return sum(s.status.state != "offline" for s in self.seen.values())
+        return len(self.online_agents())

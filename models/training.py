@@ -9,12 +9,17 @@ and on the CPU otherwise. The YOLO trainer (Ultralytics) will be a separate plug
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from models.datasets import Dataset, to_loader
+
+# wraps the model, optimizer and loader before the first step (DP-SGD: agent.local_dp.dp_sgd)
+Prepare = Callable[[nn.Module, torch.optim.Optimizer, DataLoader], tuple[nn.Module, torch.optim.Optimizer, DataLoader]]
 
 
 @dataclass(frozen=True)
@@ -35,15 +40,19 @@ def train_sgd(
     device: torch.device,
     prox_mu: float = 0.0,
     work: float = 1.0,
+    prepare: Prepare | None = None,
 ) -> TrainOutcome:
     """Train ``model`` in place; return the sample count and the mean loss (without the proximal term)
     of the last epoch. ``work`` < 1 stops after that share of the epochs' mini-batches (at least one):
-    FedProx's partial work, so a slow device still reports in time."""
+    FedProx's partial work, so a slow device still reports in time. ``prepare`` wraps the training
+    objects first (the loop is the same for DP-SGD: Opacus' optimizer clips and adds noise in ``step``)."""
     model.to(device).train()
     start = [p.detach().clone() for p in model.parameters()] if prox_mu > 0 else []
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     loss_fn = nn.CrossEntropyLoss()
     loader = to_loader(data, batch_size=batch_size, shuffle=True, seed=seed)
+    if prepare is not None:
+        model, optimizer, loader = prepare(model, optimizer, loader)
     last_loss = float("nan")
     steps_left = max(1, math.ceil(work * epochs * len(loader)))
     for _ in range(epochs):
@@ -60,8 +69,9 @@ def train_sgd(
             objective = loss + prox_mu / 2 * proximal(model, start) if start else loss
             objective.backward()
             optimizer.step()
-            total += loss.item() * len(y)
-            seen += len(y)
+            if len(y):  # a Poisson-sampled batch may be empty
+                total += loss.item() * len(y)
+                seen += len(y)
         last_loss = total / max(seen, 1)  # no batch at all: an empty dataset
     return TrainOutcome(samples=len(data), loss=last_loss)
 

@@ -7,11 +7,14 @@ so a typo fails at start instead of being silently ignored.
 
 from __future__ import annotations
 
+import json
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-from protocol.mqtt import BrokerSettings
+from common.files import atomic_write
+from protocol.mqtt import BrokerSettings, TlsSettings
 from protocol.typed import SchemaError, build
 
 T = TypeVar("T")
@@ -53,8 +56,24 @@ def check_tables(path: Path, data: dict[str, Any], known: set[str]) -> None:
 
 
 def broker_settings(path: Path, data: dict[str, Any]) -> BrokerSettings:
-    """``[broker]`` with its optional ``[broker.tls]`` table."""
-    return table(path, data, "broker", BrokerSettings)
+    """``[broker]`` with its optional ``[broker.tls]`` table, whose files are resolved relative to the config
+    file (as every other path is) and must exist: a provisioned node folder works wherever it is installed."""
+    settings = table(path, data, "broker", BrokerSettings)
+    tls = settings.tls
+    if tls is None:
+        return settings
+
+    def resolved(key: str, value: str | None, what: str) -> str | None:
+        return None if value is None else str(existing_path(path, f"broker.tls.{key}", value, what))
+
+    return replace(
+        settings,
+        tls=TlsSettings(
+            ca_certs=resolved("ca_certs", tls.ca_certs, "CA certificate") or "",
+            certfile=resolved("certfile", tls.certfile, "client certificate"),
+            keyfile=resolved("keyfile", tls.keyfile, "client certificate key"),
+        ),
+    )
 
 
 def existing_path(path: Path, key: str, value: str, what: str) -> Path:
@@ -63,3 +82,30 @@ def existing_path(path: Path, key: str, value: str, what: str) -> Path:
     if not resolved.exists():
         raise ConfigError(f"{path}: {key} = {value!r}: {what} not found at {resolved}")
     return resolved
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def write_toml(path: Path, tables: dict[str, dict[str, object]]) -> None:
+    """Write tables of scalars; a dict value becomes a sub-table (``[broker.tls]``)."""
+    lines: list[str] = []
+
+    def emit(name: str, values: dict[str, object]) -> None:
+        if not values:
+            return
+        lines.append(f"[{name}]")
+        lines.extend(f"{key} = {_toml_value(v)}" for key, v in values.items() if not isinstance(v, dict))
+        lines.append("")
+        for key, v in values.items():
+            if isinstance(v, dict):
+                emit(f"{name}.{key}", v)
+
+    for name, values in tables.items():
+        emit(name, values)
+    atomic_write(path, "\n".join(lines).encode())

@@ -213,6 +213,7 @@ class AgentStatus(Message):
     detail: str = ""
     errors: int = 0
     start: str = ""  # what this round's training starts from: global, local or inbox
+    privacy: dict[str, float] = field(default_factory=dict)  # local DP-SGD: this agent's own epsilon, delta, ...
 
     @classmethod
     def offline(cls, agent: str) -> AgentStatus:

@@ -27,6 +27,8 @@ class UpdateMeta:
     loss: float
     codec: str = "none"
     base_sha256: str = ""  # fingerprint of the start model when it was not the global one
+    local_epsilon: float | None = None  # the agent's own DP-SGD epsilon so far (agent.local_dp), if it uses it
+    local_delta: float | None = None
 
     def to_metadata(self) -> dict[str, str]:
         return {
@@ -37,6 +39,8 @@ class UpdateMeta:
             "loss": repr(float(self.loss)),
             "codec": self.codec,
             "base_sha256": self.base_sha256,
+            **({} if self.local_epsilon is None else {"local_epsilon": repr(self.local_epsilon)}),
+            **({} if self.local_delta is None else {"local_delta": repr(self.local_delta)}),
         }
 
     @classmethod
@@ -51,6 +55,8 @@ class UpdateMeta:
                 loss=float(metadata["loss"]),
                 codec=metadata.get("codec", "none"),
                 base_sha256=metadata.get("base_sha256", ""),
+                local_epsilon=_optional_float(metadata.get("local_epsilon")),
+                local_delta=_optional_float(metadata.get("local_delta")),
             )
         except (KeyError, ValueError) as exc:
             raise UpdateMetaError(f"bad-metadata: {exc}") from None
@@ -58,6 +64,13 @@ class UpdateMeta:
             raise UpdateMetaError(f"bad-samples: {str(meta.samples)[:24]}")
         if not math.isfinite(meta.loss):
             raise UpdateMetaError("non-finite-loss")
+        for value in (meta.local_epsilon, meta.local_delta):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise UpdateMetaError("bad-metadata: local privacy values must be finite and >= 0")
         if meta.codec != "none":
             raise UpdateMetaError(f"unsupported-codec: {meta.codec}")
         return meta
+
+
+def _optional_float(text: str | None) -> float | None:
+    return None if text is None or text == "" else float(text)

@@ -59,7 +59,8 @@ def enroll_key(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     path = enroll(Path(args.enrolled), public)
-    print(f"enrolled {public.name} (fingerprint {public.fingerprint()}) as {path}; restart the server to load it")
+    fingerprint = public.fingerprint()
+    print(f"enrolled {public.name} (fingerprint {fingerprint}) as {path}; a running server trusts it within a second")
     return 0
 
 
@@ -69,7 +70,10 @@ def revoke_key(args: argparse.Namespace) -> int:
     except (KeyFileError, ValueError) as exc:
         print(f"skyfed keys: {exc}", file=sys.stderr)
         return 2
-    print(f"revoked {args.name}: its key moved to {path}; restart the server to stop trusting it")
+    print(
+        f"revoked {args.name}: its key moved to {path}; a running server refuses it within a second and rotates "
+        "the group key"
+    )
     return 0
 
 

@@ -198,6 +198,9 @@ class Keyring:
     def get(self, name: str) -> PublicIdentity | None:
         return self._by_name.get(name)
 
+    def remove(self, name: str) -> None:
+        self._by_name.pop(name, None)
+
     def names(self) -> list[str]:
         return sorted(self._by_name)
 

@@ -2,8 +2,8 @@
 
 The client certificate's CN is the node's SkyFed name (agent id or ``server``), which mosquitto can
 use as the MQTT username (``use_identity_as_username``) so an ACL confines each agent to its own
-topics. Command line: ``skyfed certs ca|broker|client`` (also ``python -m security.pki``); the full
-``skyfed provision`` is ROADMAP item 2.
+topics. Command line: ``skyfed certs ca|broker|client`` for one certificate at a time, ``skyfed provision``
+(``security/provision.py``) for a whole federation, whose revocations go into the CA's CRL (``write_crl``).
 Private keys are ECDSA P-256, written 0600.
 """
 
@@ -83,10 +83,18 @@ def create_ca(directory: Path, federation: str) -> Issued:
     return _write(directory, "ca", cert, key)
 
 
-def issue(ca: Issued, directory: Path, common_name: str, *, hosts: tuple[str, ...] = ()) -> Issued:
-    """A certificate signed by ``ca``: a broker certificate when ``hosts`` are given, else a client one."""
-    ca_cert = x509.load_pem_x509_certificate(ca.cert.read_bytes())
-    ca_key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+def _load_ca(ca: Issued) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = serialization.load_pem_private_key(ca.key.read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey), "SkyFed CAs are ECDSA P-256"
+    return x509.load_pem_x509_certificate(ca.cert.read_bytes()), key
+
+
+def issue(
+    ca: Issued, directory: Path, common_name: str, *, hosts: tuple[str, ...] = (), stem: str | None = None
+) -> Issued:
+    """A certificate signed by ``ca``: a broker certificate when ``hosts`` are given, else a client one.
+    Written as ``<stem>.crt`` (default: the common name) and its key."""
+    ca_cert, ca_key = _load_ca(ca)
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.UTC)
     builder = (
@@ -111,8 +119,33 @@ def issue(ca: Issued, directory: Path, common_name: str, *, hosts: tuple[str, ..
         )
     else:
         builder = builder.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-    cert = builder.sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
-    return _write(directory, common_name, cert, key)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    return _write(directory, stem or common_name, cert, key)
+
+
+def serial_of(cert_path: Path) -> int:
+    return x509.load_pem_x509_certificate(cert_path.read_bytes()).serial_number
+
+
+def write_crl(ca: Issued, path: Path, revoked: list[tuple[int, float]]) -> None:
+    """The CA's certificate revocation list (PEM), valid as long as the CA: the broker refuses a TLS
+    handshake with any revoked ``(serial, unix time of revocation)`` once it has (re)loaded the file. An
+    empty list is a valid CRL too, so the broker's config can name the file from the start."""
+    ca_cert, ca_key = _load_ca(ca)
+    now = dt.datetime.now(dt.UTC)
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca_cert.subject)
+        .last_update(now - dt.timedelta(minutes=5))
+        .next_update(ca_cert.not_valid_after_utc)
+    )
+    for serial, at in revoked:
+        when = dt.datetime.fromtimestamp(at, dt.UTC)
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(when).build()
+        )
+    crl = builder.sign(ca_key, hashes.SHA256())
+    atomic_write(path, crl.public_bytes(serialization.Encoding.PEM))
 
 
 if __name__ == "__main__":  # the command line lives in ``skyfed certs``

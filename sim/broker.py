@@ -101,6 +101,7 @@ class LocalBroker:
     data_dir: Path
     startup_timeout_s: float = 10.0
     tls: ListenerTls | None = None
+    config_file: Path | None = None  # a config written elsewhere (skyfed provision's); its stderr is the log
     _process: subprocess.Popen | None = field(default=None, repr=False)
     _embedded: object | None = field(default=None, repr=False)
 
@@ -112,14 +113,16 @@ class LocalBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         if self.kind == "mosquitto":
-            conf = self.data_dir / "mosquitto.conf"
-            conf.write_text(mosquitto_config(self.host, self.port, self.data_dir, self.tls))
-            self._process = subprocess.Popen(
-                [mosquitto_path() or "mosquitto", "-c", str(conf)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+            conf = self.config_file or self.data_dir / "mosquitto.conf"
+            if self.config_file is None:
+                conf.write_text(mosquitto_config(self.host, self.port, self.data_dir, self.tls))
+            with open(self.data_dir / "mosquitto.log", "ab") as stderr:
+                self._process = subprocess.Popen(
+                    [mosquitto_path() or "mosquitto", "-c", str(conf)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                    start_new_session=True,
+                )
         else:
             from iotcore import Broker
 
@@ -141,6 +144,11 @@ class LocalBroker:
 
     def kill(self) -> None:
         self._end(signal.SIGKILL)
+
+    def reload(self) -> None:
+        """SIGHUP: mosquitto re-reads its ACL and CRL (what ``systemctl reload mosquitto`` does)."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGHUP)
 
     def restart(self) -> None:
         self.stop()
@@ -180,6 +188,7 @@ def start_broker(
     port: int | None = None,
     startup_timeout_s: float = 10.0,
     tls: ListenerTls | None = None,
+    config_file: Path | None = None,
 ) -> LocalBroker:
     """Start mosquitto (or, with ``kind="auto"`` and no mosquitto installed, iotcore) and wait until it listens."""
     if kind == "auto":
@@ -196,5 +205,7 @@ def start_broker(
         raise ValueError(f"broker kind must be auto, mosquitto or iotcore, got {kind!r}")
     if tls is not None and kind != "mosquitto":
         raise ValueError("a TLS listener needs mosquitto")
-    broker = LocalBroker(kind, host, port or free_port(host), data_dir, startup_timeout_s, tls)
+    if config_file is not None and (kind != "mosquitto" or port is None):
+        raise ValueError("a config file needs kind='mosquitto' and the port it names")
+    broker = LocalBroker(kind, host, port or free_port(host), data_dir, startup_timeout_s, tls, config_file)
     return broker.start()

@@ -10,7 +10,6 @@ so ``skyfed server run --config <root>/server/server.toml`` works on it exactly 
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 
 from models import partition
 from models.datasets import load_digits, save_npz
+from protocol.config import write_toml
 from security.keys import Identity, enroll
 
 
@@ -102,33 +102,6 @@ class FederationLayout:
 
 def agent_names(count: int) -> list[str]:
     return [f"agent-{i:02d}" for i in range(1, count + 1)]
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
-
-
-def write_toml(path: Path, tables: dict[str, dict[str, object]]) -> None:
-    """Write tables of scalars; a dict value becomes a sub-table (``[broker.tls]``)."""
-    lines: list[str] = []
-
-    def emit(name: str, values: dict[str, object]) -> None:
-        if not values:
-            return
-        lines.append(f"[{name}]")
-        lines.extend(f"{key} = {_toml_value(v)}" for key, v in values.items() if not isinstance(v, dict))
-        lines.append("")
-        for key, v in values.items():
-            if isinstance(v, dict):
-                emit(f"{name}.{key}", v)
-
-    for name, values in tables.items():
-        emit(name, values)
-    path.write_text("\n".join(lines))
 
 
 def write_digits_data(root: Path, names: list[str], partition_spec: str, seed: int) -> np.ndarray:

@@ -21,6 +21,7 @@ from broker_server.daemon import Aggregator
 from models.serialization import dumps, load_file
 from models.weights import delta as weights_delta
 from models.weights import float_part
+from protocol.config import write_toml
 from protocol.messages import AgentStatus, RoundMetrics, RoundTask
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
@@ -28,7 +29,7 @@ from protocol.update import UpdateMeta
 from security.envelope import seal
 from security.keys import Identity
 from security.signing import signed_payload
-from sim.federation import SimSettings, create_federation, write_toml
+from sim.federation import SimSettings, create_federation
 
 
 def round_task(**overrides: object) -> RoundTask:
@@ -238,6 +239,7 @@ class Federation:
         epochs: int = 1,  # noqa: ANN001
         partition: str = "iid",
         protocol: str = "3.1.1",
+        edit=None,  # noqa: ANN001 - called with the layout before the agents are built (config edits)
     ) -> None:
         settings = SimSettings(
             agents=agents, rounds=rounds, partition=partition, epochs=epochs, federation="it", deadline_s=60.0
@@ -245,6 +247,8 @@ class Federation:
         self.layout = create_federation(tmp_path, settings, (broker.host, broker.port))
         for config in [self.layout.server_config, *self.layout.agent_configs.values()]:
             override_toml(config, broker={"protocol": protocol})
+        if edit is not None:
+            edit(self.layout)
         self.server_state = self.layout.server_config.parent / "state"
         self.stop = threading.Event()
         self.agents = [EdgeAgent(load_agent_config(p)) for p in self.layout.agent_configs.values()]

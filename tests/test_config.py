@@ -38,6 +38,8 @@ def test_generated_configs_load(layout):
         ({"keys": {"enrolled": "nowhere"}}, "keys.enrolled = 'nowhere': enrolled-agents folder not found"),
         ({"limits": {"max_chunks": 0}}, "max_chunks must be >= 1"),
         ({"extra": {"x": 1}}, "unknown table [extra]"),
+        ({"keys": {"rotate_every_rounds": -1}}, "keys.rotate_every_rounds must be >= 0"),
+        ({"broker": {"tls": {"ca_certs": "ca.crt"}}}, "broker.tls.ca_certs = 'ca.crt': CA certificate not found"),
     ],
 )
 def test_bad_server_config_names_the_key(tmp_path, layout, tables, message):

@@ -2,7 +2,6 @@
 
 import json
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -65,59 +64,6 @@ def test_federation_round_over_mutual_tls(tmp_path, tls_broker):
         json.loads(line) for line in (layout.server_config.parent / "state" / "metrics.jsonl").read_text().splitlines()
     ]
     assert len(rows) == 1 and sorted(rows[0]["accepted"]) == ["agent-01", "agent-02"]
-
-
-def test_example_acl_confines_an_agent_to_its_own_topics(tmp_path):
-    """deploy/mosquitto/skyfed.acl on a real TLS listener: agent-01 cannot write agent-02's updates
-    or read agent-02's inbox; the server sees agent-01's own updates."""
-    import paho.mqtt.client as paho
-
-    from tests.fedharness import wait_until
-
-    pki = tmp_path / "pki"
-    ca = create_ca(pki, "acl")
-    broker_cert = issue(ca, pki, "localhost", hosts=("127.0.0.1",))
-    acl = Path(__file__).resolve().parent.parent / "deploy" / "mosquitto" / "skyfed.acl"
-    broker = start_broker(
-        data_dir=tmp_path / "broker",
-        kind="mosquitto",
-        tls=ListenerTls(ca.cert, broker_cert.cert, broker_cert.key, acl_file=acl),
-    )
-    clients = []
-
-    def connect(name, received=None):
-        cert = issue(ca, pki, name)
-        c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=name)
-        c.tls_set(ca_certs=str(ca.cert), certfile=str(cert.cert), keyfile=str(cert.key))
-        if received is not None:
-            c.on_message = lambda _c, _u, m: received.append(m.topic)
-        c.connect(broker.host, broker.port)
-        c.loop_start()
-        clients.append(c)
-        return c
-
-    try:
-        seen_by_server, seen_by_agent1 = [], []
-        server = connect("server", seen_by_server)
-        server.subscribe("skyfed/#", 1)
-        agent1 = connect("agent-01", seen_by_agent1)
-        agent1.subscribe("skyfed/f/agent/agent-02/inbox", 1)
-        agent1.subscribe("skyfed/f/agent/agent-01/inbox", 1)
-        threading.Event().wait(0.5)
-        agent1.publish("skyfed/f/agent/agent-02/update", b"forged", qos=1).wait_for_publish(5)
-        agent1.publish("skyfed/f/agent/agent-01/update", b"own", qos=1).wait_for_publish(5)
-        server.publish("skyfed/f/agent/agent-02/inbox", b"for agent-02", qos=1).wait_for_publish(5)
-        server.publish("skyfed/f/agent/agent-01/inbox", b"for agent-01", qos=1).wait_for_publish(5)
-        wait_until(lambda: "skyfed/f/agent/agent-01/update" in seen_by_server, 5, "agent-01's own update")
-        wait_until(lambda: "skyfed/f/agent/agent-01/inbox" in seen_by_agent1, 5, "agent-01's own inbox")
-        threading.Event().wait(0.5)
-        assert "skyfed/f/agent/agent-02/update" not in seen_by_server
-        assert "skyfed/f/agent/agent-02/inbox" not in seen_by_agent1
-    finally:
-        for c in clients:
-            c.disconnect()
-            c.loop_stop()
-        broker.stop()
 
 
 def test_a_plain_client_on_the_tls_port_is_told_to_set_broker_tls(tls_broker):

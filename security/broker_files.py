@@ -1,0 +1,71 @@
+"""The broker's side of a federation: mosquitto's ACL and config for mutual TLS (pure text, no I/O).
+
+With ``use_identity_as_username`` the certificate CN is the MQTT user name, so the ACL names each node.
+Every node gets its own ``user`` block and nothing else (no ``pattern`` lines: those apply to every
+user, monitors included): an agent writes only its own status and updates and reads only the round
+task, the model and its own inbox; a monitor reads status and metrics and writes nothing; the server
+reads and writes the federation's tree. ``deploy/mosquitto/`` holds these files for an example fleet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MAX_PACKET_SIZE = 4 << 20  # SkyFed chunks are ~1 MiB plus a small header: refuse anything much larger
+MAX_QUEUED_MESSAGES = 10000  # room for model chunks queued for agents that are offline (QoS 1 sessions)
+
+
+def acl_text(federation: str, agents: list[str]) -> str:
+    root = f"skyfed/{federation}"
+    lines = [
+        f"# mosquitto ACL for SkyFed federation {federation!r}, written by skyfed provision: edits are",
+        "# overwritten, re-run skyfed provision instead. User names are certificate CNs.",
+        "",
+        "# the aggregator: the whole federation, and agent status of every federation (to spot a",
+        "# device configured with the wrong federation name)",
+        "user server",
+        f"topic readwrite {root}/#",
+        "topic read skyfed/+/agent/+/status",
+        "",
+        "# monitoring (skyfed monitor, mosquitto_sub): status and metrics, read only",
+        "user monitor",
+        f"topic read {root}/server/status",
+        f"topic read {root}/server/metrics",
+        f"topic read {root}/agent/+/status",
+    ]
+    for agent in agents:
+        lines += [
+            "",
+            f"user {agent}",
+            f"topic read {root}/round",
+            f"topic read {root}/model/#",
+            f"topic write {root}/agent/{agent}/status",
+            f"topic write {root}/agent/{agent}/update",
+            f"topic read {root}/agent/{agent}/inbox",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def mosquitto_conf_text(port: int, listen: str, broker_dir: Path) -> str:
+    """A ``conf.d`` snippet: Debian's main mosquitto.conf already sets persistence and logging."""
+    return "\n".join(
+        [
+            "# mosquitto 2.x for SkyFed, written by skyfed provision: mutual TLS only. Install the folder",
+            f"# as {broker_dir}, link this file into /etc/mosquitto/conf.d/, then systemctl restart",
+            "# mosquitto. After skyfed provision adds or revokes an agent: systemctl reload mosquitto.",
+            "per_listener_settings false",
+            "allow_anonymous false",
+            f"max_packet_size {MAX_PACKET_SIZE}",
+            f"max_queued_messages {MAX_QUEUED_MESSAGES}",
+            f"acl_file {broker_dir / 'skyfed.acl'}",
+            "",
+            f"listener {port}{f' {listen}' if listen else ''}",
+            f"cafile {broker_dir / 'ca.crt'}",
+            f"certfile {broker_dir / 'broker.crt'}",
+            f"keyfile {broker_dir / 'broker.crt.key'}",
+            f"crlfile {broker_dir / 'crl.pem'}",
+            "require_certificate true",
+            "use_identity_as_username true",
+            "",
+        ]
+    )

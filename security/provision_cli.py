@@ -1,0 +1,124 @@
+"""``skyfed provision --federation F --agents a1,a2 --out DIR`` and ``skyfed provision revoke AGENT --out DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from protocol.mqtt import BrokerSettings
+from security.provision import Layout, ProvisionError, Provisioning, load_plan, ownership_notes, provision, revoke_agent
+
+DEFAULTS = {"broker": "broker.local:8883", "state_dir": "/var/lib/skyfed", "service_user": "skyfed",
+            "broker_user": "mosquitto", "listen": ""}  # fmt: skip
+
+
+def _plan(args: argparse.Namespace, out: Path) -> Provisioning:
+    """The stored plan when ``out`` was provisioned before (options given again must agree), else a new one."""
+    given = {key: getattr(args, key) for key in DEFAULTS if getattr(args, key) is not None}
+    if Layout(out).plan.exists():
+        plan = load_plan(out)
+        stored = plan.options()
+        if plan.federation != args.federation:
+            raise ProvisionError(f"{out} provisions federation {plan.federation!r}, not {args.federation!r}")
+        for key, value in given.items():
+            if value != stored[key]:
+                raise ProvisionError(f"{out} was provisioned with --{key.replace('_', '-')} {stored[key]}, not {value}")
+        if args.broker_dir is not None and args.broker_dir != plan.broker_dir:
+            raise ProvisionError(f"{out} was provisioned with --broker-dir {plan.broker_dir}, not {args.broker_dir}")
+        return plan
+    settings = {**DEFAULTS, **given}
+    try:
+        broker = BrokerSettings.from_address(str(settings["broker"]))
+    except ValueError as exc:
+        raise ProvisionError(f"--broker: {exc}") from None
+    return Provisioning(
+        federation=args.federation,
+        broker_host=broker.host,
+        broker_port=broker.port,
+        broker_dir=str(Path(args.broker_dir or out / "broker").absolute()),
+        state_dir=str(settings["state_dir"]),
+        listen=str(settings["listen"]),
+        service_user=str(settings["service_user"]),
+        broker_user=str(settings["broker_user"]),
+    )
+
+
+def instructions(out: Path, plan: Provisioning) -> str:
+    """How to install and watch what was written (also kept as DIR/README.txt)."""
+    f, mon = plan.federation, (out / "monitor").absolute()
+    tls = f"--cafile {mon}/ca.crt --cert {mon}/monitor.crt --key {mon}/monitor.crt.key"
+    where = f"{plan.broker_host}:{plan.broker_port}"
+    topics = f"-t skyfed/{f}/server/status -t skyfed/{f}/server/metrics -t 'skyfed/{f}/agent/+/status'"
+    return "\n".join(
+        [
+            f"SkyFed federation {f!r}: broker {where}",
+            f"  broker host: install {out}/broker as {plan.broker_dir} (cp -a keeps owners and modes),",
+            f"    ln -s {plan.broker_dir}/skyfed.conf /etc/mosquitto/conf.d/skyfed.conf; systemctl restart mosquitto",
+            f"  server:      install {out}/server/* in /etc/skyfed/;"
+            " skyfed server run --config /etc/skyfed/server.toml",
+            f"  each agent:  install {out}/agents/<id>/* in /etc/skyfed/ on the device; its data goes to "
+            f"{plan.state_dir}/<id>/data.npz",
+            f"  monitor:     skyfed monitor --broker {where} --federation {f} {tls}",
+            f"               mosquitto_sub -h {plan.broker_host} -p {plan.broker_port} {tls} {topics} -v",
+            f"  add agents:  skyfed provision --federation {f} --agents <all ids> --out {out} (existing keys stay)",
+            f"  revoke:      skyfed provision revoke <id> --out {out}",
+            f"  keep {out}/ca/ca.crt.key offline: it signs every certificate of the federation",
+        ]
+    )
+
+
+def run_provision(args: argparse.Namespace) -> int:
+    if not args.out:
+        print("skyfed provision: --out DIR is required (the provisioning folder)", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    try:
+        if args.action == "revoke":
+            serial = revoke_agent(out, args.agent)
+            layout = Layout(out)
+            print(
+                f"revoked {args.agent}: its key moved to {layout.enrolled}/revoked/, its certificate "
+                f"(serial {serial:x}) is in {layout.broker}/crl.pem and the ACL no longer names it\n"
+                f"  broker: systemctl reload mosquitto (new connections check the CRL; the ACL applies at once)\n"
+                f"  server: rotates the group key as soon as it sees enrolled/{args.agent}.pub gone (no restart); "
+                f"on another host run there: skyfed keys revoke {args.agent} --enrolled /etc/skyfed/enrolled"
+            )
+            return 0
+        if not args.federation or not args.agents:
+            raise ProvisionError("skyfed provision needs --federation F and --agents a1,a2,... (and --out DIR)")
+        plan = _plan(args, out)
+        new = provision(out, plan, [a for a in args.agents.split(",") if a])
+    except ProvisionError as exc:
+        print(f"skyfed provision: {exc}", file=sys.stderr)
+        return 2
+    text = instructions(out, plan)
+    (out / "README.txt").write_text(text + "\n")
+    print(f"provisioned {len(plan.agents)} agents in {out} ({len(new)} new: {', '.join(new) or 'none'})\n{text}")
+    for note in ownership_notes(plan):
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+def add_provision_command(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "provision",
+        help="CA, certificates, keys, enrolment, mosquitto config and ACL for a whole federation",
+        description="Writes one folder per node (broker, server, monitor, each agent) under --out. Run it again "
+        "with more agents to add them; existing keys are kept. `skyfed provision revoke AGENT --out DIR` revokes.",
+    )
+    parser.add_argument("--federation")
+    parser.add_argument("--agents", help="comma-separated agent ids (each becomes a certificate CN and MQTT user)")
+    parser.add_argument("--out", help="the provisioning folder (created 0700)")
+    parser.add_argument("--broker", help=f"HOST:PORT clients connect to (default {DEFAULTS['broker']})")
+    parser.add_argument("--listen", help="address mosquitto's listener binds (default: every interface)")
+    parser.add_argument("--broker-dir", help="where the broker folder is installed on the broker host "
+                        "(default: DIR/broker itself)")  # fmt: skip
+    parser.add_argument("--state-dir", help=f"daemons' state root on their hosts (default {DEFAULTS['state_dir']})")
+    parser.add_argument("--service-user", help="owner of server and agent folders when run as root (default skyfed)")
+    parser.add_argument("--broker-user", help="owner of the broker folder when run as root (default mosquitto)")
+    parser.set_defaults(handler=run_provision, action=None)
+    actions = parser.add_subparsers(dest="action")
+    revoke = actions.add_parser("revoke", help="revoke an agent: enrolment, CRL and ACL; the server rotates keys")
+    revoke.add_argument("agent")
+    revoke.add_argument("--out", required=True, help="the provisioning folder")

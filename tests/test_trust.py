@@ -1,0 +1,78 @@
+"""The server's trust while it runs: enrolment without a restart and group-key rotation on a schedule
+(revocation over TLS is in test_provision.py)."""
+
+from __future__ import annotations
+
+import threading
+
+from broker_server.config import load_server_config
+from broker_server.daemon import Aggregator
+from protocol.messages import RoundTask
+from protocol.mqtt import MqttClient
+from security.keys import PublicIdentity, enroll
+from tests.fedharness import Federation, override_toml, wait_until
+
+
+def _run(fed: Federation, server: Aggregator, timeout_s: float = 90) -> None:
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    fed.start_agents()
+    try:
+        thread.join(timeout_s)
+        assert not thread.is_alive(), "the federation did not finish"
+    finally:
+        fed.close()
+
+
+def test_the_group_key_rotates_before_every_nth_round_and_rounds_go_on(tmp_path, broker):
+    fed = Federation(tmp_path, broker, rounds=3, agents=2)
+    override_toml(fed.layout.server_config, keys={"rotate_every_rounds": 1})
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    tasks: dict[int, str] = {}
+    watcher = MqttClient("watcher", server.config.broker, persistent=False)
+    watcher.subscribe(server.topics.round)
+    assert watcher.start(timeout_s=5)
+
+    def record() -> None:
+        while (msg := watcher.poll(0.2)) is not None or not stop.is_set():
+            if msg is not None and msg[1]:
+                from common.untrusted_json import parse_untrusted_json
+
+                body = parse_untrusted_json(msg[1], max_bytes=1 << 20)["body"]
+                tasks[RoundTask.from_dict(body).round] = body["group_key_id"]
+
+    stop = threading.Event()
+    recorder = threading.Thread(target=record, daemon=True)
+    recorder.start()
+    try:
+        _run(fed, server)
+    finally:
+        stop.set()
+        recorder.join(5)
+        watcher.stop()
+    assert [sorted(m.accepted) for m in fed.metrics()] == [["agent-01", "agent-02"]] * 3
+    assert sorted(tasks) == [1, 2, 3] and len(set(tasks.values())) == 3, tasks
+    assert (server.config.state_dir / "group.key").read_bytes()[:8].decode() == tasks[3]
+
+
+def test_an_agent_enrolled_while_the_server_runs_joins_without_a_restart(tmp_path, broker):
+    fed = Federation(tmp_path, broker, rounds=4, agents=3)
+    override_toml(fed.layout.server_config, rounds={"min_agents": 2, "quorum": 2})
+    enrolled = fed.layout.server_config.parent / "enrolled"
+    late = enrolled / "agent-03.pub"
+    public = PublicIdentity.load(late)
+    late.unlink()
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    fed.start_agents()
+    try:
+        wait_until(lambda: server.engine.next_round >= 2, 60, "round 1 without agent-03")
+        enroll(enrolled, public)
+        thread.join(90)
+        assert not thread.is_alive(), "the federation did not finish"
+    finally:
+        fed.close()
+    accepted = [sorted(m.accepted) for m in fed.metrics()]
+    assert accepted[0] == ["agent-01", "agent-02"]
+    assert accepted[-1] == ["agent-01", "agent-02", "agent-03"], accepted
