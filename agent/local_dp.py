@@ -66,7 +66,21 @@ def steps_of(train: TrainSettings, samples: int) -> Step:
     return (0.0, min(1.0, train.batch_size / samples), steps)
 
 
+def merged(history: list[Step]) -> tuple[Step, ...]:
+    """Steps at the same (noise multiplier, sample rate) compose into one entry: RDP adds up, and the
+    accountant's cost grows with entries, not steps (half a second each)."""
+    steps: dict[tuple[float, float], int] = {}
+    for noise, rate, count in history:
+        steps[(noise, rate)] = steps.get((noise, rate), 0) + int(count)
+    return tuple((noise, rate, count) for (noise, rate), count in steps.items())
+
+
 def epsilon_of(history: list[Step], delta: float) -> float:
+    return _epsilon(merged(history), delta)
+
+
+@lru_cache(maxsize=64)
+def _epsilon(history: tuple[Step, ...], delta: float) -> float:
     from opacus.accountants import RDPAccountant
 
     if not history:
@@ -148,7 +162,7 @@ class PrivacyBudget:
 
     def spend(self, steps: list[Step], train: TrainSettings) -> None:
         """Record what a finished training spent (before its update is sent)."""
-        self.history.extend(steps)
+        self.history = list(merged([*self.history, *steps]))
         self.epsilon = epsilon_of(self.history, self.policy.delta)
         self.last_train = train
         write_json(self.path, {"history": [list(s) for s in self.history], "epsilon": self.epsilon}, mode=0o600)

@@ -104,6 +104,7 @@ def accept_update(
         norm=result.norm,
         wire_bytes=completed.wire_bytes,
         folded=folded,
+        local_epsilon=parsed.meta.local_epsilon,
     )
     state.updates.append(record)
     return record

@@ -30,7 +30,7 @@ from broker_server.metrics_log import MetricsLog
 from broker_server.pace import PaceBook
 from broker_server.pipeline import RoundContext, RoundRejected, run_pipeline
 from broker_server.round_steps import round_steps
-from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missing, select_agents
+from broker_server.rounds import RoundState, UpdateRecord, decide, per_agent_detail, replace_missing, select_agents
 from broker_server.strategies import build_strategy
 from broker_server.validation import NotForThisRound, UpdateRejected, positive_ranges
 from models.serialization import dumps, float32_region, save_file
@@ -333,9 +333,7 @@ class RoundEngine:
         if self.strategy.keeps_models and (committed or rs.action != "average"):
             kept, pairs = (ctx.kept, ctx.pairs) if committed else ({}, [])
             self.assignments = next_assignments(rs.action, self.assignments, rs.selected, kept, ctx.exact, pairs)
-        aggregation = ctx.aggregation_detail()
-        if rs.agent_train:  # what each agent was asked to do where it differed (e.g. FedProx's partial work)
-            aggregation["work"] = {agent: settings["work"] for agent, settings in rs.agent_train.items()}
+        aggregation = {**ctx.aggregation_detail(), **per_agent_detail(rs)}
         averaged = [c.agent for c in ctx.contributions] + rs.failed if ctx.result is not None else []
         self.ledger.after_round(averaged, published=committed and rs.action == "average")
         if outcome == "rolled-back" and ctx.evaluation:

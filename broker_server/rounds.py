@@ -61,6 +61,7 @@ class UpdateRecord:
     norm: float
     wire_bytes: int
     folded: float = 0.0  # coefficient a streaming strategy folded in while checking it (0: not folded)
+    local_epsilon: float | None = None  # the agent's own DP-SGD epsilon, as its update's metadata says
 
 
 @dataclass
@@ -102,6 +103,18 @@ class RoundState:
     def from_dict(cls, data: dict) -> RoundState:
         updates = [UpdateRecord(**u) for u in data.pop("updates")]
         return cls(**data, updates=updates)
+
+
+def per_agent_detail(state: RoundState) -> dict[str, dict[str, float]]:
+    """What differs per agent in a round, for its metrics: the share of work each was asked for (e.g.
+    FedProx's partial work) and each agent's own local-DP epsilon."""
+    detail: dict[str, dict[str, float]] = {}
+    if state.agent_train:
+        detail["work"] = {agent: settings["work"] for agent, settings in state.agent_train.items()}
+    local = {u.agent: u.local_epsilon for u in state.updates if u.local_epsilon is not None}
+    if local:
+        detail["local_epsilon"] = local
+    return detail
 
 
 def replace_missing(state: RoundState, candidates: list[str], seed: int) -> tuple[list[str], list[str]]:

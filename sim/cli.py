@@ -29,6 +29,8 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
     bounds = dict(parse_option(o) for o in args.bounds_option)
     privacy = {key: value for key, value in (("clip", args.dp_clip), ("noise_multiplier", args.dp_noise),
                ("target_epsilon", args.dp_target_epsilon), ("delta", args.dp_delta)) if value is not None}  # fmt: skip
+    local = {key: value for key, value in (("max_grad_norm", args.ldp_clip), ("noise_multiplier", args.ldp_noise),
+             ("target_epsilon", args.ldp_target_epsilon)) if value is not None}  # fmt: skip
     return SimSettings(
         agents=args.agents,
         rounds=args.rounds,
@@ -44,6 +46,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         strategy=strategy,
         bounds=bounds,
         privacy=privacy,
+        local_privacy=local,
         attackers=args.attackers,
         attack=args.attack or "",
         attack_scope=args.attack_scope,
@@ -146,6 +149,10 @@ def _add_sim_options(
     dp.add_argument("--dp-noise", type=float, metavar="Z", help="noise multiplier z: noise std z*S on the sum")
     dp.add_argument("--dp-target-epsilon", type=float, metavar="E", help="stop selecting an agent before it passes E")
     dp.add_argument("--dp-delta", type=float, metavar="D", help="delta of the reported (epsilon, delta); default 1e-5")
+    ldp = parser.add_argument_group("local differential privacy: DP-SGD on every agent ([privacy] of agent.toml)")
+    ldp.add_argument("--ldp-noise", type=float, metavar="SIGMA", help="noise multiplier of each agent's DP-SGD")
+    ldp.add_argument("--ldp-clip", type=float, metavar="C", help="per-sample gradient clip (default 1.0)")
+    ldp.add_argument("--ldp-target-epsilon", type=float, metavar="E", help="an agent stops volunteering before E")
     parser.add_argument("--attackers", type=int, default=0, help="how many agents are malicious (real keys)")
     parser.add_argument("--attack", default=None, help="sign-flip | scale:F | noise:SIGMA | samples:N")
     parser.add_argument(

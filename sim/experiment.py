@@ -71,7 +71,16 @@ def summarise(metrics: list[dict], target: float) -> dict[str, Any]:
         "bytes_up_per_round": round(statistics.mean(m["bytes_up"] for m in metrics)),
         "bytes_down_per_round": round(statistics.mean(m["bytes_down"] for m in metrics)),
         "accuracy_by_round": [m["eval"].get("accuracy") for m in metrics],
+        "epsilon": _epsilon(metrics),
     }
+
+
+def _epsilon(metrics: list[dict]) -> float | None:
+    """The run's epsilon: central DP's (the worst agent's, after the last round) or, with local DP-SGD, the
+    largest any agent reported; None without DP (and for central DP over unprotected models)."""
+    central = metrics[-1].get("privacy", {}).get("epsilon")
+    local = [e for m in metrics for e in m.get("aggregation", {}).get("local_epsilon", {}).values()]
+    return central if central is not None else max(local, default=None)
 
 
 def run_experiment(experiment: Experiment, out: Path, echo=print) -> list[dict]:  # noqa: ANN001
@@ -126,8 +135,8 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
     target = f"{experiment.target:.0%}"
     lines = [
         f"| condition | method | final accuracy % | rounds to {target} | seconds to {target} | kB up / round "
-        "| kB down / round |",
-        "|---|---|---|---|---|---|---|",
+        "| kB down / round | epsilon |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for condition in experiment.conditions:
         for method in experiment.methods:
@@ -143,7 +152,8 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
             lines.append(
                 f"| {condition} | {method} | {_mean_sd([r['final_accuracy'] for r in runs], 100)} | {rounds} | "
                 f"{seconds} | {_mean_sd([r['bytes_up_per_round'] for r in runs], 1e-3, 0)} | "
-                f"{_mean_sd([r['bytes_down_per_round'] for r in runs], 1e-3, 0)} |"
+                f"{_mean_sd([r['bytes_down_per_round'] for r in runs], 1e-3, 0)} | "
+                f"{_mean_sd([r['epsilon'] for r in runs if r.get('epsilon') is not None], digits=2)} |"
             )
     return "\n".join(lines)
 

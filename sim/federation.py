@@ -44,10 +44,12 @@ class SimSettings:
     attack_scope: str = "parameters"
     agents_per_process: int = 1  # K agents share one OS process (sim.agent_host); 1 = one process each
     privacy: dict[str, Any] = field(default_factory=dict)  # [privacy] of server.toml (central DP); {} = off
+    local_privacy: dict[str, Any] = field(default_factory=dict)  # [privacy] of every agent.toml (DP-SGD); {} = off
     slow_agents: int = 0  # how many honest agents train ``slowdown`` times slower (sim.slow)
     slowdown: float = 4.0
 
     def __post_init__(self) -> None:
+        from agent.local_dp import LocalPrivacySection
         from broker_server.bounds import InfluencePolicy
         from broker_server.privacy import PrivacyPolicy
         from broker_server.strategies import build_strategy
@@ -81,6 +83,7 @@ class SimSettings:
         build_strategy(self.strategy)
         bounds = build(InfluencePolicy, self.bounds, where="bounds", strict=True)
         build(PrivacyPolicy, self.privacy, where="privacy", strict=True).check_compatible(self.strategy, bounds)
+        build(LocalPrivacySection, self.local_privacy, where="local_privacy", strict=True)
 
     def attacker_names(self) -> list[str]:
         """Which agents attack: a reproducible draw from the seed."""
@@ -178,6 +181,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
                 "broker": broker_table,
                 "keys": {"identity": f"{name}.key", "server": "server.pub"},
                 "training": {"threads": 1},
+                "privacy": settings.local_privacy,
             },
         )
         agent_configs[name] = agent_dir / "agent.toml"
