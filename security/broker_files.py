@@ -1,6 +1,8 @@
 """The broker's side of a federation: mosquitto's ACL and config for mutual TLS (pure text, no I/O).
 
-With ``use_identity_as_username`` the certificate CN is the MQTT user name, so the ACL names each node.
+With ``use_identity_as_username`` the certificate CN is the MQTT user name, so the ACL names each node;
+``use_username_as_clientid`` makes it the client id as well, so no certificate can take over another
+node's session (mosquitto lets a new connection evict an existing client id, whoever presents it).
 Every node gets its own ``user`` block and nothing else (no ``pattern`` lines: those apply to every
 user, monitors included): an agent writes only its own status and updates and reads only the round
 task, the model and its own inbox; a monitor reads status and metrics and writes nothing; the server
@@ -13,6 +15,7 @@ from pathlib import Path
 
 MAX_PACKET_SIZE = 4 << 20  # SkyFed chunks are ~1 MiB plus a small header: refuse anything much larger
 MAX_QUEUED_MESSAGES = 10000  # room for model chunks queued for agents that are offline (QoS 1 sessions)
+MAX_QUEUED_BYTES = 256 << 20  # and a byte bound per client, so one agent cannot make the broker queue GiBs
 
 
 def acl_text(federation: str, agents: list[str]) -> str:
@@ -57,6 +60,7 @@ def mosquitto_conf_text(port: int, listen: str, broker_dir: Path) -> str:
             "allow_anonymous false",
             f"max_packet_size {MAX_PACKET_SIZE}",
             f"max_queued_messages {MAX_QUEUED_MESSAGES}",
+            f"max_queued_bytes {MAX_QUEUED_BYTES}",
             f"acl_file {broker_dir / 'skyfed.acl'}",
             "",
             f"listener {port}{f' {listen}' if listen else ''}",
@@ -66,6 +70,9 @@ def mosquitto_conf_text(port: int, listen: str, broker_dir: Path) -> str:
             f"crlfile {broker_dir / 'crl.pem'}",
             "require_certificate true",
             "use_identity_as_username true",
+            "# the client id is the certificate name too: nobody can take over another node's session by",
+            "# choosing its client id (one connection per certificate at a time)",
+            "use_username_as_clientid true",
             "",
         ]
     )

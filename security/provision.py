@@ -28,6 +28,7 @@ from pathlib import Path
 
 from common.files import atomic_write, read_json, write_json
 from protocol.config import write_toml
+from protocol.topics import check_level
 from protocol.typed import SchemaError, build
 from security.broker_files import acl_text, mosquitto_conf_text
 from security.keys import Identity, PublicIdentity, check_name, enroll, revoke
@@ -130,6 +131,10 @@ def check_agent_names(agents: list[str]) -> list[str]:
 def provision(out: Path, plan: Provisioning, agents: list[str]) -> list[str]:
     """Create (or extend) the federation in ``out``; return the agents that are new."""
     layout = Layout(out)
+    try:
+        check_level("--federation", plan.federation)  # it becomes a topic level in the ACL
+    except ValueError as exc:
+        raise ProvisionError(str(exc)) from None
     check_agent_names(agents)
     again = sorted(set(agents) & plan.revoked_names())
     if again:
@@ -265,10 +270,14 @@ def _lock_down(layout: Layout, plan: Provisioning) -> None:
 
 
 def ownership_notes(plan: Provisioning) -> list[str]:
-    """What provisioning could not hand over (run as root, users that do not exist here)."""
+    """What provisioning could not hand over (run as root, users that do not exist here), and a broker
+    folder used in place that the broker's user cannot reach."""
+    closed = [p for p in Path(plan.broker_dir).parents if p.exists() and not p.stat().st_mode & 0o001]
+    reach = [f"{closed[0]} is not traversable by others: mosquitto (user {plan.broker_user}) cannot reach "
+             f"{plan.broker_dir}; install the broker folder elsewhere (--broker-dir)"] if closed else []  # fmt: skip
     if os.geteuid() != 0:
-        return []
-    return [
+        return reach
+    return reach + [
         f"user {user} does not exist on this host: the {what} files stay owned by root; on the host that runs it, "
         f"chown -R {user}: its folder"
         for user, what in ((plan.broker_user, "broker"), (plan.service_user, "server and agent"))

@@ -76,11 +76,14 @@ def run_provision(args: argparse.Namespace) -> int:
     try:
         if args.action == "revoke":
             serial = revoke_agent(out, args.agent)
-            layout = Layout(out)
+            layout, plan = Layout(out), load_plan(out)
+            installed = Path(plan.broker_dir)
+            copy = "" if installed == layout.broker.absolute() else (
+                f"cp -p {layout.broker}/crl.pem {layout.broker}/skyfed.acl {installed}/; ")  # fmt: skip
             print(
                 f"revoked {args.agent}: its key moved to {layout.enrolled}/revoked/, its certificate "
                 f"(serial {serial:x}) is in {layout.broker}/crl.pem and the ACL no longer names it\n"
-                f"  broker: systemctl reload mosquitto (new connections check the CRL; the ACL applies at once)\n"
+                f"  broker: {copy}systemctl reload mosquitto (new connections check the CRL; the ACL applies at once)\n"
                 f"  server: rotates the group key as soon as it sees enrolled/{args.agent}.pub gone (no restart); "
                 f"on another host run there: skyfed keys revoke {args.agent} --enrolled /etc/skyfed/enrolled"
             )
@@ -109,7 +112,7 @@ def add_provision_command(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--federation")
     parser.add_argument("--agents", help="comma-separated agent ids (each becomes a certificate CN and MQTT user)")
-    parser.add_argument("--out", help="the provisioning folder (created 0700)")
+    parser.add_argument("--out", help="the provisioning folder (created 0711; every node folder in it 0700)")
     parser.add_argument("--broker", help=f"HOST:PORT clients connect to (default {DEFAULTS['broker']})")
     parser.add_argument("--listen", help="address mosquitto's listener binds (default: every interface)")
     parser.add_argument("--broker-dir", help="where the broker folder is installed on the broker host "

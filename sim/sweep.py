@@ -13,6 +13,7 @@ import json
 import shutil
 import statistics
 import sys
+import tomllib
 from pathlib import Path
 
 from sim.federation import SimSettings
@@ -78,8 +79,10 @@ def final_accuracy(run: Path) -> float:
     from models.datasets import load_dataset
     from models.serialization import load_file
 
+    server = run / "federation" / "server"
+    model = tomllib.loads((server / "server.toml").read_text())["server"]["model"]
     arrays, _ = load_file(run / "global_model.safetensors")
-    evaluator = Evaluator("digits_cnn", 10, load_dataset(run / "federation" / "server" / "test.npz"))
+    evaluator = Evaluator(model, 10, load_dataset(server / "test.npz"))
     return evaluator(arrays)["accuracy"]
 
 

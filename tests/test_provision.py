@@ -28,6 +28,7 @@ from protocol.mqtt import BrokerSettings, MqttClient, TlsSettings
 from security.broker_files import acl_text, mosquitto_conf_text
 from security.envelope import InvalidEnvelope, Opener
 from security.keys import GroupKey, Identity, Keyring, PublicIdentity
+from security.pki import Issued, issue
 from sim.broker import free_port, start_broker
 from sim.federation import write_digits_data
 from skyfed import main
@@ -79,6 +80,7 @@ def test_layout_modes_and_adding_an_agent_keeps_the_others(workdir, capsys):
         (["--agents", "a1,a1"], "listed twice"),
         (["--agents", "bad/id"], "--agents"),
         (["--agents", "a1", "--broker", "nohostport"], "--broker"),
+        (["--agents", "a1", "--federation", "+"], "--federation '+' is not a valid name"),
     ],
 )
 def test_bad_requests_are_refused_with_the_option_named(workdir, capsys, argv, message):
@@ -138,11 +140,21 @@ def connects(tls: TlsSettings, port: int) -> bool:
         client.stop()
 
 
+def add_observer(out: Path) -> None:
+    """The broker's own view for the tests: a client ``observer`` that may read every topic. The client
+    id is the certificate name, so it cannot share the server's certificate while the server runs."""
+    acl = out / "broker" / "skyfed.acl"
+    acl.write_text(acl.read_text() + "\nuser observer\ntopic read skyfed/#\n")
+
+
 @pytest.fixture
 def provisioned(workdir):
     port = free_port()
     out, state = workdir / "fed", workdir / "state"
     provision(out, "a1,a2,a3", port, state)
+    issue(Issued(out / "ca" / "ca.crt", out / "ca" / "ca.crt.key"), out / "observer", "observer")
+    shutil.copyfile(out / "ca" / "ca.crt", out / "observer" / "ca.crt")
+    add_observer(out)
     broker = start_broker(
         data_dir=workdir / "broker-run", kind="mosquitto", port=port, config_file=out / "broker" / "skyfed.conf"
     )
@@ -181,6 +193,19 @@ def test_the_generated_acl_confines_agents_and_monitors(provisioned):
         assert f"skyfed/{FED}/agent/a2/inbox" not in a1.topics()
         assert {p for t, p in server.received if "monitor" in p.decode(errors="replace")} == set()
         assert sorted(p for _, p in monitor.received) == [b"a2 status", b"server status"]
+        monitor.close()  # one connection per certificate: the client id is its name
+        # a1 choosing the server's client id takes over nothing: the broker uses the certificate name
+        disconnects: list[int] = []
+        server.client.on_disconnect = lambda *_args: disconnects.append(1)
+        hijack = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="server")
+        hijack.tls_set(ca_certs=str(agents / "a1" / "ca.crt"), certfile=str(agents / "a1" / "a1.crt"),
+                       keyfile=str(agents / "a1" / "a1.crt.key"))  # fmt: skip
+        hijack.connect("127.0.0.1", port)
+        hijack.loop_start()
+        time.sleep(1.0)
+        hijack.disconnect()
+        hijack.loop_stop()
+        assert not disconnects and server.client.is_connected()
 
         if shutil.which("mosquitto_sub"):  # what an operator types, from the printed instructions
             mon = out / "monitor"
@@ -193,7 +218,7 @@ def test_the_generated_acl_confines_agents_and_monitors(provisioned):
             assert f"skyfed/{FED}/server/status server status" in watched.stdout
             assert f"skyfed/{FED}/agent/a2/status a2 status" in watched.stdout
     finally:
-        for client in (server, a1, a2, monitor):
+        for client in (server, a1, a2):
             client.close()
 
 
@@ -219,7 +244,7 @@ def test_a_federation_runs_and_a_revoked_agent_reads_no_later_model(provisioned)
     opens none of the models published after the revocation, nor any group key sent since."""
     out, state, broker, port = provisioned
     _fast(out, state)
-    observer = Client(out / "server", "server", port)  # the broker's view: every message
+    observer = Client(out / "observer", "observer", port)  # the broker's view: every message
     observer.client.subscribe(f"skyfed/{FED}/#", 1)
     server = Aggregator(load_server_config(out / "server" / "server.toml"))
     agents = {name: EdgeAgent(load_agent_config(out / "agents" / name / "agent.toml")) for name in ("a1", "a2", "a3")}
@@ -233,6 +258,7 @@ def test_a_federation_runs_and_a_revoked_agent_reads_no_later_model(provisioned)
         wait_until(lambda: metrics.exists() and '"a3"' in metrics.read_text(), 90, "a round with a3 closed")
         old_key = server.group_keys.key.key_id
         assert main(["provision", "revoke", "a3", "--out", str(out)]) == 0
+        add_observer(out)  # revoke rewrote the ACL
         broker.reload()
         wait_until(lambda: server.group_keys.key.key_id != old_key, 10, "the group key rotated")
         rotated_at_version, rotated_at = server.engine.version, len(observer.received)
