@@ -103,6 +103,7 @@ class Aggregator(MqttDaemon):
             key_path=key_path,
             on_rotated=self._on_key_rotated,
             on_enrolled=lambda: self.mqtt.subscribe(self.topics.any_federation_status_wildcard),  # retained again
+            on_revoked=lambda agent: self.mqtt.publish(self.topics.agent_status(agent), b"", retain=True),
             rotate_every_rounds=config.keys.rotate_every_rounds,
         )
         self._task_payload: bytes | None = None

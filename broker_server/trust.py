@@ -9,7 +9,7 @@ Enrolling or revoking an agent takes effect without a restart. Every ``WATCH_INT
   ``revoked/``), changes, or no longer parses drops the agent's key at once: the next chunk or status it
   signs is refused (``unknown-sender``), it is never selected again, and the group key rotates, so it
   cannot read any model published afterwards, even holding every key it had and every message the
-  broker carries.
+  broker carries. A revoked agent's retained status is cleared, so monitors stop listing it.
 
 ``keys.rotate_every_rounds`` also rotates the key on a schedule, before every N-th round. A rotation
 re-publishes the current model under the new key and sends the key to every agent online; agents
@@ -55,6 +55,7 @@ class TrustKeeper:
         key_path: Path,
         on_rotated: Callable[[GroupKey], None],
         on_enrolled: Callable[[], None],
+        on_revoked: Callable[[str], None],
         rotate_every_rounds: int = 0,
     ) -> None:
         self.enrolled_dir = enrolled_dir
@@ -65,6 +66,7 @@ class TrustKeeper:
         self.key_path = key_path
         self.on_rotated = on_rotated
         self.on_enrolled = on_enrolled
+        self.on_revoked = on_revoked
         self.rotate_every_rounds = rotate_every_rounds
         self._files = snapshot(enrolled_dir)
         self._checked = 0.0
@@ -101,6 +103,8 @@ class TrustKeeper:
         replaced = [name for name in dropped if name in self.keyring]
         if gone:
             log.warning("agent revoked agent=%s: its messages are refused from now on", ",".join(gone))
+            for name in gone:
+                self.on_revoked(name)
         if replaced:
             log.warning("agent re-keyed agent=%s: only its new key is trusted", ",".join(replaced))
         if dropped:

@@ -309,5 +309,6 @@ def test_a_federation_runs_and_a_revoked_agent_reads_no_later_model(provisioned)
     assert outcomes["model"] <= {"unknown-key"} and outcomes["model"], outcomes
     assert outcomes["groupkey"] <= {"wrong-recipient"} and outcomes["groupkey"], outcomes
     assert not any(topic.endswith("/a3/inbox") for topic, _ in observer.received[rotated_at:])
+    assert (f"skyfed/{FED}/agent/a3/status", b"") in observer.received  # cleared: monitors stop listing a3
     a3 = out / "agents" / "a3"  # and the reloaded broker no longer lets a3 in (its certificate is in the CRL)
     assert not connects(TlsSettings(str(a3 / "ca.crt"), str(a3 / "a3.crt"), str(a3 / "a3.crt.key")), port)
