@@ -100,6 +100,9 @@ def dp_sgd(policy: LocalPrivacySection) -> tuple[Prepare, Callable[[], list[Step
         engine = PrivacyEngine(accountant="rdp")
 
     def prepare(model, optimizer, loader):  # noqa: ANN001, ANN202 - the types of models.training.Prepare
+        # Opacus' per-sample hooks fire on a first layer whose input needs no gradient; PyTorch warns about
+        # that once per process, which is expected here and only noise in the journal.
+        warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
         return engine.make_private(
             module=model,
             optimizer=optimizer,
