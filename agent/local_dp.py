@@ -58,12 +58,11 @@ class LocalPrivacySection:
         return self.noise_multiplier > 0
 
 
-def steps_of(train: TrainSettings, samples: int) -> Step:
-    """What one round with these settings spends at most: Poisson sampling at rate batch/N for the
-    number of batches the round's epochs (and ``work``) take."""
+def steps_of(train: TrainSettings, samples: int) -> tuple[float, int]:
+    """``(sample rate, steps)`` of one round with these settings, at most: Poisson sampling at rate
+    batch/N for the number of batches the round's epochs (and ``work``) take."""
     batches = math.ceil(samples / train.batch_size)
-    steps = max(1, math.ceil(train.work * train.epochs * batches))
-    return (0.0, min(1.0, train.batch_size / samples), steps)
+    return min(1.0, train.batch_size / samples), max(1, math.ceil(train.work * train.epochs * batches))
 
 
 def merged(history: list[Step]) -> tuple[Step, ...]:
@@ -147,8 +146,7 @@ class PrivacyBudget:
         self.last_train: TrainSettings | None = None
 
     def planned(self, train: TrainSettings) -> Step:
-        _, rate, steps = steps_of(train, self.samples)
-        return (self.policy.noise_multiplier, rate, steps)
+        return (self.policy.noise_multiplier, *steps_of(train, self.samples))
 
     def refusal(self, task: RoundTask | None, agent: str) -> str:
         """Why this agent will not train ``task`` (or, without one, another round like its last), or ''."""

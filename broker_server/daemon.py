@@ -20,7 +20,7 @@ import paho.mqtt.client as paho
 from broker_server.config import ServerConfig
 from broker_server.engine import RoundEngine
 from broker_server.evaluation import Evaluator
-from broker_server.groupkeys import GroupKeyDistributor, load_or_create
+from broker_server.groupkeys import GroupKeyDistributor
 from broker_server.ignored import IgnoredAgents
 from broker_server.metrics_log import log_round
 from broker_server.publisher import ModelPublisher
@@ -85,12 +85,11 @@ class Aggregator(MqttDaemon):
             ),
             log,
         )
-        key_path = config.state_dir / "group.key"
-        group_key = load_or_create(key_path)
+        key_file = config.state_dir / "group.key"
         self.group_keys = GroupKeyDistributor(
-            group_key, identity=self.identity, keyring=keyring, federation=fed, send=self._send_inbox, clock=clock
+            key_file, identity=self.identity, keyring=keyring, federation=fed, send=self._send_inbox, clock=clock
         )
-        self.publisher = ModelPublisher(self.mqtt, self.topics, self.identity, group_key, config.server.model)
+        self.publisher = ModelPublisher(self.mqtt, self.topics, self.identity, self.group_keys.key, config.server.model)
         self.rejections = Counter[str]()
         self.phase = "starting"
         self._rejection_log = Throttle(REJECTION_LOG_INTERVAL_S)
@@ -100,7 +99,6 @@ class Aggregator(MqttDaemon):
             registry=self.registry,
             ignored=self.ignored,
             distributor=self.group_keys,
-            key_path=key_path,
             on_rotated=self._on_key_rotated,
             on_enrolled=lambda: self.mqtt.subscribe(self.topics.any_federation_status_wildcard),  # retained again
             on_revoked=lambda agent: self.mqtt.publish(self.topics.agent_status(agent), b"", retain=True),

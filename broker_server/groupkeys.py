@@ -25,8 +25,11 @@ RESEND_S = 15.0
 
 
 def load_or_create(path: Path) -> GroupKey:
-    if path.exists():
-        return GroupKey.from_bytes(path.read_bytes())
+    return GroupKey.from_bytes(path.read_bytes()) if path.exists() else create(path)
+
+
+def create(path: Path) -> GroupKey:
+    """A new key, saved (0600) before anything is sealed under it."""
     key = GroupKey.generate()
     atomic_write(path, key.to_bytes(), mode=0o600)
     return key
@@ -35,7 +38,7 @@ def load_or_create(path: Path) -> GroupKey:
 class GroupKeyDistributor:
     def __init__(
         self,
-        key: GroupKey,
+        path: Path,
         *,
         identity: Identity,
         keyring: Keyring,
@@ -43,7 +46,8 @@ class GroupKeyDistributor:
         send: Callable[[str, list[bytearray]], None],
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.key = key
+        self.path = path
+        self.key = load_or_create(path)
         self.identity = identity
         self.keyring = keyring
         self.federation = federation
@@ -60,10 +64,9 @@ class GroupKeyDistributor:
         if self.clock() - self._sent_at.get(agent, -RESEND_S) >= RESEND_S:
             self.send_to(agent)
 
-    def rotate(self, path: Path, online: list[str]) -> GroupKey:
-        """Replace the key (kept in ``path``) and send the new one to the ``online`` agents still enrolled."""
-        self.key = GroupKey.generate()
-        atomic_write(path, self.key.to_bytes(), mode=0o600)
+    def rotate(self, online: list[str]) -> GroupKey:
+        """Replace the key (in ``path``) and send the new one to the ``online`` agents still enrolled."""
+        self.key = create(self.path)
         self._sent_at.clear()
         for agent in online:
             self.send_to(agent)

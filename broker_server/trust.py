@@ -52,7 +52,6 @@ class TrustKeeper:
         registry: AgentRegistry,
         ignored: IgnoredAgents,
         distributor: GroupKeyDistributor,
-        key_path: Path,
         on_rotated: Callable[[GroupKey], None],
         on_enrolled: Callable[[], None],
         on_revoked: Callable[[str], None],
@@ -63,7 +62,6 @@ class TrustKeeper:
         self.registry = registry
         self.ignored = ignored
         self.distributor = distributor
-        self.key_path = key_path
         self.on_rotated = on_rotated
         self.on_enrolled = on_enrolled
         self.on_revoked = on_revoked
@@ -122,7 +120,7 @@ class TrustKeeper:
     def rotate(self, reason: str) -> None:
         old = self.distributor.key.key_id
         online = [agent for agent in self.registry.online_agents() if agent in self.keyring]
-        key = self.distributor.rotate(self.key_path, online)
+        key = self.distributor.rotate(online)
         self.on_rotated(key)
         log.warning(
             "group key rotated key_id=%s previous=%s reason=%s sent_to=%d", key.key_id, old, reason, len(online)

@@ -33,21 +33,21 @@ def test_dp_sgd_trains_spends_and_remembers_across_a_restart(tmp_path):
     assert 0 < first.epsilon < second.epsilon
     assert second.loss < first.loss  # it still learns
     # the RDP accountant's own answer for what was planned: 2 rounds of batch/N sampling
-    _, rate, steps = steps_of(TrainSettings(), len(train))
+    rate, steps = steps_of(TrainSettings(), len(train))
     assert second.epsilon == pytest.approx(epsilon_of([(1.0, rate, steps)] * 2, 1e-5), rel=0.02)
     assert PrivacyBudget(POLICY, path, len(train)).epsilon == pytest.approx(second.epsilon)  # after a restart
 
 
 def test_the_budget_refuses_the_round_that_would_pass_the_target(tmp_path):
     samples = 150
-    one = steps_of(TrainSettings(), samples)
-    eps1, eps2 = (epsilon_of([(1.0, one[1], one[2])] * k, 1e-5) for k in (1, 2))
+    rate, steps = steps_of(TrainSettings(), samples)
+    eps1, eps2 = (epsilon_of([(1.0, rate, steps)] * k, 1e-5) for k in (1, 2))
     budget = PrivacyBudget(
         LocalPrivacySection(noise_multiplier=1.0, target_epsilon=(eps1 + eps2) / 2), tmp_path / "p.json", samples
     )
     task = round_task(model="mlp_digits", round=1)
     assert budget.refusal(task, "agent-01") == "" and budget.refusal(None, "agent-01") == ""
-    budget.spend([(1.0, one[1], one[2])], task.train_of("agent-01"))
+    budget.spend([(1.0, rate, steps)], task.train_of("agent-01"))
     refusal = budget.refusal(None, "agent-01")
     assert refusal.startswith("privacy-budget-spent") and budget.refusal(task, "agent-01") == refusal
 
@@ -78,7 +78,7 @@ def test_an_agent_whose_budget_is_spent_stops_volunteering(tmp_path, broker):
     def edit(layout) -> None:  # noqa: ANN001
         override_toml(layout.server_config, server={"model": "mlp_digits"}, rounds={"min_agents": 2, "quorum": 2})
         config = layout.agent_configs["agent-03"]
-        _, rate, steps = steps_of(TrainSettings(epochs=1, batch_size=32), len(load_dataset(config.parent / "data.npz")))
+        rate, steps = steps_of(TrainSettings(epochs=1, batch_size=32), len(load_dataset(config.parent / "data.npz")))
         targets.extend(epsilon_of([(1.0, rate, steps)] * k, 1e-5) for k in (1, 2))
         override_toml(config, privacy={"noise_multiplier": 1.0, "target_epsilon": sum(targets) / 2})
 
