@@ -71,7 +71,7 @@ def test_bad_local_privacy_settings_name_the_key(values, message):
 
 
 def test_an_agent_whose_budget_is_spent_stops_volunteering(tmp_path, broker):
-    """agent-03 runs DP-SGD with a target that affords exactly one round: it trains round 1 (its
+    """agent-03 runs DP-SGD with a target that affords exactly one round: it trains one round (its
     epsilon in its status and in its update's metadata), then closes its gate and is not selected again."""
     targets: list[float] = []
 
@@ -94,11 +94,14 @@ def test_an_agent_whose_budget_is_spent_stops_volunteering(tmp_path, broker):
     finally:
         fed.close()
     accepted = [sorted(m.accepted) for m in fed.metrics()]
-    assert accepted == [["agent-01", "agent-02", "agent-03"], ["agent-01", "agent-02"], ["agent-01", "agent-02"]]
+    # a round opens once min_agents (2) hold the group key, so agent-03 may join in round 1 or 2
+    private_rounds = [number for number, names in enumerate(accepted, 1) if "agent-03" in names]
+    assert len(private_rounds) == 1 and private_rounds[0] < 3, accepted
+    assert all(names == ["agent-01", "agent-02"] for names in accepted[private_rounds[0] :]), accepted
     private = fed.agents[2]
     status = server.registry.agents["agent-03"]
     assert status.privacy["epsilon"] == pytest.approx(eps1, rel=0.02) and status.privacy["target_epsilon"] > eps1
     assert not status.gate.ok and status.gate.reasons[0].startswith("privacy-budget-spent")
-    meta = UpdateMeta.from_metadata(loads(private.store.stored_update(1))[1])
+    meta = UpdateMeta.from_metadata(loads(private.store.stored_update(private_rounds[0]))[1])
     assert meta.local_epsilon == pytest.approx(eps1, rel=0.02) and meta.local_delta == 1e-5
     assert UpdateMeta.from_metadata(loads(fed.agents[0].store.stored_update(3))[1]).local_epsilon is None
