@@ -35,7 +35,7 @@ from broker_server.validation import reason_kind
 from protocol.messages import Rejection, RoundMetrics
 
 log = logging.getLogger("skyfed.server")
-PUBLIC_DETAIL = ("clip_bound", "work", "noise_std")
+PUBLIC_DETAIL = ("clip_bound", "work", "noise_std", "unclipped_fraction", "next_clip")
 
 
 @lru_cache(maxsize=4096)
@@ -57,6 +57,8 @@ class PrivacyLedger:
         record = record or {}
         self.charged: dict[str, dict[str, int]] = record.get("charged", {})
         self.unprotected_rounds: int = record.get("unprotected_rounds", 0)
+        # the clip of the next round: adapted from round to round (broker_server.adaptive_clip), else fixed
+        self.clip: float = record.get("clip", policy.clip) if policy.adaptive_clip else policy.clip
         if policy.enabled and self.unprotected_rounds:
             log.warning("privacy is on, but this state published %d models without it: no agent has a finite "
                         "epsilon; start from a fresh server.state_dir", self.unprotected_rounds)  # fmt: skip
@@ -83,12 +85,15 @@ class PrivacyLedger:
         """Those of ``agents`` one more round keeps within ``target_epsilon``."""
         return [agent for agent in agents if self.affords_a_round(agent)]
 
-    def after_round(self, agents: list[str], *, published: bool) -> None:
+    def after_round(self, agents: list[str], *, published: bool, next_clip: float = 0.0) -> None:
         """A round averaged (or refused on their values) these agents' updates: charge them under
-        privacy; without it, count a published model as unprotected."""
+        privacy, and take the adaptive clip's ``next_clip`` (0: unchanged); without privacy, count a
+        published model as unprotected."""
         if not self.policy.enabled:
             self.unprotected_rounds += int(published)
             return
+        if next_clip > 0:
+            self.clip = next_clip
         key = repr(self.policy.noise_multiplier)
         for agent in agents:
             per_agent = self.charged.setdefault(agent, {})
@@ -103,7 +108,8 @@ class PrivacyLedger:
             "delta": self.policy.delta,
             "target_epsilon": self.policy.target_epsilon or None,
             "noise_multiplier": self.policy.noise_multiplier,
-            "clip": self.policy.clip,
+            "clip": self.clip,  # the next round's (adaptive_clip: it moves; each round's is metrics' clip_bound)
+            "adaptive_clip": self.policy.adaptive_clip,
             "max_rounds_per_agent": max((sum(c.values()) for c in self.charged.values()), default=0),
             "unprotected_rounds": self.unprotected_rounds,
             "accounting": "per-agent RDP, user-level, no sampling amplification",
@@ -128,4 +134,5 @@ class PrivacyLedger:
         return {
             "charged": {agent: dict(c) for agent, c in self.charged.items()},
             "unprotected_rounds": self.unprotected_rounds,
+            "clip": self.clip,
         }

@@ -26,11 +26,11 @@ from broker_server.checkpoint import Checkpoint, CheckpointStore, new_run_id
 from broker_server.config import ServerConfig
 from broker_server.election import BestModel
 from broker_server.health import HealthBook
-from broker_server.metrics_log import MetricsLog
+from broker_server.metrics_log import MetricsLog, round_metrics
 from broker_server.pace import PaceBook
 from broker_server.pipeline import RoundContext, RoundRejected, run_pipeline
 from broker_server.round_steps import round_steps
-from broker_server.rounds import RoundState, UpdateRecord, decide, per_agent_detail, replace_missing, select_agents
+from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missing, select_agents
 from broker_server.strategies import build_strategy
 from broker_server.validation import NotForThisRound, UpdateRejected, positive_ranges
 from models.serialization import dumps, float32_region, save_file
@@ -64,7 +64,7 @@ class RoundEngine:
         self.metrics_log = MetricsLog(config.state_dir / "metrics.jsonl")
         self.assignments: dict[str, Assignment] = {}
         self.steps = round_steps(config, self.strategy, self.policy, self.store.agents, self.base_vector,
-                                 self._pairing_rng, evaluator)  # fmt: skip
+                                 self._pairing_rng, evaluator, lambda: self.ledger.clip)  # fmt: skip
         self.ledger = PrivacyLedger(config.privacy)
         self.strategy.fold_on_accept = not config.privacy.enabled
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
@@ -333,31 +333,10 @@ class RoundEngine:
         if self.strategy.keeps_models and (committed or rs.action != "average"):
             kept, pairs = (ctx.kept, ctx.pairs) if committed else ({}, [])
             self.assignments = next_assignments(rs.action, self.assignments, rs.selected, kept, ctx.exact, pairs)
-        aggregation = {**ctx.aggregation_detail(), **per_agent_detail(rs)}
         averaged = [c.agent for c in ctx.contributions] + rs.failed if ctx.result is not None else []
-        self.ledger.after_round(averaged, published=committed and rs.action == "average")
-        if outcome == "rolled-back" and ctx.evaluation:
-            aggregation["rejected_eval"] = ctx.evaluation
-        metrics = RoundMetrics(
-            round=rs.round,
-            strategy=self.strategy.name,
-            participants=rs.selected,
-            accepted=rs.accepted,
-            rejected=[Rejection.from_dict(r) for r in rs.rejected],
-            duration_s=round(now - rs.started_at, 3),
-            aggregate_s=round(ctx.aggregate_s, 6),
-            bytes_up=rs.bytes_up,
-            bytes_down=model_wire_bytes * global_starts + rs.inbox_bytes,
-            eval=ctx.evaluation if outcome == "committed" else {},
-            model_version=self.version,
-            finished_at=now,
-            outcome=outcome,
-            reason=reason,
-            offenders=offenders,
-            aggregation=aggregation,
-            missed=rs.missed,
-            action=rs.action,
-        )
+        self.ledger.after_round(averaged, published=committed and rs.action == "average", next_clip=ctx.next_clip)
+        metrics = round_metrics(ctx, strategy=self.strategy.name, now=now, outcome=(outcome, reason, offenders),
+                                version=self.version, bytes_down=model_wire_bytes * global_starts + rs.inbox_bytes)  # fmt: skip
         if self.config.privacy.enabled:
             metrics = self.ledger.public_metrics(metrics, ctx.noise_std)
         published = committed and rs.action == "average"

@@ -12,7 +12,9 @@ import logging
 import os
 from pathlib import Path
 
-from protocol.messages import RoundMetrics
+from broker_server.pipeline import RoundContext
+from broker_server.rounds import per_agent_detail
+from protocol.messages import Rejection, RoundMetrics
 
 log = logging.getLogger("skyfed.server")
 
@@ -46,6 +48,37 @@ class MetricsLog:
         metrics = RoundMetrics.from_dict(last)
         if self.last_round() != metrics.round:
             self.append(metrics)
+
+
+def round_metrics(
+    ctx: RoundContext, *, strategy: str, now: float, outcome: tuple[str, str, list[str]], version: int, bytes_down: int
+) -> RoundMetrics:
+    """A closed round's metrics line; ``outcome`` is (committed | rolled-back, reason, offenders)."""
+    rs = ctx.state
+    aggregation = {**ctx.aggregation_detail(), **per_agent_detail(rs)}
+    committed = outcome[0] == "committed"
+    if not committed and ctx.evaluation:
+        aggregation["rejected_eval"] = ctx.evaluation
+    return RoundMetrics(
+        round=rs.round,
+        strategy=strategy,
+        participants=rs.selected,
+        accepted=rs.accepted,
+        rejected=[Rejection.from_dict(r) for r in rs.rejected],
+        duration_s=round(now - rs.started_at, 3),
+        aggregate_s=round(ctx.aggregate_s, 6),
+        bytes_up=rs.bytes_up,
+        bytes_down=bytes_down,
+        eval=ctx.evaluation if committed else {},
+        model_version=version,
+        finished_at=now,
+        outcome=outcome[0],
+        reason=outcome[1],
+        offenders=outcome[2],
+        aggregation=aggregation,
+        missed=rs.missed,
+        action=rs.action,
+    )
 
 
 def log_round(m: RoundMetrics) -> None:

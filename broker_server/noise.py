@@ -26,6 +26,11 @@ def gaussian_noise(size: int, std: float, rng: np.random.Generator) -> np.ndarra
     return noise
 
 
+def fresh_rng() -> np.random.Generator:
+    """A generator seeded with 128 bits from the OS, for one round's noise."""
+    return np.random.default_rng(secrets.randbits(128))
+
+
 def clamp_nonnegative(vector: np.ndarray, ranges: tuple[TensorRange, ...]) -> None:
     """Running variances pushed below zero by the noise are set to zero (post-processing)."""
     for r in ranges:
@@ -35,16 +40,17 @@ def clamp_nonnegative(vector: np.ndarray, ranges: tuple[TensorRange, ...]) -> No
 @dataclass
 class AddNoise(Step):
     """After the check of the clipped average: add N(0, (z·S/n)²) to every floating value of the new
-    model, n = the number of averaged updates. Sets ``ctx.noise_std`` (the round is then charged)."""
+    model, n = the number of averaged updates and S the round's clip. With an adaptive clip, z is the
+    update's share z_Δ (``broker_server.adaptive_clip``). Sets ``ctx.noise_std`` (the round is then charged)."""
 
     policy: PrivacyPolicy
     name: str = "add-noise"
 
     def run(self, ctx: RoundContext) -> None:
-        assert ctx.result is not None and ctx.contributions
-        std = self.policy.noise_multiplier * self.policy.clip / len(ctx.contributions)
-        rng = np.random.default_rng(secrets.randbits(128))
-        vector = ctx.result.global_vector + gaussian_noise(ctx.result.global_vector.size, std, rng)
+        assert ctx.result is not None and ctx.influence is not None and ctx.contributions
+        n = len(ctx.contributions)
+        std = self.policy.update_noise_multiplier(n) * ctx.influence.clip_bound / n
+        vector = ctx.result.global_vector + gaussian_noise(ctx.result.global_vector.size, std, fresh_rng())
         clamp_nonnegative(vector, positive_ranges(ctx.float_spec))
         ctx.result = replace(ctx.result, global_vector=vector)
         ctx.candidate = with_floats(ctx.global_arrays, vector, ctx.float_spec)

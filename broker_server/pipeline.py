@@ -2,10 +2,11 @@
 
     bound influence → [keep agents' models] → aggregate → check the model → evaluate   (then commit)
 
+(``broker_server.round_steps`` says which steps a configuration gets, differential privacy's among them.)
+
 A step either fills in its part of the context or raises ``RoundRejected`` with a reason and the
 agents to blame; any other exception in a step becomes a rejection too (``internal-error in <step>``).
-A rejected round is rolled back by the engine: the previous global model stays. Later features add a
-step (DP noise after ``aggregate``, the privacy accountant before commit) without touching the others.
+A rejected round is rolled back by the engine: the previous global model stays.
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ class RoundContext:
     kept: dict[str, Holding] = field(default_factory=dict)  # each agent's model after the round
     exact: set[str] = field(default_factory=set)  # agents whose kept model is bit for bit their own copy
     pairs: list[tuple[str, str]] = field(default_factory=list)
-    kept_detail: dict[str, Any] = field(default_factory=dict)  # pairs, drift bound (model-keeping strategies)
+    step_detail: dict[str, Any] = field(default_factory=dict)  # what steps add to metrics.aggregation (pairs, …)
     noise_std: float = 0.0  # differential privacy's noise on the new model (0: none was added)
+    next_clip: float = 0.0  # differential privacy's adaptive clip for the next round (0: unchanged)
 
     def aggregation_detail(self) -> dict[str, Any]:
         detail: dict[str, Any] = {}
@@ -76,7 +78,7 @@ class RoundContext:
             detail.update(self.influence.describe(self.state.accepted, claimed, norms))
         if self.result is not None:
             detail.update(self.result.detail)
-        detail.update(self.kept_detail)
+        detail.update(self.step_detail)
         return detail
 
 
@@ -101,13 +103,18 @@ def offenders(contributions: list[Contribution]) -> list[str]:
 
 @dataclass
 class BoundInfluence(Step):
+    """Clip and cap every update (``broker_server.bounds``); ``clip_norm``, when given, says the fixed
+    clip of this round (differential privacy's adaptive clip)."""
+
     policy: InfluencePolicy
+    clip_norm: Callable[[], float] | None = None
     name: str = "bound"
 
     def run(self, ctx: RoundContext) -> None:
         updates = ctx.state.updates
         norms = np.array([u.norm for u in updates])
-        influence = bound_influence(policy=self.policy, norms=norms, samples=np.array([u.samples for u in updates]))
+        policy = self.policy if self.clip_norm is None else replace(self.policy, clip_norm=self.clip_norm())
+        influence = bound_influence(policy=policy, norms=norms, samples=np.array([u.samples for u in updates]))
         ctx.influence = influence
         ctx.contributions = [
             Contribution(u.agent, ctx.open_delta(u.agent), float(capped), float(scale), u.norm, u.folded)
@@ -149,13 +156,13 @@ class KeepAgentModels(Step):
                 pulled = ctx.global_vector + (held - ctx.global_vector) * np.float32(bound / drift)
                 self._keep(ctx, agent, with_floats(ctx.global_arrays, pulled, ctx.float_spec))
                 ctx.exact.discard(agent)
-            ctx.kept_detail.update(drift_bound=round(bound, 6), drift_capped=[agent for agent, _ in capped])
+            ctx.step_detail.update(drift_bound=round(bound, 6), drift_capped=[agent for agent, _ in capped])
         ctx.contributions = [replace(c, model=self.bank.vector(ctx.kept[c.agent])) for c in ctx.contributions]
         if ctx.state.action == "swap":
             agents = [c.agent for c in ctx.contributions]
             models = [unflatten(c.model, ctx.float_spec) for c in ctx.contributions if c.model is not None]
             ctx.pairs, pairing = self.strategy.pairs(agents, models, self.rng())
-            ctx.kept_detail.update(pairing)
+            ctx.step_detail.update(pairing)
 
     def _keep(self, ctx: RoundContext, agent: str, model: NamedArrays) -> float:
         """Write ``agent``'s model to the bank; returns its distance from the global model."""
@@ -168,13 +175,31 @@ class KeepAgentModels(Step):
 
 @dataclass
 class Aggregate(Step):
+    """The strategy's new model; with ``average_only`` (differential privacy), only the average its
+    server optimizer would step on, so the noise goes in before that step (``ServerStep``)."""
+
     strategy: Strategy
+    average_only: bool = False
     name: str = "aggregate"
 
     def run(self, ctx: RoundContext) -> None:
         started = time.perf_counter()
-        ctx.result = self.strategy.aggregate(ctx.global_vector, ctx.contributions)
+        combine = self.strategy.average if self.average_only else self.strategy.aggregate
+        ctx.result = combine(ctx.global_vector, ctx.contributions)
         ctx.aggregate_s = time.perf_counter() - started
+
+
+@dataclass
+class ServerStep(Step):
+    """The server optimizer's step on the (noisy) average: post-processing under differential privacy."""
+
+    strategy: Strategy
+    name: str = "server-step"
+
+    def run(self, ctx: RoundContext) -> None:
+        assert ctx.result is not None
+        ctx.result = self.strategy.server_step(ctx.global_vector, ctx.result)
+        ctx.candidate = with_floats(ctx.global_arrays, ctx.result.global_vector, ctx.float_spec)
 
 
 @dataclass

@@ -24,11 +24,11 @@ from dataclasses import dataclass, replace
 
 from broker_server.bounds import InfluencePolicy
 
-# Strategies whose published model is the plain average of the clipped updates (so the sum has
-# sensitivity S). Robust ones (krum, median, trimmed-mean, centered-clip) choose or reweight updates
-# by looking at all of them; server optimisers (fedavgm, fedadam, fedyogi) would need the noise before
-# their step; swapping strategies hand agents each other's un-noised models.
-PRIVATE_STRATEGIES = ("fedavg", "fedprox")
+# Strategies whose model is computed from the plain average of the clipped updates (so the sum has
+# sensitivity S): FedAvg and FedProx publish it, the server optimizers step on it after the noise.
+# Robust ones (krum, median, trimmed-mean, centered-clip) choose or reweight updates by looking at all
+# of them; swapping strategies hand agents each other's un-noised models.
+PRIVATE_STRATEGIES = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi")
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,10 @@ class PrivacyPolicy:
     noise_multiplier: float = 0.0  # z: noise standard deviation on the sum, in units of S
     delta: float = 1e-5
     target_epsilon: float = 0.0  # an agent is not selected again once one more round would pass it (0: no limit)
+    adaptive_clip: bool = False  # S follows a quantile of the update norms (broker_server.adaptive_clip); clip = S₀
+    target_quantile: float = 0.5  # γ: the share of updates left unclipped
+    clip_learning_rate: float = 0.2  # η: S ← S·exp(−η·(unclipped share − γ))
+    clip_count_stddev: float = 0.0  # σ_b, the noise on the unclipped count (0: max(n/20, z) for n updates)
 
     def __post_init__(self) -> None:
         if not (self.clip >= 0 and math.isfinite(self.clip)):
@@ -58,6 +62,8 @@ class PrivacyPolicy:
                 "privacy.clip must be > 0 to turn differential privacy on (noise_multiplier or target_epsilon is "
                 "set without it, which would run without any privacy)"
             )
+        if self.adaptive_clip:
+            self._check_adaptive()
         if self.enabled and self.target_epsilon:
             from broker_server.accountant import epsilon_of  # the accountant imports this module
 
@@ -68,9 +74,33 @@ class PrivacyPolicy:
                     f"{one_round:.3g} at noise_multiplier {self.noise_multiplier:g}): raise the target or the noise"
                 )
 
+    def _check_adaptive(self) -> None:
+        if not self.enabled:
+            raise ValueError("privacy.adaptive_clip needs privacy.clip > 0 (the first round's clip, e.g. 0.1)")
+        if not 0 < self.target_quantile < 1:
+            raise ValueError(f"privacy.target_quantile must be in (0, 1), e.g. 0.5, got {self.target_quantile}")
+        if not (self.clip_learning_rate > 0 and math.isfinite(self.clip_learning_rate)):
+            raise ValueError(f"privacy.clip_learning_rate must be > 0, e.g. 0.2, got {self.clip_learning_rate}")
+        if self.clip_count_stddev and not self.clip_count_stddev > self.noise_multiplier / 2:
+            raise ValueError(
+                f"privacy.clip_count_stddev must be 0 (automatic) or above noise_multiplier / 2 = "
+                f"{self.noise_multiplier / 2:g}, got {self.clip_count_stddev:g}: the count's noise alone would spend "
+                "the round's whole budget (Andrew et al. suggest the expected updates per round / 20)"
+            )
+
     @property
     def enabled(self) -> bool:
         return self.clip > 0
+
+    def count_stddev(self, updates: int) -> float:
+        """σ_b of the adaptive clip's count for a round of ``updates`` updates (``broker_server.adaptive_clip``)."""
+        return self.clip_count_stddev or max(updates / 20, self.noise_multiplier)
+
+    def update_noise_multiplier(self, updates: int) -> float:
+        """The noise multiplier of the update's noise: z, or with an adaptive clip what the count leaves
+        of it, z_Δ = (z⁻² − (2σ_b)⁻²)^(−½) (Andrew et al. 2021, Theorem 1)."""
+        z = self.noise_multiplier
+        return z if not self.adaptive_clip else (z**-2 - (2 * self.count_stddev(updates)) ** -2) ** -0.5
 
     def check_compatible(self, strategy: dict, bounds: InfluencePolicy) -> None:
         """Refuse, naming the key, a configuration under which the noise would not give the guarantee."""

@@ -1,9 +1,11 @@
 """Which steps close a round, in order, for a given configuration (``broker_server.pipeline``).
 
-    bound influence → [keep agents' models] → aggregate → check → [add DP noise] → [evaluate]
+    bound influence → [keep agents' models] → aggregate → check → [add DP noise → [adapt the clip]
+    → [server step]] → [evaluate]
 
-Model-keeping strategies add ``KeepAgentModels``; ``[privacy]`` adds ``AddNoise`` after the check of the
-clipped average, so the evaluation and everything published see only the noisy model.
+Model-keeping strategies add ``KeepAgentModels``. ``[privacy]`` adds ``AddNoise`` after the check of the
+clipped average, so the evaluation and everything published see only the noisy model; a server
+optimizer then steps on the noisy average (``ServerStep``), and ``adaptive_clip`` adds ``AdaptClip``.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from broker_server.adaptive_clip import AdaptClip
 from broker_server.agent_models import ModelBank
 from broker_server.bounds import InfluencePolicy
 from broker_server.config import ServerConfig
 from broker_server.noise import AddNoise
-from broker_server.pipeline import Aggregate, BoundInfluence, CheckModel, Evaluate, KeepAgentModels, Step
+from broker_server.pipeline import Aggregate, BoundInfluence, CheckModel, Evaluate, KeepAgentModels, ServerStep, Step
 from broker_server.strategies.base import Strategy
 from broker_server.strategies.swapping import ModelSwapping
 from models.weights import NamedArrays
@@ -33,8 +36,11 @@ def round_steps(
     base_of: Callable[[str], np.ndarray],
     pairing_rng: Callable[[], np.random.Generator],
     evaluator: Callable[[NamedArrays], dict[str, float]] | None,
+    current_clip: Callable[[], float],
 ) -> list[Step]:
-    steps: list[Step] = [BoundInfluence(policy)]
+    """``current_clip`` says differential privacy's clip for the round being closed."""
+    private = config.privacy.enabled
+    steps: list[Step] = [BoundInfluence(policy, current_clip if private else None)]
     if isinstance(strategy, ModelSwapping):
         steps.append(KeepAgentModels(strategy, bank, base_of, pairing_rng, policy))
         cycle = strategy.options.h1 * strategy.options.h2
@@ -42,9 +48,12 @@ def round_steps(
             log.warning("server.rounds = %d is not a multiple of h1*h2 = %d: the last %d rounds' training never "
                         "reaches the final global model", config.server.rounds, cycle,
                         config.server.rounds % cycle)  # fmt: skip
-    steps += [Aggregate(strategy), CheckModel(policy, strategy.bounded_by_clip, private=config.privacy.enabled)]
-    if config.privacy.enabled:
+    steps += [Aggregate(strategy, average_only=private), CheckModel(policy, strategy.bounded_by_clip, private=private)]
+    if private:
         steps.append(AddNoise(config.privacy))
+        if config.privacy.adaptive_clip:
+            steps.append(AdaptClip(config.privacy))
+        steps.append(ServerStep(strategy))
     if evaluator is not None:
         steps.append(Evaluate(evaluator))
     return steps

@@ -12,7 +12,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from broker_server.accountant import PrivacyLedger, epsilon_of
-from broker_server.bounds import InfluencePolicy
+from broker_server.bounds import Influence, InfluencePolicy
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
 from broker_server.noise import AddNoise
@@ -80,6 +80,7 @@ def test_the_noise_step_adds_gaussian_noise_of_z_times_s_over_n_and_keeps_runnin
     ctx = RoundContext(state, {"w": np.zeros(200_000, np.float32)}, mean.copy(), spec, lambda a: mean)
     ctx.contributions = [Contribution(a, mean, 1.0, 1.0, 0.0) for a in ("a", "b", "c", "d")]
     ctx.result = RoundResult(mean.copy())
+    ctx.influence = Influence(2.0, math.inf, np.ones(4), np.ones(4))  # the round's clip S = 2
     AddNoise(PrivacyPolicy(clip=2.0, noise_multiplier=1.5)).run(ctx)
     noise = ctx.result.global_vector[:200_000]
     assert ctx.noise_std == pytest.approx(1.5 * 2.0 / 4)
@@ -91,8 +92,9 @@ def test_the_noise_step_adds_gaussian_noise_of_z_times_s_over_n_and_keeps_runnin
 @pytest.mark.parametrize(
     "strategy, bounds, message",
     [
-        ({}, InfluencePolicy(), "privacy needs strategy.name = 'fedavg' or 'fedprox', not 'krum'"),
-        ({"name": "fedadam", "weighting": "uniform"}, InfluencePolicy(), "not 'fedadam'"),
+        ({}, InfluencePolicy(), "privacy needs strategy.name = 'fedavg' or 'fedprox' .* not 'krum'"),
+        ({"name": "median", "weighting": "uniform"}, InfluencePolicy(), "not 'median'"),
+        ({"name": "fedswap", "weighting": "uniform"}, InfluencePolicy(), "not 'fedswap'"),
         ({"name": "fedavg"}, InfluencePolicy(), 'privacy needs strategy.weighting = "uniform"'),
         ({"name": "fedavg", "weighting": "uniform"}, InfluencePolicy(clip="off"), "bounds.clip must be left"),
         ({"name": "fedavg", "weighting": "uniform"}, InfluencePolicy(max_change_norm=5.0), "bounds.max_change_norm"),

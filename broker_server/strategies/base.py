@@ -118,6 +118,15 @@ class Strategy(ABC):
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
         """The next global vector from the round's contributions (never empty)."""
 
+    def average(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
+        """``aggregate`` up to a server optimizer's step (all of it for strategies without one): under
+        differential privacy the noise is added to this, and ``server_step`` is post-processing."""
+        return self.aggregate(global_vector, contributions)
+
+    def server_step(self, global_vector: np.ndarray, averaged: RoundResult) -> RoundResult:
+        """The server optimizer's step from ``global_vector`` given the round's ``average`` (none here)."""
+        return averaged
+
     def on_commit(self, result: RoundResult) -> None:  # noqa: B027 - optional hook
         """The round's result became the global model: update what lasts across rounds now (never in
         ``aggregate``, whose result may still be rolled back)."""

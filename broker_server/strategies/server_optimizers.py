@@ -14,6 +14,8 @@ choices) and η = 0.01 (ours: an adaptive step moves every coordinate by about �
 suits the digits CNN; the paper tunes η per task). BatchNorm running statistics are averages, not
 gradients: they take the plain FedAvg change (an optimizer step could drive a variance negative).
 Memory: one (FedAvgM) or two (Adam, Yogi) model-sized float32 vectors besides FedAvg's running sum.
+Under differential privacy the noise goes on Δ (``average``) and the optimizer steps on the noisy Δ
+(``server_step``), so its state is post-processing of published values.
 """
 
 from __future__ import annotations
@@ -79,8 +81,13 @@ class _ServerOptimizer(FedAvg):
         """The change to apply, and the new optimizer state (kept only if the round is committed)."""
         raise NotImplementedError
 
+    def average(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
+        return super().aggregate(global_vector, contributions)
+
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
-        averaged = super().aggregate(global_vector, contributions)
+        return self.server_step(global_vector, self.average(global_vector, contributions))
+
+    def server_step(self, global_vector: np.ndarray, averaged: RoundResult) -> RoundResult:
         delta = averaged.global_vector - global_vector
         change, self._pending = self.step(delta)
         for r in self.statistics:

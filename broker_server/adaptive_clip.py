@@ -1,0 +1,61 @@
+"""Adaptive clipping for central differential privacy (``[privacy] adaptive_clip = true``).
+
+Andrew, Thakkar, McMahan and Ramaswamy, "Differentially Private Learning with Adaptive Clipping"
+(NeurIPS 2021, arXiv:1905.03871), Algorithm 1 with the geometric update: each round the server counts
+the updates whose norm is at most the clip S, releases that count with Gaussian noise, and moves S
+towards the γ-quantile of the norms:
+
+    b̃ = (Σᵢ (bᵢ − ½) + N(0, σ_b²)) / n + ½,   bᵢ = 1[‖Δᵢ‖ ≤ S]
+    S ← S · exp(−η · (b̃ − γ))
+
+Centred, one agent moves the count by at most ½ (its update replaced by the zero update counts ½), so
+the count is a Gaussian mechanism of multiplier 2σ_b. Run together with the update's noise of
+multiplier z_Δ, the round is one Gaussian mechanism of multiplier z when (the paper's Theorem 1)
+
+    z_Δ = (z⁻² − (2σ_b)⁻²)^(−½),
+
+so the accountant charges z per round as with a fixed clip, and the update gets a little more noise
+(``PrivacyPolicy.update_noise_multiplier``, used by the noise step). σ_b defaults to max(n/20, z): the paper's m/20 (m updates expected per round), with a floor that keeps
+z_Δ within 1.155·z in small rounds. The paper's defaults γ = 0.5 and η = 0.2 are ours too.
+The clip is state: it is kept in the privacy ledger, in the checkpoint, and published in the metrics
+(a function of the noisy count only).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from broker_server.noise import fresh_rng
+from broker_server.pipeline import RoundContext, Step
+from broker_server.privacy import PrivacyPolicy
+
+
+def noisy_unclipped_fraction(norms: np.ndarray, clip: float, count_stddev: float, rng: np.random.Generator) -> float:
+    """b̃: the share of ``norms`` at most ``clip``, released with N(0, σ_b²) on the centred count."""
+    centred = float(np.sum(norms <= clip)) - len(norms) / 2
+    return (centred + rng.normal(0.0, count_stddev)) / len(norms) + 0.5
+
+
+def next_clip(clip: float, unclipped: float, quantile: float, learning_rate: float) -> float:
+    """The geometric update: S shrinks when more than γ of the updates fit, grows when fewer do."""
+    return clip * math.exp(-learning_rate * (unclipped - quantile))
+
+
+@dataclass
+class AdaptClip(Step):
+    """After the noise: the next round's clip from this round's noisy unclipped count."""
+
+    policy: PrivacyPolicy
+    name: str = "adapt-clip"
+
+    def run(self, ctx: RoundContext) -> None:
+        assert ctx.influence is not None and ctx.contributions
+        norms = np.array([c.norm for c in ctx.contributions])
+        sigma = self.policy.count_stddev(len(norms))
+        unclipped = noisy_unclipped_fraction(norms, ctx.influence.clip_bound, sigma, fresh_rng())
+        p = self.policy
+        ctx.next_clip = next_clip(ctx.influence.clip_bound, unclipped, p.target_quantile, p.clip_learning_rate)
+        ctx.step_detail.update(unclipped_fraction=round(unclipped, 4), next_clip=round(ctx.next_clip, 6))
