@@ -109,9 +109,9 @@ class PrivacyPolicy:
         name = strategy.get("name", "krum")
         if name not in PRIVATE_STRATEGIES:
             raise ValueError(
-                f"privacy needs strategy.name = {' or '.join(repr(s) for s in PRIVATE_STRATEGIES)}, not {name!r}, "
-                'with strategy.weighting = "uniform": the model must be the plain average of the clipped updates '
-                "(docs/privacy.md says why others are not)"
+                f"privacy needs strategy.name = one of {', '.join(PRIVATE_STRATEGIES)}, not {name!r}, with "
+                'strategy.weighting = "uniform": the model must come from the plain average of the clipped updates '
+                "(docs/privacy.md says why others do not)"
             )
         if strategy.get("weighting", "samples") != "uniform":
             raise ValueError(
