@@ -15,7 +15,6 @@ names that model by fingerprint, and the agent trains only from a model that mat
 from __future__ import annotations
 
 import logging
-import math
 import time
 
 import paho.mqtt.client as paho
@@ -25,11 +24,11 @@ from agent.config import AgentConfig
 from agent.local_dp import budget_for
 from agent.start_models import StartModelRefused, StartModels
 from agent.state import AgentProgress, ProgressStore
-from agent.trainer import ClassifierTrainer, Trainer
+from agent.trainer import ClassifierTrainer, Trainer, encode_update
 from agent.waiting import waiting_for
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from models.datasets import load_dataset
-from models.serialization import SerializationError, dumps, loads
+from models.serialization import SerializationError, loads
 from models.weights import NamedArrays, advanced, delta
 from models.zoo import pick_device
 from protocol.daemon import MqttDaemon, Throttle
@@ -37,7 +36,6 @@ from protocol.messages import MAX_JSON_BYTES, AgentStart, AgentStatus, Gate, Mes
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Completed, Reassembler, TransferLimits, TransferRejected
-from protocol.update import UpdateMeta
 from security.envelope import Opener, seal
 from security.keys import GroupKey, Identity, Keyring, PublicIdentity
 from security.signing import InvalidDocument, signed_payload, verify_document
@@ -285,17 +283,9 @@ class EdgeAgent(MqttDaemon):
         self._set_state("training", publish=True)
         started = time.perf_counter()
         result = self.trainer.train(base, task)
-        meta = UpdateMeta(
-            round=task.round,
-            base_version=task.model_version,
-            samples=result.samples,
-            loss=result.loss,
-            base_sha256="" if start.source == "global" else start.sha256,
-            local_epsilon=result.epsilon if result.epsilon is not None and math.isfinite(result.epsilon) else None,
-            local_delta=self.budget.policy.delta if self.budget is not None else None,
-        )
         change = delta(result.arrays, base)
-        data = dumps(change, metadata=meta.to_metadata())
+        data = encode_update(task, change, result, base_sha256="" if start.source == "global" else start.sha256,
+                             local_delta=self.budget.policy.delta if self.budget is not None else None)  # fmt: skip
         self.store.store_update(task.round, data)
         if task.action != "average":  # the server keeps this agent's model: so does the agent, bit for bit
             self.start_models.keep("local", advanced(base, change), task.round)

@@ -7,6 +7,7 @@ Ultralytics YOLO trainer will implement the same ``Trainer`` protocol.
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Protocol
@@ -15,10 +16,12 @@ import torch
 
 from agent.local_dp import PrivacyBudget, dp_sgd
 from models.datasets import Dataset
+from models.serialization import dumps
 from models.training import train_sgd
 from models.weights import NamedArrays, load_arrays, to_arrays
 from models.zoo import build_model
 from protocol.messages import RoundTask
+from protocol.update import UpdateMeta
 
 
 @dataclass(frozen=True)
@@ -69,3 +72,19 @@ class ClassifierTrainer:
             self.budget.spend(spent(), settings)
             epsilon = self.budget.epsilon
         return TrainResult(arrays=to_arrays(model), samples=outcome.samples, loss=outcome.loss, epsilon=epsilon)
+
+
+def encode_update(
+    task: RoundTask,
+    change: NamedArrays,
+    result: TrainResult,
+    *,
+    base_sha256: str = "",
+    local_delta: float | None = None,
+) -> bytes:
+    """The update's plaintext: the change from the start model (``base_sha256`` when that was not the
+    global one) and the metadata the server checks it by."""
+    epsilon = result.epsilon if result.epsilon is not None and math.isfinite(result.epsilon) else None
+    meta = UpdateMeta(round=task.round, base_version=task.model_version, samples=result.samples, loss=result.loss,
+                      base_sha256=base_sha256, local_epsilon=epsilon, local_delta=local_delta)  # fmt: skip
+    return dumps(change, metadata=meta.to_metadata())

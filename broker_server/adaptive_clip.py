@@ -15,8 +15,9 @@ multiplier z_Δ, the round is one Gaussian mechanism of multiplier z when (the p
     z_Δ = (z⁻² − (2σ_b)⁻²)^(−½),
 
 so the accountant charges z per round as with a fixed clip, and the update gets a little more noise
-(``PrivacyPolicy.update_noise_multiplier``, used by the noise step). σ_b defaults to max(n/20, z): the paper's m/20 (m updates expected per round), with a floor that keeps
-z_Δ within 1.155·z in small rounds. The paper's defaults γ = 0.5 and η = 0.2 are ours too.
+(``PrivacyPolicy.update_noise_multiplier``, used by the noise step). σ_b defaults to max(n/20, z): the
+paper's m/20 (m updates expected per round), with a floor that keeps z_Δ within 1.155·z in small rounds.
+The paper's defaults γ = 0.5 and η = 0.2 are ours too.
 The clip is state: it is kept in the privacy ledger, in the checkpoint, and published in the metrics
 (a function of the noisy count only).
 """

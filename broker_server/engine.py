@@ -335,8 +335,9 @@ class RoundEngine:
             self.assignments = next_assignments(rs.action, self.assignments, rs.selected, kept, ctx.exact, pairs)
         averaged = [c.agent for c in ctx.contributions] + rs.failed if ctx.result is not None else []
         self.ledger.after_round(averaged, published=committed and rs.action == "average", next_clip=ctx.next_clip)
+        bytes_down = model_wire_bytes * global_starts + rs.inbox_bytes
         metrics = round_metrics(ctx, strategy=self.strategy.name, now=now, outcome=(outcome, reason, offenders),
-                                version=self.version, bytes_down=model_wire_bytes * global_starts + rs.inbox_bytes)  # fmt: skip
+                                version=self.version, bytes_down=bytes_down)  # fmt: skip
         if self.config.privacy.enabled:
             metrics = self.ledger.public_metrics(metrics, ctx.noise_std)
         published = committed and rs.action == "average"

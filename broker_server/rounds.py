@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,9 @@ class RoundState:
         return sum(u.wire_bytes for u in self.updates)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """For the checkpoint, written after every accepted update: shallow (``asdict``'s deep copy made
+        a round of 1,000 updates cost seconds of checkpointing)."""
+        return {**vars(self), "updates": [dict(vars(u)) for u in self.updates]}
 
     @classmethod
     def from_dict(cls, data: dict) -> RoundState:

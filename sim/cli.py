@@ -54,6 +54,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         agents_per_process=args.agents_per_process,
         slow_agents=args.slow_agents,
         slowdown=args.slowdown,
+        in_process=args.in_process,
     )
 
 
@@ -117,6 +118,11 @@ def _add_sim_options(
         "--agents-per-process", type=int, default=1, metavar="K",
         help="host K agents in one OS process (each still its own MQTT connection, keys and state): PyTorch is "
         "loaded once per K agents, so 100 agents fit on a small machine",
+    )  # fmt: skip
+    parser.add_argument(
+        "--in-process", action="store_true",
+        help="no broker and no daemons: the real round engine and agents' trainers in this one process, for "
+        "federations too large for this machine's daemons (e.g. 1000 agents; docs/results/privacy.md)",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--partition", default=partition, help="iid | shards | shards:K | dirichlet:ALPHA")

@@ -47,6 +47,7 @@ class SimSettings:
     local_privacy: dict[str, Any] = field(default_factory=dict)  # [privacy] of every agent.toml (DP-SGD); {} = off
     slow_agents: int = 0  # how many honest agents train ``slowdown`` times slower (sim.slow)
     slowdown: float = 4.0
+    in_process: bool = False  # no broker, no daemons: the round engine and trainers in one process (sim.inprocess)
 
     def __post_init__(self) -> None:
         from agent.local_dp import LocalPrivacySection
@@ -77,6 +78,8 @@ class SimSettings:
             raise ValueError("--attackers needs --attack KIND (sign-flip, scale:F, noise:SIGMA or samples:N)")
         if self.attack:
             Attack.parse(self.attack)
+        if self.in_process and (self.attackers or self.slow_agents):
+            raise ValueError("--in-process runs honest agents at one speed: drop --attackers and --slow-agents")
         if self.attack_scope not in SCOPES:
             raise ValueError(f"--attack-scope must be one of {', '.join(SCOPES)}, got {self.attack_scope!r}")
         partition.parse(self.partition)

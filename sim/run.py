@@ -93,7 +93,7 @@ def format_round(m: RoundMetrics, elapsed_s: float) -> str:
     )
 
 
-def _annotate_metrics(source: Path, target: Path, extra: dict[str, object]) -> None:
+def annotate_metrics(source: Path, target: Path, extra: dict[str, object]) -> None:
     """Copy the server's metrics, adding what only the sim knows (which agents attacked or were slow)."""
     lines = []
     for line in source.read_text().splitlines() if source.exists() else []:  # no round ran: no metrics
@@ -109,6 +109,10 @@ def exit_on_sigterm() -> None:
 
 def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = None, echo=print) -> SimResult:  # noqa: ANN001
     """Run the federation to completion and leave metrics.jsonl, curves.png and the model in ``out``."""
+    if settings.in_process:
+        from sim.inprocess import run_in_process  # it builds on this module
+
+        return run_in_process(settings, out, echo=echo)
     out.mkdir(parents=True, exist_ok=True)
     work = out / "federation"  # keys, configs, data, state and logs of every node
     shutil.rmtree(work, ignore_errors=True)
@@ -158,7 +162,7 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
             raise RuntimeError(f"the server did not finish cleanly (logs in {logs}):\n{tail}")
     state = work / "server" / "state"
     extra = {"attackers": attackers, "attack": settings.attack or None, "slow_agents": settings.slow_names()}
-    _annotate_metrics(state / "metrics.jsonl", out / "metrics.jsonl", extra)
+    annotate_metrics(state / "metrics.jsonl", out / "metrics.jsonl", extra)
     shutil.copy(state / "global_model.safetensors", out / "global_model.safetensors")
     if metrics:
         plot_curves(out / "metrics.jsonl", out / "curves.png")

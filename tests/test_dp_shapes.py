@@ -108,7 +108,8 @@ def test_a_server_optimizer_steps_on_the_noisy_average_not_the_clean_one(tmp_pat
     [
         ({"adaptive_clip": True}, "privacy.adaptive_clip needs privacy.clip > 0"),
         ({"clip": 0.1, "noise_multiplier": 1.0, "adaptive_clip": True, "target_quantile": 1.0}, "target_quantile"),
-        ({"clip": 0.1, "noise_multiplier": 1.0, "adaptive_clip": True, "clip_learning_rate": 0.0}, "clip_learning_rate"),
+        ({"clip": 0.1, "noise_multiplier": 1.0, "adaptive_clip": True, "clip_learning_rate": 0.0},
+         "clip_learning_rate"),
         ({"clip": 0.1, "noise_multiplier": 2.0, "adaptive_clip": True, "clip_count_stddev": 1.0},
          "clip_count_stddev must be 0 .automatic. or above noise_multiplier / 2 = 1"),
     ],

@@ -1,0 +1,132 @@
+"""``skyfed sim --in-process``: a federation of many agents in one process, for scales one machine's
+broker and daemons cannot hold (1,000 agents: the round task naming them all is over the size agents
+accept, and 1,000 agent processes do not fit in RAM here).
+
+What runs is the real code on both sides: the round engine (selection, the update checks of
+``accept``, the bounds, the strategy, differential privacy's noise, adaptive clip and accountant,
+checkpoints, ``metrics.jsonl``) and each agent's trainer (``ClassifierTrainer``, with Opacus when the
+agents have local DP) and update encoding. What is left out is the transport: no broker, no daemons,
+no sealing; an update goes from the trainer to ``RoundEngine.accept`` as the plaintext the server
+would have opened, and every selected agent delivers (no deadlines, no stragglers). The output is
+``skyfed sim``'s: ``metrics.jsonl``, ``curves.png`` and ``global_model.safetensors`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from agent.config import load_agent_config
+from agent.local_dp import PrivacyBudget, budget_for
+from agent.trainer import ClassifierTrainer, encode_update
+from broker_server.config import load_server_config
+from broker_server.engine import RoundEngine
+from broker_server.evaluation import Evaluator
+from broker_server.rounds import RoundState
+from models.datasets import load_dataset
+from models.weights import delta
+from protocol.messages import AgentTrain, RoundTask, TrainSettings
+from protocol.transfer import Completed
+from security.envelope import NO_DIGEST, Manifest
+from security.replay import ReplayGuard
+from sim.federation import SimSettings, create_federation
+from sim.plots import plot_curves
+from sim.run import SimResult, annotate_metrics, format_round
+
+
+@dataclass
+class InProcessAgent:
+    name: str
+    trainer: ClassifierTrainer
+    budget: PrivacyBudget | None
+
+
+def _agents(configs: dict[str, Path]) -> list[InProcessAgent]:
+    agents = []
+    for name, path in configs.items():
+        config = load_agent_config(path)
+        data = load_dataset(config.data_path)
+        budget = budget_for(config.privacy, config.state_dir, len(data))
+        trainer = ClassifierTrainer(data, device=torch.device("cpu"), agent_id=name, seed=config.agent.seed,
+                                    budget=budget)  # fmt: skip
+        agents.append(InProcessAgent(name, trainer, budget))
+    return agents
+
+
+def _task(engine: RoundEngine, rs: RoundState, federation: str) -> RoundTask:
+    """The round task as the agents' trainers read it; the transport fields (model digest, chunks,
+    group key) have no meaning without a broker."""
+    now = time.time()
+    return RoundTask(
+        federation=federation,
+        round=rs.round,
+        attempt=rs.attempt,
+        strategy=engine.strategy.name,
+        model=engine.config.server.model,
+        num_classes=engine.config.server.num_classes,
+        model_version=engine.version,
+        model_sha256="00" * 32,
+        model_chunks=1,
+        group_key_id="in-process",
+        selected=rs.selected,
+        pending=rs.pending,
+        deadline=rs.deadline,
+        issued_at=now,
+        expires_at=rs.deadline,
+        train=TrainSettings.from_dict(rs.train),
+        run_id=engine.run_id,
+        action=rs.action,
+        agent_train=[AgentTrain(agent, TrainSettings.from_dict(train)) for agent, train in rs.agent_train.items()],
+    )
+
+
+def _deliver(engine: RoundEngine, agent: InProcessAgent, task: RoundTask) -> None:
+    """``agent`` trains from its start model and its update goes through the server's acceptance."""
+    base = engine.start_model(agent.name)
+    result = agent.trainer.train(base, task)
+    local_delta = agent.budget.policy.delta if agent.budget is not None else None
+    data = encode_update(task, delta(result.arrays, base), result, local_delta=local_delta)
+    manifest = Manifest(task.federation, "update", task.round, agent.name, "server", bytes(16), time.time(),
+                        len(data), len(data), 1, NO_DIGEST)  # fmt: skip
+    engine.accept(Completed(manifest, memoryview(data), len(data)))
+
+
+def run_in_process(settings: SimSettings, out: Path, *, echo: Callable[[str], None] = print) -> SimResult:
+    """Run ``settings`` to completion in this process; the same files in ``out`` as ``run_sim``."""
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "federation"
+    shutil.rmtree(work, ignore_errors=True)
+    started = time.monotonic()
+    torch.set_num_threads(1)  # one small model at a time: threads cost more than they give
+    layout = create_federation(work, settings, ("127.0.0.1", 1))  # the broker address is never used
+    config = load_server_config(layout.server_config)
+    evaluator = Evaluator(config.server.model, config.server.num_classes, load_dataset(config.eval_path))
+    engine = RoundEngine(config, replay=ReplayGuard(3600), evaluator=evaluator)
+    agents = {a.name: a for a in _agents(layout.agent_configs)}
+    echo(f"in process: {len(agents)} agents, the round engine and their trainers (no broker, no daemons)")
+    metrics = []
+    while not engine.finished:
+        volunteers = [a.name for a in agents.values() if a.budget is None or not a.budget.refusal(None, a.name)]
+        rs = engine.begin_round(volunteers, time.time(), enrolled=list(agents))
+        if rs is None:
+            if not engine.finished:
+                echo(f"stopping: {len(volunteers)} agents volunteer, rounds.min_agents is {engine.rules.min_agents}")
+            break
+        engine.announce(time.time())
+        task = _task(engine, rs, settings.federation)
+        for name in rs.selected:
+            if agents[name].budget is None or not agents[name].budget.refusal(task, name):
+                _deliver(engine, agents[name], task)
+        metrics.append(engine.close(time.time(), model_wire_bytes=0))
+        echo(format_round(metrics[-1], time.monotonic() - started))
+    state = config.state_dir
+    annotate_metrics(state / "metrics.jsonl", out / "metrics.jsonl", {"in_process": True})
+    shutil.copy(state / "global_model.safetensors", out / "global_model.safetensors")
+    if metrics:
+        plot_curves(out / "metrics.jsonl", out / "curves.png")
+    return SimResult(out=out, metrics=metrics, seconds=time.monotonic() - started)
