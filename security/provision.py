@@ -63,6 +63,7 @@ class Provisioning:
     broker_user: str = "mosquitto"
     agents: list[str] = field(default_factory=list)
     revoked: list[Revocation] = field(default_factory=list)
+    serials: dict[str, str] = field(default_factory=dict)  # agent -> its certificate's serial, hex
 
     def options(self) -> dict[str, str]:
         """The command-line options this plan was made with, by option name."""
@@ -169,7 +170,16 @@ def revoke_agent(out: Path, agent: str) -> int:
         raise ProvisionError(f"{agent} is already revoked in {out}")
     if agent not in plan.agents:
         raise ProvisionError(f"{agent} was not provisioned in {out} (agents: {', '.join(plan.agents) or 'none'})")
-    serial = serial_of(layout.agent(agent) / f"{agent}.crt")
+    certificate = layout.agent(agent) / f"{agent}.crt"
+    if agent in plan.serials:  # recorded when issued: the agent's folder may have gone to its device
+        serial = int(plan.serials[agent], 16)
+    elif certificate.exists():  # a folder provisioned before serials were recorded
+        serial = serial_of(certificate)
+    else:
+        raise ProvisionError(
+            f"{agent}'s certificate serial is not in {layout.plan} and {certificate} is gone: copy the agent's "
+            f"{agent}.crt back to {certificate.parent}/ and run revoke again"
+        )
     plan.revoked.append(Revocation(agent, f"{serial:x}", time.time()))
     if (layout.enrolled / f"{agent}.pub").exists():
         revoke(layout.enrolled, agent)
@@ -215,6 +225,7 @@ def _agent_node(layout: Layout, plan: Provisioning, name: str, server: PublicIde
     identity.save(directory)
     server.save(directory / "server.pub")
     _certificate(layout, directory, name)
+    plan.serials[name] = f"{serial_of(directory / f'{name}.crt'):x}"
     state = f"{plan.state_dir}/{name}"
     write_toml(
         directory / "agent.toml",
@@ -266,7 +277,8 @@ def _lock_down(layout: Layout, plan: Provisioning) -> None:
     service = _uid_gid(plan.service_user) if as_root else None
     _own(layout.server, service)
     for name in plan.agents:
-        _own(layout.agent(name), service)
+        if layout.agent(name).exists():  # an agent's folder may have gone to its device
+            _own(layout.agent(name), service)
 
 
 def ownership_notes(plan: Provisioning) -> list[str]:

@@ -8,6 +8,7 @@ that reason (pytest's own ``tmp_path`` is private to root).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import paho.mqtt.client as paho
 import pytest
+from cryptography import x509
 
 from agent.config import load_agent_config
 from agent.daemon import EdgeAgent
@@ -98,6 +100,22 @@ def test_a_second_run_must_agree_with_the_first(workdir, capsys):
     assert main(["provision", "revoke", "a1", "--out", str(out)]) == 0
     assert main(["provision", "--federation", FED, "--agents", "a1", "--out", str(out)]) == 2
     assert "a1 was revoked" in capsys.readouterr().err
+
+
+def test_revoking_an_agent_whose_folder_went_to_its_device_uses_the_recorded_serial(workdir, capsys):
+    out = workdir / "fed"
+    provision(out, "a1,a2", 8883, workdir / "state")
+    serial = x509.load_pem_x509_certificate((out / "agents" / "a1" / "a1.crt").read_bytes()).serial_number
+    shutil.rmtree(out / "agents" / "a1")  # copied to the drone, deleted here
+    assert main(["provision", "revoke", "a1", "--out", str(out)]) == 0
+    crl = x509.load_pem_x509_crl((out / "broker" / "crl.pem").read_bytes())
+    assert crl.get_revoked_certificate_by_serial_number(serial) is not None
+    plan = json.loads((out / "provision.json").read_text())
+    del plan["serials"]["a2"]  # as in a folder provisioned before serials were recorded
+    (out / "provision.json").write_text(json.dumps(plan))
+    shutil.rmtree(out / "agents" / "a2")
+    assert main(["provision", "revoke", "a2", "--out", str(out)]) == 2
+    assert "copy the agent's a2.crt back to" in capsys.readouterr().err
 
 
 def test_the_deploy_examples_are_what_provision_writes():
@@ -269,8 +287,6 @@ def test_a_federation_runs_and_a_revoked_agent_reads_no_later_model(provisioned)
         for thread in threads:
             thread.join(10)
         observer.close()
-
-    import json
 
     rows = [json.loads(line) for line in (state / "server" / "metrics.jsonl").read_text().splitlines()]
     assert any("a3" in r["accepted"] for r in rows[:3])  # a3 took part before its revocation (rounds 1-3)
