@@ -6,10 +6,11 @@ Enrolling or revoking an agent takes effect without a restart. Every ``WATCH_INT
 - a new file enrols the agent (``skyfed provision`` adding a device, ``skyfed keys enroll``), and the
   retained statuses are asked for again, so it gets the group key at once instead of at its next status;
 - a file that disappears (``skyfed keys revoke`` and ``skyfed provision revoke`` move it to
-  ``revoked/``), changes, or no longer parses drops the agent's key at once: the next chunk or status it
+  ``revoked/``), holds another key, or no longer parses drops the agent's key at once: the next chunk or status it
   signs is refused (``unknown-sender``), it is never selected again, and the group key rotates, so it
   cannot read any model published afterwards, even holding every key it had and every message the
-  broker carries. A revoked agent's retained status is cleared, so monitors stop listing it.
+  broker carries. A revoked agent's retained status is cleared, so monitors stop listing it. A file
+  written again with the same key (a re-run of ``keys enroll``) changes nothing.
 
 ``keys.rotate_every_rounds`` also rotates the key on a schedule, before every N-th round. A rotation
 re-publishes the current model under the new key and sends the key to every agent online; agents
@@ -78,12 +79,14 @@ class TrustKeeper:
         files = snapshot(self.enrolled_dir)
         if files == self._files:
             return
-        dropped = sorted(name for name in self._files if files.get(name) != self._files[name])
+        touched = {name for name in files if name in self._files and files[name] != self._files[name]}
+        same = {name for name in touched if self._holds_the_trusted_key(name)}  # copied again, not re-keyed
+        dropped = sorted(name for name in self._files if files.get(name) != self._files[name] and name not in same)
         enrolled = False
         for name in dropped:
             self.keyring.remove(name)
             self.registry.forget(name)
-        for name in sorted(name for name in files if self._files.get(name) != files[name]):
+        for name in sorted(name for name in files if self._files.get(name) != files[name] and name not in same):
             try:
                 public = PublicIdentity.load(self.enrolled_dir / f"{name}.pub")
             except KeyFileError as exc:
@@ -109,6 +112,15 @@ class TrustKeeper:
             self.rotate(f"{'revoked' if gone else 're-keyed'} {','.join(dropped)}")
         if enrolled:
             self.on_enrolled()
+
+    def _holds_the_trusted_key(self, name: str) -> bool:
+        """Whether ``name``.pub, rewritten, still holds the key the server trusts for ``name``."""
+        trusted = self.keyring.get(name)
+        try:
+            loaded = PublicIdentity.load(self.enrolled_dir / f"{name}.pub")
+        except KeyFileError:
+            return False
+        return trusted is not None and (loaded.name, loaded.raw()) == (trusted.name, trusted.raw())
 
     def rotate_on_schedule(self, next_round: int) -> None:
         """Before round ``next_round``, when the schedule says so (once per round, not before the first)."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
@@ -71,6 +72,10 @@ def test_an_agent_enrolled_while_the_server_runs_joins_without_a_restart(tmp_pat
         wait_until(lambda: server.engine.next_round >= 2, 60, "round 1 without agent-03")
         enroll(enrolled, public)
         wait_until(lambda: any("agent-03" in m.accepted for m in fed.metrics()), 60, "a round with agent-03")
+        key_id = server.group_keys.key.key_id
+        (enrolled / "agent-01.pub").write_bytes((enrolled / "agent-01.pub").read_bytes() + b"\n")  # same key
+        time.sleep(2.5)  # two polls of the enrolled folder
+        assert server.group_keys.key.key_id == key_id and "agent-01" in server.registry.keyring
     finally:
         stop.set()
         thread.join(15)
