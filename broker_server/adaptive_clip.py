@@ -35,9 +35,10 @@ from broker_server.privacy import PrivacyPolicy
 
 
 def noisy_unclipped_fraction(norms: np.ndarray, clip: float, count_stddev: float, rng: np.random.Generator) -> float:
-    """b̃: the share of ``norms`` at most ``clip``, released with N(0, σ_b²) on the centred count."""
+    """b̃: the share of ``norms`` at most ``clip``, released with N(0, σ_b²) on the centred count, then
+    clamped to [0, 1] (post-processing), so one round moves S by at most a factor e^η whatever the noise."""
     centred = float(np.sum(norms <= clip)) - len(norms) / 2
-    return (centred + rng.normal(0.0, count_stddev)) / len(norms) + 0.5
+    return min(1.0, max(0.0, (centred + rng.normal(0.0, count_stddev)) / len(norms) + 0.5))
 
 
 def next_clip(clip: float, unclipped: float, quantile: float, learning_rate: float) -> float:

@@ -66,6 +66,8 @@ def test_the_clip_settles_near_the_target_quantile_of_the_norms():
         clip = next_clip(clip, noisy_unclipped_fraction(norms, clip, 200 / 20, rng), 0.5, 0.2)
     assert 0.8 < clip < 1.25
     assert next_clip(1.0, 0.9, 0.5, 0.2) < 1.0 < next_clip(1.0, 0.1, 0.5, 0.2)  # shrinks when most fit
+    huge_noise = [noisy_unclipped_fraction(np.ones(3), 2.0, 1e6, rng) for _ in range(100)]
+    assert min(huge_noise) == 0.0 and max(huge_noise) == 1.0  # clamped: S moves by e^(±0.1) at most
 
 
 def test_the_engine_adapts_the_clip_round_by_round_publishes_it_and_a_restart_keeps_it(tmp_path):
