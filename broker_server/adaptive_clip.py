@@ -18,6 +18,15 @@ so the accountant charges z per round as with a fixed clip, and the update gets 
 (``PrivacyPolicy.update_noise_multiplier``, used by the noise step). σ_b defaults to max(n/20, z): the
 paper's m/20 (m updates expected per round), with a floor that keeps z_Δ within 1.155·z in small rounds.
 The paper's defaults γ = 0.5 and η = 0.2 are ours too.
+The neighbouring relation is dp-accounting's ``REPLACE_SPECIAL`` ("zero-out"): one agent's contribution
+replaced by the special record ⊥, which adds the zero update to the sum and 0 to the centred count (as
+bᵢ = ½ would; no real update does). Against ⊥ the centred count moves by at most ½. Against the
+literal zero update (which counts bᵢ = 1) it could move by 1, and the ε reported would be that of a
+smaller multiplier: the guarantee is zero-out DP, as the paper's add/remove analysis is.
+
+Agents that send oversized (or zero) updates on purpose can push S up (or down) by e^(ηγ) (or
+e^(−η(1−γ))) per round, when they are the round's majority; ``clip_range`` (default 100) keeps S within
+[S₀/100, 100·S₀] however many rounds they do it (post-processing: it costs nothing).
 The clip is state: it is kept in the privacy ledger, in the checkpoint, and published in the metrics
 (a function of the noisy count only).
 """
@@ -59,5 +68,6 @@ class AdaptClip(Step):
         sigma = self.policy.count_stddev(len(norms))
         unclipped = noisy_unclipped_fraction(norms, ctx.influence.clip_bound, sigma, fresh_rng())
         p = self.policy
-        ctx.next_clip = next_clip(ctx.influence.clip_bound, unclipped, p.target_quantile, p.clip_learning_rate)
+        adapted = next_clip(ctx.influence.clip_bound, unclipped, p.target_quantile, p.clip_learning_rate)
+        ctx.next_clip = min(p.clip * p.clip_range, max(p.clip / p.clip_range, adapted))
         ctx.step_detail.update(unclipped_fraction=round(unclipped, 4), next_clip=round(ctx.next_clip, 6))

@@ -191,7 +191,8 @@ class Aggregate(Step):
 
 @dataclass
 class ServerStep(Step):
-    """The server optimizer's step on the (noisy) average: post-processing under differential privacy."""
+    """The server optimizer's step on the (noisy) average: post-processing under differential privacy;
+    the new model must be finite (checked here, after the noise, so the verdict is free to publish)."""
 
     strategy: Strategy
     name: str = "server-step"
@@ -199,6 +200,8 @@ class ServerStep(Step):
     def run(self, ctx: RoundContext) -> None:
         assert ctx.result is not None
         ctx.result = self.strategy.server_step(ctx.global_vector, ctx.result)
+        if not np.isfinite(ctx.result.global_vector).all():  # e.g. noise on an absurd clip: checked after it
+            raise RoundRejected("non-finite-model", offenders(ctx.contributions))
         ctx.candidate = with_floats(ctx.global_arrays, ctx.result.global_vector, ctx.float_spec)
 
 

@@ -43,6 +43,7 @@ class PrivacyPolicy:
     target_quantile: float = 0.5  # γ: the share of updates left unclipped
     clip_learning_rate: float = 0.2  # η: S ← S·exp(−η·(unclipped share − γ))
     clip_count_stddev: float = 0.0  # σ_b, the noise on the unclipped count (0: max(n/20, z) for n updates)
+    clip_range: float = 100.0  # the adaptive S stays within [clip / clip_range, clip · clip_range]
 
     def __post_init__(self) -> None:
         if not (self.clip >= 0 and math.isfinite(self.clip)):
@@ -79,8 +80,10 @@ class PrivacyPolicy:
             raise ValueError("privacy.adaptive_clip needs privacy.clip > 0 (the first round's clip, e.g. 0.1)")
         if not 0 < self.target_quantile < 1:
             raise ValueError(f"privacy.target_quantile must be in (0, 1), e.g. 0.5, got {self.target_quantile}")
-        if not (self.clip_learning_rate > 0 and math.isfinite(self.clip_learning_rate)):
-            raise ValueError(f"privacy.clip_learning_rate must be > 0, e.g. 0.2, got {self.clip_learning_rate}")
+        if not 0 < self.clip_learning_rate <= 1:
+            raise ValueError(f"privacy.clip_learning_rate must be in (0, 1], e.g. 0.2, got {self.clip_learning_rate}")
+        if not (self.clip_range > 1 and math.isfinite(self.clip_range)):
+            raise ValueError(f"privacy.clip_range must be a finite number > 1, e.g. 100, got {self.clip_range}")
         if self.clip_count_stddev and not self.clip_count_stddev > self.noise_multiplier / 2:
             raise ValueError(
                 f"privacy.clip_count_stddev must be 0 (automatic) or above noise_multiplier / 2 = "

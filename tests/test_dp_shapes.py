@@ -10,10 +10,15 @@ import numpy as np
 import pytest
 from dp_accounting.privacy_accountant import NeighboringRelation
 
-from broker_server.adaptive_clip import next_clip, noisy_unclipped_fraction
+from broker_server.adaptive_clip import AdaptClip, next_clip, noisy_unclipped_fraction
+from broker_server.bounds import Influence
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
+from broker_server.noise import NORM_SLACK
+from broker_server.pipeline import RoundContext
 from broker_server.privacy import PrivacyPolicy
+from broker_server.rounds import RoundState
+from broker_server.strategies.base import Contribution
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import override_toml
@@ -66,8 +71,19 @@ def test_the_clip_settles_near_the_target_quantile_of_the_norms():
         clip = next_clip(clip, noisy_unclipped_fraction(norms, clip, 200 / 20, rng), 0.5, 0.2)
     assert 0.8 < clip < 1.25
     assert next_clip(1.0, 0.9, 0.5, 0.2) < 1.0 < next_clip(1.0, 0.1, 0.5, 0.2)  # shrinks when most fit
-    huge_noise = [noisy_unclipped_fraction(np.ones(3), 2.0, 1e6, rng) for _ in range(100)]
+    huge_noise = [noisy_unclipped_fraction(np.ones(3), 2.0, 1e6, rng) for _ in range(100)]  # σ_b ≫ n
     assert min(huge_noise) == 0.0 and max(huge_noise) == 1.0  # clamped: S moves by e^(±0.1) at most
+
+
+def test_the_clip_stays_within_its_range_whatever_the_updates_say():
+    """A round of only zero updates (every one fits) would shrink S by e^(-0.1); clip_range = 1.05 stops it."""
+    policy = PrivacyPolicy(clip=1.0, noise_multiplier=1.0, adaptive_clip=True, clip_range=1.05)
+    state = RoundState(round=1, attempt=1, selected=["a"], deadline=0.0, started_at=0.0)
+    ctx = RoundContext(state, {}, np.zeros(4, np.float32), (), lambda a: np.zeros(4, np.float32))
+    ctx.contributions = [Contribution(f"a{i}", np.zeros(4, np.float32), 1.0, 1.0, 0.0) for i in range(100)]
+    ctx.influence = Influence(1.0, math.inf, np.ones(100), np.ones(100))
+    AdaptClip(policy).run(ctx)
+    assert ctx.next_clip == pytest.approx(1 / 1.05)
 
 
 def test_the_engine_adapts_the_clip_round_by_round_publishes_it_and_a_restart_keeps_it(tmp_path):
@@ -78,7 +94,9 @@ def test_the_engine_adapts_the_clip_round_by_round_publishes_it_and_a_restart_ke
     assert first.aggregation["clip_bound"] == 50.0 and first.aggregation["unclipped_fraction"] > 0.5
     assert second.aggregation["clip_bound"] == pytest.approx(first.aggregation["next_clip"], rel=1e-5)
     assert second.aggregation["next_clip"] < second.aggregation["clip_bound"] < 50.0  # every update fits: shrink
-    expected_std = PrivacyPolicy(**privacy).update_noise_multiplier(3) * second.aggregation["clip_bound"] / 3
+    expected_std = (
+        PrivacyPolicy(**privacy).update_noise_multiplier(3) * second.aggregation["clip_bound"] * (1 + NORM_SLACK) / 3
+    )
     assert second.aggregation["noise_std"] == pytest.approx(expected_std, rel=1e-5)
     assert second.privacy["clip"] == pytest.approx(second.aggregation["next_clip"], rel=1e-5)
     assert set(second.aggregation) == {"clip_bound", "noise_std", "unclipped_fraction", "next_clip"}
@@ -110,8 +128,9 @@ def test_a_server_optimizer_steps_on_the_noisy_average_not_the_clean_one(tmp_pat
     [
         ({"adaptive_clip": True}, "privacy.adaptive_clip needs privacy.clip > 0"),
         ({"clip": 0.1, "noise_multiplier": 1.0, "adaptive_clip": True, "target_quantile": 1.0}, "target_quantile"),
-        ({"clip": 0.1, "noise_multiplier": 1.0, "adaptive_clip": True, "clip_learning_rate": 0.0},
-         "clip_learning_rate"),
+        ({"clip": 0.1, "noise_multiplier": 1.0, "adaptive_clip": True, "clip_learning_rate": 800.0},
+         r"clip_learning_rate must be in \(0, 1\]"),
+        ({"clip": 0.1, "noise_multiplier": 1.0, "adaptive_clip": True, "clip_range": 1.0}, "clip_range"),
         ({"clip": 0.1, "noise_multiplier": 2.0, "adaptive_clip": True, "clip_count_stddev": 1.0},
          "clip_count_stddev must be 0 .automatic. or above noise_multiplier / 2 = 1"),
     ],
