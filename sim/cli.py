@@ -68,6 +68,8 @@ def run_sim_command(args: argparse.Namespace) -> int:
         return _run_experiment(Path(args.config), args.out)
     try:
         settings = _settings(args)
+        if settings.in_process and args.broker:
+            raise ValueError("--in-process uses no broker: drop --broker")
     except ValueError as exc:
         print(f"skyfed {args.command}: {exc}", file=sys.stderr)
         return 2
