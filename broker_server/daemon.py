@@ -25,6 +25,7 @@ from broker_server.ignored import IgnoredAgents
 from broker_server.metrics_log import log_round
 from broker_server.publisher import ModelPublisher
 from broker_server.registry import AgentRegistry, StatusRefused
+from broker_server.round_task import round_task
 from broker_server.trust import TrustKeeper
 from broker_server.validation import UpdateRejected, reason_kind
 from common.text import printable
@@ -33,12 +34,8 @@ from models.serialization import dumps
 from protocol.daemon import MqttDaemon, Throttle
 from protocol.messages import (
     MAX_JSON_BYTES,
-    AgentStart,
     AgentStatus,
-    AgentTrain,
-    RoundTask,
     ServerStatus,
-    TrainSettings,
 )
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
@@ -52,7 +49,6 @@ log = logging.getLogger("skyfed.server")
 MODEL_STALL_S = 15.0  # an agent waiting this long for the current model gets it re-published
 NOT_ENROLLED = "(not enrolled)"
 RE_ENROL = "not signed by the key enrolled for this agent: if its key was re-made, re-enrol this agent"
-TASK_GRACE_S = 300.0  # a task stays valid this long past its deadline (clock skew); then agents ignore it
 REJECTION_LOG_INTERVAL_S = 10.0
 
 
@@ -180,32 +176,8 @@ class Aggregator(MqttDaemon):
         published = self.publisher.current
         assert published is not None
         assignments = self.engine.assignments
-        task = RoundTask(
-            federation=self.topics.federation,
-            round=rs.round,
-            attempt=rs.attempt,
-            strategy=self.engine.strategy.name,
-            model=self.config.server.model,
-            num_classes=self.config.server.num_classes,
-            model_version=published.version,
-            model_sha256=published.sha256,
-            model_chunks=published.chunks,
-            group_key_id=self.group_keys.key.key_id,
-            selected=rs.selected,
-            pending=rs.pending,
-            deadline=rs.deadline,
-            issued_at=self.clock(),
-            train=TrainSettings.from_dict(rs.train),
-            run_id=self.engine.run_id,
-            expires_at=rs.deadline + TASK_GRACE_S,
-            action=rs.action,
-            starts=[
-                AgentStart(agent, assignments[agent].source, assignments[agent].model.sha256)
-                for agent in rs.selected
-                if agent in assignments
-            ],
-            agent_train=[AgentTrain(agent, TrainSettings.from_dict(train)) for agent, train in rs.agent_train.items()],
-        )
+        task = round_task(self.engine, published, federation=self.topics.federation,
+                          group_key_id=self.group_keys.key.key_id, now=self.clock())  # fmt: skip
         self._task_payload = signed_payload(task.to_dict(), self.identity)
         if len(self._task_payload) > MAX_JSON_BYTES:  # agents would refuse it: say why rounds stall
             log.error("round task is %d bytes, over the %d agents accept: select fewer agents per round "

@@ -27,10 +27,11 @@ from agent.trainer import ClassifierTrainer, encode_update
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
 from broker_server.evaluation import Evaluator
-from broker_server.rounds import RoundState
+from broker_server.publisher import PublishedModel
+from broker_server.round_task import round_task
 from models.datasets import load_dataset
 from models.weights import delta
-from protocol.messages import AgentTrain, RoundTask, TrainSettings
+from protocol.messages import RoundTask
 from protocol.transfer import Completed
 from security.envelope import NO_DIGEST, Manifest
 from security.replay import ReplayGuard
@@ -58,39 +59,13 @@ def _agents(configs: dict[str, Path]) -> list[InProcessAgent]:
     return agents
 
 
-def _task(engine: RoundEngine, rs: RoundState, federation: str) -> RoundTask:
-    """The round task as the agents' trainers read it; the transport fields (model digest, chunks,
-    group key) have no meaning without a broker."""
-    now = time.time()
-    return RoundTask(
-        federation=federation,
-        round=rs.round,
-        attempt=rs.attempt,
-        strategy=engine.strategy.name,
-        model=engine.config.server.model,
-        num_classes=engine.config.server.num_classes,
-        model_version=engine.version,
-        model_sha256="00" * 32,
-        model_chunks=1,
-        group_key_id="in-process",
-        selected=rs.selected,
-        pending=rs.pending,
-        deadline=rs.deadline,
-        issued_at=now,
-        expires_at=rs.deadline,
-        train=TrainSettings.from_dict(rs.train),
-        run_id=engine.run_id,
-        action=rs.action,
-        agent_train=[AgentTrain(agent, TrainSettings.from_dict(train)) for agent, train in rs.agent_train.items()],
-    )
-
-
 def _deliver(engine: RoundEngine, agent: InProcessAgent, task: RoundTask) -> None:
     """``agent`` trains from its start model and its update goes through the server's acceptance."""
-    base = engine.start_model(agent.name)
+    base, start = engine.start_model(agent.name), task.start_of(agent.name)
     result = agent.trainer.train(base, task)
     local_delta = agent.budget.policy.delta if agent.budget is not None else None
-    data = encode_update(task, delta(result.arrays, base), result, local_delta=local_delta)
+    base_sha256 = "" if start.source == "global" else start.sha256
+    data = encode_update(task, delta(result.arrays, base), result, base_sha256=base_sha256, local_delta=local_delta)
     manifest = Manifest(task.federation, "update", task.round, agent.name, "server", bytes(16), time.time(),
                         len(data), len(data), 1, NO_DIGEST)  # fmt: skip
     engine.accept(Completed(manifest, memoryview(data), len(data)))
@@ -118,7 +93,8 @@ def run_in_process(settings: SimSettings, out: Path, *, echo: Callable[[str], No
                 echo(f"stopping: {len(volunteers)} agents volunteer, rounds.min_agents is {engine.rules.min_agents}")
             break
         engine.announce(time.time())
-        task = _task(engine, rs, settings.federation)
+        global_model = PublishedModel(engine.version, "00" * 32, 1, 0)  # no broker: no digest, no chunks
+        task = round_task(engine, global_model, federation=settings.federation, group_key_id="", now=time.time())
         for name in rs.selected:
             if agents[name].budget is None or not agents[name].budget.refusal(task, name):
                 _deliver(engine, agents[name], task)

@@ -1,0 +1,45 @@
+"""The round task of an open round: what the selected agents are asked to do, in one place for the
+daemon (which signs and publishes it) and the in-process sim (which hands it to the trainers)."""
+
+from __future__ import annotations
+
+from broker_server.engine import RoundEngine
+from broker_server.publisher import PublishedModel
+from protocol.messages import AgentStart, AgentTrain, RoundTask, TrainSettings
+
+TASK_GRACE_S = 300.0  # a task stays valid this long past its deadline (clock skew); then agents ignore it
+
+
+def round_task(
+    engine: RoundEngine, published: PublishedModel, *, federation: str, group_key_id: str, now: float
+) -> RoundTask:
+    """The task for ``engine``'s open round, against the ``published`` global model."""
+    rs = engine.round_state
+    assert rs is not None
+    assignments = engine.assignments
+    return RoundTask(
+        federation=federation,
+        round=rs.round,
+        attempt=rs.attempt,
+        strategy=engine.strategy.name,
+        model=engine.config.server.model,
+        num_classes=engine.config.server.num_classes,
+        model_version=published.version,
+        model_sha256=published.sha256,
+        model_chunks=published.chunks,
+        group_key_id=group_key_id,
+        selected=rs.selected,
+        pending=rs.pending,
+        deadline=rs.deadline,
+        issued_at=now,
+        train=TrainSettings.from_dict(rs.train),
+        run_id=engine.run_id,
+        expires_at=rs.deadline + TASK_GRACE_S,
+        action=rs.action,
+        starts=[
+            AgentStart(agent, assignments[agent].source, assignments[agent].model.sha256)
+            for agent in rs.selected
+            if agent in assignments
+        ],
+        agent_train=[AgentTrain(agent, TrainSettings.from_dict(train)) for agent, train in rs.agent_train.items()],
+    )
