@@ -258,6 +258,17 @@ class Federation:
         for t in self.threads:
             t.start()
 
+    def run(self, server, timeout_s: float = 90) -> None:  # noqa: ANN001 - an Aggregator
+        """Run ``server`` on a thread with every agent until it finishes its rounds (or fail)."""
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        self.start_agents()
+        try:
+            thread.join(timeout_s)
+            assert not thread.is_alive(), "the federation did not finish"
+        finally:
+            self.close()
+
     def close(self) -> None:
         self.stop.set()
         for t in self.threads:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
@@ -85,14 +83,7 @@ def test_an_agent_whose_budget_is_spent_stops_volunteering(tmp_path, broker):
     fed = Federation(tmp_path, broker, rounds=3, agents=3, edit=edit)
     eps1 = targets[0]
     server = Aggregator(load_server_config(fed.layout.server_config))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    fed.start_agents()
-    try:
-        thread.join(90)
-        assert not thread.is_alive(), "the federation did not finish"
-    finally:
-        fed.close()
+    fed.run(server)
     accepted = [sorted(m.accepted) for m in fed.metrics()]
     # a round opens once min_agents (2) hold the group key, so agent-03 may join in round 1 or 2
     private_rounds = [number for number, names in enumerate(accepted, 1) if "agent-03" in names]

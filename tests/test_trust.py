@@ -14,17 +14,6 @@ from security.keys import PublicIdentity, enroll
 from tests.fedharness import Federation, override_toml, wait_until
 
 
-def _run(fed: Federation, server: Aggregator, timeout_s: float = 90) -> None:
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    fed.start_agents()
-    try:
-        thread.join(timeout_s)
-        assert not thread.is_alive(), "the federation did not finish"
-    finally:
-        fed.close()
-
-
 def test_the_group_key_rotates_before_every_nth_round_and_rounds_go_on(tmp_path, broker):
     fed = Federation(tmp_path, broker, rounds=3, agents=2)
     override_toml(fed.layout.server_config, keys={"rotate_every_rounds": 1})
@@ -46,7 +35,7 @@ def test_the_group_key_rotates_before_every_nth_round_and_rounds_go_on(tmp_path,
     recorder = threading.Thread(target=record, daemon=True)
     recorder.start()
     try:
-        _run(fed, server)
+        fed.run(server)
     finally:
         stop.set()
         recorder.join(5)
