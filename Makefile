@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # The grep drops pip-config noise about local wheel folders that are absent on some machines.
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,broker]' 2>&1 \
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,broker,detect]' 2>&1 \
 		| { grep -v "^WARNING: Location 'file:" || true; }
 	touch $(STAMP)
 

@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     from security.cli import add_certs_commands, add_keys_commands
     from security.provision_cli import add_provision_command
     from sim.cli import add_sim_commands
+    from sim.data_cli import add_data_commands
 
     parser = argparse.ArgumentParser(
         prog="skyfed", description="SkyFed: federated learning for drone and edge fleets over MQTT."
@@ -28,16 +29,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_commands(commands)
     add_monitor_command(commands)
     add_sim_commands(commands)
+    add_data_commands(commands)
     add_keys_commands(commands)
     add_certs_commands(commands)
     add_provision_command(commands)
     return parser
 
 
+def legacy_spelling(argv: list[str]) -> list[str]:
+    """``skyfed data AGENT…`` (before ``data`` had subcommands) means ``skyfed data digits AGENT…``."""
+    from sim.data_cli import SUBCOMMANDS
+
+    if len(argv) > 1 and argv[0] == "data" and argv[1] not in SUBCOMMANDS and not argv[1].startswith("-"):
+        return ["data", "digits", *argv[1:]]
+    return argv
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from protocol.daemon import configure_logging
 
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(legacy_spelling(sys.argv[1:] if argv is None else list(argv)))
     configure_logging(args.log_level)
     return int(args.handler(args) or 0)
 

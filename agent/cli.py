@@ -1,8 +1,10 @@
-"""``skyfed agent run --config agent.toml``."""
+"""``skyfed agent run --config agent.toml`` and ``skyfed agent infer --image F``."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
 
@@ -14,8 +16,37 @@ def run_agent(args: argparse.Namespace) -> int:
     return run_daemon("agent", lambda: EdgeAgent(load_agent_config(Path(args.config))))
 
 
+def infer_images(args: argparse.Namespace) -> int:
+    """Print one JSON line per image; bad input is exit 2 with one line on stderr, not a traceback."""
+    from agent.infer import image_files, infer
+
+    try:
+        if args.model:
+            model = Path(args.model)
+        elif args.config:
+            from agent.config import load_agent_config
+
+            model = load_agent_config(Path(args.config)).state_dir / "global_model.onnx"
+        else:
+            raise ValueError("give --model PATH, or --config agent.toml to use <state_dir>/global_model.onnx")
+        results = infer(model, image_files(Path(args.image)), conf=args.conf, iou=args.iou)
+    except ValueError as exc:  # ConfigError is a ValueError too
+        print(f"skyfed agent infer: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    for result in results:
+        print(json.dumps(result))
+    return 0
+
+
 def add_agent_commands(commands: argparse._SubParsersAction) -> None:
     agent = commands.add_parser("agent", help="the edge agent daemon").add_subparsers(dest="action", required=True)
     run = agent.add_parser("run", help="run the agent (systemd runs this)")
     run.add_argument("--config", required=True, help="path to agent.toml")
     run.set_defaults(handler=run_agent)
+    infer = agent.add_parser("infer", help="run the exported ONNX model on images, one JSON line per image")
+    infer.add_argument("--image", required=True, help="an image file, or a folder of images")
+    infer.add_argument("--model", help="a SkyFed .onnx (default: <state_dir>/global_model.onnx of --config)")
+    infer.add_argument("--config", help="path to agent.toml, to find the model in its state_dir")
+    infer.add_argument("--conf", type=float, default=0.25, help="detection confidence threshold")
+    infer.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold (same class)")
+    infer.set_defaults(handler=infer_images)

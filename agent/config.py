@@ -30,12 +30,18 @@ class KeysSection:
     server: str
 
 
+TRAINERS = ("classifier", "detector")
+
+
 @dataclass(frozen=True)
 class TrainingSection:
+    trainer: str = "classifier"  # classifier: agent.data is an .npz; detector: a YOLO data.yaml
     device: str = "auto"
     threads: int = 0
 
     def __post_init__(self) -> None:
+        if self.trainer not in TRAINERS:
+            raise ValueError(f"training.trainer must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f'training.device must be "auto", "cpu" or "cuda", got {self.device!r}')
         if self.threads < 0:
@@ -82,6 +88,8 @@ def load_agent_config(path: Path) -> AgentConfig:
             privacy=table(path, data, "privacy", LocalPrivacySection, required=False),
         )
         check_level("agent.id", config.agent.id)
+        if config.training.trainer == "detector" and config.privacy.enabled:
+            raise ValueError('[privacy] (local DP-SGD) works with training.trainer = "classifier" only; remove it')
         check_level("agent.federation", config.agent.federation)
     except ConfigError:
         raise

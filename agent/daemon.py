@@ -21,13 +21,11 @@ import paho.mqtt.client as paho
 import torch
 
 from agent.config import AgentConfig
-from agent.local_dp import budget_for
 from agent.start_models import StartModelRefused, StartModels
 from agent.state import AgentProgress, ProgressStore
-from agent.trainer import ClassifierTrainer, Trainer, encode_update
+from agent.trainer import Trainer, build_trainer, encode_update
 from agent.waiting import waiting_for
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
-from models.datasets import load_dataset
 from models.serialization import SerializationError, loads
 from models.weights import NamedArrays, advanced, delta
 from models.zoo import pick_device
@@ -70,11 +68,10 @@ class EdgeAgent(MqttDaemon):
         if config.training.threads > 0:
             torch.set_num_threads(config.training.threads)
         device = pick_device() if config.training.device == "auto" else torch.device(config.training.device)
-        self.data = load_dataset(config.data_path)
-        self.budget = budget_for(config.privacy, config.state_dir, len(self.data))
-        self.trainer = trainer or ClassifierTrainer(
-            self.data, device=device, agent_id=self.id, seed=config.agent.seed, budget=self.budget
-        )
+        self.trainer = trainer or build_trainer(config, device)
+        self.budget = self.trainer.budget
+        self.refusal = ""  # why this agent cannot train the federation's model (its gate says so)
+        self.failed: tuple[int, int] = (0, 0)  # (round, attempt) whose training raised
         self.store = ProgressStore(config.state_dir)
         self.progress = self.store.load()
         self.models: dict[int, NamedArrays] = {}
@@ -111,7 +108,7 @@ class EdgeAgent(MqttDaemon):
             "agent started id=%s federation=%s samples=%d last_completed_round=%d",
             self.id,
             self.topics.federation,
-            len(self.data),
+            self.trainer.samples,
             self.progress.last_completed_round,
         )
 
@@ -258,7 +255,12 @@ class EdgeAgent(MqttDaemon):
     # work --------------------------------------------------------------------------------------------
     def _step(self) -> None:
         task = self.task
-        if task is None or self.id not in task.selected or task.expired(time.time()):
+        if task is not None and (refusal := self.trainer.refusal(task)) != self.refusal:
+            self.refusal = refusal
+            if refusal:
+                log.warning("cannot train this federation's model: %s", refusal)
+            self._publish_status(force=True)
+        if task is None or self.id not in task.selected or task.expired(time.time()) or self.refusal:
             return self._set_state("idle")
         done = self.progress.last_completed_round
         if task.round < done:
@@ -272,6 +274,8 @@ class EdgeAgent(MqttDaemon):
         if self.budget is not None and (refusal := self.budget.refusal(task, self.id)):
             self._warn("privacy", "round declined round=%d reason=%s", task.round, refusal)
             return self._set_state("declined")
+        if self.failed == (task.round, task.attempt):
+            return None  # training failed on this attempt; the server's re-announcement is the next try
         start = task.start_of(self.id)
         base = self._start_model(task, start)
         if base is None:
@@ -282,7 +286,16 @@ class EdgeAgent(MqttDaemon):
     def _train_and_send(self, task: RoundTask, base: NamedArrays, start: AgentStart) -> None:
         self._set_state("training", publish=True)
         started = time.perf_counter()
-        result = self.trainer.train(base, task)
+        try:
+            result = self.trainer.train(base, task)
+        except Exception as exc:  # a trainer bug or bad data must not stop the daemon or retry in a loop
+            log.exception("training failed round=%d attempt=%d: %s", task.round, task.attempt, exc)
+            self.failed, self.errors, self.detail = (
+                (task.round, task.attempt),
+                self.errors + 1,
+                f"training failed: {exc}",
+            )
+            return self._set_state("failed", publish=True)
         change = delta(result.arrays, base)
         data = encode_update(task, change, result, base_sha256="" if start.source == "global" else start.sha256,
                              local_delta=self.budget.policy.delta if self.budget is not None else None)  # fmt: skip
@@ -292,12 +305,13 @@ class EdgeAgent(MqttDaemon):
         self.progress.last_completed_round = task.round
         self.store.save(self.progress)
         log.info(
-            "trained round=%d start=%s action=%s work=%g samples=%d loss=%.4f seconds=%.2f",
+            "trained round=%d start=%s action=%s work=%g samples=%d weight=%d loss=%.4f seconds=%.2f",
             task.round,
             start.source,
             task.action,
             task.train_of(self.id).work,
             result.samples,
+            result.weight or result.samples,
             result.loss,
             time.perf_counter() - started,
         )
@@ -356,13 +370,13 @@ class EdgeAgent(MqttDaemon):
     def _status(self) -> AgentStatus:
         task = self.task
         refusal = self.budget.refusal(None, self.id) if self.budget is not None else ""
-        gate_reasons = [refusal] if refusal else []
+        gate_reasons = [r for r in (refusal, self.refusal) if r]
         state, detail = self.connection_state(self.state, self.detail or self._waiting_for())
         return AgentStatus(
             agent=self.id,
             state=state,
             round=task.round if task else 0,
-            samples=len(self.data),
+            samples=self.trainer.samples,
             version=max(self.models, default=0),
             updated_at=time.time(),
             gate=Gate(ok=not gate_reasons, reasons=gate_reasons),

@@ -1,27 +1,31 @@
 """Local trainers: the plug-in point between a round task and a model update.
 
-A trainer gets the global weights (named arrays) and the round's settings and returns new weights
-plus what the server weighs them by. ``ClassifierTrainer`` covers the PyTorch CNNs and MLPs; an
-Ultralytics YOLO trainer will implement the same ``Trainer`` protocol.
+A trainer owns its data, gets the global weights (named arrays) and the round's settings, and returns
+new weights plus what the server weighs them by. ``training.trainer`` in ``agent.toml`` picks one:
+``classifier`` (``ClassifierTrainer``: the PyTorch CNNs and MLPs on an ``.npz``) or ``detector``
+(``agent.detector.DetectorTrainer``: Ultralytics YOLO on a YOLO ``data.yaml``).
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from agent.local_dp import PrivacyBudget, dp_sgd
-from models.datasets import Dataset
+from agent.local_dp import PrivacyBudget, budget_for, dp_sgd
+from models.datasets import Dataset, load_dataset
 from models.serialization import dumps
 from models.training import train_sgd
 from models.weights import NamedArrays, load_arrays, to_arrays
-from models.zoo import build_model
+from models.zoo import build_model, task_of
 from protocol.messages import RoundTask
 from protocol.update import UpdateMeta
+
+if TYPE_CHECKING:
+    from agent.config import AgentConfig
 
 
 @dataclass(frozen=True)
@@ -30,14 +34,35 @@ class TrainResult:
     samples: int
     loss: float
     epsilon: float | None = None  # this agent's own DP-SGD epsilon after the round (local DP only)
+    weight: int = 0  # what the server weighs the update by (0: ``samples``); detectors: annotated objects
+    local_eval: dict[str, float] = field(default_factory=dict)  # the trainer's own validation, e.g. map50
 
 
 class Trainer(Protocol):
+    samples: int  # training examples this agent holds (images for detectors)
+    budget: PrivacyBudget | None
+
+    def refusal(self, task: RoundTask) -> str: ...
+
     def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult: ...
+
+
+def build_trainer(config: AgentConfig, device: torch.device) -> Trainer:
+    """The trainer ``training.trainer`` names, with its data loaded (a bad file fails here, at start)."""
+    if config.training.trainer == "detector":
+        from agent.detector import DetectorTrainer
+
+        return DetectorTrainer(config.data_path, device=device, agent_id=config.agent.id,
+                               work_dir=config.state_dir / "detector", seed=config.agent.seed)  # fmt: skip
+    data = load_dataset(config.data_path)
+    budget = budget_for(config.privacy, config.state_dir, len(data))
+    return ClassifierTrainer(data, device=device, agent_id=config.agent.id, seed=config.agent.seed, budget=budget)
 
 
 class ClassifierTrainer:
     """SGD with momentum on this agent's dataset, with the round's epochs, batch size and learning rate."""
+
+    kind = "classify"
 
     def __init__(
         self, data: Dataset, *, device: torch.device, agent_id: str, seed: int = 0, budget: PrivacyBudget | None = None
@@ -47,6 +72,15 @@ class ClassifierTrainer:
         self.agent_id = agent_id
         self.seed_base = seed * 1_000_003 + zlib.crc32(agent_id.encode())
         self.budget = budget  # DP-SGD (agent.local_dp) when given
+
+    @property
+    def samples(self) -> int:
+        return len(self.data)
+
+    def refusal(self, task: RoundTask) -> str:
+        if task_of(task.model) != self.kind:
+            return f"wrong-task: {task.model} is not a classifier; set training.trainer to match the federation"
+        return ""
 
     def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
         model = build_model(task.model, num_classes=task.num_classes)
@@ -86,5 +120,6 @@ def encode_update(
     global one) and the metadata the server checks it by."""
     epsilon = result.epsilon if result.epsilon is not None and math.isfinite(result.epsilon) else None
     meta = UpdateMeta(round=task.round, base_version=task.model_version, samples=result.samples, loss=result.loss,
-                      base_sha256=base_sha256, local_epsilon=epsilon, local_delta=local_delta)  # fmt: skip
+                      base_sha256=base_sha256, local_epsilon=epsilon, local_delta=local_delta, weight=result.weight,
+                      local_eval=result.local_eval)  # fmt: skip
     return dumps(change, metadata=meta.to_metadata())

@@ -80,7 +80,7 @@ def accept_update(
         policy,
         np.array([u.norm for u in state.updates]),
         np.array([u.samples for u in state.updates], np.float64),
-        parsed.meta.samples,
+        parsed.meta.weight,
     )
     fold = strategy.fold_plan(bounds) if strategy.fold_on_accept else None
     try:
@@ -99,12 +99,13 @@ def accept_update(
         raise
     record = UpdateRecord(
         agent=agent,
-        samples=parsed.meta.samples,
+        samples=parsed.meta.weight,
         loss=parsed.meta.loss,
         norm=result.norm,
         wire_bytes=completed.wire_bytes,
         folded=folded,
         local_epsilon=parsed.meta.local_epsilon,
+        local_eval=parsed.meta.local_eval,
     )
     state.updates.append(record)
     return record

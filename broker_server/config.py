@@ -24,11 +24,22 @@ class ServerSection:
     federation: str
     state_dir: str
     model: str = "digits_cnn"
-    num_classes: int = 10
+    num_classes: int = 0  # 0: len(classes) for detectors, 10 for classifiers
+    classes: list[str] = field(default_factory=list)  # detectors: class names in id order, as in data.yaml
+    init_weights: str | None = None  # detectors: a local Ultralytics .pt of the same model to start from
     rounds: int = 0
     eval_data: str | None = None
     seed: int = 0
     status_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if len(set(self.classes)) != len(self.classes) or not all(isinstance(c, str) and c for c in self.classes):
+            raise ValueError(f"server.classes must be distinct, non-empty class names, got {self.classes}")
+        if self.num_classes == 0:
+            object.__setattr__(self, "num_classes", len(self.classes) or 10)
+        elif self.classes and self.num_classes != len(self.classes):
+            raise ValueError(f"server.num_classes = {self.num_classes} but server.classes names {len(self.classes)}; "
+                             "drop num_classes (it follows classes)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,12 @@ class ServerConfig:
             return None
         return existing_path(self.path, "server.eval_data", self.server.eval_data, "evaluation data")
 
+    @property
+    def init_weights_path(self) -> Path | None:
+        if self.server.init_weights is None:
+            return None
+        return existing_path(self.path, "server.init_weights", self.server.init_weights, "Ultralytics .pt checkpoint")
+
 
 def load_server_config(path: Path) -> ServerConfig:
     """Parse and check ``server.toml``; raise ``ConfigError`` naming the key and the fix."""
@@ -131,7 +148,37 @@ def load_server_config(path: Path) -> ServerConfig:
         raise ConfigError(f"{path}: {exc}") from None
     if config.server.model not in MODELS:
         raise ConfigError(f"{path}: server.model {config.server.model!r} is unknown; choose one of {sorted(MODELS)}")
+    if problem := task_problem(config):
+        raise ConfigError(f"{path}: {problem}")
     if config.server.rounds < 0:
         raise ConfigError(f"{path}: server.rounds must be >= 0 (0 = run forever), got {config.server.rounds}")
-    config.identity_path, config.enrolled_dir, config.eval_path  # noqa: B018 - fail now, not mid-run
+    config.identity_path, config.enrolled_dir, config.eval_path, config.init_weights_path  # noqa: B018 - fail now
     return config
+
+
+def task_problem(config: ServerConfig) -> str:
+    """Why the model's task (classify or detect) does not fit the rest of the configuration, or ``""``."""
+    from models.zoo import task_of
+
+    server = config.server
+    if task_of(server.model) == "classify":
+        if server.classes or server.init_weights:
+            return f"server.classes and server.init_weights are for detector models; {server.model} is a classifier"
+        return ""
+    if not server.classes:
+        return (f'server.classes must name the classes of detector {server.model}, in id order, e.g. classes = '
+                '["car", "truck", "person"] (the names in your data.yaml)')  # fmt: skip
+    if config.strategy.get("name") == "fedprox":
+        return "strategy fedprox needs a proximal term in local training, which the detector trainer does not have"
+    if config.eval_path is not None and config.eval_path.suffix not in (".yaml", ".yml"):
+        return f"server.eval_data must be a YOLO data.yaml for detector {server.model}, got {config.eval_path.name}"
+    if config.eval_path is not None:
+        from models.yolo_dataset import DatasetError, load_data_yaml
+
+        try:
+            names = load_data_yaml(config.eval_path).names
+        except DatasetError as exc:
+            return f"server.eval_data: {exc}"
+        if list(names) != server.classes:
+            return f"server.eval_data names classes {list(names)} but server.classes is {server.classes}"
+    return ""

@@ -19,7 +19,7 @@ import paho.mqtt.client as paho
 
 from broker_server.config import ServerConfig
 from broker_server.engine import RoundEngine
-from broker_server.evaluation import Evaluator
+from broker_server.evaluation import server_evaluator
 from broker_server.groupkeys import GroupKeyDistributor
 from broker_server.ignored import IgnoredAgents
 from broker_server.metrics_log import log_round
@@ -29,7 +29,6 @@ from broker_server.round_task import round_task
 from broker_server.trust import TrustKeeper
 from broker_server.validation import UpdateRejected, reason_kind
 from common.text import printable
-from models.datasets import load_dataset
 from models.serialization import dumps
 from protocol.daemon import MqttDaemon, Throttle
 from protocol.messages import (
@@ -66,10 +65,7 @@ class Aggregator(MqttDaemon):
         self.identity = Identity.load(config.identity_path)
         keyring = Keyring.load_dir(config.enrolled_dir)
         self.opener = Opener(identity=self.identity, federation=fed, senders=keyring)
-        evaluator = None
-        if config.eval_path is not None:
-            evaluator = Evaluator(config.server.model, config.server.num_classes, load_dataset(config.eval_path))
-        self.engine = RoundEngine(config, replay=self.opener.replay, evaluator=evaluator)
+        self.engine = RoundEngine(config, replay=self.opener.replay, evaluator=server_evaluator(config))
         self.reassembler = Reassembler(self.opener, config.limits.to_limits(self.engine.update_bytes()))
         self.registry = AgentRegistry(keyring, config.rounds.status_timeout_s)
         super().__init__(
@@ -254,7 +250,7 @@ class Aggregator(MqttDaemon):
         rs = self.engine.round_state
         assert rs is not None
         log.info(
-            "update accepted round=%d agent=%s samples=%d loss=%.4f norm=%.4g folded=%s accepted=%d/%d",
+            "update accepted round=%d agent=%s weight=%d loss=%.4f norm=%.4g folded=%s accepted=%d/%d",
             rs.round,
             record.agent,
             record.samples,

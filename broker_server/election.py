@@ -4,13 +4,15 @@ Every published global model's evaluation on the server's data is compared with 
 best is kept as ``best-v<version>.safetensors`` next to the checkpoint (written before the checkpoint
 that names it, so a crash never leaves an uncommitted model behind that name). When the run ends, that
 version becomes the final global model — published again under a new version number if it was not the
-last one — and ``server/status`` names it (``best``: version, round, accuracy, published_as).
+last one — and ``server/status`` names it (``best``: version, round, accuracy (``map50`` for detectors),
+published_as).
 """
 
 from __future__ import annotations
 
 from broker_server.checkpoint import CheckpointStore
 from models.weights import NamedArrays
+from protocol.messages import HEADLINE
 
 
 class BestModel:
@@ -24,10 +26,10 @@ class BestModel:
 
     def note(self, version: int, round_number: int, evaluation: dict[str, float], arrays: NamedArrays) -> None:
         """A new global model ``version`` was committed with ``evaluation``: keep it if it is the best."""
-        accuracy = evaluation.get("accuracy")
-        if accuracy is not None and accuracy > self.record.get("accuracy", -1.0):
+        name = next((k for k in HEADLINE if evaluation.get(k) is not None), None)
+        if name is not None and evaluation[name] > self.record.get(name, -1.0):
             self.store.save_best(version, arrays)
-            self.record = {"version": version, "round": round_number, "accuracy": accuracy}
+            self.record = {"version": version, "round": round_number, name: evaluation[name]}
 
     def elect(self, current_version: int) -> NamedArrays | None:
         """At the end of the run: the best model's arrays when they must be published again, else None."""

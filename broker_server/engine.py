@@ -35,10 +35,11 @@ from broker_server.strategies import build_strategy
 from broker_server.validation import NotForThisRound, UpdateRejected, positive_ranges
 from models.serialization import dumps, float32_region, save_file
 from models.weights import NamedArrays, flatten, float_part, to_arrays, with_floats
+from models.yolo import load_pt_weights
 from models.zoo import build_model
-from protocol.messages import Rejection, RoundMetrics, TrainSettings
+from protocol.messages import Rejection, RoundMetrics, TrainSettings, headline
 from protocol.transfer import Completed
-from protocol.update import UpdateMeta
+from protocol.update import MAX_LOCAL_EVAL, UpdateMeta
 from security.replay import ReplayGuard
 
 log = logging.getLogger("skyfed.server")
@@ -82,6 +83,8 @@ class RoundEngine:
         if checkpoint is None:
             torch.manual_seed(self.config.server.seed)
             initial = build_model(self.config.server.model, num_classes=self.config.server.num_classes)
+            if (weights := self.config.init_weights_path) is not None:
+                load_pt_weights(initial, weights)
             self.run_id, self.version, self.next_round = new_run_id(), 1, 1
             self.round_state: RoundState | None = None
             self.best = BestModel(self.store, {})
@@ -176,7 +179,9 @@ class RoundEngine:
 
     def update_bytes(self) -> int:
         """The largest a valid update can be: the model's float tensors as float32, plus a header."""
-        meta = UpdateMeta(round=2**31, base_version=2**31, samples=2**53, loss=-1e300).to_metadata()
+        local_eval = {f"{i:x}".ljust(32, "x"): -1e300 for i in range(MAX_LOCAL_EVAL)}
+        meta = UpdateMeta(round=2**31, base_version=2**31, samples=2**53, loss=-1e300, local_eval=local_eval)
+        meta = meta.to_metadata()
         zeros = {s.name: np.zeros(s.shape, np.float32) for s in self.float_spec}
         return len(dumps(zeros, metadata=meta)) + HEADER_SLACK
 
@@ -362,8 +367,8 @@ class RoundEngine:
             save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
             record = self.best.record
             log.info(
-                "best model elected version=%d round=%d accuracy=%.4f published_as=%d",
-                record["version"], record["round"], record["accuracy"], self.version,
+                "best model elected version=%d round=%d score=%.4f published_as=%d",
+                record["version"], record["round"], headline(record), self.version,
             )  # fmt: skip
         self.checkpoint()
 

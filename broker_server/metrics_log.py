@@ -14,7 +14,7 @@ from pathlib import Path
 
 from broker_server.pipeline import RoundContext
 from broker_server.rounds import per_agent_detail
-from protocol.messages import Rejection, RoundMetrics
+from protocol.messages import Rejection, RoundMetrics, headline
 
 log = logging.getLogger("skyfed.server")
 
@@ -84,14 +84,14 @@ def round_metrics(
 def log_round(m: RoundMetrics) -> None:
     """One journal line per closed round."""
     log.info(
-        "round closed round=%d outcome=%s accepted=%d/%d rejected=%d accuracy=%s loss=%s aggregate_ms=%.2f "
+        "round closed round=%d outcome=%s accepted=%d/%d rejected=%d score=%s loss=%s aggregate_ms=%.2f "
         "version=%d clipped=%s",
         m.round,
         m.outcome,
         len(m.accepted),
         len(m.participants),
         len(m.rejected),
-        m.eval.get("accuracy"),
+        headline(m.eval),
         m.eval.get("loss"),
         m.aggregate_s * 1e3,
         m.model_version,

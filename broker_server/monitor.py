@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from protocol.messages import AgentStatus, MessageError, RoundMetrics, ServerStatus
+from protocol.messages import AgentStatus, MessageError, RoundMetrics, ServerStatus, headline
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
 
@@ -66,7 +66,7 @@ class FederationView:
                 + _cells(f"{now - a.updated_at:.0f}", a.detail)
             )
         rounds = Table(show_header=True)
-        for col in ("round", "accepted", "rejected", "accuracy", "loss", "seconds", "MB up", "MB down"):
+        for col in ("round", "accepted", "rejected", "accuracy/mAP50", "loss", "seconds", "MB up", "MB down"):
             rounds.add_column(col)
         for m in self.metrics:
             outcome = "" if m.outcome == "committed" else f" ({m.outcome}: {m.reason})"
@@ -76,7 +76,7 @@ class FederationView:
                     f"{m.round}{outcome}",
                     f"{len(m.accepted)}/{len(m.participants)}",
                     len(m.rejected),
-                    _fmt(m.eval.get("accuracy")),
+                    _fmt(headline(m.eval)),
                     _fmt(m.eval.get("loss")),
                     f"{m.duration_s:.1f}",
                     f"{m.bytes_up / 1e6:.2f}",

@@ -42,4 +42,5 @@ def round_task(
             if agent in assignments
         ],
         agent_train=[AgentTrain(agent, TrainSettings.from_dict(train)) for agent, train in rs.agent_train.items()],
+        classes=list(engine.config.server.classes),
     )

@@ -56,12 +56,13 @@ class UpdateRecord:
     """An accepted update as the round remembers it (its bytes are in the update store)."""
 
     agent: str
-    samples: int
+    samples: int  # the update's weight: training samples for classifiers, annotated objects for detectors
     loss: float
     norm: float
     wire_bytes: int
     folded: float = 0.0  # coefficient a streaming strategy folded in while checking it (0: not folded)
     local_epsilon: float | None = None  # the agent's own DP-SGD epsilon, as its update's metadata says
+    local_eval: dict[str, float] = field(default_factory=dict)  # the agent's own validation of its model
 
 
 @dataclass
@@ -109,13 +110,16 @@ class RoundState:
 
 def per_agent_detail(state: RoundState) -> dict[str, dict[str, float]]:
     """What differs per agent in a round, for its metrics: the share of work each was asked for (e.g.
-    FedProx's partial work) and each agent's own local-DP epsilon."""
+    FedProx's partial work), each agent's own local-DP epsilon and its own validation metrics."""
     detail: dict[str, dict[str, float]] = {}
     if state.agent_train:
         detail["work"] = {agent: settings["work"] for agent, settings in state.agent_train.items()}
     local = {u.agent: u.local_epsilon for u in state.updates if u.local_epsilon is not None}
     if local:
         detail["local_epsilon"] = local
+    local_eval = {u.agent: u.local_eval for u in state.updates if u.local_eval}
+    if local_eval:
+        detail["local_eval"] = local_eval
     return detail
 
 

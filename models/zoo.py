@@ -1,7 +1,8 @@
 """The model zoo: the PyTorch models SkyFed federates, built from code (nothing downloaded).
 
-``build_model(name)`` is what configs and round tasks refer to. YOLO detectors (Ultralytics, built
-from their ``.yaml``) will join this registry as a separate plug-in.
+``build_model(name)`` is what configs and round tasks refer to. Each model has a ``task``: ``classify``
+(the PyTorch CNNs and MLPs here) or ``detect`` (Ultralytics YOLO, built from its ``.yaml`` by
+``models.yolo``, imported only when such a model is built).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from models.yolo import YAMLS, detection_model
 
 
 class FedAvgCNN(nn.Module):
@@ -73,8 +76,13 @@ class MLP(nn.Module):
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    input_shape: tuple[int, ...]
+    input_shape: tuple[int, ...]  # per sample; detectors take any multiple of 32 (``TrainSettings.image_size``)
     factory: Callable[[int], nn.Module]
+    task: str = "classify"
+
+
+def _yolo(name: str) -> ModelSpec:
+    return ModelSpec(name, (3, 640, 640), lambda n: detection_model(name, n), task="detect")
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -84,6 +92,7 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("digits_cnn", (1, 8, 8), DigitsCNN),
         ModelSpec("mlp_digits", (1, 8, 8), lambda n: MLP(64, (64,), n)),
         ModelSpec("mlp_mnist", (1, 28, 28), lambda n: MLP(784, (200, 200), n)),
+        *(_yolo(name) for name in YAMLS),
     )
 }
 
@@ -102,6 +111,11 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
 def input_shape(name: str) -> tuple[int, ...]:
     """The per-sample input shape of model ``name``, e.g. (1, 8, 8)."""
     return _spec(name).input_shape
+
+
+def task_of(name: str) -> str:
+    """``classify`` or ``detect``: which trainer and evaluator model ``name`` needs."""
+    return _spec(name).task
 
 
 def pick_device() -> torch.device:

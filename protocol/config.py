@@ -89,11 +89,13 @@ def _toml_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return json.dumps(str(value))  # a JSON string is a valid TOML basic string
 
 
 def write_toml(path: Path, tables: dict[str, dict[str, object]]) -> None:
-    """Write tables of scalars; a dict value becomes a sub-table (``[broker.tls]``)."""
+    """Write tables of scalars and lists of scalars; a dict value becomes a sub-table (``[broker.tls]``)."""
     lines: list[str] = []
 
     def emit(name: str, values: dict[str, object]) -> None:

@@ -80,6 +80,14 @@ class Message:
         return cls.from_dict(data.get("body") if isinstance(data, dict) else None)
 
 
+HEADLINE = ("accuracy", "map50")  # the evaluation field rounds are compared by: classifiers, then detectors
+
+
+def headline(evaluation: dict[str, float]) -> float | None:
+    """An evaluation's main score: accuracy for classifiers, mAP@.5 for detectors (None without one)."""
+    return next((evaluation[k] for k in HEADLINE if evaluation.get(k) is not None), None)
+
+
 def finite_or_null(value: Any) -> Any:
     """``value`` with every NaN or infinity (at any depth) replaced by None."""
     if isinstance(value, float):
@@ -101,10 +109,13 @@ class TrainSettings(Message):
     momentum: float = 0.9
     prox_mu: float = 0.0  # FedProx's proximal coefficient μ (0: plain SGD); set by the strategy, not [training]
     work: float = 1.0  # share of the epochs' mini-batches to run (FedProx's partial work); set by the strategy
+    image_size: int = 640  # detectors: the square input size in pixels (a multiple of 32); classifiers ignore it
 
     def __post_init__(self) -> None:
         if not 0 < self.work <= 1:
             raise ValueError(f"work must be in (0, 1] (the share of the local epochs to run), got {self.work}")
+        if self.image_size < 32 or self.image_size % 32:
+            raise ValueError(f"training.image_size must be a multiple of 32 (YOLO's stride), got {self.image_size}")
 
 
 @dataclass(frozen=True)
@@ -150,7 +161,7 @@ class RoundTask(Message):
     attempt: int
     strategy: str
     model: str
-    num_classes: int
+    num_classes: int  # classifiers; detectors also name them in ``classes``
     model_version: int
     model_sha256: str
     model_chunks: int
@@ -165,6 +176,7 @@ class RoundTask(Message):
     action: str = "average"
     starts: list[AgentStart] = field(default_factory=list)
     agent_train: list[AgentTrain] = field(default_factory=list)
+    classes: list[str] = field(default_factory=list)  # detectors: the federation's class names, in id order
 
     def train_of(self, agent: str) -> TrainSettings:
         """The settings ``agent`` trains with this round (the shared ``train`` unless ``agent_train`` says)."""

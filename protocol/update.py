@@ -2,14 +2,16 @@
 
 An update's plaintext is a safetensors buffer (never pickle) of float32 deltas over the global model's
 floating tensors; its ``__metadata__`` (string to string, as safetensors requires) carries this
-header. ``codec`` and ``weight`` are here from the start so compressed updates and other weightings
-(objects for YOLO) fit later without a format change.
+header. ``weight`` is what strategies weigh the update by: its training samples for classifiers, its
+annotated objects for detectors (seed 001's FedAvg weighting); ``samples`` stays the image count.
+``local_eval`` is the agent's own validation of its trained model (e.g. ``map50``), reported, never trusted.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 FORMAT = "skyfed.update/1"
 MAX_SAMPLES = 2**53  # exact as a float; larger claims are refused, smaller ones capped by the server's bounds
@@ -29,6 +31,12 @@ class UpdateMeta:
     base_sha256: str = ""  # fingerprint of the start model when it was not the global one
     local_epsilon: float | None = None  # the agent's own DP-SGD epsilon so far (agent.local_dp), if it uses it
     local_delta: float | None = None
+    weight: int = 0  # 0: the same as ``samples``
+    local_eval: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.weight == 0:
+            object.__setattr__(self, "weight", self.samples)
 
     def to_metadata(self) -> dict[str, str]:
         return {
@@ -41,6 +49,8 @@ class UpdateMeta:
             "base_sha256": self.base_sha256,
             **({} if self.local_epsilon is None else {"local_epsilon": repr(self.local_epsilon)}),
             **({} if self.local_delta is None else {"local_delta": repr(self.local_delta)}),
+            "weight": str(self.weight),
+            **({"local_eval": json.dumps(self.local_eval)} if self.local_eval else {}),
         }
 
     @classmethod
@@ -57,11 +67,15 @@ class UpdateMeta:
                 base_sha256=metadata.get("base_sha256", ""),
                 local_epsilon=_optional_float(metadata.get("local_epsilon")),
                 local_delta=_optional_float(metadata.get("local_delta")),
+                weight=int(metadata.get("weight", "0")),
+                local_eval=_local_eval(metadata.get("local_eval")),
             )
-        except (KeyError, ValueError) as exc:
+        except (KeyError, ValueError, TypeError) as exc:
             raise UpdateMetaError(f"bad-metadata: {exc}") from None
         if not 0 < meta.samples <= MAX_SAMPLES:
             raise UpdateMetaError(f"bad-samples: {str(meta.samples)[:24]}")
+        if not 0 < meta.weight <= MAX_SAMPLES:
+            raise UpdateMetaError(f"bad-weight: {str(meta.weight)[:24]}")
         if not math.isfinite(meta.loss):
             raise UpdateMetaError("non-finite-loss")
         for value in (meta.local_epsilon, meta.local_delta):
@@ -74,3 +88,21 @@ class UpdateMeta:
 
 def _optional_float(text: str | None) -> float | None:
     return None if text is None or text == "" else float(text)
+
+
+MAX_LOCAL_EVAL = 16
+
+
+def _local_eval(text: str | None) -> dict[str, float]:
+    """At most ``MAX_LOCAL_EVAL`` finite numbers by short name; anything else is a bad header."""
+    if not text:
+        return {}
+    values = json.loads(text)
+    if not isinstance(values, dict) or len(values) > MAX_LOCAL_EVAL:
+        raise ValueError(f"local_eval must be an object of at most {MAX_LOCAL_EVAL} numbers")
+    out = {}
+    for name, value in values.items():
+        if len(name) > 32 or isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError("local_eval values must be finite numbers under names of at most 32 characters")
+        out[name] = float(value)
+    return out

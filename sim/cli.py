@@ -1,10 +1,12 @@
-"""``skyfed sim``, ``skyfed demo``, ``skyfed data`` and ``skyfed report``."""
+"""``skyfed sim``, ``skyfed demo`` and ``skyfed report``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+from protocol.messages import headline
 
 
 def parse_option(text: str) -> tuple[str, object]:
@@ -35,13 +37,13 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
     return SimSettings(
         agents=args.agents,
         rounds=args.rounds,
-        partition=args.partition,
+        partition=args.partition or ("shards" if args.command == "demo" and args.task == "classify" else ""),
         seed=args.seed,
         federation=args.federation,
-        model=args.model,
+        model=args.model or "",
         epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
+        batch_size=args.batch_size or 0,
+        lr=args.lr or 0.0,
         fraction=args.fraction,
         deadline_s=args.deadline,
         strategy=strategy,
@@ -55,6 +57,9 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         slow_agents=args.slow_agents,
         slowdown=args.slowdown,
         in_process=args.in_process,
+        task=args.task,
+        image_size=args.image_size,
+        images_per_agent=args.images_per_agent,
     )
 
 
@@ -78,12 +83,13 @@ def run_sim_command(args: argparse.Namespace) -> int:
         f"partition {settings.partition}, strategy {settings.strategy.get('name', 'default')}, seed {settings.seed}"
     )
     result = run_sim(settings, Path(args.out), broker_address=args.broker)
-    final = result.metrics[-1].eval.get("accuracy") if result.metrics else None
+    final = headline(result.metrics[-1].eval) if result.metrics else None
     privacy = result.metrics[-1].privacy if result.metrics else {}
     if settings.privacy and len(result.metrics) < settings.rounds:
         print(f"stopped after {len(result.metrics)} of {settings.rounds} rounds: the privacy budget is spent "
               f"(epsilon {privacy.get('epsilon')} of target {settings.privacy.get('target_epsilon')})")  # fmt: skip
-    print(f"done in {result.seconds:.1f} s; final accuracy {final}; results in {result.out}/")
+    print(f"done in {result.seconds:.1f} s; final {'mAP@.5' if settings.task == 'detect' else 'accuracy'} {final}; "
+          f"results in {result.out}/")  # fmt: skip
     return 0
 
 
@@ -113,7 +119,7 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def _add_sim_options(
-    parser: argparse.ArgumentParser, *, agents: int, rounds: int, partition: str, out: str, federation: str
+    parser: argparse.ArgumentParser, *, agents: int, rounds: int, partition: str | None, out: str, federation: str
 ) -> None:
     parser.add_argument("--agents", type=int, default=agents)
     parser.add_argument(
@@ -127,15 +133,22 @@ def _add_sim_options(
         "federations too large for this machine's daemons (e.g. 1000 agents; docs/results/privacy.md)",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=rounds)
-    parser.add_argument("--partition", default=partition, help="iid | shards | shards:K | dirichlet:ALPHA")
+    parser.add_argument("--task", default="classify", choices=["classify", "detect"],
+                        help="classify: digits CNN; detect: YOLO on synthetic aerial images")  # fmt: skip
+    parser.add_argument("--partition", default=partition,
+                        help=f"classify: iid | shards | shards:K | dirichlet:ALPHA (default "
+                        f"{partition or 'dirichlet:0.5'}); detect: iid | class-skew:D (default "
+                        "class-skew:0.7)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=out, help="folder for metrics.jsonl, curves.png, global_model.safetensors")
     parser.add_argument("--broker", default=None, help="HOST:PORT of an existing broker (default: start one)")
     parser.add_argument("--federation", default=federation)
-    parser.add_argument("--model", default="digits_cnn")
+    parser.add_argument("--model", default=None, help="default: digits_cnn (classify), yolo11n (detect)")
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--batch-size", type=int, default=None, help="default: 32 (classify), 16 (detect)")
+    parser.add_argument("--lr", type=float, default=None, help="default: 0.05 (classify), 0.01 (detect)")
+    parser.add_argument("--image-size", type=int, default=160, help="detect: image and model input size (pixels)")
+    parser.add_argument("--images-per-agent", type=int, default=96, help="detect: synthetic training images per agent")
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--deadline", type=float, default=60.0, help="round deadline in seconds")
     parser.add_argument(
@@ -178,45 +191,15 @@ def _add_sim_options(
     parser.set_defaults(handler=run_sim_command)
 
 
-def run_data(args: argparse.Namespace) -> int:
-    from models.partition import parse
-    from security.keys import check_name
-    from sim.federation import describe_partition, write_digits_data
-
-    try:
-        names = [check_name(a) for a in args.agents]
-        parse(args.partition)
-    except ValueError as exc:
-        print(f"skyfed data: {exc}", file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    histogram = write_digits_data(out, names, args.partition, args.seed)
-    print(f"wrote {out / 'server' / 'test.npz'} (the server's eval_data)")
-    for name, line in zip(names, describe_partition(histogram, names), strict=True):
-        print(f"wrote {out / name / 'data.npz'} ({line.split(': ', 1)[1]})")
-    return 0
-
-
 def add_sim_commands(commands: argparse._SubParsersAction) -> None:
     sim = commands.add_parser("sim", help="run a whole local federation over a real broker")
-    _add_sim_options(sim, agents=4, rounds=5, partition="dirichlet:0.5", out="runs/sim", federation="sim")
+    _add_sim_options(sim, agents=4, rounds=5, partition=None, out="runs/sim", federation="sim")
     sim.add_argument(
         "--config", help="an experiment file (experiments/<name>.toml): run its whole grid and write results.md"
     )
     demo = commands.add_parser("demo", help="the sim with friendly defaults (digits CNN, 4 agents, non-IID)")
     _add_sim_options(demo, agents=4, rounds=10, partition="shards", out="runs/demo", federation="demo")
-    data = commands.add_parser(
-        "data",
-        help="write example data for a deployment: OUT/<agent>/data.npz and the server's OUT/server/test.npz",
-        description="scikit-learn's bundled 8x8 digits (nothing is downloaded): 20 %% held out for the server's "
-        "evaluation (OUT/server/test.npz, its server.eval_data), the rest split across the named agents "
-        "(OUT/<agent>/data.npz, each agent's agent.data), in the format the agent reads.",
-    )
-    data.add_argument("agents", nargs="+", help="agent ids, e.g. drone-01 drone-02 drone-03")
-    data.add_argument("--out", default=".", help="folder to write into (default: here)")
-    data.add_argument("--partition", default="iid", help="iid | shards | dirichlet:ALPHA (label skew)")
-    data.add_argument("--seed", type=int, default=0)
-    data.set_defaults(handler=run_data)
+    demo.set_defaults(partition=None)  # "shards" for the digits demo, the task's default for detect
     report = commands.add_parser("report", help="plot a run's metrics.jsonl into curves.png")
     report.add_argument("dir")
     report.set_defaults(handler=run_report)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from protocol.messages import headline
 from protocol.typed import SchemaError, build
 from sim.federation import SimSettings
 from sim.run import run_sim
@@ -63,14 +64,14 @@ def load_experiment(path: Path) -> Experiment:
 def summarise(metrics: list[dict], target: float) -> dict[str, Any]:
     """Rounds and seconds to ``target`` (published models only), and bytes per round."""
     published = [m for m in metrics if m.get("action", "average") == "average" and m["outcome"] == "committed"]
-    reached = next((m for m in published if m["eval"].get("accuracy", 0.0) >= target), None)
+    reached = next((m for m in published if (headline(m["eval"]) or 0.0) >= target), None)
     start = metrics[0]["finished_at"] - metrics[0]["duration_s"]
     return {
         "rounds_to_target": reached["round"] if reached else None,
         "seconds_to_target": round(reached["finished_at"] - start, 1) if reached else None,
         "bytes_up_per_round": round(statistics.mean(m["bytes_up"] for m in metrics)),
         "bytes_down_per_round": round(statistics.mean(m["bytes_down"] for m in metrics)),
-        "accuracy_by_round": [m["eval"].get("accuracy") for m in metrics],
+        "accuracy_by_round": [headline(m["eval"]) for m in metrics],
         "epsilon": _epsilon(metrics),
     }
 

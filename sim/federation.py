@@ -2,8 +2,8 @@
 
 The same files a real deployment has (deploy/examples/), generated for N agents in one folder:
 
-    <root>/server/server.toml, server.key, enrolled/<agent>.pub, test.npz
-    <root>/<agent>/agent.toml, <agent>.key, server.pub, data.npz
+    <root>/server/server.toml, server.key, enrolled/<agent>.pub, test.npz (detect: eval/data.yaml)
+    <root>/<agent>/agent.toml, <agent>.key, server.pub, data.npz (detect: data/data.yaml)
 
 so ``skyfed server run --config <root>/server/server.toml`` works on it exactly as in production.
 """
@@ -22,18 +22,24 @@ from models.datasets import load_digits, save_npz
 from protocol.config import write_toml
 from security.keys import Identity, enroll
 
+# what an unset model, partition, batch size or learning rate means for each task
+TASK_DEFAULTS = {
+    "classify": {"model": "digits_cnn", "partition": "dirichlet:0.5", "batch_size": 32, "lr": 0.05},
+    "detect": {"model": "yolo11n", "partition": "class-skew:0.7", "batch_size": 16, "lr": 0.01},
+}
+
 
 @dataclass(frozen=True)
 class SimSettings:
     agents: int = 4
     rounds: int = 5
-    partition: str = "dirichlet:0.5"
+    partition: str = ""  # "": the task's default (TASK_DEFAULTS)
     seed: int = 0
     federation: str = "sim"
-    model: str = "digits_cnn"
+    model: str = ""
     epochs: int = 2
-    batch_size: int = 32
-    lr: float = 0.05
+    batch_size: int = 0
+    lr: float = 0.0
     momentum: float = 0.9
     fraction: float = 1.0
     deadline_s: float = 60.0
@@ -48,15 +54,27 @@ class SimSettings:
     slow_agents: int = 0  # how many honest agents train ``slowdown`` times slower (sim.slow)
     slowdown: float = 4.0
     in_process: bool = False  # no broker, no daemons: the round engine and trainers in one process (sim.inprocess)
+    task: str = "classify"  # classify: digits; detect: YOLO on synthetic aerial images (sim.detection_data)
+    image_size: int = 160  # detect: image and model input size in pixels
+    images_per_agent: int = 96  # detect: training images per agent
 
     def __post_init__(self) -> None:
         from agent.local_dp import LocalPrivacySection
         from broker_server.bounds import InfluencePolicy
         from broker_server.privacy import PrivacyPolicy
         from broker_server.strategies import build_strategy
+        from models.zoo import task_of
         from protocol.typed import build
         from sim.attacks import SCOPES, Attack
+        from sim.detection_data import class_probs
 
+        if self.task not in TASK_DEFAULTS:
+            raise ValueError(f"--task must be one of {', '.join(TASK_DEFAULTS)}, got {self.task!r}")
+        for key, value in TASK_DEFAULTS[self.task].items():
+            if not getattr(self, key):
+                object.__setattr__(self, key, value)
+        if task_of(self.model) != self.task:
+            raise ValueError(f"--model {self.model} is not a {self.task} model (--task {self.task})")
         if self.agents < 1:
             raise ValueError(f"--agents must be >= 1, got {self.agents}")
         if self.agents_per_process < 1:
@@ -82,7 +100,12 @@ class SimSettings:
             raise ValueError("--in-process runs honest agents at one speed: drop --attackers and --slow-agents")
         if self.attack_scope not in SCOPES:
             raise ValueError(f"--attack-scope must be one of {', '.join(SCOPES)}, got {self.attack_scope!r}")
-        partition.parse(self.partition)
+        if self.task == "detect":
+            class_probs(self.partition, 0, self.agents)
+            if self.attackers or self.local_privacy:
+                raise ValueError("--task detect runs honest agents without local DP: drop --attackers and --ldp-*")
+        else:
+            partition.parse(self.partition)
         build_strategy(self.strategy)
         bounds = build(InfluencePolicy, self.bounds, where="bounds", strict=True)
         build(PrivacyPolicy, self.privacy, where="privacy", strict=True).check_compatible(self.strategy, bounds)
@@ -103,7 +126,7 @@ class FederationLayout:
     root: Path
     server_config: Path
     agent_configs: dict[str, Path]
-    label_histogram: np.ndarray
+    description: list[str]  # one line per agent: what data it holds
 
 
 def agent_names(count: int) -> list[str]:
@@ -123,9 +146,26 @@ def write_digits_data(root: Path, names: list[str], partition_spec: str, seed: i
     return partition.label_histogram(train.y, parts, num_classes=10)
 
 
+def write_data(root: Path, settings: SimSettings) -> tuple[dict, dict, list[str]]:
+    """The data of the federation's task; returns the server's and the agents' data settings and a
+    description of what each agent holds."""
+    names = agent_names(settings.agents)
+    if settings.task == "detect":
+        from models.synthetic_detection import NAMES
+        from sim.detection_data import describe_mixes, write_detection_data
+
+        mixes = write_detection_data(root, names, settings.partition, settings.seed,
+                                     images=settings.images_per_agent, image_size=settings.image_size)  # fmt: skip
+        server = {"eval_data": "eval/data.yaml", "classes": list(NAMES)}
+        return server, {"data": "data/data.yaml"}, describe_mixes(mixes, names)
+    histogram = write_digits_data(root, names, settings.partition, settings.seed)
+    return {"eval_data": "test.npz"}, {"data": "data.npz"}, describe_partition(histogram, names)
+
+
 def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]) -> FederationLayout:
     """Write everything a federation of ``settings.agents`` agents needs under ``root``."""
-    histogram = write_digits_data(root, agent_names(settings.agents), settings.partition, settings.seed)
+    server_data, agent_data, description = write_data(root, settings)
+    trainer = "detector" if settings.task == "detect" else "classifier"
     broker_table = {"host": broker[0], "port": broker[1]}
 
     server_dir = root / "server"
@@ -140,7 +180,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
                 "state_dir": "state",
                 "model": settings.model,
                 "rounds": settings.rounds,
-                "eval_data": "test.npz",
+                **server_data,
                 "seed": settings.seed,
                 "status_interval_s": 2.0,
             },
@@ -157,6 +197,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
                 "batch_size": settings.batch_size,
                 "lr": settings.lr,
                 "momentum": settings.momentum,
+                **({"image_size": settings.image_size} if settings.task == "detect" else {}),
             },
             "strategy": settings.strategy,
             "bounds": settings.bounds,
@@ -177,18 +218,18 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
                     "id": name,
                     "federation": settings.federation,
                     "state_dir": "state",
-                    "data": "data.npz",
+                    **agent_data,
                     "seed": settings.seed,
                     "status_interval_s": 2.0,
                 },
                 "broker": broker_table,
                 "keys": {"identity": f"{name}.key", "server": "server.pub"},
-                "training": {"threads": 1},
+                "training": {"trainer": trainer, "threads": 1},
                 "privacy": settings.local_privacy,
             },
         )
         agent_configs[name] = agent_dir / "agent.toml"
-    return FederationLayout(root, server_dir / "server.toml", agent_configs, histogram)
+    return FederationLayout(root, server_dir / "server.toml", agent_configs, description)
 
 
 def describe_partition(histogram: np.ndarray, names: list[str]) -> list[str]:

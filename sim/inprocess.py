@@ -22,14 +22,13 @@ from pathlib import Path
 import torch
 
 from agent.config import load_agent_config
-from agent.local_dp import PrivacyBudget, budget_for
-from agent.trainer import ClassifierTrainer, encode_update
+from agent.local_dp import PrivacyBudget
+from agent.trainer import Trainer, build_trainer, encode_update
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
-from broker_server.evaluation import Evaluator
+from broker_server.evaluation import server_evaluator
 from broker_server.publisher import PublishedModel
 from broker_server.round_task import round_task
-from models.datasets import load_dataset
 from models.weights import delta
 from protocol.messages import RoundTask
 from protocol.transfer import Completed
@@ -43,19 +42,15 @@ from sim.run import SimResult, annotate_metrics, format_round
 @dataclass
 class InProcessAgent:
     name: str
-    trainer: ClassifierTrainer
+    trainer: Trainer
     budget: PrivacyBudget | None
 
 
 def _agents(configs: dict[str, Path]) -> list[InProcessAgent]:
     agents = []
     for name, path in configs.items():
-        config = load_agent_config(path)
-        data = load_dataset(config.data_path)
-        budget = budget_for(config.privacy, config.state_dir, len(data))
-        trainer = ClassifierTrainer(data, device=torch.device("cpu"), agent_id=name, seed=config.agent.seed,
-                                    budget=budget)  # fmt: skip
-        agents.append(InProcessAgent(name, trainer, budget))
+        trainer = build_trainer(load_agent_config(path), torch.device("cpu"))
+        agents.append(InProcessAgent(name, trainer, trainer.budget))
     return agents
 
 
@@ -80,8 +75,7 @@ def run_in_process(settings: SimSettings, out: Path, *, echo: Callable[[str], No
     torch.set_num_threads(1)  # one small model at a time: threads cost more than they give
     layout = create_federation(work, settings, ("127.0.0.1", 1))  # the broker address is never used
     config = load_server_config(layout.server_config)
-    evaluator = Evaluator(config.server.model, config.server.num_classes, load_dataset(config.eval_path))
-    engine = RoundEngine(config, replay=ReplayGuard(3600), evaluator=evaluator)
+    engine = RoundEngine(config, replay=ReplayGuard(3600), evaluator=server_evaluator(config))
     agents = {a.name: a for a in _agents(layout.agent_configs)}
     echo(f"in process: {len(agents)} agents, the round engine and their trainers (no broker, no daemons)")
     metrics = []

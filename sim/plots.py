@@ -15,8 +15,10 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     rounds = [r["round"] for r in rows]
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 4))
-    ax_acc.plot(rounds, [r["eval"].get("accuracy") for r in rows], marker="o")
-    ax_acc.set(xlabel="round", ylabel="test accuracy", title="Global model accuracy")
+    detect = any("map50" in r["eval"] for r in rows)
+    ax_acc.plot(rounds, [r["eval"].get("map50" if detect else "accuracy") for r in rows], marker="o")
+    label = "mAP@.5" if detect else "test accuracy"
+    ax_acc.set(xlabel="round", ylabel=label, title=f"Global model {label}")
     ax_acc.grid(True, alpha=0.3)
     ax_loss.plot(rounds, [r["eval"].get("loss") for r in rows], marker="o", color="tab:red")
     ax_loss.set(xlabel="round", ylabel="test loss", title="Global model loss")

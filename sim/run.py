@@ -19,11 +19,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.messages import MessageError, RoundMetrics
+from protocol.messages import MessageError, RoundMetrics, headline
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
 from sim.broker import start_broker
-from sim.federation import SimSettings, agent_names, create_federation, describe_partition
+from sim.federation import SimSettings, create_federation
 from sim.plots import plot_curves
 
 
@@ -80,13 +80,13 @@ def _spawn_agents(configs: dict[str, Path], settings: SimSettings, logs: Path) -
 
 
 def format_round(m: RoundMetrics, elapsed_s: float) -> str:
-    acc = m.eval.get("accuracy")
+    score, score_name = headline(m.eval), "mAP@.5" if "map50" in m.eval else "accuracy"
     loss = m.eval.get("loss")
     if m.outcome != "committed":
         return f"round {m.round:3d}  {m.outcome}: {m.reason}  offenders {','.join(m.offenders) or '-'}"
     privacy = f"  epsilon {m.privacy.get('epsilon')}" if m.privacy else ""
     return (
-        f"round {m.round:3d}  accuracy {acc if acc is None else f'{acc:.4f}'}  "
+        f"round {m.round:3d}  {score_name} {score if score is None else f'{score:.4f}'}  "
         f"loss {loss if loss is None else f'{loss:.4f}'}  participants {len(m.accepted)}/{len(m.participants)}  "
         f"rejected {len(m.rejected)}  round_s {m.duration_s:6.2f}  elapsed_s {elapsed_s:6.1f}  "
         f"MB up {m.bytes_up / 1e6:.2f}  MB down {m.bytes_down / 1e6:.2f}{privacy}"
@@ -127,7 +127,7 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
             host, port = settings_b.host, settings_b.port
             echo(f"broker: {broker_address} (given)")
         layout = create_federation(work, settings, (host, port))
-        for line in describe_partition(layout.label_histogram, agent_names(settings.agents)):
+        for line in layout.description:
             echo(f"  {line}")
         topics = Topics(settings.federation)
         watcher = MqttClient(f"sim-{uuid.uuid4().hex[:8]}", BrokerSettings(host=host, port=port), persistent=False)

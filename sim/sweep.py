@@ -13,7 +13,6 @@ import json
 import shutil
 import statistics
 import sys
-import tomllib
 from pathlib import Path
 
 from sim.federation import SimSettings
@@ -75,15 +74,13 @@ def run_grid(out: Path, seeds: list[int], agents: int, attackers: int, rounds: i
 def final_accuracy(run: Path) -> float:
     """Accuracy of the run's final global model on the server's test set (a rolled-back round keeps the
     previous model, so the last metrics line does not always carry it)."""
-    from broker_server.evaluation import Evaluator
-    from models.datasets import load_dataset
+    from broker_server.config import load_server_config
+    from broker_server.evaluation import headline, server_evaluator
     from models.serialization import load_file
 
-    server = run / "federation" / "server"
-    model = tomllib.loads((server / "server.toml").read_text())["server"]["model"]
+    evaluator = server_evaluator(load_server_config(run / "federation" / "server" / "server.toml"))
     arrays, _ = load_file(run / "global_model.safetensors")
-    evaluator = Evaluator(model, 10, load_dataset(server / "test.npz"))
-    return evaluator(arrays)["accuracy"]
+    return headline(evaluator(arrays))
 
 
 def table(rows: list[dict]) -> str:

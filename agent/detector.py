@@ -1,0 +1,109 @@
+"""The detector trainer: Ultralytics YOLO training on this agent's YOLO dataset, one round at a time.
+
+Federated use of Ultralytics goes wrong in known ways (shared/references/anchors_frameworks.md §4.7,
+ecosystem_feasibility.md §3); this module handles each on purpose:
+
+- **Start weights.** A ``YOLO(...).train()`` re-builds the model and re-initialises any layer whose name
+  or shape differs. Here the trainer is handed the model built from the round's exact arrays before
+  it starts (``trainer.model`` is an ``nn.Module``, so Ultralytics' ``setup_model`` keeps it), and a
+  callback compares every tensor with the start arrays once training is set up: a mismatch aborts.
+- **fp32 delta.** Ultralytics' ``best.pt``/``last.pt`` hold an fp16 copy; the update is taken from the
+  in-memory fp32 EMA model instead (``trainer.ema.ema``), which is also what Ultralytics validates.
+- **EMA.** Ultralytics averages weights with decay 0.9999·(1 − e^(−updates/2000)); its counter restarts
+  every round, so over a round of a few hundred steps the EMA stays within a few percent of the raw
+  weights, and it never carries state between rounds (the server's average is the cross-round memory).
+- **BatchNorm.** Running means and variances are floating buffers: they travel in the delta and are
+  averaged like weights (as seed 001's AVGForYOLO averages every layer); ``num_batches_tracked`` is an
+  integer count and stays the server's.
+- **Round schedule.** No warm-up (Ultralytics would ramp the learning rate up over ≥ 100 steps every
+  round), a constant learning rate within the round (``lrf = 1``), SGD with the round's ``lr`` and
+  ``momentum``, and ``nbs = batch`` so the optimizer steps every batch (Ultralytics otherwise
+  accumulates to a nominal batch of 64: a small agent would make one step per epoch).
+- **Weight.** The update is weighted by the agent's annotated objects (seed 001), not images.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from agent.trainer import TrainResult
+from models.weights import NamedArrays, load_arrays, to_arrays
+from models.yolo import ultralytics_offline
+from models.yolo_dataset import class_counts, load_data_yaml, resolved_yaml
+from models.yolo_eval import map_metrics
+from models.zoo import build_model, task_of
+from protocol.messages import RoundTask
+
+log = logging.getLogger("skyfed.agent")
+
+
+class StartMismatch(RuntimeError):
+    """Ultralytics would have trained from other weights than the round's."""
+
+
+class DetectorTrainer:
+    """Trains the round's YOLO model on ``data_yaml``'s train split, validates on its val split."""
+
+    kind = "detect"
+    budget = None  # local DP-SGD is for classifiers (agent.config refuses it here)
+
+    def __init__(self, data_yaml: Path, *, device: torch.device, agent_id: str, work_dir: Path, seed: int = 0) -> None:
+        self.data = load_data_yaml(data_yaml)
+        self.objects = int(class_counts(self.data.train, self.data.num_classes).sum())
+        if self.objects == 0:
+            raise ValueError(f"{data_yaml}: the train split holds no labelled objects; nothing to learn from")
+        self.samples = len(self.data.train)
+        self.device = device
+        self.agent_id = agent_id
+        self.seed = seed
+        self.work_dir = work_dir
+        work_dir.mkdir(parents=True, exist_ok=True)
+        ultralytics_offline(work_dir / "ultralytics")
+        self.yaml = resolved_yaml(self.data, work_dir / "data.yaml")
+
+    def refusal(self, task: RoundTask) -> str:
+        """Why this agent cannot train ``task``'s model on its data (``""`` when it can)."""
+        if task_of(task.model) != self.kind:
+            return f"wrong-task: {task.model} is not a detector; set training.trainer to match the federation"
+        if list(self.data.names) != task.classes:
+            return f"class-mismatch: data.yaml names {list(self.data.names)}, the federation {task.classes}"
+        return ""
+
+    def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
+        from ultralytics.models.yolo.detect import DetectionTrainer
+
+        model = build_model(task.model, num_classes=len(task.classes))
+        load_arrays(model, global_arrays)
+        settings = task.train_of(self.agent_id)
+        run = self.work_dir / "round"
+        args = dict(model=f"{task.model}.yaml", data=str(self.yaml), epochs=settings.epochs, imgsz=settings.image_size,
+                    batch=settings.batch_size, nbs=settings.batch_size, optimizer="SGD", lr0=settings.lr, lrf=1.0,
+                    momentum=settings.momentum, warmup_epochs=0, close_mosaic=0, fraction=settings.work,
+                    device=self.device.type, workers=0, amp=self.device.type == "cuda", plots=False,
+                    val=bool(self.data.val), seed=self.seed * 100_003 + task.round, deterministic=False,
+                    project=str(run.parent), name=run.name, exist_ok=True, verbose=False)  # fmt: skip
+        trainer = DetectionTrainer(overrides=args)
+        trainer.model = model
+        trainer.add_callback("on_pretrain_routine_end", lambda t: check_start(t.model, global_arrays))
+        trainer.train()
+        trained = trainer.ema.ema if trainer.ema is not None else trainer.model
+        arrays = to_arrays(trained.float())
+        shutil.rmtree(run, ignore_errors=True)  # Ultralytics' own fp16 checkpoints of this round
+        loss = float(sum(trainer.tloss.values())) if trainer.tloss else 0.0  # box + cls + dfl, mean of the last epoch
+        return TrainResult(arrays=arrays, samples=self.samples, loss=loss, weight=self.objects,
+                           local_eval=map_metrics(trainer.metrics or {}))  # fmt: skip
+
+
+def check_start(model: torch.nn.Module, start: NamedArrays) -> None:
+    """Raise ``StartMismatch`` unless ``model`` holds exactly ``start`` (names, shapes and values)."""
+    state = model.state_dict()
+    if set(state) != set(start):
+        raise StartMismatch("Ultralytics rebuilt the model: its tensor names differ from the round's")
+    for name, tensor in state.items():
+        if not np.array_equal(tensor.detach().cpu().numpy(), start[name]):
+            raise StartMismatch(f"Ultralytics changed {name} before training; refusing to train from other weights")

@@ -1,0 +1,68 @@
+"""Ultralytics YOLO detectors as SkyFed models: built offline from their ``.yaml``, split into backbone and head.
+
+Ultralytics reads its settings from the environment once, at import; ``ultralytics_offline`` sets them
+first (``YOLO_OFFLINE`` skips the DNS probe, ``YOLO_AUTOINSTALL=false`` forbids run-time ``pip install``,
+``YOLO_CONFIG_DIR`` keeps settings.json under SkyFed's state dir, ``YOLO_VERBOSE=False`` keeps progress
+bars out of journald). Nothing here ever names a hub checkpoint: a ``.pt`` is only read from a path the
+operator gives (``load_pt_weights``), and only for the weights whose names and shapes match.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torch import nn
+
+YAMLS = {"yolov8n": "yolov8n.yaml", "yolov8s": "yolov8s.yaml", "yolo11n": "yolo11n.yaml", "yolo11s": "yolo11s.yaml"}
+PARTS = ("full", "backbone", "head")
+
+
+def ultralytics_offline(config_dir: Path | None = None) -> None:
+    """Settings for a machine without internet; call before the first ``import ultralytics`` (later calls
+    change nothing, as Ultralytics reads them once). Values already in the environment win."""
+    os.environ.setdefault("YOLO_OFFLINE", "1")
+    os.environ.setdefault("YOLO_AUTOINSTALL", "false")
+    os.environ.setdefault("YOLO_VERBOSE", "False")
+    if config_dir is not None:
+        config_dir.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("YOLO_CONFIG_DIR", str(config_dir))
+
+
+def detection_model(name: str, num_classes: int) -> nn.Module:
+    """A freshly initialised Ultralytics ``DetectionModel`` of architecture ``name`` (e.g. ``yolo11n``)."""
+    ultralytics_offline()
+    from ultralytics.nn.tasks import DetectionModel
+
+    return DetectionModel(YAMLS[name], nc=num_classes, verbose=False)
+
+
+def part_of(name: str, model_yaml: dict) -> str:
+    """``backbone`` or ``head`` for a state_dict entry ``model.<layer>.…`` of a DetectionModel: the layers the
+    architecture's yaml lists under ``backbone`` come first, every later layer is the head (neck + Detect)."""
+    layer = int(name.split(".")[1])
+    return "backbone" if layer < len(model_yaml["backbone"]) else "head"
+
+
+def shared_names(names: list[str], model_yaml: dict, part: str) -> list[str]:
+    """The entries aggregation shares under ``part`` (``full``, ``backbone`` or ``head``); the rest stay local."""
+    if part not in PARTS:
+        raise ValueError(f"aggregate part must be one of {', '.join(PARTS)}, got {part!r}")
+    return list(names) if part == "full" else [n for n in names if part_of(n, model_yaml) == part]
+
+
+def load_pt_weights(model: nn.Module, path: Path) -> None:
+    """Copy the weights of a local Ultralytics checkpoint into ``model``; every tensor must match in name and
+    shape (a partial match would silently leave layers re-initialised, the classic federated-YOLO bug)."""
+    ultralytics_offline()
+    from ultralytics.nn.tasks import load_checkpoint
+
+    source, _ = load_checkpoint(str(path))  # torch.load of a pickle: only ever a file the operator chose
+    theirs, ours = source.float().state_dict(), model.state_dict()
+    missing = [k for k in ours if k not in theirs or theirs[k].shape != ours[k].shape]
+    if missing:
+        raise ValueError(
+            f"{path} does not fit this architecture/class count: {len(missing)} of {len(ours)} tensors differ "
+            f"(first: {missing[0]}); give a checkpoint of the same model and number of classes"
+        )
+    model.load_state_dict({k: theirs[k] for k in ours})

@@ -1,0 +1,54 @@
+"""mAP of a detector's named arrays on a YOLO dataset's val split, measured by Ultralytics' ``DetectionValidator``.
+
+Both the server (the global model) and benchmarks use this; agents get the same numbers from their
+Ultralytics trainer's own validation. The validator fuses Conv+BatchNorm in the model it is given, so
+every call builds a fresh model from the arrays and the caller's arrays are never touched.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from models.weights import NamedArrays, load_arrays
+from models.yolo import ultralytics_offline
+from models.yolo_dataset import DatasetError, load_data_yaml, resolved_yaml
+from models.zoo import build_model, pick_device
+
+VAL_BATCH = 16
+
+
+def map_metrics(results: dict[str, float]) -> dict[str, float]:
+    """SkyFed's names for Ultralytics' box metrics (``metrics/mAP50(B)`` → ``map50``, …), rounded."""
+    names = {"map50": "metrics/mAP50(B)", "map50_95": "metrics/mAP50-95(B)", "precision": "metrics/precision(B)",
+             "recall": "metrics/recall(B)"}  # fmt: skip
+    return {ours: round(float(results[theirs]), 6) for ours, theirs in names.items() if theirs in results}
+
+
+class DetectionEvaluator:
+    """mAP@.5 and mAP@.5:.95 of named arrays of detector ``model_name`` on ``data_yaml``'s val split."""
+
+    def __init__(self, model_name: str, data_yaml: Path, *, image_size: int, work_dir: Path) -> None:
+        self.data = load_data_yaml(data_yaml)
+        if not self.data.val:
+            raise DatasetError(f"{data_yaml}: the val split holds no images; the server evaluates on it")
+        self.model_name = model_name
+        self.image_size = image_size
+        self.work_dir = work_dir
+        work_dir.mkdir(parents=True, exist_ok=True)
+        ultralytics_offline(work_dir / "ultralytics")
+        self.yaml = resolved_yaml(self.data, work_dir / "eval-data.yaml")
+
+    def __call__(self, arrays: NamedArrays) -> dict[str, float]:
+        from ultralytics.models.yolo.detect import DetectionValidator
+
+        model = build_model(self.model_name, num_classes=self.data.num_classes)
+        load_arrays(model, arrays)
+        model.names = dict(enumerate(self.data.names))
+        device = pick_device()
+        args = dict(data=str(self.yaml), imgsz=self.image_size, batch=VAL_BATCH, device=device.type, workers=0,
+                    plots=False, save_json=False, verbose=False, half=False, project=str(self.work_dir),
+                    name="val", exist_ok=True)  # fmt: skip
+        results = DetectionValidator(args=args)(model=model.to(device).eval())
+        shutil.rmtree(self.work_dir / "val", ignore_errors=True)
+        return map_metrics(results)

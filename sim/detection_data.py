@@ -1,0 +1,48 @@
+"""Synthetic detection data for a local federation (``skyfed sim --task detect``).
+
+Every agent gets its own YOLO dataset (``<root>/<agent>/data/``: train and val splits, ``data.yaml``),
+drawn with its own class mix, and the server a balanced validation set (``<root>/server/eval/``).
+Partitions: ``iid`` (every agent sees every class equally) or ``class-skew:D`` (a share ``D`` of an
+agent's objects come from one class of its own; ``models.synthetic_detection.class_skew``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from models.synthetic_detection import CLASSES, class_skew, write_dataset
+
+PARTITIONS = "iid | class-skew:D (D in [1/4, 1]: the share of an agent's objects from its own class)"
+
+
+def class_probs(partition: str, agent: int, agents: int) -> np.ndarray:
+    """The class mix of agent number ``agent`` (0-based) under ``partition``."""
+    if partition == "iid":
+        return np.full(len(CLASSES), 1 / len(CLASSES))
+    kind, _, value = partition.partition(":")
+    if kind == "class-skew":
+        try:
+            return class_skew(agent, agents, float(value or 0.7))
+        except ValueError as exc:
+            raise ValueError(f"--partition {partition!r}: {exc}") from None
+    raise ValueError(f"--partition {partition!r} is not a detection partition; use {PARTITIONS}")
+
+
+def write_detection_data(root: Path, names: list[str], partition: str, seed: int, *, images: int,
+                         image_size: int) -> np.ndarray:  # fmt: skip
+    """Per-agent datasets of ``images`` training images (a quarter as many for local validation) and the
+    server's 64-image validation set; returns each agent's class probabilities (rows)."""
+    mixes = np.array([class_probs(partition, i, len(names)) for i in range(len(names))])
+    write_dataset(root / "server" / "eval", train=1, val=64, seed=seed * 7919 + 1, size=image_size)
+    for i, (name, probs) in enumerate(zip(names, mixes, strict=True)):
+        write_dataset(root / name / "data", train=images, val=max(4, images // 4), seed=seed * 7919 + 2 + i,
+                      size=image_size, class_probs=probs)  # fmt: skip
+    return mixes
+
+
+def describe_mixes(mixes: np.ndarray, names: list[str]) -> list[str]:
+    """One line per agent: its class mix, e.g. ``agent-01: car 70%, truck 10%, …``."""
+    return [f"{name}: " + ", ".join(f"{c.name} {p:.0%}" for c, p in zip(CLASSES, row, strict=True))
+            for name, row in zip(names, mixes, strict=True)]  # fmt: skip
