@@ -38,6 +38,7 @@ class TrainingSection:
     trainer: str = "classifier"  # classifier: agent.data is an .npz; detector: a YOLO data.yaml
     device: str = "auto"
     threads: int = 0
+    onnx: bool = True  # keep the newest global model as state_dir/global_model.onnx for `skyfed agent infer`
 
     def __post_init__(self) -> None:
         if self.trainer not in TRAINERS:

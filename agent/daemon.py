@@ -7,9 +7,9 @@ Only the newest signed task counts: an older (round, attempt) of the same server
 replayed old task cannot stall the agent even after a restart. Progress is durable (``agent.state``):
 after a crash or reboot the agent resumes without skipping or repeating a round, and re-sends a stored
 update the broker never acknowledged, or that the server lists as still pending in a later attempt.
-A task may tell this agent to start from a model other than the global one (model swapping): its own
-model after its last round (kept on disk) or one the server sealed to it alone on its inbox; the task
-names that model by fingerprint, and the agent trains only from a model that matches it.
+A task may tell this agent to start from another model than the global one (model swapping): its own
+last model (on disk) or one sealed to it alone; the task names it by fingerprint, and only that is used.
+The trainer (``agent.trainer.build_trainer``) says why it cannot train a task's model (its gate shows it).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import paho.mqtt.client as paho
 import torch
 
 from agent.config import AgentConfig
+from agent.onboard import OnboardModel
 from agent.start_models import StartModelRefused, StartModels
 from agent.state import AgentProgress, ProgressStore
 from agent.trainer import Trainer, build_trainer, encode_update
@@ -72,6 +73,7 @@ class EdgeAgent(MqttDaemon):
         self.budget = self.trainer.budget
         self.refusal = ""  # why this agent cannot train the federation's model (its gate says so)
         self.failed: tuple[int, int] = (0, 0)  # (round, attempt) whose training raised
+        self.onboard = OnboardModel(config.state_dir, config.training.onnx)
         self.store = ProgressStore(config.state_dir)
         self.progress = self.store.load()
         self.models: dict[int, NamedArrays] = {}
@@ -184,6 +186,7 @@ class EdgeAgent(MqttDaemon):
         self.task = task
         if persist:
             self.store.save_task(document)  # type: ignore[arg-type]
+        self.onboard.update(task, self.models)
 
     # transfers ---------------------------------------------------------------------------------------
     def _on_transfer_chunk(self, payload: bytes, kinds: frozenset[str], topic_round: int | None = None) -> None:
@@ -234,6 +237,7 @@ class EdgeAgent(MqttDaemon):
         self.models = {version: arrays}  # only the newest version is ever needed
         self.model_sha256 = completed.manifest.sha256.hex()
         log.info("model received version=%d bytes=%d", version, completed.manifest.size)
+        self.onboard.update(self.task, self.models)
 
     def _on_start_model(self, completed: Completed) -> None:
         """A model sealed to this agent alone (a swap partner's, say), kept until a task names it."""
@@ -347,14 +351,8 @@ class EdgeAgent(MqttDaemon):
 
     # status ------------------------------------------------------------------------------------------
     def _waiting_for(self) -> str:
-        return waiting_for(
-            agent=self.id,
-            topics=self.topics,
-            key_mismatch=self._key_mismatch,
-            has_group_key=bool(self.group_keys),
-            task=self.task,
-            state=self.state,
-        )
+        return waiting_for(agent=self.id, topics=self.topics, key_mismatch=self._key_mismatch,
+                           has_group_key=bool(self.group_keys), task=self.task, state=self.state)  # fmt: skip
 
     def _warn(self, key: str, message: str, *args: object) -> None:
         held = self._log.allow(key)

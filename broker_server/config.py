@@ -31,6 +31,7 @@ class ServerSection:
     eval_data: str | None = None
     seed: int = 0
     status_interval_s: float = 10.0
+    onnx: bool = True  # export each new global model to state_dir/global_model.onnx (checked with onnxruntime)
 
     def __post_init__(self) -> None:
         if len(set(self.classes)) != len(self.classes) or not all(isinstance(c, str) and c for c in self.classes):

@@ -349,6 +349,7 @@ class Aggregator(MqttDaemon):
             action=rs.action if rs is not None else "",
             best=self.engine.best.record,
             privacy=self.engine.ledger.summary() if self.config.privacy.enabled else {},
+            eval=self.engine.last_eval,
         ).to_json()
 
     def _end_state(self) -> str:

@@ -135,6 +135,11 @@ class RoundEngine:
         self.global_vector = flatten(floats, self.float_spec)
         self.positive = positive_ranges(self.float_spec)
 
+    @property
+    def last_eval(self) -> dict:
+        """The evaluation in the last round's metrics (empty before the first round closes)."""
+        return (self._last_metrics or {}).get("eval", {})
+
     def checkpoint(self, last_metrics: dict | None = None) -> None:
         if last_metrics is not None:
             self._last_metrics = last_metrics

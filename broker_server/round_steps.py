@@ -1,7 +1,7 @@
 """Which steps close a round, in order, for a given configuration (``broker_server.pipeline``).
 
     bound influence → [keep agents' models] → aggregate → check → [add DP noise → [adapt the clip]
-    → [server step]] → [evaluate]
+    → [server step]] → [evaluate] → [export ONNX]
 
 Model-keeping strategies add ``KeepAgentModels``. ``[privacy]`` adds ``AddNoise`` after the check of the
 clipped average, so the evaluation and everything published see only the noisy model; a server
@@ -20,6 +20,7 @@ from broker_server.agent_models import ModelBank
 from broker_server.bounds import InfluencePolicy
 from broker_server.config import ServerConfig
 from broker_server.noise import AddNoise
+from broker_server.onnx_step import ExportOnnx
 from broker_server.pipeline import Aggregate, BoundInfluence, CheckModel, Evaluate, KeepAgentModels, ServerStep, Step
 from broker_server.strategies.base import Strategy
 from broker_server.strategies.swapping import ModelSwapping
@@ -56,4 +57,8 @@ def round_steps(
         steps.append(ServerStep(strategy))
     if evaluator is not None:
         steps.append(Evaluate(evaluator))
+    if config.server.onnx:
+        names = config.server.classes or [str(i) for i in range(config.server.num_classes)]
+        path = config.state_dir / "global_model.onnx"
+        steps.append(ExportOnnx(config.server.model, names, config.training.image_size, path))
     return steps

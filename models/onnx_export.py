@@ -161,3 +161,17 @@ def max_abs_diff(model: nn.Module, file: Path, input_shape: tuple[int, ...], bat
             return diff
         worst = max(worst, diff)
     return worst
+
+
+def export_global(model_name: str, arrays: dict[str, np.ndarray], path: Path, *, names: Sequence[str],
+                  image_size: int) -> ExportReport:  # fmt: skip
+    """``arrays`` of zoo model ``model_name`` as a checked ONNX file at ``path``; detectors at ``image_size``
+    pixels square, classifiers at their zoo input shape with classes named by ``names``."""
+    from models.weights import load_arrays
+    from models.zoo import build_model, input_shape, task_of
+
+    task = task_of(model_name)
+    model = build_model(model_name, num_classes=len(names))
+    load_arrays(model, arrays)
+    shape = (3, image_size, image_size) if task == "detect" else input_shape(model_name)
+    return export_onnx(model, path, task=task, input_shape=shape, names=names)

@@ -35,8 +35,7 @@ from protocol.transfer import Completed
 from security.envelope import NO_DIGEST, Manifest
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
-from sim.plots import plot_curves
-from sim.run import SimResult, annotate_metrics, format_round
+from sim.run import SimResult, collect_results, format_round
 
 
 @dataclass
@@ -94,9 +93,4 @@ def run_in_process(settings: SimSettings, out: Path, *, echo: Callable[[str], No
                 _deliver(engine, agents[name], task)
         metrics.append(engine.close(time.time(), model_wire_bytes=0))
         echo(format_round(metrics[-1], time.monotonic() - started))
-    state = config.state_dir
-    annotate_metrics(state / "metrics.jsonl", out / "metrics.jsonl", {"in_process": True})
-    shutil.copy(state / "global_model.safetensors", out / "global_model.safetensors")
-    if metrics:
-        plot_curves(out / "metrics.jsonl", out / "curves.png")
-    return SimResult(out=out, metrics=metrics, seconds=time.monotonic() - started)
+    return collect_results(config.state_dir, out, {"in_process": True}, metrics, started)

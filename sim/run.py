@@ -162,8 +162,16 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
             raise RuntimeError(f"the server did not finish cleanly (logs in {logs}):\n{tail}")
     state = work / "server" / "state"
     extra = {"attackers": attackers, "attack": settings.attack or None, "slow_agents": settings.slow_names()}
+    return collect_results(state, out, extra, metrics, started)
+
+
+def collect_results(state: Path, out: Path, extra: dict, metrics: list[RoundMetrics], started: float) -> SimResult:
+    """A finished run's files in ``out``: metrics (with ``extra``), the final model (safetensors, and ONNX when
+    its export passed), the curves."""
     annotate_metrics(state / "metrics.jsonl", out / "metrics.jsonl", extra)
-    shutil.copy(state / "global_model.safetensors", out / "global_model.safetensors")
+    for name in ("global_model.safetensors", "global_model.onnx"):
+        if (state / name).exists():
+            shutil.copy(state / name, out / name)
     if metrics:
         plot_curves(out / "metrics.jsonl", out / "curves.png")
     return SimResult(out=out, metrics=metrics, seconds=time.monotonic() - started)

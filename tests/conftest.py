@@ -1,9 +1,13 @@
-"""Shared fixtures: a real broker on a free loopback port, started and stopped by each test."""
+"""Shared fixtures: a real broker on a free loopback port, started and stopped by each test.
+
+Ultralytics is set up offline (no DNS probe, no pip, settings in a temp dir) before any test imports it.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from models.yolo import ultralytics_offline  # noqa: E402
 from sim.broker import mosquitto_path, start_broker  # noqa: E402
+
+ultralytics_offline(Path(tempfile.gettempdir()) / "skyfed-test-ultralytics")
 
 
 @pytest.fixture

@@ -240,10 +240,10 @@ class Federation:
         partition: str = "iid",
         protocol: str = "3.1.1",
         edit=None,  # noqa: ANN001 - called with the layout before the agents are built (config edits)
+        **settings: object,  # other SimSettings fields (task, image_size, …)
     ) -> None:
-        settings = SimSettings(
-            agents=agents, rounds=rounds, partition=partition, epochs=epochs, federation="it", deadline_s=60.0
-        )
+        settings = SimSettings(agents=agents, rounds=rounds, partition=partition, epochs=epochs, federation="it",
+                               deadline_s=60.0, **settings)  # fmt: skip
         self.layout = create_federation(tmp_path, settings, (broker.host, broker.port))
         for config in [self.layout.server_config, *self.layout.agent_configs.values()]:
             override_toml(config, broker={"protocol": protocol})

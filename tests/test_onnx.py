@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,15 +13,11 @@ import pytest
 import torch
 from PIL import Image
 
-from models.yolo import ultralytics_offline
-
-ultralytics_offline(Path(tempfile.gettempdir()) / "skyfed-test-ultralytics")
-
-import skyfed  # noqa: E402
-from agent.infer import decode, infer, load_model, nms, preprocess  # noqa: E402
-from models.onnx_export import export_onnx  # noqa: E402
-from models.tasks import ONNX_FORMAT  # noqa: E402
-from models.zoo import build_model, input_shape  # noqa: E402
+import skyfed
+from agent.infer import decode, infer, load_model, nms, preprocess
+from models.onnx_export import export_onnx
+from models.tasks import ONNX_FORMAT
+from models.zoo import build_model, input_shape
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = [str(i) for i in range(10)]

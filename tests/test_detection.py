@@ -1,0 +1,190 @@
+"""Federated detection with Ultralytics YOLO: the agent trains from exactly the round's weights and returns an
+fp32 delta weighted by its objects; class lists are checked; the server measures mAP with Ultralytics'
+validator; a whole federation trains over a real broker and leaves an ONNX model the agent can run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import skyfed
+from agent.detector import DetectorTrainer, StartMismatch, check_start
+from broker_server.config import load_server_config
+from broker_server.daemon import Aggregator
+from models.synthetic_detection import NAMES, class_skew, write_dataset
+from models.weights import delta, to_arrays
+from models.yolo_dataset import DatasetError, class_counts, label_file, load_data_yaml, read_labels
+from models.yolo_eval import DetectionEvaluator
+from models.zoo import build_model
+from protocol.config import ConfigError
+from protocol.messages import ServerStatus, TrainSettings
+from protocol.mqtt import BrokerSettings, MqttClient
+from protocol.topics import Topics
+from protocol.update import UpdateMeta, UpdateMetaError
+from tests.fedharness import Federation, override_toml, round_task
+
+SIZE = 64
+CLASSES = list(NAMES)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("det") / "data", train=8, val=4, seed=3, size=SIZE)
+
+
+def detect_task(lr: float = 0.01, momentum: float = 0.9, **overrides: object):
+    train = TrainSettings(epochs=1, batch_size=4, lr=lr, momentum=momentum, image_size=SIZE)
+    return round_task(**{"model": "yolo11n", "num_classes": len(CLASSES), "classes": CLASSES, "train": train,
+                         **overrides})  # fmt: skip
+
+
+def trainer_for(dataset: Path, tmp_path: Path) -> DetectorTrainer:
+    return DetectorTrainer(dataset, device=torch.device("cpu"), agent_id="agent-01", work_dir=tmp_path / "work")
+
+
+def start_arrays(seed: int) -> dict[str, np.ndarray]:
+    torch.manual_seed(seed)
+    return to_arrays(build_model("yolo11n", num_classes=len(CLASSES)))
+
+
+def test_the_yolo_trainer_starts_from_exactly_the_round_weights(dataset, tmp_path):
+    start, other = start_arrays(1), start_arrays(2)
+    parameters = [name for name, _ in build_model("yolo11n", len(CLASSES)).named_parameters()]
+    result = trainer_for(dataset, tmp_path).train(start, detect_task(lr=0.0, momentum=0.0))
+    # with a zero learning rate the weights can only be the start weights if training began from them
+    # (the EMA of identical weights may differ in the last bit); a re-initialised model is far away
+    moved = max(float(np.abs(result.arrays[n] - start[n]).max()) for n in parameters)
+    elsewhere = max(float(np.abs(other[n] - start[n]).max()) for n in parameters)
+    assert moved < 1e-6 < 0.01 < elsewhere
+    running = [n for n in start if n.endswith("running_mean")]
+    assert any(not np.array_equal(result.arrays[n], start[n]) for n in running), "training did not run"
+
+
+def test_a_model_changed_before_training_is_refused():
+    start = start_arrays(1)
+    model = build_model("yolo11n", len(CLASSES))
+    with pytest.raises(StartMismatch, match="changed"):
+        check_start(model, start)
+
+
+def test_the_update_is_fp32_weighted_by_objects_with_local_map(dataset, tmp_path):
+    start = start_arrays(1)
+    result = trainer_for(dataset, tmp_path).train(start, detect_task())
+    data = load_data_yaml(dataset)
+    assert result.samples == len(data.train) == 8
+    assert result.weight == int(class_counts(data.train, len(CLASSES)).sum()) > result.samples
+    change = delta(result.arrays, start)
+    assert {a.dtype for a in change.values()} == {np.dtype(np.float32)}
+    assert all(np.isfinite(a).all() for a in change.values()) and any(np.abs(a).max() > 0 for a in change.values())
+    assert {"map50", "map50_95"} <= set(result.local_eval) and all(0 <= v <= 1 for v in result.local_eval.values())
+    meta = UpdateMeta(round=1, base_version=1, samples=result.samples, loss=result.loss, weight=result.weight,
+                      local_eval=result.local_eval)  # fmt: skip
+    assert UpdateMeta.from_metadata(meta.to_metadata()) == meta
+    assert not list((tmp_path / "work").rglob("*.pt")), "Ultralytics' fp16 checkpoints are not left behind"
+
+
+def test_class_list_and_task_mismatches_are_refused_with_a_reason(dataset, tmp_path):
+    trainer = trainer_for(dataset, tmp_path)
+    assert trainer.refusal(detect_task()) == ""
+    assert trainer.refusal(detect_task(classes=["car", "truck", "person", "boat"])).startswith("class-mismatch:")
+    assert trainer.refusal(round_task()).startswith("wrong-task:")  # digits_cnn
+
+
+@pytest.mark.parametrize(
+    "local_eval", ['{"map50": NaN}', '{"map50": true}', json.dumps({f"k{i}": 0.1 for i in range(17)}), "[1]"]
+)
+def test_an_update_header_with_bad_local_metrics_is_refused(local_eval):
+    metadata = UpdateMeta(round=1, base_version=1, samples=8, loss=1.0).to_metadata()
+    with pytest.raises(UpdateMetaError, match="bad-metadata"):
+        UpdateMeta.from_metadata({**metadata, "local_eval": local_eval})
+    with pytest.raises(UpdateMetaError, match="bad-weight"):
+        UpdateMeta.from_metadata({**metadata, "weight": "-5"})
+
+
+def test_yolo_labels_are_checked_with_the_file_named(tmp_path):
+    bad = tmp_path / "labels" / "x.txt"
+    bad.parent.mkdir()
+    for text, reason in (("0 0.5 0.5 0.1\n", "columns"), ("1.5 0.5 0.5 0.1 0.1\n", "integers"),
+                         ("0 0.5 0.5 1.2 0.1\n", "normalised"), ("7 0.5 0.5 0.1 0.1\n", "names 4")):  # fmt: skip
+        bad.write_text(text)
+        with pytest.raises(DatasetError, match=reason) as caught:
+            read_labels(bad, num_classes=4)
+        assert str(bad) in str(caught.value)
+    assert label_file(Path("/d/images/train/a.jpg")) == Path("/d/labels/train/a.txt")
+
+
+def test_the_synthetic_set_is_reproducible_and_skewed_by_class(tmp_path):
+    skew = class_skew(agent=1, agents=3, dominance=0.7)
+    first = write_dataset(tmp_path / "a", train=12, val=2, seed=5, size=SIZE, class_probs=skew)
+    second = write_dataset(tmp_path / "b", train=12, val=2, seed=5, size=SIZE, class_probs=skew)
+    a, b = load_data_yaml(first), load_data_yaml(second)
+    assert [p.read_bytes() for p in a.train] == [p.read_bytes() for p in b.train]
+    counts = class_counts(a.train, len(CLASSES))
+    assert counts.argmax() == 1 and counts[1] > counts.sum() / 2
+
+
+def test_the_server_measures_map_with_ultralytics_validator(dataset, tmp_path):
+    evaluator = DetectionEvaluator("yolo11n", dataset, image_size=SIZE, work_dir=tmp_path / "eval")
+    start = start_arrays(1)
+    before = {k: v.copy() for k, v in start.items()}
+    evaluation = evaluator(start)
+    assert set(evaluation) == {"map50", "map50_95", "precision", "recall"}
+    assert all(0 <= v <= 1 for v in evaluation.values())
+    assert all(np.array_equal(before[k], start[k]) for k in start), "the validator fused the caller's arrays"
+
+
+def test_detector_configs_that_cannot_work_fail_at_start(tmp_path, broker):
+    fed = Federation(tmp_path, broker, rounds=1, agents=1, task="detect", images_per_agent=4, image_size=SIZE)
+    path = fed.layout.server_config
+    load_server_config(path)  # the sim's own config is fine
+    (path.parent / "test.npz").write_bytes(b"")  # a classifier's evaluation file
+    for change, message in (({"server": {"classes": []}}, "server.classes must name the classes"),
+                            ({"server": {"eval_data": "test.npz"}}, "must be a YOLO data.yaml"),
+                            ({"strategy": {"name": "fedprox"}}, "fedprox needs a proximal term"),
+                            ({"server": {"classes": ["car", "truck", "person", "boat"]}}, "eval_data names classes"),
+                            ({"server": {"num_classes": 3}}, "num_classes = 3 but")):  # fmt: skip
+        original = path.read_text()
+        override_toml(path, **change)
+        with pytest.raises(ConfigError, match=message):
+            load_server_config(path)
+        path.write_text(original)
+    fed.close()
+
+
+def test_a_detection_federation_reports_map_and_leaves_an_onnx_model_the_agent_runs(tmp_path, broker, capsys):
+    fed = Federation(tmp_path, broker, rounds=2, agents=2, task="detect", images_per_agent=8, image_size=SIZE,
+                     batch_size=4, partition="class-skew:0.7")  # fmt: skip
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    fed.run(server, timeout_s=240)
+    metrics = fed.metrics()
+    assert [m.round for m in metrics] == [1, 2] and all(len(m.accepted) == 2 for m in metrics)
+    for m in metrics:
+        assert {"map50", "map50_95"} <= set(m.eval)
+        assert set(m.aggregation["local_eval"]) == {"agent-01", "agent-02"}
+        assert m.aggregation["onnx"]["ok"] and m.aggregation["onnx"]["max_abs_diff"] <= 1e-4
+    assert (fed.server_state / "global_model.onnx").exists()
+
+    status = retained_server_status(broker)
+    assert status.eval == metrics[-1].eval  # the status topic carries the last evaluation too
+
+    agent_config = fed.layout.agent_configs["agent-01"]
+    assert (agent_config.parent / "state" / "global_model.onnx").exists()
+    image = load_data_yaml(agent_config.parent / "data" / "data.yaml").val[0]
+    capsys.readouterr()
+    assert skyfed.main(["agent", "infer", "--config", str(agent_config), "--image", str(image)]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["image"] == str(image) and isinstance(line["detections"], list)
+
+
+def retained_server_status(broker) -> ServerStatus:
+    client = MqttClient("probe", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+    client.subscribe(Topics("it").server_status)
+    assert client.start(timeout_s=10)
+    received = client.poll(10)
+    client.stop()
+    assert received is not None, "no retained server status"
+    return ServerStatus.from_json(received[1])
