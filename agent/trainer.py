@@ -47,6 +47,28 @@ class Trainer(Protocol):
     def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult: ...
 
 
+class TrainerWrapper:
+    """Base of trainers that change what another one does (sim attacks and slowness, tests): everything but
+    what a subclass overrides is the inner trainer's."""
+
+    def __init__(self, inner: Trainer) -> None:
+        self.inner = inner
+
+    @property
+    def samples(self) -> int:
+        return self.inner.samples
+
+    @property
+    def budget(self) -> PrivacyBudget | None:
+        return self.inner.budget
+
+    def refusal(self, task: RoundTask) -> str:
+        return self.inner.refusal(task)
+
+    def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
+        return self.inner.train(global_arrays, task)
+
+
 def build_trainer(config: AgentConfig, device: torch.device) -> Trainer:
     """The trainer ``training.trainer`` names, with its data loaded (a bad file fails here, at start)."""
     if config.training.trainer == "detector":

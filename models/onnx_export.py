@@ -170,8 +170,11 @@ def export_global(model_name: str, arrays: dict[str, np.ndarray], path: Path, *,
     from models.weights import load_arrays
     from models.zoo import build_model, input_shape, task_of
 
-    task = task_of(model_name)
-    model = build_model(model_name, num_classes=len(names))
-    load_arrays(model, arrays)
+    try:
+        task = task_of(model_name)
+        model = build_model(model_name, num_classes=len(names))
+        load_arrays(model, arrays)
+    except ValueError as exc:  # an unknown model or arrays of another: nothing to export, no reason to crash
+        return ExportReport(False, None, math.inf, 0.0, str(exc))
     shape = (3, image_size, image_size) if task == "detect" else input_shape(model_name)
     return export_onnx(model, path, task=task, input_shape=shape, names=names)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from agent.trainer import Trainer, TrainResult
+from agent.trainer import Trainer, TrainerWrapper, TrainResult
 from models.weights import NamedArrays, is_float
 from models.zoo import build_model
 from protocol.messages import RoundTask
@@ -75,13 +75,13 @@ def poisoned(
     return out
 
 
-class AttackingTrainer:
+class AttackingTrainer(TrainerWrapper):
     """Wraps an honest trainer and applies ``attack`` to what it reports."""
 
     def __init__(self, inner: Trainer, attack: Attack, agent_id: str, scope: str = "parameters") -> None:
         if scope not in SCOPES:
             raise ValueError(f"--attack-scope must be one of {', '.join(SCOPES)}, got {scope!r}")
-        self.inner = inner
+        super().__init__(inner)
         self.attack = attack
         self.scope = scope
         self.seed = zlib.crc32(agent_id.encode())

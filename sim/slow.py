@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import time
 
-from agent.trainer import Trainer, TrainResult
+from agent.trainer import Trainer, TrainerWrapper, TrainResult
 from models.weights import NamedArrays
 from protocol.messages import RoundTask
 
 
-class SlowTrainer:
+class SlowTrainer(TrainerWrapper):
     """Wraps a trainer; each ``train`` takes ``slowdown`` times as long in wall-clock."""
 
     def __init__(self, inner: Trainer, slowdown: float) -> None:
         if slowdown < 1:
             raise ValueError(f"--slowdown must be >= 1, got {slowdown}")
-        self.inner = inner
+        super().__init__(inner)
         self.slowdown = slowdown
         self.warm = False
 

@@ -22,7 +22,7 @@ import pytest
 
 from agent.config import load_agent_config
 from agent.daemon import EdgeAgent
-from agent.trainer import ClassifierTrainer
+from agent.trainer import Trainer, TrainerWrapper
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from models.datasets import load_dataset
@@ -137,11 +137,12 @@ def test_broker_restart_mid_round_finishes_with_no_accepted_update_lost(tmp_path
         assert sorted(m.accepted) == sorted(m.participants), m
 
 
-class SlowInRound:
+class SlowInRound(TrainerWrapper):
     """A real trainer that starts late in one round, so the test can act while that round is open."""
 
-    def __init__(self, inner: ClassifierTrainer, round_number: int, delay_s: float) -> None:
-        self.inner, self.round_number, self.delay_s = inner, round_number, delay_s
+    def __init__(self, inner: Trainer, round_number: int, delay_s: float) -> None:
+        super().__init__(inner)
+        self.round_number, self.delay_s = round_number, delay_s
 
     def train(self, global_arrays, task):  # noqa: ANN001, ANN201
         if task.round == self.round_number:
@@ -220,11 +221,12 @@ def test_agents_ignore_a_forged_round_task_then_follow_the_real_server(tmp_path,
     assert sorted(fed.metrics()[0].accepted) == ["agent-01", "agent-02"]
 
 
-class CountingTrainer:
+class CountingTrainer(TrainerWrapper):
     """The real trainer, recording which rounds it trained."""
 
-    def __init__(self, inner: ClassifierTrainer) -> None:
-        self.inner, self.rounds = inner, []
+    def __init__(self, inner: Trainer) -> None:
+        super().__init__(inner)
+        self.rounds = []
 
     def train(self, global_arrays, task):  # noqa: ANN001, ANN201
         self.rounds.append(task.round)

@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from agent.trainer import TrainerWrapper
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from broker_server.health import HealthBook
@@ -19,7 +20,7 @@ from security.signing import signed_payload
 from tests.fedharness import Federation, override_toml, wait_until
 
 
-class NeverDelivers:
+class NeverDelivers(TrainerWrapper):
     """A trainer that fails every time: the agent looks healthy (fresh signed status) but never sends."""
 
     def train(self, global_arrays, task):  # noqa: ANN001, ANN201
@@ -29,7 +30,7 @@ class NeverDelivers:
 def test_an_agent_that_never_delivers_is_replaced_at_the_deadline_and_backed_off(tmp_path, broker):
     fed = Federation(tmp_path, broker, rounds=3, agents=3)
     override_toml(fed.layout.server_config, rounds={"fraction": 0.5, "min_agents": 2, "quorum": 2, "deadline_s": 4.0})
-    fed.agents[2].trainer = NeverDelivers()
+    fed.agents[2].trainer = NeverDelivers(fed.agents[2].trainer)
     server = Aggregator(load_server_config(fed.layout.server_config))
     server_thread = threading.Thread(target=server.run, daemon=True)
     server_thread.start()

@@ -16,6 +16,7 @@ import signal
 import numpy as np
 import pytest
 
+from agent.trainer import TrainerWrapper
 from models.weights import NamedArrays
 from security.envelope import InvalidEnvelope, Opener
 from security.keys import Identity, Keyring, PublicIdentity
@@ -23,11 +24,12 @@ from tests.fedharness import Federation, override_toml, wait_until
 from tests.test_federation import SlowInRound, Sniffer, _float_windows, _leaks, _start_server_process
 
 
-class Recording:
+class Recording(TrainerWrapper):
     """Keeps a copy of every start model a trainer is given, by round."""
 
     def __init__(self, inner) -> None:  # noqa: ANN001
-        self.inner, self.bases = inner, {}
+        super().__init__(inner)
+        self.bases = {}
 
     def train(self, base, task):  # noqa: ANN001, ANN201
         self.bases[task.round] = {k: v.copy() for k, v in base.items()}
