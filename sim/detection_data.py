@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from models.synthetic_detection import CLASSES, class_skew, write_dataset
+from models.yolo_dataset import load_data_yaml, write_data_yaml
 
 PARTITIONS = "iid | class-skew:D (D in [1/4, 1]: the share of an agent's objects from its own class)"
 
@@ -40,6 +41,16 @@ def write_detection_data(root: Path, names: list[str], partition: str, seed: int
         write_dataset(root / name / "data", train=images, val=max(4, images // 4), seed=seed * 7919 + 2 + i,
                       size=image_size, class_probs=probs)  # fmt: skip
     return mixes
+
+
+def pool(sources: list[Path], out: Path) -> Path:
+    """One dataset made of every ``sources`` dataset's images (listed, not copied): ``out/data.yaml``."""
+    datasets = [load_data_yaml(s) for s in sources]
+    out.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "val"):
+        images = [image.resolve() for d in datasets for image in getattr(d, split)]
+        (out / f"{split}.txt").write_text("".join(f"{image}\n" for image in images))
+    return write_data_yaml(out, datasets[0].names, train="train.txt", val="val.txt")
 
 
 def describe_mixes(mixes: np.ndarray, names: list[str]) -> list[str]:

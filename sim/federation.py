@@ -57,6 +57,7 @@ class SimSettings:
     task: str = "classify"  # classify: digits; detect: YOLO on synthetic aerial images (sim.detection_data)
     image_size: int = 160  # detect: image and model input size in pixels
     images_per_agent: int = 96  # detect: training images per agent
+    pooled: bool = False  # detect: one agent trains on the union of the ``agents`` shares (centralized baseline)
 
     def __post_init__(self) -> None:
         from agent.local_dp import LocalPrivacySection
@@ -102,10 +103,14 @@ class SimSettings:
             raise ValueError(f"--attack-scope must be one of {', '.join(SCOPES)}, got {self.attack_scope!r}")
         if self.task == "detect":
             class_probs(self.partition, 0, self.agents)
+            if self.pooled and (self.slow_agents or self.fraction < 1):
+                raise ValueError("pooled runs one agent: drop --slow-agents and --fraction")
             if self.attackers or self.local_privacy:
                 raise ValueError("--task detect runs honest agents without local DP: drop --attackers and --ldp-*")
         else:
             partition.parse(self.partition)
+            if self.pooled:
+                raise ValueError("pooled (one agent holding every share) exists for --task detect only")
         build_strategy(self.strategy)
         bounds = build(InfluencePolicy, self.bounds, where="bounds", strict=True)
         build(PrivacyPolicy, self.privacy, where="privacy", strict=True).check_compatible(self.strategy, bounds)
@@ -146,18 +151,30 @@ def write_digits_data(root: Path, names: list[str], partition_spec: str, seed: i
     return partition.label_histogram(train.y, parts, num_classes=10)
 
 
+def node_names(settings: SimSettings) -> list[str]:
+    """The agents that run: one per share of the data, or one holding it all (``pooled``)."""
+    return agent_names(1 if settings.pooled else settings.agents)
+
+
 def write_data(root: Path, settings: SimSettings) -> tuple[dict, dict, list[str]]:
     """The data of the federation's task; returns the server's and the agents' data settings and a
     description of what each agent holds."""
     names = agent_names(settings.agents)
     if settings.task == "detect":
         from models.synthetic_detection import NAMES
-        from sim.detection_data import describe_mixes, write_detection_data
+        from sim.detection_data import describe_mixes, pool, write_detection_data
 
-        mixes = write_detection_data(root, names, settings.partition, settings.seed,
-                                     images=settings.images_per_agent, image_size=settings.image_size)  # fmt: skip
+        mixes = write_detection_data(root / "pool" if settings.pooled else root, names, settings.partition,
+                                     settings.seed, images=settings.images_per_agent,
+                                     image_size=settings.image_size)  # fmt: skip
         server = {"eval_data": "eval/data.yaml", "classes": list(NAMES)}
-        return server, {"data": "data/data.yaml"}, describe_mixes(mixes, names)
+        description = describe_mixes(mixes, names)
+        if settings.pooled:
+            (root / "server").mkdir(parents=True, exist_ok=True)
+            (root / "pool" / "server" / "eval").rename(root / "server" / "eval")
+            pool([root / "pool" / n / "data" / "data.yaml" for n in names], root / node_names(settings)[0] / "data")
+            description = [f"{node_names(settings)[0]}: the union of " + "; ".join(description)]
+        return server, {"data": "data/data.yaml"}, description
     histogram = write_digits_data(root, names, settings.partition, settings.seed)
     return {"eval_data": "test.npz"}, {"data": "data.npz"}, describe_partition(histogram, names)
 
@@ -188,8 +205,8 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
             "keys": {"identity": "server.key", "enrolled": "enrolled"},
             "rounds": {
                 "fraction": settings.fraction,
-                "min_agents": settings.agents,
-                "quorum": max(1, settings.agents // 2),
+                "min_agents": len(node_names(settings)),
+                "quorum": max(1, len(node_names(settings)) // 2),
                 "deadline_s": settings.deadline_s,
             },
             "training": {
@@ -205,7 +222,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
         },
     )
     agent_configs: dict[str, Path] = {}
-    for name in agent_names(settings.agents):
+    for name in node_names(settings):
         agent_dir = root / name
         identity = Identity.generate(name)
         identity.save(agent_dir)
