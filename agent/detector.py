@@ -20,6 +20,10 @@ ecosystem_feasibility.md §3); this module handles each on purpose:
   ``momentum``, and ``nbs = batch`` so the optimizer steps every batch (Ultralytics otherwise
   accumulates to a nominal batch of 64: a small agent would make one step per epoch).
 - **Weight.** The update is weighted by the agent's annotated objects (seed 001), not images.
+- **Partial aggregation** (``task.share`` = ``backbone`` or ``head``): the agent starts from the global
+  shared part and its own kept private part (``<work_dir>/private-<share>.safetensors``; the global
+  one in its first round), and reports no change on the private part, so only the shared part is
+  averaged. Its local validation is of that personalized model.
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ import numpy as np
 import torch
 
 from agent.trainer import TrainResult
+from models.serialization import load_file, save_file
 from models.weights import NamedArrays, load_arrays, to_arrays
-from models.yolo import ultralytics_offline
+from models.yolo import shared_names, ultralytics_offline
 from models.yolo_dataset import class_counts, load_data_yaml, resolved_yaml
 from models.yolo_eval import map_metrics
 from models.zoo import build_model, task_of
@@ -78,7 +83,9 @@ class DetectorTrainer:
         from ultralytics.models.yolo.detect import DetectionTrainer
 
         model = build_model(task.model, num_classes=len(task.classes))
-        load_arrays(model, global_arrays)
+        private = set(global_arrays) - set(shared_names(list(global_arrays), model.yaml, task.share))
+        start = {**global_arrays, **self._kept(task.share, global_arrays, private)}
+        load_arrays(model, start)
         settings = task.train_of(self.agent_id)
         run = self.work_dir / "round"
         args = dict(model=f"{task.model}.yaml", data=str(self.yaml), epochs=settings.epochs, imgsz=settings.image_size,
@@ -89,14 +96,31 @@ class DetectorTrainer:
                     project=str(run.parent), name=run.name, exist_ok=True, verbose=False)  # fmt: skip
         trainer = DetectionTrainer(overrides=args)
         trainer.model = model
-        trainer.add_callback("on_pretrain_routine_end", lambda t: check_start(t.model, global_arrays))
+        trainer.add_callback("on_pretrain_routine_end", lambda t: check_start(t.model, start))
         trainer.train()
         trained = trainer.ema.ema if trainer.ema is not None else trainer.model
         arrays = to_arrays(trained.float())
+        if private:
+            save_file(self._private_path(task.share), {name: arrays[name] for name in sorted(private)})
+            arrays = {**arrays, **{name: global_arrays[name] for name in private}}  # the private part: no change
         shutil.rmtree(run, ignore_errors=True)  # Ultralytics' own fp16 checkpoints of this round
         loss = float(sum(trainer.tloss.values())) if trainer.tloss else 0.0  # box + cls + dfl, mean of the last epoch
         return TrainResult(arrays=arrays, samples=self.samples, loss=loss, weight=self.objects,
                            local_eval=map_metrics(trainer.metrics or {}))  # fmt: skip
+
+    def _private_path(self, share: str) -> Path:
+        return self.work_dir / f"private-{share}.safetensors"
+
+    def _kept(self, share: str, global_arrays: NamedArrays, private: set[str]) -> NamedArrays:
+        """This agent's own private part for ``share`` when it kept one that fits the model, else nothing."""
+        path = self._private_path(share)
+        if not private or not path.exists():
+            return {}
+        kept, _ = load_file(path)
+        fits = set(kept) == private and all(kept[n].shape == global_arrays[n].shape for n in private)
+        if not fits:
+            log.warning("kept private part %s does not fit the model; starting it from the global one", path)
+        return kept if fits else {}
 
 
 def check_start(model: torch.nn.Module, start: NamedArrays) -> None:

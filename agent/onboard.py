@@ -28,6 +28,8 @@ class OnboardModel:
         """Export the task's global model version if this agent holds it and has not exported it yet."""
         if not self.enabled or task is None or task.model_version <= self.version or task.model_version not in models:
             return
+        if task.share != "full":  # the global model is only part of this agent's model; not exported (yet)
+            return
         self.version = task.model_version
         names = task.classes or [str(i) for i in range(task.num_classes)]
         report = export_global(task.model, models[task.model_version], self.path, names=names,

@@ -32,6 +32,7 @@ class ServerSection:
     seed: int = 0
     status_interval_s: float = 10.0
     onnx: bool = True  # export each new global model to state_dir/global_model.onnx (checked with onnxruntime)
+    share: str = "full"  # detectors: average the full model, or only its backbone or head (the rest stays local)
 
     def __post_init__(self) -> None:
         if len(set(self.classes)) != len(self.classes) or not all(isinstance(c, str) and c for c in self.classes):
@@ -159,13 +160,21 @@ def load_server_config(path: Path) -> ServerConfig:
 
 def task_problem(config: ServerConfig) -> str:
     """Why the model's task (classify or detect) does not fit the rest of the configuration, or ``""``."""
+    from broker_server.strategies import build_strategy
+    from models.yolo import PARTS
     from models.zoo import task_of
 
     server = config.server
     if task_of(server.model) == "classify":
-        if server.classes or server.init_weights:
-            return f"server.classes and server.init_weights are for detector models; {server.model} is a classifier"
+        if server.classes or server.init_weights or server.share != "full":
+            return f"server.classes, init_weights and share are for detector models; {server.model} is a classifier"
         return ""
+    if server.share not in PARTS:
+        return f"server.share must be one of {', '.join(PARTS)}, got {server.share!r}"
+    if server.share != "full" and build_strategy(config.strategy).keeps_models:
+        return (
+            "server.share = backbone/head keeps part of each model on its agent; swapping strategies move whole models"
+        )
     if not server.classes:
         return (f'server.classes must name the classes of detector {server.model}, in id order, e.g. classes = '
                 '["car", "truck", "person"] (the names in your data.yaml)')  # fmt: skip

@@ -254,6 +254,21 @@ class Evaluate(Step):
             raise RoundRejected("non-finite-evaluation", offenders(ctx.contributions))
 
 
+class AgentsEvaluation(Step):
+    """Partial aggregation (``server.share``): each agent's model is the shared global part plus its own
+    private part, so the round's evaluation is the agents' own validation of those models (their
+    ``local_eval``), averaged with the update weights; the global model alone would be meaningless."""
+
+    name = "agents-evaluation"
+
+    def run(self, ctx: RoundContext) -> None:
+        reports = [(u.samples, u.local_eval) for u in ctx.state.updates if u.local_eval]
+        keys = set.intersection(*(set(e) for _, e in reports)) if reports else set()
+        total = sum(w for w, _ in reports)
+        ctx.evaluation = {k: round(sum(w * e[k] for w, e in reports) / total, 6) for k in sorted(keys)}
+        ctx.step_detail["eval_source"] = f"agents' own validation ({len(reports)} agents)"
+
+
 def run_pipeline(steps: list[Step], ctx: RoundContext) -> None:
     """Run the steps in order; any failure surfaces as ``RoundRejected``."""
     for step in steps:

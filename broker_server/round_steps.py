@@ -1,7 +1,7 @@
 """Which steps close a round, in order, for a given configuration (``broker_server.pipeline``).
 
     bound influence → [keep agents' models] → aggregate → check → [add DP noise → [adapt the clip]
-    → [server step]] → [evaluate] → [export ONNX]
+    → [server step]] → [evaluate → export ONNX | agents' evaluation (partial aggregation)]
 
 Model-keeping strategies add ``KeepAgentModels``. ``[privacy]`` adds ``AddNoise`` after the check of the
 clipped average, so the evaluation and everything published see only the noisy model; a server
@@ -21,7 +21,16 @@ from broker_server.bounds import InfluencePolicy
 from broker_server.config import ServerConfig
 from broker_server.noise import AddNoise
 from broker_server.onnx_step import ExportOnnx
-from broker_server.pipeline import Aggregate, BoundInfluence, CheckModel, Evaluate, KeepAgentModels, ServerStep, Step
+from broker_server.pipeline import (
+    AgentsEvaluation,
+    Aggregate,
+    BoundInfluence,
+    CheckModel,
+    Evaluate,
+    KeepAgentModels,
+    ServerStep,
+    Step,
+)
 from broker_server.strategies.base import Strategy
 from broker_server.strategies.swapping import ModelSwapping
 from models.weights import NamedArrays
@@ -55,6 +64,8 @@ def round_steps(
         if config.privacy.adaptive_clip:
             steps.append(AdaptClip(config.privacy))
         steps.append(ServerStep(strategy))
+    if config.server.share != "full":  # agents' personalized models: only they can evaluate them
+        return [*steps, AgentsEvaluation()]
     if evaluator is not None:
         steps.append(Evaluate(evaluator))
     if config.server.onnx:

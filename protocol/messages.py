@@ -177,6 +177,7 @@ class RoundTask(Message):
     starts: list[AgentStart] = field(default_factory=list)
     agent_train: list[AgentTrain] = field(default_factory=list)
     classes: list[str] = field(default_factory=list)  # detectors: the federation's class names, in id order
+    share: str = "full"  # detectors: what is averaged (full, backbone or head); agents keep the rest local
 
     def train_of(self, agent: str) -> TrainSettings:
         """The settings ``agent`` trains with this round (the shared ``train`` unless ``agent_train`` says)."""

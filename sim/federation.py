@@ -58,6 +58,7 @@ class SimSettings:
     image_size: int = 160  # detect: image and model input size in pixels
     images_per_agent: int = 96  # detect: training images per agent
     pooled: bool = False  # detect: one agent trains on the union of the ``agents`` shares (centralized baseline)
+    share: str = "full"  # detect: server.share, what is averaged (full, backbone or head)
 
     def __post_init__(self) -> None:
         from agent.local_dp import LocalPrivacySection
@@ -167,7 +168,7 @@ def write_data(root: Path, settings: SimSettings) -> tuple[dict, dict, list[str]
         mixes = write_detection_data(root / "pool" if settings.pooled else root, names, settings.partition,
                                      settings.seed, images=settings.images_per_agent,
                                      image_size=settings.image_size)  # fmt: skip
-        server = {"eval_data": "eval/data.yaml", "classes": list(NAMES)}
+        server = {"eval_data": "eval/data.yaml", "classes": list(NAMES), "share": settings.share}
         description = describe_mixes(mixes, names)
         if settings.pooled:
             (root / "server").mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,10 @@ import skyfed
 from agent.detector import DetectorTrainer, StartMismatch, check_start
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
+from models.serialization import load_file
 from models.synthetic_detection import NAMES, class_skew, write_dataset
 from models.weights import delta, to_arrays
+from models.yolo import shared_names
 from models.yolo_dataset import DatasetError, class_counts, label_file, load_data_yaml, read_labels
 from models.yolo_eval import DetectionEvaluator
 from models.zoo import build_model
@@ -188,3 +190,49 @@ def retained_server_status(broker) -> ServerStatus:
     client.stop()
     assert received is not None, "no retained server status"
     return ServerStatus.from_json(received[1])
+
+
+def test_partial_aggregation_keeps_the_private_part_on_the_agent(dataset, tmp_path):
+    trainer, start = trainer_for(dataset, tmp_path), start_arrays(1)
+    model = build_model("yolo11n", len(CLASSES))
+    head = set(start) - set(shared_names(list(start), model.yaml, "backbone"))
+    assert head and all(int(n.split(".")[1]) >= len(model.yaml["backbone"]) for n in head)
+    first = trainer.train(start, detect_task(share="backbone"))
+    assert all(np.array_equal(first.arrays[n], start[n]) for n in head), "the head's change must stay local"
+    assert any(not np.array_equal(first.arrays[n], start[n]) for n in set(start) - head)
+    kept, _ = load_file(tmp_path / "work" / "private-backbone.safetensors")
+    assert set(kept) == head and any(not np.array_equal(kept[n], start[n]) for n in head)
+    # the next round starts from the new global backbone and this agent's own head (check_start would refuse
+    # anything else), and its head keeps learning from where it was
+    second = trainer.train(start, detect_task(share="backbone", round=2))
+    assert all(np.array_equal(second.arrays[n], start[n]) for n in head)
+    again, _ = load_file(tmp_path / "work" / "private-backbone.safetensors")
+    assert any(not np.array_equal(again[n], kept[n]) for n in head)
+
+
+def test_a_partial_federation_reports_the_agents_own_map(tmp_path, broker):
+    fed = Federation(tmp_path, broker, rounds=1, agents=2, task="detect", images_per_agent=8, image_size=SIZE,
+                     batch_size=4, share="head")  # fmt: skip
+    fed.run(Aggregator(load_server_config(fed.layout.server_config)), timeout_s=240)
+    (metrics,) = fed.metrics()
+    local = metrics.aggregation["local_eval"]
+    assert set(local) == {"agent-01", "agent-02"} and metrics.aggregation["eval_source"].startswith("agents'")
+    low, high = sorted(e["map50"] for e in local.values())
+    assert low <= metrics.eval["map50"] <= high, (metrics.eval, local)
+    assert "onnx" not in metrics.aggregation  # the global model alone is no agent's model
+
+
+def test_partial_aggregation_is_refused_where_it_cannot_work(tmp_path, broker):
+    fed = Federation(tmp_path, broker, rounds=1, agents=1)  # digits
+    override_toml(fed.layout.server_config, server={"share": "backbone"})
+    with pytest.raises(ConfigError, match="for detector models"):
+        load_server_config(fed.layout.server_config)
+    fed.close()
+    fed = Federation(tmp_path / "d", broker, rounds=1, agents=1, task="detect", images_per_agent=4, image_size=SIZE)
+    override_toml(fed.layout.server_config, server={"share": "head"}, strategy={"name": "fedswap"})
+    with pytest.raises(ConfigError, match="swapping strategies move whole models"):
+        load_server_config(fed.layout.server_config)
+    override_toml(fed.layout.server_config, server={"share": "neck"}, strategy={"name": "fedavg"})
+    with pytest.raises(ConfigError, match="server.share must be one of full, backbone, head"):
+        load_server_config(fed.layout.server_config)
+    fed.close()
