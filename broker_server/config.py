@@ -26,7 +26,7 @@ class ServerSection:
     model: str = "digits_cnn"
     num_classes: int = 0  # 0: len(classes) for detectors, 10 for classifiers
     classes: list[str] = field(default_factory=list)  # detectors: class names in id order, as in data.yaml
-    init_weights: str | None = None  # detectors: a local Ultralytics .pt of the same model to start from
+    init_weights: str | None = None  # detectors: a local Ultralytics .pt (or an earlier global_model.safetensors)
     rounds: int = 0
     eval_data: str | None = None
     seed: int = 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import torch
 from torch import nn
 
 YAMLS = {"yolov8n": "yolov8n.yaml", "yolov8s": "yolov8s.yaml", "yolo11n": "yolo11n.yaml", "yolo11s": "yolo11s.yaml"}
@@ -52,17 +53,25 @@ def shared_names(names: list[str], model_yaml: dict, part: str) -> list[str]:
 
 
 def load_pt_weights(model: nn.Module, path: Path) -> None:
-    """Copy the weights of a local Ultralytics checkpoint into ``model``; every tensor must match in name and
-    shape (a partial match would silently leave layers re-initialised, the classic federated-YOLO bug)."""
-    ultralytics_offline()
-    from ultralytics.nn.tasks import load_checkpoint
+    """Copy the weights of a local checkpoint into ``model``: an Ultralytics ``.pt`` or a SkyFed
+    ``global_model.safetensors`` (an earlier run's model). Every tensor must match in name and shape (a
+    partial match would silently leave layers re-initialised, the classic federated-YOLO bug)."""
+    if path.suffix == ".safetensors":
+        from models.serialization import load_file
 
-    source, _ = load_checkpoint(str(path))  # torch.load of a pickle: only ever a file the operator chose
-    theirs, ours = source.float().state_dict(), model.state_dict()
+        arrays, _ = load_file(path)
+        theirs = {name: torch.from_numpy(array) for name, array in arrays.items()}
+    else:
+        ultralytics_offline()
+        from ultralytics.nn.tasks import load_checkpoint
+
+        source, _ = load_checkpoint(str(path))  # torch.load of a pickle: only ever a file the operator chose
+        theirs = source.float().state_dict()
+    ours = model.state_dict()
     missing = [k for k in ours if k not in theirs or theirs[k].shape != ours[k].shape]
     if missing:
         raise ValueError(
             f"{path} does not fit this architecture/class count: {len(missing)} of {len(ours)} tensors differ "
             f"(first: {missing[0]}); give a checkpoint of the same model and number of classes"
         )
-    model.load_state_dict({k: theirs[k] for k in ours})
+    model.load_state_dict({k: theirs[k].to(ours[k].dtype) for k in ours})

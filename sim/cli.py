@@ -60,6 +60,8 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         task=args.task,
         image_size=args.image_size,
         images_per_agent=args.images_per_agent,
+        init_weights=args.init_weights or "",
+        share=args.share,
     )
 
 
@@ -149,6 +151,10 @@ def _add_sim_options(
     parser.add_argument("--lr", type=float, default=None, help="default: 0.05 (classify), 0.01 (detect)")
     parser.add_argument("--image-size", type=int, default=160, help="detect: image and model input size (pixels)")
     parser.add_argument("--images-per-agent", type=int, default=96, help="detect: synthetic training images per agent")
+    parser.add_argument("--share", default="full", choices=["full", "backbone", "head"],
+                        help="detect: what is averaged; agents keep the rest local")  # fmt: skip
+    parser.add_argument("--init-weights", default=None, metavar="FILE",
+                        help="detect: start from a local Ultralytics .pt or an earlier run's global_model.safetensors")  # fmt: skip
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--deadline", type=float, default=60.0, help="round deadline in seconds")
     parser.add_argument(

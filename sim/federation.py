@@ -59,6 +59,9 @@ class SimSettings:
     images_per_agent: int = 96  # detect: training images per agent
     pooled: bool = False  # detect: one agent trains on the union of the ``agents`` shares (centralized baseline)
     share: str = "full"  # detect: server.share, what is averaged (full, backbone or head)
+    init_weights: str = (
+        ""  # detect: server.init_weights, a start checkpoint (.pt or an earlier global_model.safetensors)
+    )
 
     def __post_init__(self) -> None:
         from agent.local_dp import LocalPrivacySection
@@ -104,6 +107,8 @@ class SimSettings:
             raise ValueError(f"--attack-scope must be one of {', '.join(SCOPES)}, got {self.attack_scope!r}")
         if self.task == "detect":
             class_probs(self.partition, 0, self.agents)
+            if self.init_weights and not Path(self.init_weights).is_file():
+                raise ValueError(f"--init-weights {self.init_weights}: no such file")
             if self.pooled and (self.slow_agents or self.fraction < 1):
                 raise ValueError("pooled runs one agent: drop --slow-agents and --fraction")
             if self.attackers or self.local_privacy:
@@ -168,7 +173,12 @@ def write_data(root: Path, settings: SimSettings) -> tuple[dict, dict, list[str]
         mixes = write_detection_data(root / "pool" if settings.pooled else root, names, settings.partition,
                                      settings.seed, images=settings.images_per_agent,
                                      image_size=settings.image_size)  # fmt: skip
-        server = {"eval_data": "eval/data.yaml", "classes": list(NAMES), "share": settings.share}
+        server = {
+            "eval_data": "eval/data.yaml",
+            "classes": list(NAMES),
+            "share": settings.share,
+            **({"init_weights": str(Path(settings.init_weights).resolve())} if settings.init_weights else {}),
+        }
         description = describe_mixes(mixes, names)
         if settings.pooled:
             (root / "server").mkdir(parents=True, exist_ok=True)

@@ -236,3 +236,21 @@ def test_partial_aggregation_is_refused_where_it_cannot_work(tmp_path, broker):
     with pytest.raises(ConfigError, match="server.share must be one of full, backbone, head"):
         load_server_config(fed.layout.server_config)
     fed.close()
+
+
+def test_a_local_ultralytics_checkpoint_is_the_start_model_only_when_it_fits(tmp_path, broker):
+    torch.manual_seed(7)
+    pretrained = build_model("yolo11n", len(CLASSES))
+    torch.save({"model": pretrained.half()}, tmp_path / "pretrained.pt")  # Ultralytics stores fp16
+    torch.save({"model": build_model("yolo11n", 3)}, tmp_path / "three-classes.pt")
+    fed = Federation(tmp_path / "fed", broker, rounds=1, agents=1, task="detect", images_per_agent=4, image_size=SIZE)
+    override_toml(fed.layout.server_config, server={"init_weights": str(tmp_path / "pretrained.pt")})
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    expected = to_arrays(pretrained.float())
+    assert all(np.array_equal(server.engine.global_arrays[n], expected[n]) for n in expected)
+    fed.close()
+    fed = Federation(tmp_path / "fed3", broker, rounds=1, agents=1, task="detect", images_per_agent=4, image_size=SIZE)
+    override_toml(fed.layout.server_config, server={"init_weights": str(tmp_path / "three-classes.pt")})
+    with pytest.raises(ValueError, match="does not fit this architecture/class count"):
+        Aggregator(load_server_config(fed.layout.server_config))
+    fed.close()
