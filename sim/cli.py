@@ -154,7 +154,8 @@ def _add_sim_options(
     parser.add_argument("--share", default="full", choices=["full", "backbone", "head"],
                         help="detect: what is averaged; agents keep the rest local")  # fmt: skip
     parser.add_argument("--init-weights", default=None, metavar="FILE",
-                        help="detect: start from a local Ultralytics .pt or an earlier run's global_model.safetensors")  # fmt: skip
+                        help="detect: start from a local Ultralytics .pt or an earlier run's "
+                        "global_model.safetensors")  # fmt: skip
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--deadline", type=float, default=60.0, help="round deadline in seconds")
     parser.add_argument(
