@@ -120,7 +120,15 @@ def test_a_server_optimizer_steps_on_the_noisy_average_not_the_clean_one(tmp_pat
     np.testing.assert_allclose(velocity, engine.global_vector - before, rtol=1e-5, atol=1e-6)
     noise = velocity - clean
     assert np.std(noise) == pytest.approx(metrics.aggregation["noise_std"], rel=0.05)
-    assert [s.name for s in engine.steps] == ["bound", "aggregate", "check", "add-noise", "server-step", "evaluate"]
+    assert [s.name for s in engine.steps] == [
+        "bound",
+        "aggregate",
+        "check",
+        "add-noise",
+        "server-step",
+        "evaluate",
+        "export-onnx",
+    ]
 
 
 @pytest.mark.parametrize(
