@@ -39,6 +39,11 @@ class Experiment:
     conditions: dict = field(default_factory=lambda: {"default": {}})
     methods: dict = field(default_factory=lambda: {"default": {}})
 
+    @property
+    def score(self) -> str:
+        """What the table's score is: test accuracy, or mAP@.5 for detection experiments."""
+        return "mAP@.5" if self.sim.get("task") == "detect" else "accuracy"
+
     def settings(self, condition: str, method: str, seed: int) -> SimSettings:
         merged: dict[str, Any] = {**self.sim, **self.conditions[condition], **self.methods[method], "seed": seed}
         return build(SimSettings, merged, where=f"methods.{method}", strict=True)
@@ -135,7 +140,7 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
     """Markdown, one line per condition and method: mean ± sd over seeds."""
     target = f"{experiment.target:.0%}"
     lines = [
-        f"| condition | method | final accuracy % | rounds to {target} | seconds to {target} | kB up / round "
+        f"| condition | method | final {experiment.score} % | rounds to {target} | seconds to {target} | kB up / round "
         "| kB down / round | epsilon |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -173,7 +178,7 @@ def plot(experiment: Experiment, rows: list[dict], out: Path) -> None:
             mean = [statistics.mean(c[i] or 0.0 for c in curves) for i in range(length)]
             ax.plot(range(1, length + 1), mean, label=method)
         ax.axhline(experiment.target, color="grey", linestyle=":", linewidth=1)
-        ax.set(xlabel="round", ylabel="test accuracy (mean over seeds)", title=f"{experiment.title}: {condition}")
+        ax.set(xlabel="round", ylabel=f"{experiment.score} (mean over seeds)", title=f"{experiment.title}: {condition}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()

@@ -15,6 +15,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from protocol.messages import headline
 from sim.federation import SimSettings
 from sim.run import exit_on_sigterm, run_sim
 
@@ -71,16 +72,20 @@ def run_grid(out: Path, seeds: list[int], agents: int, attackers: int, rounds: i
     return done
 
 
-def final_accuracy(run: Path) -> float:
-    """Accuracy of the run's final global model on the server's test set (a rolled-back round keeps the
-    previous model, so the last metrics line does not always carry it)."""
+def final_accuracy(run: Path) -> float | None:
+    """Accuracy (mAP@.5 for detectors) of the run's final global model on the server's test set (a rolled-back
+    round keeps the previous model, so the last metrics line does not always carry it). With partial
+    aggregation no global model is anyone's model: the last committed round's score (the agents' own)."""
     from broker_server.config import load_server_config
-    from broker_server.evaluation import headline, server_evaluator
+    from broker_server.evaluation import server_evaluator
     from models.serialization import load_file
 
-    evaluator = server_evaluator(load_server_config(run / "federation" / "server" / "server.toml"))
+    config = load_server_config(run / "federation" / "server" / "server.toml")
+    if config.server.share != "full":
+        lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
+        return next((headline(m["eval"]) for m in reversed(lines) if m["outcome"] == "committed"), None)
     arrays, _ = load_file(run / "global_model.safetensors")
-    return headline(evaluator(arrays))
+    return headline(server_evaluator(config)(arrays))
 
 
 def table(rows: list[dict]) -> str:

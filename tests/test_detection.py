@@ -254,3 +254,21 @@ def test_a_local_ultralytics_checkpoint_is_the_start_model_only_when_it_fits(tmp
     with pytest.raises(ValueError, match="does not fit this architecture/class count"):
         Aggregator(load_server_config(fed.layout.server_config))
     fed.close()
+
+
+def test_sim_task_detect_picks_detection_defaults_and_refuses_classifier_partitions():
+    from sim.cli import _settings
+
+    args = skyfed.build_parser().parse_args(["sim", "--task", "detect", "--agents", "2"])
+    settings = _settings(args)
+    assert (settings.model, settings.partition, settings.lr, settings.batch_size) == ("yolo11n", "class-skew:0.7",
+                                                                                      0.01, 16)  # fmt: skip
+    digits = _settings(skyfed.build_parser().parse_args(["sim"]))
+    assert (digits.model, digits.partition, digits.lr, digits.batch_size) == ("digits_cnn", "dirichlet:0.5", 0.05, 32)
+    demo = _settings(skyfed.build_parser().parse_args(["demo"]))
+    assert demo.partition == "shards" and _settings(skyfed.build_parser().parse_args(["demo", "--task", "detect"]))
+    for argv, message in ((["--partition", "dirichlet:0.5"], "not a detection partition"),
+                          (["--model", "digits_cnn"], "not a detect model"),
+                          (["--init-weights", "/nowhere.pt"], "no such file")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            _settings(skyfed.build_parser().parse_args(["sim", "--task", "detect", *argv]))
