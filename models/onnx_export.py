@@ -13,6 +13,7 @@ import json
 import math
 import os
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -29,6 +30,9 @@ OPSET = 18
 TOLERANCE = 1e-4
 CHECK_SAMPLES = 3
 SEED = 0
+# torch.onnx.export keeps process-wide state (GLOBALS.in_onnx_export): two threads exporting at once (agents
+# hosted together, `--agents-per-process`) trip its assertions, so exports take turns
+EXPORT_LOCK = threading.Lock()
 
 
 class ExportError(Exception):
@@ -65,7 +69,8 @@ def export_onnx(
         tmp = Path(name)
         prepared = _prepare_detect(model) if task == "detect" else _prepare(model)
         batch = 1 if task == "detect" else 2
-        _write(prepared, tmp, task, tuple(input_shape), list(names))
+        with EXPORT_LOCK:
+            _write(prepared, tmp, task, tuple(input_shape), list(names))
         diff = max_abs_diff(prepared, tmp, tuple(input_shape), batch, task)
         if not diff <= TOLERANCE:  # also catches NaN
             raise ExportError(f"onnxruntime differs from PyTorch by {diff:.3g} (> {TOLERANCE:g})")
