@@ -154,6 +154,16 @@ def test_detector_configs_that_cannot_work_fail_at_start(tmp_path, broker):
         with pytest.raises(ConfigError, match=message):
             load_server_config(path)
         path.write_text(original)
+    # the other defences take detector updates as they are (named float32 deltas); DP keeps its own rules
+    original = path.read_text()
+    override_toml(path, strategy={"name": "fedavg", "threshold": 1}, bounds={"clip": "fixed", "clip_norm": 5.0})
+    load_server_config(path)
+    override_toml(path, privacy={"clip": 5.0, "noise_multiplier": 1.0}, bounds={"clip": "adaptive"})
+    with pytest.raises(ConfigError, match="weighting"):  # object weights would let one agent outweigh the clip
+        load_server_config(path)
+    override_toml(path, strategy={"weighting": "uniform"})
+    load_server_config(path)
+    path.write_text(original)
     fed.close()
 
 
