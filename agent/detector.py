@@ -38,8 +38,8 @@ import torch
 from agent.trainer import TrainResult
 from models.serialization import load_file, save_file
 from models.weights import NamedArrays, load_arrays, to_arrays
-from models.yolo import shared_names, ultralytics_offline
-from models.yolo_dataset import class_counts, load_data_yaml, resolved_yaml
+from models.yolo import prepare_run, shared_names
+from models.yolo_dataset import class_counts, load_data_yaml
 from models.yolo_eval import map_metrics
 from models.zoo import build_model, task_of
 from protocol.messages import RoundTask
@@ -67,9 +67,7 @@ class DetectorTrainer:
         self.agent_id = agent_id
         self.seed = seed
         self.work_dir = work_dir
-        work_dir.mkdir(parents=True, exist_ok=True)
-        ultralytics_offline(work_dir / "ultralytics")
-        self.yaml = resolved_yaml(self.data, work_dir / "data.yaml")
+        self.yaml = prepare_run(self.data, work_dir, "data.yaml")
 
     def refusal(self, task: RoundTask) -> str:
         """Why this agent cannot train ``task``'s model on its data (``""`` when it can)."""

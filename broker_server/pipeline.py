@@ -265,7 +265,8 @@ class AgentsEvaluation(Step):
         reports = [(u.samples, u.local_eval) for u in ctx.state.updates if u.local_eval]
         keys = set.intersection(*(set(e) for _, e in reports)) if reports else set()
         total = sum(w for w, _ in reports)
-        ctx.evaluation = {k: round(sum(w * e[k] for w, e in reports) / total, 6) for k in sorted(keys)}
+        # normalized weights first: claimed values are finite but may be huge, and w * value could overflow
+        ctx.evaluation = {k: round(sum(w / total * e[k] for w, e in reports), 6) for k in sorted(keys)}
         ctx.step_detail["eval_source"] = f"agents' own validation ({len(reports)} agents)"
 
 

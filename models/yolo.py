@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from models.yolo_dataset import DetectionData, resolved_yaml
+
 YAMLS = {"yolov8n": "yolov8n.yaml", "yolov8s": "yolov8s.yaml", "yolo11n": "yolo11n.yaml", "yolo11s": "yolo11s.yaml"}
 PARTS = ("full", "backbone", "head")
 
@@ -28,6 +30,14 @@ def ultralytics_offline(config_dir: Path | None = None) -> None:
     if config_dir is not None:
         config_dir.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("YOLO_CONFIG_DIR", str(config_dir))
+
+
+def prepare_run(data: DetectionData, work_dir: Path, yaml_name: str) -> Path:
+    """The work dir of an Ultralytics run over ``data``: offline settings under it, and the dataset as a yaml
+    with absolute paths (``resolved_yaml``), whose path is returned."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    ultralytics_offline(work_dir / "ultralytics")
+    return resolved_yaml(data, work_dir / yaml_name)
 
 
 def detection_model(name: str, num_classes: int) -> nn.Module:

@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path
 
 from models.weights import NamedArrays, load_arrays
-from models.yolo import ultralytics_offline
-from models.yolo_dataset import DatasetError, load_data_yaml, resolved_yaml
+from models.yolo import prepare_run
+from models.yolo_dataset import DatasetError, load_data_yaml
 from models.zoo import build_model, pick_device
 
 VAL_BATCH = 16
@@ -35,9 +35,7 @@ class DetectionEvaluator:
         self.model_name = model_name
         self.image_size = image_size
         self.work_dir = work_dir
-        work_dir.mkdir(parents=True, exist_ok=True)
-        ultralytics_offline(work_dir / "ultralytics")
-        self.yaml = resolved_yaml(self.data, work_dir / "eval-data.yaml")
+        self.yaml = prepare_run(self.data, work_dir, "eval-data.yaml")
 
     def __call__(self, arrays: NamedArrays) -> dict[str, float]:
         from ultralytics.models.yolo.detect import DetectionValidator

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from models.synthetic_detection import CLASSES, class_skew, write_dataset
-from models.yolo_dataset import load_data_yaml, write_data_yaml
+from models.yolo_dataset import DetectionData, load_data_yaml, resolved_yaml
 
 PARTITIONS = "iid | class-skew:D (D in [1/4, 1]: the share of an agent's objects from its own class)"
 
@@ -47,10 +47,9 @@ def pool(sources: list[Path], out: Path) -> Path:
     """One dataset made of every ``sources`` dataset's images (listed, not copied): ``out/data.yaml``."""
     datasets = [load_data_yaml(s) for s in sources]
     out.mkdir(parents=True, exist_ok=True)
-    for split in ("train", "val"):
-        images = [image.resolve() for d in datasets for image in getattr(d, split)]
-        (out / f"{split}.txt").write_text("".join(f"{image}\n" for image in images))
-    return write_data_yaml(out, datasets[0].names, train="train.txt", val="val.txt")
+    union = DetectionData(out / "data.yaml", out, tuple(i for d in datasets for i in d.train),
+                          tuple(i for d in datasets for i in d.val), datasets[0].names)  # fmt: skip
+    return resolved_yaml(union, union.yaml_path)
 
 
 def describe_mixes(mixes: np.ndarray, names: list[str]) -> list[str]:

@@ -34,3 +34,13 @@ def broker(tmp_path):
     yield instance
     instance.stop()
     print(f"--- broker log (shown by pytest only when the test failed) ---\n{instance.log_tail(50)}")
+
+
+@pytest.fixture(scope="module")
+def ultralytics_utils():
+    """Ultralytics' dataset checks (``ultralytics.data.utils``), kept from downloading a plotting font."""
+    from ultralytics.data import utils
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(utils, "check_font", lambda *args, **kwargs: None)  # a plotting font it would download
+        yield utils

@@ -18,6 +18,7 @@ from agent.infer import decode, infer, load_model, nms, preprocess
 from models.onnx_export import export_onnx
 from models.tasks import ONNX_FORMAT
 from models.zoo import build_model, input_shape
+from sim.broker import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = [str(i) for i in range(10)]
@@ -211,7 +212,8 @@ def agent_toml(folder: Path) -> Path:
     path = folder / "agent.toml"
     path.write_text(
         '[agent]\nid = "drone-01"\nfederation = "fleet"\nstate_dir = "state"\ndata = "data.npz"\n'
-        '[broker]\nhost = "localhost"\nport = 1883\n[keys]\nidentity = "agent.key"\nserver = "server.pub"\n'
+        '[broker]\nhost = "127.0.0.1"\n'
+        f'port = {free_port()}\n[keys]\nidentity = "agent.key"\nserver = "server.pub"\n'  # never connected to
     )
     return path
 

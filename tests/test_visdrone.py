@@ -56,18 +56,6 @@ def visdrone(tmp_path) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def ultralytics_utils(tmp_path_factory):
-    """Ultralytics' data checks, offline with a private settings dir (set before the first import)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("YOLO_OFFLINE", "1")
-        patch.setenv("YOLO_CONFIG_DIR", str(tmp_path_factory.mktemp("ultralytics")))
-        from ultralytics.data import utils
-
-        patch.setattr(utils, "check_font", lambda *args, **kwargs: None)  # a plotting font it would download
-        yield utils
-
-
 def assert_ultralytics_accepts(utils, yaml_path: Path, names: tuple[str, ...]) -> None:
     data = utils.check_det_dataset(str(yaml_path))
     assert data["nc"] == len(names) and data["names"] == dict(enumerate(names))

@@ -39,18 +39,6 @@ def dataset(tmp_path) -> Path:
     return write_data_yaml(root, NAMES)
 
 
-@pytest.fixture(scope="module")
-def ultralytics_utils(tmp_path_factory):
-    """Ultralytics' data checks, offline with a private settings dir (set before the first import)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("YOLO_OFFLINE", "1")
-        patch.setenv("YOLO_CONFIG_DIR", str(tmp_path_factory.mktemp("ultralytics")))
-        from ultralytics.data import utils
-
-        patch.setattr(utils, "check_font", lambda *args, **kwargs: None)  # a plotting font it would download
-        yield utils
-
-
 def dominant_share(images: tuple[Path, ...], cls: int) -> float:
     dominant = [np.bincount(read_labels(label_file(i))[:, 0].astype(int), minlength=3).argmax() for i in images]
     return float(np.mean(np.array(dominant) == cls))
