@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.local_dp import LocalPrivacySection
+from agent.telemetry import GatePolicy, TelemetrySection, check_gate_sources
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
 from protocol.mqtt import BrokerSettings
 from protocol.topics import check_level
@@ -31,6 +32,7 @@ class KeysSection:
 
 
 TRAINERS = ("classifier", "detector")
+WORKERS = ("per-round", "warm")
 
 
 @dataclass(frozen=True)
@@ -39,12 +41,18 @@ class TrainingSection:
     device: str = "auto"
     threads: int = 0
     onnx: bool = True  # keep the newest global model as state_dir/global_model.onnx for `skyfed agent infer`
+    worker: str = "per-round"  # the training child: started per job (PyTorch's memory freed) or kept warm
+    time_limit_s: float = 3600.0  # a training or export job running longer is killed and reported
 
     def __post_init__(self) -> None:
         if self.trainer not in TRAINERS:
             raise ValueError(f"training.trainer must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f'training.device must be "auto", "cpu" or "cuda", got {self.device!r}')
+        if self.worker not in WORKERS:
+            raise ValueError(f"training.worker must be one of {', '.join(WORKERS)}, got {self.worker!r}")
+        if not self.time_limit_s > 0:
+            raise ValueError(f"training.time_limit_s must be > 0 seconds, got {self.time_limit_s}")
         if self.threads < 0:
             raise ValueError(f"training.threads must be >= 0 (0 = PyTorch's default), got {self.threads}")
 
@@ -57,6 +65,8 @@ class AgentConfig:
     keys: KeysSection
     training: TrainingSection = field(default_factory=TrainingSection)
     privacy: LocalPrivacySection = field(default_factory=LocalPrivacySection)  # local DP-SGD; off by default
+    gate: GatePolicy = field(default_factory=GatePolicy)  # when the device skips rounds (agent.telemetry)
+    telemetry: TelemetrySection = field(default_factory=TelemetrySection)  # where device state comes from
 
     @property
     def state_dir(self) -> Path:
@@ -78,7 +88,7 @@ class AgentConfig:
 def load_agent_config(path: Path) -> AgentConfig:
     """Parse and check ``agent.toml``; raise ``ConfigError`` naming the key and the fix."""
     data = read_toml(path)
-    check_tables(path, data, {"agent", "broker", "keys", "training", "privacy"})
+    check_tables(path, data, {"agent", "broker", "keys", "training", "privacy", "gate", "telemetry"})
     try:
         config = AgentConfig(
             path=path,
@@ -87,7 +97,10 @@ def load_agent_config(path: Path) -> AgentConfig:
             keys=table(path, data, "keys", KeysSection),
             training=table(path, data, "training", TrainingSection, required=False),
             privacy=table(path, data, "privacy", LocalPrivacySection, required=False),
+            gate=table(path, data, "gate", GatePolicy, required=False),
+            telemetry=table(path, data, "telemetry", TelemetrySection, required=False),
         )
+        check_gate_sources(config.gate, config.telemetry)
         check_level("agent.id", config.agent.id)
         if config.training.trainer == "detector" and config.privacy.enabled:
             raise ValueError('[privacy] (local DP-SGD) works with training.trainer = "classifier" only; remove it')

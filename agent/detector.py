@@ -41,7 +41,7 @@ from models.weights import NamedArrays, load_arrays, to_arrays
 from models.yolo import prepare_run, shared_names
 from models.yolo_dataset import class_counts, load_data_yaml
 from models.yolo_eval import map_metrics
-from models.zoo import build_model, task_of
+from models.zoo import build_model
 from protocol.messages import RoundTask
 
 log = logging.getLogger("skyfed.agent")
@@ -54,28 +54,17 @@ class StartMismatch(RuntimeError):
 class DetectorTrainer:
     """Trains the round's YOLO model on ``data_yaml``'s train split, validates on its val split."""
 
-    kind = "detect"
     budget = None  # local DP-SGD is for classifiers (agent.config refuses it here)
 
     def __init__(self, data_yaml: Path, *, device: torch.device, agent_id: str, work_dir: Path, seed: int = 0) -> None:
         self.data = load_data_yaml(data_yaml)
-        self.objects = int(class_counts(self.data.train, self.data.num_classes).sum())
-        if self.objects == 0:
-            raise ValueError(f"{data_yaml}: the train split holds no labelled objects; nothing to learn from")
+        self.objects = int(class_counts(self.data.train, self.data.num_classes).sum())  # > 0: agent.profile checks
         self.samples = len(self.data.train)
         self.device = device
         self.agent_id = agent_id
         self.seed = seed
         self.work_dir = work_dir
         self.yaml = prepare_run(self.data, work_dir, "data.yaml")
-
-    def refusal(self, task: RoundTask) -> str:
-        """Why this agent cannot train ``task``'s model on its data (``""`` when it can)."""
-        if task_of(task.model) != self.kind:
-            return f"wrong-task: {task.model} is not a detector; set training.trainer to match the federation"
-        if list(self.data.names) != task.classes:
-            return f"class-mismatch: data.yaml names {list(self.data.names)}, the federation {task.classes}"
-        return ""
 
     def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
         from ultralytics.models.yolo.detect import DetectionTrainer

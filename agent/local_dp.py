@@ -23,10 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from common.files import read_json, write_json
-from models.training import Prepare
 from protocol.messages import RoundTask, TrainSettings
+
+if TYPE_CHECKING:
+    from models.training import Prepare
 
 Step = tuple[float, float, int]  # (noise multiplier, sample rate, steps), as Opacus' accountant keeps them
 
@@ -162,18 +165,10 @@ class PrivacyBudget:
         return f"privacy-budget-spent: epsilon {self.epsilon:.3g} of {target:g}; the next round would reach {after:.3g}"
 
     def spend(self, steps: list[Step], train: TrainSettings) -> None:
-        """Record what a finished training spent (before its update is sent)."""
+        """Record what a finished training spent (before its update is sent), and whether another round like
+        it would pass the target (``gate``: the daemon's status reads it, ``agent.profile.PrivacyView``)."""
         self.history = list(merged([*self.history, *steps]))
         self.epsilon = epsilon_of(self.history, self.policy.delta)
         self.last_train = train
-        write_json(self.path, {"history": [list(s) for s in self.history], "epsilon": self.epsilon}, mode=0o600)
-
-    def summary(self) -> dict[str, float]:
-        return {
-            "epsilon": self.epsilon,
-            "delta": self.policy.delta,
-            "target_epsilon": self.policy.target_epsilon,
-            "noise_multiplier": self.policy.noise_multiplier,
-            "max_grad_norm": self.policy.max_grad_norm,
-            "steps": float(sum(s[2] for s in self.history)),
-        }
+        record = {"history": [list(s) for s in self.history], "epsilon": self.epsilon, "gate": self.refusal(None, "")}
+        write_json(self.path, record, mode=0o600)

@@ -64,6 +64,9 @@ class ProgressStore:
             if old.name != self.update_path(round_number).name:
                 old.unlink(missing_ok=True)
 
+    def drop_update(self, round_number: int) -> None:
+        self.update_path(round_number).unlink(missing_ok=True)
+
     def stored_update(self, round_number: int) -> bytes | None:
         path = self.update_path(round_number)
         return path.read_bytes() if path.exists() else None

@@ -3,28 +3,29 @@
 A trainer owns its data, gets the global weights (named arrays) and the round's settings, and returns
 new weights plus what the server weighs them by. ``training.trainer`` in ``agent.toml`` picks one:
 ``classifier`` (``ClassifierTrainer``: the PyTorch CNNs and MLPs on an ``.npz``) or ``detector``
-(``agent.detector.DetectorTrainer``: Ultralytics YOLO on a YOLO ``data.yaml``).
+(``agent.detector.DetectorTrainer``: Ultralytics YOLO on a YOLO ``data.yaml``). Trainers run where
+PyTorch is: the agent's training child (``agent.training_child``), or a simulation's host process.
+Whether the agent *can* train a task's model is the daemon's light decision (``agent.profile``).
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-import torch
-
-from agent.local_dp import PrivacyBudget, budget_for, dp_sgd
-from models.datasets import Dataset, load_dataset
+from agent.local_dp import PrivacyBudget, budget_for
+from models.datasets import load_dataset
 from models.serialization import dumps
-from models.training import train_sgd
-from models.weights import NamedArrays, load_arrays, to_arrays
-from models.zoo import build_model, task_of
+from models.weights import NamedArrays, delta
+from protocol.codecs import Codec, ErrorFeedback, compress
 from protocol.messages import RoundTask
 from protocol.update import UpdateMeta
 
 if TYPE_CHECKING:
+    import torch
+
     from agent.config import AgentConfig
 
 
@@ -38,11 +39,12 @@ class TrainResult:
     local_eval: dict[str, float] = field(default_factory=dict)  # the trainer's own validation, e.g. map50
 
 
-class Trainer(Protocol):
-    samples: int  # training examples this agent holds (images for detectors)
-    budget: PrivacyBudget | None
+class TrainingDeclined(Exception):
+    """The trainer will not train this round (local DP: it would pass the agent's epsilon budget)."""
 
-    def refusal(self, task: RoundTask) -> str: ...
+
+class Trainer(Protocol):
+    budget: PrivacyBudget | None
 
     def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult: ...
 
@@ -55,93 +57,44 @@ class TrainerWrapper:
         self.inner = inner
 
     @property
-    def samples(self) -> int:
-        return self.inner.samples
-
-    @property
     def budget(self) -> PrivacyBudget | None:
         return self.inner.budget
-
-    def refusal(self, task: RoundTask) -> str:
-        return self.inner.refusal(task)
 
     def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
         return self.inner.train(global_arrays, task)
 
 
 def build_trainer(config: AgentConfig, device: torch.device) -> Trainer:
-    """The trainer ``training.trainer`` names, with its data loaded (a bad file fails here, at start)."""
+    """The trainer ``training.trainer`` names, with its data loaded (imports PyTorch: call it where training runs)."""
     if config.training.trainer == "detector":
         from agent.detector import DetectorTrainer
 
         return DetectorTrainer(config.data_path, device=device, agent_id=config.agent.id,
                                work_dir=config.state_dir / "detector", seed=config.agent.seed)  # fmt: skip
+    from agent.classifier import ClassifierTrainer
+
     data = load_dataset(config.data_path)
     budget = budget_for(config.privacy, config.state_dir, len(data))
     return ClassifierTrainer(data, device=device, agent_id=config.agent.id, seed=config.agent.seed, budget=budget)
 
 
-class ClassifierTrainer:
-    """SGD with momentum on this agent's dataset, with the round's epochs, batch size and learning rate."""
-
-    kind = "classify"
-
-    def __init__(
-        self, data: Dataset, *, device: torch.device, agent_id: str, seed: int = 0, budget: PrivacyBudget | None = None
-    ) -> None:
-        self.data = data
-        self.device = device
-        self.agent_id = agent_id
-        self.seed_base = seed * 1_000_003 + zlib.crc32(agent_id.encode())
-        self.budget = budget  # DP-SGD (agent.local_dp) when given
-
-    @property
-    def samples(self) -> int:
-        return len(self.data)
-
-    def refusal(self, task: RoundTask) -> str:
-        if task_of(task.model) != self.kind:
-            return f"wrong-task: {task.model} is not a classifier; set training.trainer to match the federation"
-        return ""
-
-    def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
-        model = build_model(task.model, num_classes=task.num_classes)
-        load_arrays(model, global_arrays)
-        torch.manual_seed(self.seed_base + task.round)
-        settings = task.train_of(self.agent_id)
-        prepare, spent = dp_sgd(self.budget.policy) if self.budget is not None else (None, None)
-        outcome = train_sgd(
-            model,
-            self.data,
-            epochs=settings.epochs,
-            batch_size=settings.batch_size,
-            lr=settings.lr,
-            momentum=settings.momentum,
-            seed=self.seed_base + task.round,
-            device=self.device,
-            prox_mu=0.0 if prepare is not None else settings.prox_mu,  # a whole-model term has no per-sample gradient
-            work=settings.work,
-            prepare=prepare,
-        )
-        epsilon = None
-        if self.budget is not None and spent is not None:
-            self.budget.spend(spent(), settings)
-            epsilon = self.budget.epsilon
-        return TrainResult(arrays=to_arrays(model), samples=outcome.samples, loss=outcome.loss, epsilon=epsilon)
-
-
 def encode_update(
     task: RoundTask,
-    change: NamedArrays,
+    base: NamedArrays,
     result: TrainResult,
     *,
+    residual: Path,
     base_sha256: str = "",
     local_delta: float | None = None,
-) -> bytes:
-    """The update's plaintext: the change from the start model (``base_sha256`` when that was not the
-    global one) and the metadata the server checks it by."""
+) -> tuple[bytes, NamedArrays]:
+    """The update's plaintext: the change from the start model ``base`` (``base_sha256`` when that was not the
+    global one) in the round's codec (``protocol.codecs``; top-k keeps what it did not send in ``residual``,
+    for later rounds), with the metadata the server checks it by; and the float32 change the server will
+    decode from it (the agent's own model after the round is ``base`` plus that, bit for bit)."""
+    codec = Codec.parse(task.codec)
+    out = compress(delta(result.arrays, base), codec, ErrorFeedback(residual, task.run_id))
     epsilon = result.epsilon if result.epsilon is not None and math.isfinite(result.epsilon) else None
     meta = UpdateMeta(round=task.round, base_version=task.model_version, samples=result.samples, loss=result.loss,
                       base_sha256=base_sha256, local_epsilon=epsilon, local_delta=local_delta, weight=result.weight,
-                      local_eval=result.local_eval)  # fmt: skip
-    return dumps(change, metadata=meta.to_metadata())
+                      local_eval=result.local_eval, codec=str(codec))  # fmt: skip
+    return dumps(out.payload, metadata=meta.to_metadata()), out.sent

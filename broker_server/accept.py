@@ -1,11 +1,12 @@
 """Accepting one update into the open round: who may send, what it must look like, and what it costs.
 
 In order: the round gates (a round is open, the update is for it, the sender was selected and has not
-been accepted yet), the structure (``validation.parse_update``), then one pass over the values
-(``onepass.scan``: finite, L2 norm, folded into a streaming strategy when the bounds known so far allow
-it), the outright norm limit, the model's invariants (no negative running variance), and finally
-the update is written to the update store before the round state records it. A refusal raises
-``UpdateRejected`` and leaves the round exactly as it was (a fold already made is subtracted again).
+been accepted yet), the structure (``validation.parse_update``, which decodes an encoded update), then
+one pass over the values (``onepass.scan``: finite, L2 norm, folded into a streaming strategy when the
+bounds known so far allow it), the outright norm limit, the model's invariants (no negative running
+variance), and finally the update is written to the update store before the round state records it.
+A refusal raises ``UpdateRejected`` and leaves the round exactly as it was (a fold already made is
+subtracted again).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from broker_server.validation import (
     parse_update,
 )
 from models.weights import TensorRange, TensorSpec
+from protocol.codecs import FP32, Codec
 from protocol.transfer import Completed
 
 
@@ -40,6 +42,7 @@ class RoundInputs:
     positive: tuple[TensorRange, ...] = ()
     base_sha256: str = ""
     next_round: int = 0  # the round the server opens next (an update for an earlier one is late)
+    codec: Codec = FP32  # how the round asked agents to encode updates
 
 
 def check_gates(state: RoundState | None, agent: str, round_number: int, next_round: int) -> RoundState:
@@ -75,6 +78,7 @@ def accept_update(
         round_number=state.round,
         model_version=inputs.model_version,
         base_sha256=inputs.base_sha256,
+        codec=inputs.codec,
     )
     bounds = tentative(
         policy,
@@ -92,7 +96,7 @@ def accept_update(
         if policy.max_update_norm > 0 and result.norm > policy.max_update_norm:
             raise UpdateRejected(f"norm-too-large: {result.norm:.4g} > {policy.max_update_norm:.4g}")
         check_invariants(parsed.delta, inputs.base_vector, inputs.positive)
-        store.put(state.round, agent, completed.data)
+        store.put(state.round, agent, parsed.stored)
     except BaseException:
         if folded and fold is not None:
             axpy(parsed.delta, fold.into, -folded)  # leave the running sum as it was

@@ -12,6 +12,7 @@ from typing import Any
 from broker_server.bounds import InfluencePolicy
 from broker_server.privacy import PrivacyPolicy
 from broker_server.rounds import RoundRules
+from protocol.codecs import Codec, CodecError
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
 from protocol.messages import TrainSettings
 from protocol.mqtt import BrokerSettings
@@ -33,8 +34,13 @@ class ServerSection:
     status_interval_s: float = 10.0
     onnx: bool = True  # export each new global model to state_dir/global_model.onnx (checked with onnxruntime)
     share: str = "full"  # detectors: average the full model, or only its backbone or head (the rest stays local)
+    codec: str = "fp32"  # how agents encode updates (protocol.codecs), sent in the signed round task
 
     def __post_init__(self) -> None:
+        try:
+            Codec.parse(self.codec)
+        except CodecError as exc:
+            raise ValueError(f"server.codec: {exc}") from None
         if len(set(self.classes)) != len(self.classes) or not all(isinstance(c, str) and c for c in self.classes):
             raise ValueError(f"server.classes must be distinct, non-empty class names, got {self.classes}")
         if self.num_classes == 0:
@@ -161,8 +167,8 @@ def load_server_config(path: Path) -> ServerConfig:
 def task_problem(config: ServerConfig) -> str:
     """Why the model's task (classify or detect) does not fit the rest of the configuration, or ``""``."""
     from broker_server.strategies import build_strategy
+    from models.tasks import task_of
     from models.yolo import PARTS
-    from models.zoo import task_of
 
     server = config.server
     if task_of(server.model) == "classify":

@@ -166,6 +166,18 @@ class Aggregator(MqttDaemon):
     def publish_final_status(self) -> paho.MQTTMessageInfo | None:
         return self._publish_status(force=True, state=self._end_state() or "stopped")
 
+    def systemd_status(self) -> str:
+        rs = self.engine.round_state
+        if self.engine.finished:
+            why = ": the privacy budget is spent" if self.engine.budget_exhausted else ""
+            return f"finished after round {self.engine.next_round - 1}{why}"
+        if rs is None:
+            eligible = self.registry.eligible(self.group_keys.key.key_id, self.clock())
+            needed = self.config.rounds.min_agents
+            return f"round {self.engine.next_round}: waiting for agents ({len(eligible)} eligible, {needed} needed)"
+        attempt = f" (attempt {rs.attempt})" if rs.attempt > 1 else ""
+        return f"round {rs.round}{attempt}: collecting {len(rs.updates)}/{len(rs.selected)} updates"
+
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool) -> None:
         rs = self.engine.announce(self.clock())

@@ -37,6 +37,7 @@ from models.serialization import dumps, float32_region, save_file
 from models.weights import NamedArrays, flatten, float_part, to_arrays, with_floats
 from models.yolo import load_pt_weights
 from models.zoo import build_model
+from protocol.codecs import FP32, Codec, encode
 from protocol.messages import Rejection, RoundMetrics, TrainSettings, headline
 from protocol.transfer import Completed
 from protocol.update import MAX_LOCAL_EVAL, UpdateMeta
@@ -59,6 +60,7 @@ class RoundEngine:
         self.config = config
         self.rules = config.rounds
         self.policy = config.privacy.bounds(config.bounds)
+        self.codec = Codec.parse(config.server.codec)
         self.replay = replay
         self.strategy = build_strategy(config.strategy)
         self.store = CheckpointStore(config.state_dir / "checkpoint")
@@ -183,12 +185,13 @@ class RoundEngine:
         return self.round_state is None and (self.budget_exhausted or limit > 0 and self.next_round > limit)
 
     def update_bytes(self) -> int:
-        """The largest a valid update can be: the model's float tensors as float32, plus a header."""
+        """The largest a valid update can be: the model's float tensors as float32 or in the round's codec
+        (whichever is larger, so an update in the wrong codec is still refused by name), plus a header."""
         local_eval = {f"{i:x}".ljust(32, "x"): -1e300 for i in range(MAX_LOCAL_EVAL)}
-        meta = UpdateMeta(round=2**31, base_version=2**31, samples=2**53, loss=-1e300, local_eval=local_eval)
-        meta = meta.to_metadata()
+        meta = UpdateMeta(round=2**31, base_version=2**31, samples=2**53, loss=-1e300, local_eval=local_eval,
+                          codec=str(self.codec)).to_metadata()  # fmt: skip
         zeros = {s.name: np.zeros(s.shape, np.float32) for s in self.float_spec}
-        return len(dumps(zeros, metadata=meta)) + HEADER_SLACK
+        return max(len(dumps(encode(zeros, c), metadata=meta)) for c in (FP32, self.codec)) + HEADER_SLACK
 
     # rounds ------------------------------------------------------------------------------------------
     def begin_round(self, eligible: list[str], now: float, enrolled: list[str] | None = None) -> RoundState | None:
@@ -284,6 +287,7 @@ class RoundEngine:
                     self.positive,
                     base_sha256="" if assignment is None else assignment.model.sha256,
                     next_round=self.next_round,
+                    codec=self.codec,
                 ),
                 policy=self.policy,
                 strategy=self.strategy,

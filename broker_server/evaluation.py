@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from models.datasets import load_dataset
+from models.tasks import task_of
 from models.training import evaluate
 from models.weights import NamedArrays, load_arrays
-from models.zoo import build_model, pick_device, task_of
+from models.zoo import build_model, pick_device
 
 if TYPE_CHECKING:
     from broker_server.config import ServerConfig

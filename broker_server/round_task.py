@@ -44,4 +44,5 @@ def round_task(
         agent_train=[AgentTrain(agent, TrainSettings.from_dict(train)) for agent, train in rs.agent_train.items()],
         classes=list(engine.config.server.classes),
         share=engine.config.server.share,
+        codec=str(engine.codec),
     )

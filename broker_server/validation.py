@@ -1,13 +1,15 @@
 """Structural validation of a decrypted update before its values are read (ARCHITECTURE.md, step 3).
 
-Checks, in order: safetensors structure, the update header, round and base version, tensor names,
-shapes and dtypes against the global model. The values themselves (finite, norm) are checked by
-``broker_server.onepass.scan`` in the same pass that folds them, and ``check_invariants`` refuses an
-update that would leave the model invalid on its own: a negative BatchNorm running variance (PyTorch's
-``*.running_var``) makes every later evaluation NaN. Honest training never
-produces one (it is an average of variances); a sign-flipped or rescaled update easily does. Since
-clipping, averaging, medians and trimmed means all keep each value inside the range of the valid
-inputs, an aggregate of valid updates is valid too. A rejected update never reaches a strategy.
+Checks, in order: safetensors structure, the update header, round and base version, the codec (the
+round's), then tensor names, shapes and dtypes against the global model; an encoded update
+(``protocol.codecs``) is decoded to float32 first, so every later check reads the same kind of delta.
+The values themselves (finite, norm) are checked by ``broker_server.onepass.scan`` in the same pass
+that folds them, and ``check_invariants`` refuses an update that would leave the model invalid on its
+own: a negative BatchNorm running variance (PyTorch's ``*.running_var``) makes every later evaluation
+NaN. Honest training never produces one (it is an average of variances); a sign-flipped or rescaled
+update easily does. Since clipping, averaging, medians and trimmed means all keep each value inside the
+range of the valid inputs, an aggregate of valid updates is valid too. A rejected update never reaches
+a strategy.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.serialization import SerializationError, float32_region
-from models.weights import TensorRange, TensorSpec, ranges_of
+from models.serialization import SerializationError, dumps, float32_region, loads, read_header
+from models.weights import TensorRange, TensorSpec, flatten, ranges_of, unflatten
+from protocol.codecs import FP32, Codec, CodecError, decode
 from protocol.update import UpdateMeta, UpdateMetaError
 
 
@@ -37,7 +40,8 @@ class NotForThisRound(UpdateRejected):
 @dataclass(frozen=True)
 class ParsedUpdate:
     meta: UpdateMeta
-    delta: np.ndarray  # zero-copy float32 view into the received bytes
+    delta: np.ndarray  # float32 in the model's float layout: a zero-copy view into the received bytes under fp32
+    stored: bytes | bytearray | memoryview  # what the update store keeps: float32 safetensors, like an fp32 update
 
 
 def reason_kind(reason: str) -> str:
@@ -82,14 +86,15 @@ def parse_update(
     round_number: int,
     model_version: int,
     base_sha256: str = "",
+    codec: Codec = FP32,
 ) -> ParsedUpdate:
     """Parse and check one update's structure; raise ``UpdateRejected`` with the reason on the first problem."""
     try:
-        vector, spec, metadata = float32_region(data)
+        header = read_header(data)
     except SerializationError as exc:
         raise UpdateRejected(f"malformed-update: {exc}") from None
     try:
-        meta = UpdateMeta.from_metadata(metadata)
+        meta = UpdateMeta.from_metadata(header.metadata)
     except UpdateMetaError as exc:
         raise UpdateRejected(str(exc)) from None
     if meta.round != round_number:
@@ -99,6 +104,18 @@ def parse_update(
     if meta.base_sha256 != base_sha256:
         said = f"model {base_sha256[:12]}" if base_sha256 else "the global model"
         raise UpdateRejected(f"wrong-base: trained from {meta.base_sha256[:12] or 'the global model'}, not {said}")
+    if meta.codec != str(codec):
+        raise UpdateRejected(f"wrong-codec: encoded as {meta.codec}, the round asks for {codec}")
+    if codec != FP32:
+        try:
+            delta = flatten(decode(loads(data, header=header)[0], codec, expected_spec), expected_spec)
+        except CodecError as exc:
+            raise UpdateRejected(f"bad-encoding: {exc}") from None
+        return ParsedUpdate(meta=meta, delta=delta, stored=dumps(unflatten(delta, expected_spec)))
+    try:
+        vector, spec, _ = float32_region(data, header)
+    except SerializationError as exc:
+        raise UpdateRejected(f"malformed-update: {exc}") from None
     if tuple(spec) != tuple(expected_spec):
         raise UpdateRejected(f"wrong-tensors: {describe_spec_mismatch(tuple(spec), expected_spec)}")
-    return ParsedUpdate(meta=meta, delta=vector)
+    return ParsedUpdate(meta=meta, delta=vector, stored=data)

@@ -1,1 +1,1 @@
-"""The lowest layer: durable files and parsing of untrusted JSON. Imports nothing else of SkyFed."""
+"""The lowest layer: durable files, parsing of untrusted JSON, sd_notify. Imports nothing else of SkyFed."""

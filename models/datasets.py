@@ -10,10 +10,12 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch.utils.data import DataLoader, TensorDataset
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,9 @@ def load_dataset(path: Path) -> Dataset:
 
 
 def to_loader(data: Dataset, *, batch_size: int, shuffle: bool, seed: int) -> DataLoader:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
     generator = torch.Generator().manual_seed(seed)
     tensors = TensorDataset(torch.from_numpy(data.x), torch.from_numpy(data.y))
     return DataLoader(tensors, batch_size=batch_size, shuffle=shuffle, generator=generator)

@@ -181,8 +181,9 @@ def export_global(model_name: str, arrays: dict[str, np.ndarray], path: Path, *,
                   image_size: int) -> ExportReport:  # fmt: skip
     """``arrays`` of zoo model ``model_name`` as a checked ONNX file at ``path``; detectors at ``image_size``
     pixels square, classifiers at their zoo input shape with classes named by ``names``."""
+    from models.tasks import task_of
     from models.weights import load_arrays
-    from models.zoo import build_model, input_shape, task_of
+    from models.zoo import build_model, input_shape
 
     try:
         task = task_of(model_name)

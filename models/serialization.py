@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -95,31 +96,50 @@ def _entries(header: dict, data_len: int) -> list[tuple[int, int, TensorSpec]]:
     return entries
 
 
-def loads(data: bytes | bytearray | memoryview, *, max_tensors: int = 10_000) -> tuple[NamedArrays, dict[str, str]]:
-    """Named arrays as zero-copy views into ``data``, and the metadata; ``SerializationError`` if malformed."""
+@dataclass(frozen=True)
+class Header:
+    """A checked safetensors header: the tensors in data order, the metadata, where the data starts."""
+
+    entries: tuple[tuple[int, int, TensorSpec], ...]
+    metadata: dict[str, str]
+    start: int
+
+
+def read_header(data: bytes | bytearray | memoryview, *, max_tensors: int = 10_000) -> Header:
+    """The header alone, fully checked, so a reader can look at the metadata before choosing how to read
+    the tensors (``loads`` or ``float32_region``) without parsing the header twice."""
     header, metadata, start = _parse_header(data, max_tensors)
-    arrays = {}
-    for begin, end, spec in _entries(header, len(data) - start):
+    return Header(tuple(_entries(header, len(data) - start)), metadata, start)
+
+
+def loads(
+    data: bytes | bytearray | memoryview, *, max_tensors: int = 10_000, header: Header | None = None
+) -> tuple[NamedArrays, dict[str, str]]:
+    """Named arrays as zero-copy views into ``data``, and the metadata; ``SerializationError`` if malformed."""
+    header = header or read_header(data, max_tensors=max_tensors)
+    arrays, start = {}, header.start
+    for begin, end, spec in header.entries:
         dtype = np.dtype(spec.dtype).newbyteorder("<")
         arrays[spec.name] = np.frombuffer(data, dtype, count=(end - begin) // dtype.itemsize, offset=start + begin)
         arrays[spec.name] = arrays[spec.name].reshape(spec.shape)
-    return arrays, metadata
+    return arrays, header.metadata
 
 
-def float32_region(data: bytes | bytearray | memoryview) -> tuple[np.ndarray, tuple[TensorSpec, ...], dict[str, str]]:
+def float32_region(
+    data: bytes | bytearray | memoryview, header: Header | None = None
+) -> tuple[np.ndarray, tuple[TensorSpec, ...], dict[str, str]]:
     """For an all-float32 buffer (a delta): one flat zero-copy vector, the specs in data order, metadata.
 
     The aggregator folds this vector with a single BLAS call; ``models.weights.unflatten`` with the
     returned specs gives the named tensors back.
     """
-    header, metadata, start = _parse_header(data, 10_000)
-    entries = _entries(header, len(data) - start)
-    specs = tuple(spec for _, _, spec in entries)
+    header = header or read_header(data)
+    specs = tuple(spec for _, _, spec in header.entries)
     for spec in specs:
         if spec.dtype != "f4":
             raise SerializationError(f"tensor {spec.name!r} is {spec.dtype}, an update must be float32")
-    vector = np.frombuffer(data, np.dtype("<f4"), count=(len(data) - start) // 4, offset=start)
-    return vector, specs, metadata
+    vector = np.frombuffer(data, np.dtype("<f4"), count=(len(data) - header.start) // 4, offset=header.start)
+    return vector, specs, header.metadata
 
 
 def save_file(path: Path, arrays: NamedArrays, metadata: dict[str, str] | None = None) -> None:

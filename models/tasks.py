@@ -1,7 +1,19 @@
 """What a SkyFed model is for (``classify`` or ``detect``) and the tag its ONNX files carry.
 
-Torch-free on purpose: the on-device inference (``agent.infer``) imports it without PyTorch.
+Torch-free on purpose: the agent daemon (which keeps PyTorch in its training child) and the on-device
+inference (``agent.infer``) decide by model name without importing PyTorch.
 """
 
 TASKS = ("classify", "detect")
 ONNX_FORMAT = "skyfed-onnx/1"  # metadata "format" of every ONNX file models.onnx_export writes
+CLASSIFIERS = ("fedavg_cnn", "digits_cnn", "mlp_digits", "mlp_mnist")  # built by models.zoo
+YOLO_YAMLS = {name: f"{name}.yaml" for name in ("yolov8n", "yolov8s", "yolo11n", "yolo11s")}  # Ultralytics' own
+
+
+def task_of(name: str) -> str:
+    """``classify`` or ``detect``: which trainer and evaluator model ``name`` needs."""
+    if name in YOLO_YAMLS:
+        return "detect"
+    if name in CLASSIFIERS:
+        return "classify"
+    raise ValueError(f"model {name!r} is unknown; choose one of {sorted([*CLASSIFIERS, *YOLO_YAMLS])}")

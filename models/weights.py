@@ -3,7 +3,8 @@
 Only floating-point tensors are federated: parameters and float buffers such as BatchNorm's running
 statistics. Integer buffers (BatchNorm's ``num_batches_tracked``) are counts, not weights: averaging
 them is meaningless, so deltas leave them out and the global model keeps its own values.
-Pure functions: arrays in, arrays out.
+Pure functions: arrays in, arrays out. Torch-free at import (the agent daemon uses the arithmetic and
+keeps PyTorch in its training child); only ``to_arrays`` and ``load_arrays`` touch tensors.
 """
 
 from __future__ import annotations
@@ -11,17 +12,20 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import nn
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 NamedArrays = dict[str, np.ndarray]
 
 
 def to_arrays(source: nn.Module | Mapping[str, torch.Tensor]) -> NamedArrays:
     """A CPU, contiguous numpy copy of a model's state_dict, in state_dict order, dtypes kept."""
-    state = source.state_dict() if isinstance(source, nn.Module) else source
+    state = source.state_dict() if hasattr(source, "state_dict") else source
     return {name: np.array(t.detach().cpu().numpy(), order="C", copy=True) for name, t in state.items()}
 
 
@@ -30,6 +34,8 @@ def load_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
     state = model.state_dict()
     if problem := spec_mismatch(arrays, spec_of(to_arrays(state))):
         raise ValueError(f"cannot load weights into {type(model).__name__}: {problem}")
+    import torch
+
     model.load_state_dict({name: torch.from_numpy(np.array(arrays[name])) for name in state})
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from models.tasks import YOLO_YAMLS
 from models.yolo_dataset import DetectionData, resolved_yaml
 
-YAMLS = {"yolov8n": "yolov8n.yaml", "yolov8s": "yolov8s.yaml", "yolo11n": "yolo11n.yaml", "yolo11s": "yolo11s.yaml"}
 PARTS = ("full", "backbone", "head")
 
 
@@ -45,7 +45,7 @@ def detection_model(name: str, num_classes: int) -> nn.Module:
     ultralytics_offline()
     from ultralytics.nn.tasks import DetectionModel
 
-    return DetectionModel(YAMLS[name], nc=num_classes, verbose=False)
+    return DetectionModel(YOLO_YAMLS[name], nc=num_classes, verbose=False)
 
 
 def part_of(name: str, model_yaml: dict) -> str:

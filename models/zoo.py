@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.yolo import YAMLS, detection_model
+from models.tasks import YOLO_YAMLS
+from models.yolo import detection_model
 
 
 class FedAvgCNN(nn.Module):
@@ -78,11 +79,10 @@ class ModelSpec:
     name: str
     input_shape: tuple[int, ...]  # per sample; detectors take any multiple of 32 (``TrainSettings.image_size``)
     factory: Callable[[int], nn.Module]
-    task: str = "classify"
 
 
 def _yolo(name: str) -> ModelSpec:
-    return ModelSpec(name, (3, 640, 640), lambda n: detection_model(name, n), task="detect")
+    return ModelSpec(name, (3, 640, 640), lambda n: detection_model(name, n))
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -92,7 +92,7 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("digits_cnn", (1, 8, 8), DigitsCNN),
         ModelSpec("mlp_digits", (1, 8, 8), lambda n: MLP(64, (64,), n)),
         ModelSpec("mlp_mnist", (1, 28, 28), lambda n: MLP(784, (200, 200), n)),
-        *(_yolo(name) for name in YAMLS),
+        *(_yolo(name) for name in YOLO_YAMLS),
     )
 }
 
@@ -111,11 +111,6 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
 def input_shape(name: str) -> tuple[int, ...]:
     """The per-sample input shape of model ``name``, e.g. (1, 8, 8)."""
     return _spec(name).input_shape
-
-
-def task_of(name: str) -> str:
-    """``classify`` or ``detect``: which trainer and evaluator model ``name`` needs."""
-    return _spec(name).task
 
 
 def pick_device() -> torch.device:

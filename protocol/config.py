@@ -8,11 +8,11 @@ so a typo fails at start instead of being silently ignored.
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from common import toml
 from common.files import atomic_write
 from protocol.mqtt import BrokerSettings, TlsSettings
 from protocol.typed import SchemaError, build
@@ -27,10 +27,10 @@ class ConfigError(ValueError):
 def read_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as handle:
-            return tomllib.load(handle)
+            return toml.load(handle)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file (pass --config PATH)") from None
-    except tomllib.TOMLDecodeError as exc:
+    except toml.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 

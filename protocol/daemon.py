@@ -5,10 +5,14 @@ between them, and on stop publish a final retained status. Every handler runs un
 exception is logged (the same failure at most once a minute), counted in ``errors`` (which the daemons
 put in their status), and survived. A daemon exits only on a signal, when its work is done, or at
 start on a configuration error (exit code 2, which the systemd units treat as "do not restart").
+Under systemd (``Type=notify``) the loop says READY=1 once the broker first accepted it, WATCHDOG=1
+as it turns (so a hung loop is restarted), what it is doing in STATUS=, and STOPPING=1; it stops
+within a second of a signal even when the broker is gone.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -20,22 +24,49 @@ from collections.abc import Callable
 
 import paho.mqtt.client as paho
 
+from common.sdnotify import Notifier
 from protocol.config import ConfigError
 from protocol.mqtt import MqttClient
 
 ERROR_LOG_INTERVAL_S = 60.0
 TICK_INTERVAL_S = 0.1
+# A signal to exit within 2 s: the loop notices within a tick, then these two waits at most, then the interpreter exits.
+FINAL_STATUS_WAIT_S = 0.5  # the broker's PUBACK of the last status (sent before the DISCONNECT either way)
+NETWORK_STOP_WAIT_S = 0.5  # paho's thread sending the DISCONNECT; with the broker gone it may be mid-reconnect
 
 
 def configure_logging(level: str, *, thread_names: bool = False) -> None:
-    """One line per event; journald adds its own timestamps (it sets JOURNAL_STREAM), anywhere else we do.
-    ``thread_names`` prefixes each line with its thread's name (several daemons in one process)."""
+    """One line per event. Into the journal, each line starts with its syslog priority (``<4>`` for a
+    warning: ``journalctl -p warning`` finds it, a traceback included) and journald adds the time;
+    anywhere else we do. ``thread_names`` prefixes each line with its thread's name (several daemons in
+    one process)."""
     fmt = "%(levelname)s %(name)s: %(message)s"
     if thread_names:
         fmt = "[%(threadName)s] " + fmt
-    if not os.environ.get("JOURNAL_STREAM"):
-        fmt = "%(asctime)s " + fmt
-    logging.basicConfig(level=getattr(logging, level.upper()), format=fmt, stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JournalFormatter(fmt) if stderr_is_journal() else logging.Formatter("%(asctime)s " + fmt))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
+
+
+def stderr_is_journal() -> bool:
+    """Whether stderr is the journal stream systemd connected (``$JOURNAL_STREAM`` is its device:inode;
+    a child whose stderr went elsewhere inherits the variable, not the stream)."""
+    device, _, inode = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    try:
+        stat = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):  # closed, replaced by a non-file, or absent
+        return False
+    return device.isdigit() and inode.isdigit() and (int(device), int(inode)) == (stat.st_dev, stat.st_ino)
+
+
+class JournalFormatter(logging.Formatter):
+    """Every line of a record prefixed with the record's syslog priority, which journald strips and keeps."""
+
+    PRIORITIES = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
+
+    def format(self, record: logging.LogRecord) -> str:
+        priority = self.PRIORITIES.get(record.levelno, 6)
+        return "\n".join(f"<{priority}>{line}" for line in super().format(record).splitlines() or [""])
 
 
 def quiet_connection_logs() -> None:
@@ -59,6 +90,9 @@ def run_daemon(name: str, build: Callable[[], MqttDaemon]) -> int:
     except (ConfigError, ValueError, OSError) as exc:
         logging.getLogger(f"skyfed.{name}").error("cannot start: %s", exc)  # stderr: the terminal or the journal
         return 2
+    # What is loaded by now (PyTorch, the model) lives as long as the process: keep it out of every later
+    # garbage collection, including the ones at exit, which otherwise take the server over a second.
+    gc.freeze()
     daemon.run(stop_on_signals())
     return 0
 
@@ -97,6 +131,8 @@ class MqttDaemon(ABC):
         self.log = log
         self.errors = 0
         self._error_log = Throttle()
+        self.notifier = Notifier()
+        self._ready = False
 
     @abstractmethod
     def subscriptions(self) -> list[str]: ...
@@ -127,6 +163,13 @@ class MqttDaemon(ABC):
     def finished(self) -> bool:
         return False
 
+    def systemd_status(self) -> str:
+        """The line ``systemctl status`` shows (STATUS=), e.g. ``round 3: training``; the loop adds the
+        connection problem when there is one, and asks after every tick, so keep it cheap. This default
+        says only how the connection stands."""
+        where = f"{self.mqtt.settings.host}:{self.mqtt.settings.port}"
+        return f"connected to {where}" if self.mqtt.connected.is_set() else f"connecting to {where}"
+
     def guard(self, what: str, fn: Callable[..., object], *args: object) -> None:
         """Run ``fn``; an exception is logged (once a minute per kind), counted, and survived."""
         try:
@@ -153,10 +196,30 @@ class MqttDaemon(ABC):
                 if message is None or now - last_tick >= TICK_INTERVAL_S:
                     last_tick = now
                     self.guard("tick", self.tick)
+                    self.guard("systemd notification", self._notify_systemd)
         finally:
-            try:
-                last = self.publish_final_status()
-                if last is not None:
-                    MqttClient.wait_published([last], 5)
-            finally:
-                self.mqtt.stop()
+            self._shut_down()
+
+    def _notify_systemd(self) -> None:
+        """WATCHDOG=1 as the loop turns, READY=1 once the broker first accepted us, STATUS= when it changed."""
+        self.notifier.keep_alive(starting=not self._ready)
+        if not self._ready and self.mqtt.connected.is_set():
+            self.notifier.send("READY=1")
+            self._ready = True
+        text = self.systemd_status()
+        if self.mqtt.problem is not None:
+            text = f"{text}; unreachable: {self.mqtt.problem}"
+        self.notifier.status(text)
+
+    def _shut_down(self) -> None:
+        """STOPPING=1, the final retained status, then disconnect, each wait bounded: with the broker gone,
+        nothing queued can go out, so nothing is waited for."""
+        self.notifier.status("stopping", "STOPPING=1")
+        try:
+            last = self.publish_final_status()
+            if last is not None and self.mqtt.connected.is_set():
+                MqttClient.wait_published([last], FINAL_STATUS_WAIT_S)
+        finally:
+            if not self.mqtt.stop(NETWORK_STOP_WAIT_S):
+                self.log.info("stopped without the MQTT network thread, which was still trying to reconnect")
+            self.notifier.close()

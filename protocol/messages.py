@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
+from protocol.codecs import Codec
 from protocol.typed import SchemaError, build
 
 MAX_JSON_BYTES = 256 * 1024
@@ -152,7 +153,8 @@ class RoundTask(Message):
     ``action`` says what the server will do with this round's updates (``average`` them into a new
     global model, ``swap`` models between agents, or let each train on its ``local`` model); ``starts``
     names the agents that do not start from the global model, and what they start from; ``agent_train``
-    the agents whose training settings differ from the shared ``train``.
+    the agents whose training settings differ from the shared ``train``. ``codec`` is how updates must be
+    encoded (``protocol.codecs``; a task from before codecs has none: ``fp32``).
     """
 
     SCHEMA: ClassVar[str] = "skyfed.round/1"
@@ -178,6 +180,10 @@ class RoundTask(Message):
     agent_train: list[AgentTrain] = field(default_factory=list)
     classes: list[str] = field(default_factory=list)  # detectors: the federation's class names, in id order
     share: str = "full"  # detectors: what is averaged (full, backbone or head); agents keep the rest local
+    codec: str = "fp32"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "codec", str(Codec.parse(self.codec)))  # canonical, or CodecError (a ValueError)
 
     def train_of(self, agent: str) -> TrainSettings:
         """The settings ``agent`` trains with this round (the shared ``train`` unless ``agent_train`` says)."""

@@ -190,12 +190,20 @@ class MqttClient:
         self._client.loop_start()
         return self.connected.wait(timeout_s) if timeout_s is not None else False
 
-    def stop(self) -> None:
-        """Disconnect cleanly (no LWT) and stop the network thread."""
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Disconnect cleanly (no LWT) and stop the network thread; False if it did not end within ``timeout_s``.
+
+        While the broker is gone that thread may sit out a reconnect back-off (paho sleeps in 1 s steps)
+        or a TCP connect to an unreachable host (paho's 5 s connect timeout): a daemon that must exit
+        promptly leaves it behind. It is a daemon thread, told to stop, so it cannot keep the process alive.
+        """
         self._stopping = True  # first, so the disconnect below is not reported as a problem
         self.connected.clear()
         self._client.disconnect()
-        self._client.loop_stop()
+        stopper = threading.Thread(target=self._client.loop_stop, name=f"mqtt-stop-{self.client_id}", daemon=True)
+        stopper.start()  # loop_stop() itself joins the network thread without a time limit
+        stopper.join(timeout_s)
+        return not stopper.is_alive()
 
     # messaging ---------------------------------------------------------------------------------------
     def subscribe(self, pattern: str, qos: int = 1) -> None:
@@ -230,6 +238,11 @@ class MqttClient:
                     return False
                 time.sleep(0.002)
         return True
+
+    @staticmethod
+    def all_acknowledged(infos: list[paho.MQTTMessageInfo]) -> bool:
+        """``wait_published`` without waiting: has the broker acknowledged every message yet?"""
+        return all(_acknowledged(info) for info in infos)
 
     def poll(self, timeout_s: float) -> Received | None:
         """The next received ``(topic, payload)``, or None after ``timeout_s``."""

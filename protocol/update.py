@@ -1,7 +1,8 @@
 """What travels inside a sealed update besides the tensors: the ``UpdateMeta`` header.
 
 An update's plaintext is a safetensors buffer (never pickle) of float32 deltas over the global model's
-floating tensors; its ``__metadata__`` (string to string, as safetensors requires) carries this
+floating tensors, or their encoding by ``codec`` (``protocol.codecs``: the round task names it, the server
+decodes before any check); its ``__metadata__`` (string to string, as safetensors requires) carries this
 header. ``weight`` is what strategies weigh the update by: its training samples for classifiers, its
 annotated objects for detectors (seed 001's FedAvg weighting); ``samples`` stays the image count.
 ``local_eval`` is the agent's own validation of its trained model (e.g. ``map50``), reported, never trusted.
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from protocol.codecs import Codec, CodecError
 
 FORMAT = "skyfed.update/1"
 MAX_SAMPLES = 2**53  # exact as a float; larger claims are refused, smaller ones capped by the server's bounds
@@ -27,7 +30,7 @@ class UpdateMeta:
     base_version: int
     samples: int
     loss: float
-    codec: str = "none"
+    codec: str = "fp32"  # protocol.codecs.Codec's name; agents from before codecs said "none" (the same)
     base_sha256: str = ""  # fingerprint of the start model when it was not the global one
     local_epsilon: float | None = None  # the agent's own DP-SGD epsilon so far (agent.local_dp), if it uses it
     local_delta: float | None = None
@@ -63,7 +66,7 @@ class UpdateMeta:
                 base_version=int(metadata["base_version"]),
                 samples=int(metadata["samples"]),
                 loss=float(metadata["loss"]),
-                codec=metadata.get("codec", "none"),
+                codec=metadata.get("codec", "fp32"),
                 base_sha256=metadata.get("base_sha256", ""),
                 local_epsilon=_optional_float(metadata.get("local_epsilon")),
                 local_delta=_optional_float(metadata.get("local_delta")),
@@ -81,9 +84,15 @@ class UpdateMeta:
         for value in (meta.local_epsilon, meta.local_delta):
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise UpdateMetaError("bad-metadata: local privacy values must be finite and >= 0")
-        if meta.codec != "none":
-            raise UpdateMetaError(f"unsupported-codec: {meta.codec}")
-        return meta
+        return replace(meta, codec=_codec(meta.codec))
+
+
+def _codec(text: str) -> str:
+    """The codec's canonical name (``topk:1e-2`` is ``topk:0.01``), so the server compares names."""
+    try:
+        return str(Codec.parse("fp32" if text == "none" else text))
+    except CodecError:
+        raise UpdateMetaError(f"unsupported-codec: {text[:40]}") from None
 
 
 def _optional_float(text: str | None) -> float | None:

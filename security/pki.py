@@ -54,7 +54,7 @@ def _write(directory: Path, stem: str, cert: x509.Certificate, key: ec.EllipticC
 def create_ca(directory: Path, federation: str) -> Issued:
     """A self-signed CA for one federation (``ca.crt``, ``ca.crt.key``)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.timezone.utc)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(f"SkyFed CA {federation}"))
@@ -96,7 +96,7 @@ def issue(
     Written as ``<stem>.crt`` (default: the common name) and its key."""
     ca_cert, ca_key = _load_ca(ca)
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.timezone.utc)
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name if hosts else check_name(common_name)))
@@ -132,7 +132,7 @@ def write_crl(ca: Issued, path: Path, revoked: list[tuple[int, float]]) -> None:
     handshake with any revoked ``(serial, unix time of revocation)`` once it has (re)loaded the file. An
     empty list is a valid CRL too, so the broker's config can name the file from the start."""
     ca_cert, ca_key = _load_ca(ca)
-    now = dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.timezone.utc)
     builder = (
         x509.CertificateRevocationListBuilder()
         .issuer_name(ca_cert.subject)
@@ -140,7 +140,7 @@ def write_crl(ca: Issued, path: Path, revoked: list[tuple[int, float]]) -> None:
         .next_update(ca_cert.not_valid_after_utc)
     )
     for serial, at in revoked:
-        when = dt.datetime.fromtimestamp(at, dt.UTC)
+        when = dt.datetime.fromtimestamp(at, dt.timezone.utc)
         builder = builder.add_revoked_certificate(
             x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(when).build()
         )

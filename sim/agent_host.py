@@ -2,8 +2,9 @@
 
 For simulations: each agent is exactly the daemon ``skyfed agent run`` starts — its own MQTT
 connection and client id, keys, state folder and durable progress — running its loop on a thread of
-its own, so only the process and its PyTorch (about 370 MB of private memory per process) are shared
-(``skyfed sim --agents-per-process K``). Experiments change an agent's trainer and nothing else:
+its own, except that its training runs in this process (``agent.runner.InProcessRunner``) instead of
+a training child: the hosted agents share one process and its PyTorch (about 370 MB of private
+memory per process; ``skyfed sim --agents-per-process K``). Experiments change an agent's trainer and nothing else:
 ``--attacker CONFIG`` hosts an agent whose trainer attacks (``sim.attacks``), ``--slow CONFIG`` one
 whose training takes ``--slowdown`` times as long (``sim.slow``). SIGTERM stops every agent cleanly
 (each publishes its final status); log lines carry the agent id as the thread name. Deployments run
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from agent.config import load_agent_config
 from agent.daemon import EdgeAgent
+from agent.runner import in_process_runner
 from protocol.daemon import configure_logging, stop_on_signals
 from sim.attacks import SCOPES, Attack, AttackingTrainer
 from sim.slow import SlowTrainer
@@ -30,11 +32,12 @@ def build_agents(args: argparse.Namespace) -> list[EdgeAgent]:
     slow = {Path(path).resolve() for path in args.slow}
     agents = []
     for path, attacking in [(p, False) for p in args.config] + [(p, True) for p in args.attacker]:
-        agent = EdgeAgent(load_agent_config(Path(path)))
+        config = load_agent_config(Path(path))
+        agent = EdgeAgent(config, runner=in_process_runner(config))
         if attacking:
-            agent.trainer = AttackingTrainer(agent.trainer, attack, agent.id, args.scope)
+            agent.runner.trainer = AttackingTrainer(agent.runner.trainer, attack, agent.id, args.scope)
         if Path(path).resolve() in slow:
-            agent.trainer = SlowTrainer(agent.trainer, args.slowdown)
+            agent.runner.trainer = SlowTrainer(agent.runner.trainer, args.slowdown)
         agents.append(agent)
     return agents
 

@@ -11,14 +11,14 @@ from protocol.messages import headline
 
 def parse_option(text: str) -> tuple[str, object]:
     """``KEY=VALUE`` with VALUE read as a TOML value when it is one (``beta=0.2``, ``f=2``), else a string."""
-    import tomllib
+    from common import toml
 
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise ValueError(f"option {text!r} must look like KEY=VALUE, e.g. beta=0.2")
     try:
-        return key, tomllib.loads(f"v = {value}")["v"]
-    except tomllib.TOMLDecodeError:
+        return key, toml.loads(f"v = {value}")["v"]
+    except toml.TOMLDecodeError:
         return key, value
 
 
@@ -54,6 +54,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         attack=args.attack or "",
         attack_scope=args.attack_scope,
         agents_per_process=args.agents_per_process,
+        worker=args.worker,
         slow_agents=args.slow_agents,
         slowdown=args.slowdown,
         in_process=args.in_process,
@@ -62,6 +63,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         images_per_agent=args.images_per_agent,
         init_weights=args.init_weights or "",
         share=args.share,
+        codec=args.codec,
     )
 
 
@@ -130,6 +132,11 @@ def _add_sim_options(
         "loaded once per K agents, so 100 agents fit on a small machine",
     )  # fmt: skip
     parser.add_argument(
+        "--worker", choices=("warm", "per-round"), default="warm",
+        help="each agent's training child: kept between rounds (warm, the simulation default: a PyTorch start-up "
+        "costs seconds of CPU per agent per round) or started per round (the deployed default, training.worker)",
+    )  # fmt: skip
+    parser.add_argument(
         "--in-process", action="store_true",
         help="no broker and no daemons: the real round engine and agents' trainers in this one process, for "
         "federations too large for this machine's daemons (e.g. 1000 agents; docs/results/privacy.md)",
@@ -156,6 +163,9 @@ def _add_sim_options(
     parser.add_argument("--init-weights", default=None, metavar="FILE",
                         help="detect: start from a local Ultralytics .pt or an earlier run's "
                         "global_model.safetensors")  # fmt: skip
+    parser.add_argument("--codec", default="fp32", metavar="fp32|fp16|int8|int8:channel|topk:FRACTION",
+                        help="how agents encode updates (server.codec): fp16, int8 with one scale per tensor "
+                        "or per output channel, or the top FRACTION of values with error feedback")  # fmt: skip
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--deadline", type=float, default=60.0, help="round deadline in seconds")
     parser.add_argument(

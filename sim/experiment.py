@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import toml
 from protocol.messages import headline
 from protocol.typed import SchemaError, build
 from sim.federation import SimSettings
@@ -52,7 +52,7 @@ class Experiment:
 def load_experiment(path: Path) -> Experiment:
     """Read and check an experiment file; every run's settings are built once, so a bad key fails now."""
     try:
-        experiment = build(Experiment, tomllib.loads(path.read_text()), where=path.name, strict=True)
+        experiment = build(Experiment, toml.loads(path.read_text()), where=path.name, strict=True)
         tables = {"sim": {}}  # each table over [sim] first, so an error names the table it is in
         tables |= {f"conditions.{name}": t for name, t in experiment.conditions.items()}
         tables |= {f"methods.{name}": t for name, t in experiment.methods.items()}
@@ -61,7 +61,7 @@ def load_experiment(path: Path) -> Experiment:
         for condition in experiment.conditions:
             for method in experiment.methods:
                 experiment.settings(condition, method, experiment.seeds[0])
-    except (SchemaError, tomllib.TOMLDecodeError, ValueError) as exc:
+    except (SchemaError, toml.TOMLDecodeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from None
     return experiment
 

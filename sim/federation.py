@@ -49,6 +49,7 @@ class SimSettings:
     attack: str = ""
     attack_scope: str = "parameters"
     agents_per_process: int = 1  # K agents share one OS process (sim.agent_host); 1 = one process each
+    worker: str = "warm"  # each agent's training child (agent.runner): warm = kept between rounds, or per-round
     privacy: dict[str, Any] = field(default_factory=dict)  # [privacy] of server.toml (central DP); {} = off
     local_privacy: dict[str, Any] = field(default_factory=dict)  # [privacy] of every agent.toml (DP-SGD); {} = off
     slow_agents: int = 0  # how many honest agents train ``slowdown`` times slower (sim.slow)
@@ -62,13 +63,15 @@ class SimSettings:
     init_weights: str = (
         ""  # detect: server.init_weights, a start checkpoint (.pt or an earlier global_model.safetensors)
     )
+    codec: str = "fp32"  # server.codec: how agents encode updates (protocol.codecs)
 
     def __post_init__(self) -> None:
         from agent.local_dp import LocalPrivacySection
         from broker_server.bounds import InfluencePolicy
         from broker_server.privacy import PrivacyPolicy
         from broker_server.strategies import build_strategy
-        from models.zoo import task_of
+        from models.tasks import task_of
+        from protocol.codecs import Codec, CodecError
         from protocol.typed import build
         from sim.attacks import SCOPES, Attack
         from sim.detection_data import class_probs
@@ -117,6 +120,10 @@ class SimSettings:
             partition.parse(self.partition)
             if self.pooled:
                 raise ValueError("pooled (one agent holding every share) exists for --task detect only")
+        try:
+            Codec.parse(self.codec)
+        except CodecError as exc:
+            raise ValueError(f"--codec: {exc}") from None
         build_strategy(self.strategy)
         bounds = build(InfluencePolicy, self.bounds, where="bounds", strict=True)
         build(PrivacyPolicy, self.privacy, where="privacy", strict=True).check_compatible(self.strategy, bounds)
@@ -211,6 +218,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
                 **server_data,
                 "seed": settings.seed,
                 "status_interval_s": 2.0,
+                "codec": settings.codec,
             },
             "broker": broker_table,
             "keys": {"identity": "server.key", "enrolled": "enrolled"},
@@ -252,7 +260,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
                 },
                 "broker": broker_table,
                 "keys": {"identity": f"{name}.key", "server": "server.pub"},
-                "training": {"trainer": trainer, "threads": 1},
+                "training": {"trainer": trainer, "threads": 1, "worker": settings.worker},
                 "privacy": settings.local_privacy,
             },
         )

@@ -5,10 +5,11 @@ need about 21 GB of this machine's 23 GB, on two cores).
 What runs is the real code on both sides: the round engine (selection, the update checks of
 ``accept``, the bounds, the strategy, differential privacy's noise, adaptive clip and accountant,
 checkpoints, ``metrics.jsonl``) and each agent's trainer (``ClassifierTrainer``, with Opacus when the
-agents have local DP) and update encoding. What is left out is the transport: no broker, no daemons,
-no sealing; an update goes from the trainer to ``RoundEngine.accept`` as the plaintext the server
-would have opened, and every selected agent delivers (no deadlines, no stragglers). The output is
-``skyfed sim``'s: ``metrics.jsonl``, ``curves.png`` and ``global_model.safetensors`` in ``--out``.
+agents have local DP) and update encoding (the round's codec, with error feedback kept in each agent's
+state folder). What is left out is the transport: no broker, no daemons, no sealing; an update goes
+from the trainer to ``RoundEngine.accept`` as the plaintext the server would have opened, and every
+selected agent delivers (no deadlines, no stragglers). The output is ``skyfed sim``'s:
+``metrics.jsonl``, ``curves.png`` and ``global_model.safetensors`` in ``--out``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from broker_server.engine import RoundEngine
 from broker_server.evaluation import server_evaluator
 from broker_server.publisher import PublishedModel
 from broker_server.round_task import round_task
-from models.weights import delta
 from protocol.messages import RoundTask
 from protocol.transfer import Completed
 from security.envelope import NO_DIGEST, Manifest
@@ -43,23 +43,27 @@ class InProcessAgent:
     name: str
     trainer: Trainer
     budget: PrivacyBudget | None
+    residual: Path  # the codec's error feedback (protocol.codecs), in the agent's state folder
 
 
 def _agents(configs: dict[str, Path]) -> list[InProcessAgent]:
     agents = []
     for name, path in configs.items():
-        trainer = build_trainer(load_agent_config(path), torch.device("cpu"))
-        agents.append(InProcessAgent(name, trainer, trainer.budget))
+        config = load_agent_config(path)
+        trainer = build_trainer(config, torch.device("cpu"))
+        agents.append(InProcessAgent(name, trainer, trainer.budget, config.state_dir / "residual.safetensors"))
     return agents
 
 
 def _deliver(engine: RoundEngine, agent: InProcessAgent, task: RoundTask) -> None:
-    """``agent`` trains from its start model and its update goes through the server's acceptance."""
+    """``agent`` trains from its start model and its update, in the round's codec, goes through the
+    server's acceptance."""
     base, start = engine.start_model(agent.name), task.start_of(agent.name)
     result = agent.trainer.train(base, task)
     local_delta = agent.budget.policy.delta if agent.budget is not None else None
     base_sha256 = "" if start.source == "global" else start.sha256
-    data = encode_update(task, delta(result.arrays, base), result, base_sha256=base_sha256, local_delta=local_delta)
+    data, _ = encode_update(task, base, result, residual=agent.residual, base_sha256=base_sha256,
+                            local_delta=local_delta)  # fmt: skip
     manifest = Manifest(task.federation, "update", task.round, agent.name, "server", bytes(16), time.time(),
                         len(data), len(data), 1, NO_DIGEST)  # fmt: skip
     engine.accept(Completed(manifest, memoryview(data), len(data)))

@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 import threading
 import time
-import tomllib
 from pathlib import Path
 
 import numpy as np
 
 from agent.config import load_agent_config
 from agent.daemon import EdgeAgent
+from agent.runner import in_process_runner
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
+from common import toml
 from models.serialization import dumps, load_file
 from models.weights import delta as weights_delta
 from models.weights import float_part
@@ -30,6 +31,14 @@ from security.envelope import seal
 from security.keys import Identity
 from security.signing import signed_payload
 from sim.federation import SimSettings, create_federation
+
+
+def hosted_agent(config_path: Path) -> EdgeAgent:
+    """An agent daemon whose trainer runs in the test's process (as ``sim.agent_host`` hosts them): tests
+    swap ``agent.runner.trainer`` and skip a training child's start-up per round. The child itself is
+    tested in tests/test_training_child.py."""
+    config = load_agent_config(config_path)
+    return EdgeAgent(config, runner=in_process_runner(config))
 
 
 def round_task(**overrides: object) -> RoundTask:
@@ -85,7 +94,7 @@ def wait_until(predicate, timeout_s: float = 20.0, what: str = "condition"):  # 
 
 
 def override_toml(path: Path, **tables: dict) -> None:
-    data = tomllib.loads(path.read_text())
+    data = toml.loads(path.read_text())
     for name, values in tables.items():
         data.setdefault(name, {}).update(values)
     write_toml(path, data)
@@ -251,12 +260,20 @@ class Federation:
             edit(self.layout)
         self.server_state = self.layout.server_config.parent / "state"
         self.stop = threading.Event()
-        self.agents = [EdgeAgent(load_agent_config(p)) for p in self.layout.agent_configs.values()]
+        self.agents = [hosted_agent(p) for p in self.layout.agent_configs.values()]
         self.threads = [threading.Thread(target=a.run, args=(self.stop,), daemon=True) for a in self.agents]
 
     def start_agents(self) -> None:
         for t in self.threads:
             t.start()
+
+    def start_with_server(self) -> tuple[Aggregator, threading.Thread]:
+        """The server of the layout's config on a thread of its own, then every agent."""
+        server = Aggregator(load_server_config(self.layout.server_config))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        self.start_agents()
+        return server, thread
 
     def run(self, server, timeout_s: float = 90) -> None:  # noqa: ANN001 - an Aggregator
         """Run ``server`` on a thread with every agent until it finishes its rounds (or fail)."""

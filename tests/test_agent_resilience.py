@@ -8,8 +8,6 @@ import time
 
 import numpy as np
 
-from agent.config import load_agent_config
-from agent.daemon import EdgeAgent
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from models.serialization import dumps
@@ -20,7 +18,7 @@ from security.envelope import seal
 from security.keys import GroupKey, Identity
 from security.signing import sign_document
 from sim.federation import SimSettings, create_federation
-from tests.fedharness import Federation, round_task, wait_until
+from tests.fedharness import Federation, hosted_agent, round_task, wait_until
 from tests.test_federation import SlowInRound
 
 
@@ -82,7 +80,7 @@ def retained_round(broker, federation: str) -> int:  # noqa: ANN001
 
 def test_a_replayed_old_task_neither_stalls_the_agents_nor_stays_retained(tmp_path, broker):
     fed = Federation(tmp_path, broker, rounds=3, agents=2)
-    fed.agents[1].trainer = SlowInRound(fed.agents[1].trainer, round_number=2, delay_s=3.0)
+    fed.agents[1].runner.trainer = SlowInRound(fed.agents[1].runner.trainer, round_number=2, delay_s=3.0)
     server = Aggregator(load_server_config(fed.layout.server_config))
     replayer = StaleTaskReplayer(broker, "it")
     server_thread = threading.Thread(target=server.run, daemon=True)
@@ -123,14 +121,16 @@ def test_an_update_trained_before_a_crash_is_sent_at_restart_without_waiting_for
         victim_thread.join(60)
         assert victim.progress.last_completed_round == 1 and victim.progress.sent_round == 0
         wait_until(lambda: len(server.engine.round_state.updates) == 2, 30, "the other two updates")
-        restarted = EdgeAgent(load_agent_config(fed.layout.agent_configs[victim.id]))
-        threading.Thread(target=restarted.run, args=(fed.stop,), daemon=True).start()
+        restarted = hosted_agent(fed.layout.agent_configs[victim.id])
+        restarted_thread = threading.Thread(target=restarted.run, args=(fed.stop,), daemon=True)
+        restarted_thread.start()
         server_thread.join(30)
         assert not server_thread.is_alive(), "the round waited for its deadline: the stored update was not re-sent"
     finally:
         fed.close()
     (round_1,) = fed.metrics()
     assert sorted(round_1.accepted) == ["agent-01", "agent-02", "agent-03"] and round_1.duration_s < 30
+    restarted_thread.join(10)  # its last tick (or its stop) records the broker's acknowledgement
     assert restarted.progress.sent_round == 1
 
 
@@ -146,12 +146,12 @@ def test_the_newest_task_survives_an_agent_restart_and_older_or_expired_ones_are
     server = Identity.load(layout.server_config.parent / "server.key")
     config = layout.agent_configs["agent-01"]
     now = time.time()
-    agent = EdgeAgent(load_agent_config(config))
+    agent = hosted_agent(config)
     agent._on_task(_signed_task(server, round=3, issued_at=now))
     agent._on_task(_signed_task(server, round=1, issued_at=now + 5))  # replayed: older round of the same run
     assert (agent.task.round, agent.task.attempt) == (3, 1)
     agent._on_task(_signed_task(server, round=3, attempt=2, issued_at=now + 1))
-    restarted = EdgeAgent(load_agent_config(config))
+    restarted = hosted_agent(config)
     assert (restarted.task.round, restarted.task.attempt) == (3, 2)  # from task.json
     restarted._on_task(_signed_task(server, round=2, attempt=9, issued_at=now + 2))
     restarted._on_task(_signed_task(server, round=4, issued_at=now - 900, expires_at=now - 300))
@@ -202,7 +202,7 @@ def test_the_server_puts_back_a_model_someone_cleared_and_a_task_replaced_twice_
 def test_an_agent_keeps_its_newer_model_when_an_older_one_is_replayed(tmp_path):
     layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it"), ("127.0.0.1", 1))
     server = Identity.load(layout.server_config.parent / "server.key")
-    agent = EdgeAgent(load_agent_config(layout.agent_configs["agent-01"]))
+    agent = hosted_agent(layout.agent_configs["agent-01"])
     key = GroupKey.generate()
     agent.group_keys[key.key_id] = key
     sealed = {
@@ -233,7 +233,7 @@ def test_a_start_model_is_kept_across_a_restart_and_an_older_rounds_one_is_ignor
     one sealed for an older round than the task's (a replay) cannot evict it; another agent's key opens nothing."""
     layout = create_federation(tmp_path, SimSettings(agents=2, rounds=1, federation="it"), ("127.0.0.1", 1))
     server = Identity.load(layout.server_config.parent / "server.key")
-    agent = EdgeAgent(load_agent_config(layout.agent_configs["agent-01"]))
+    agent = hosted_agent(layout.agent_configs["agent-01"])
     models = {r: {"w": np.full(4, r, np.float32)} for r in (2, 3)}
     sealed = {
         r: seal(dumps(m), sender=server, federation="it", kind="start", round=r, recipient=agent.identity.public)[1]
@@ -246,10 +246,10 @@ def test_a_start_model_is_kept_across_a_restart_and_an_older_rounds_one_is_ignor
         agent.handle("skyfed/it/agent/agent-01/inbox", bytes(chunk))
     for chunk in sealed[2]:
         agent.handle("skyfed/it/agent/agent-01/inbox", bytes(chunk))  # replayed from an older round
-    restarted = EdgeAgent(load_agent_config(layout.agent_configs["agent-01"]))
-    found = restarted._start_model(restarted.task, restarted.task.start_of("agent-01"))
+    restarted = hosted_agent(layout.agent_configs["agent-01"])
+    found = restarted.inbox.start_model(restarted.task, restarted.task.start_of("agent-01"))
     assert found is not None and np.array_equal(found["w"], models[3]["w"])
-    other = EdgeAgent(load_agent_config(layout.agent_configs["agent-02"]))
+    other = hosted_agent(layout.agent_configs["agent-02"])
     for chunk in sealed[3]:
         other.handle("skyfed/it/agent/agent-02/inbox", bytes(chunk))  # sealed to agent-01: does not open
     assert other.start_models.find(fingerprint(models[3])) is None

@@ -5,7 +5,7 @@ import time
 
 from protocol.mqtt import BrokerSettings, MqttClient, TlsSettings
 from sim.broker import accepts, free_port, start_broker
-from tests.fedharness import wait_until
+from tests.fedharness import hosted_agent, wait_until
 
 
 def problem_of(settings: BrokerSettings, timeout_s: float = 15) -> str:
@@ -55,12 +55,10 @@ def test_a_tls_client_on_a_plain_port_is_told_about_tls(broker, tmp_path):
 
 
 def test_status_says_unreachable_with_the_reason_while_there_is_a_problem(tmp_path):
-    from agent.config import load_agent_config
-    from agent.daemon import EdgeAgent
     from sim.federation import SimSettings, create_federation
 
     layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="c"), ("127.0.0.1", 1))
-    agent = EdgeAgent(load_agent_config(layout.agent_configs["agent-01"]))
+    agent = hosted_agent(layout.agent_configs["agent-01"])
     assert agent._status().state != "unreachable"
     agent.mqtt.problem = "subscription to skyfed/c/round refused (Not authorized): check the broker's ACL for this id"
     status = agent._status()

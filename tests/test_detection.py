@@ -13,6 +13,7 @@ import torch
 
 import skyfed
 from agent.detector import DetectorTrainer, StartMismatch, check_start
+from agent.profile import DataProfile
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from models.serialization import load_file
@@ -90,10 +91,12 @@ def test_the_update_is_fp32_weighted_by_objects_with_local_map(dataset, tmp_path
 
 
 def test_class_list_and_task_mismatches_are_refused_with_a_reason(dataset, tmp_path):
-    trainer = trainer_for(dataset, tmp_path)
-    assert trainer.refusal(detect_task()) == ""
-    assert trainer.refusal(detect_task(classes=["car", "truck", "person", "boat"])).startswith("class-mismatch:")
-    assert trainer.refusal(round_task()).startswith("wrong-task:")  # digits_cnn
+    data = load_data_yaml(dataset)
+    profile = DataProfile("detect", len(data.train), tuple(data.names))
+    assert profile.refusal(detect_task()) == ""
+    assert profile.refusal(detect_task(classes=["car", "truck", "person", "boat"])).startswith("class-mismatch:")
+    assert profile.refusal(round_task()).startswith("wrong-task:")  # digits_cnn
+    assert DataProfile("classify", 10).refusal(detect_task()).startswith("wrong-task: yolo11n is not a classifier")
 
 
 @pytest.mark.parametrize(

@@ -20,8 +20,6 @@ import numpy as np
 import paho.mqtt.client as paho
 import pytest
 
-from agent.config import load_agent_config
-from agent.daemon import EdgeAgent
 from agent.trainer import Trainer, TrainerWrapper
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
@@ -31,7 +29,7 @@ from models.training import evaluate
 from models.weights import float_part, load_arrays
 from models.zoo import build_model, pick_device
 from sim.broker import start_broker
-from tests.fedharness import Federation, round_task, wait_until
+from tests.fedharness import Federation, hosted_agent, round_task, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -163,7 +161,7 @@ def _start_server_process(config: Path, log: Path) -> subprocess.Popen:
 def test_server_kill_9_mid_round_resumes_with_no_accepted_update_lost(tmp_path, broker):
     fed = Federation(tmp_path, broker, rounds=3)
     slow = fed.agents[0]
-    slow.trainer = SlowInRound(slow.trainer, round_number=2, delay_s=8.0)
+    slow.runner.trainer = SlowInRound(slow.runner.trainer, round_number=2, delay_s=8.0)
     log = tmp_path / "server.log"
     server = _start_server_process(fed.layout.server_config, log)
     fed.start_agents()
@@ -236,8 +234,8 @@ class CountingTrainer(TrainerWrapper):
 def test_agent_restart_neither_repeats_nor_skips_a_round(tmp_path, broker):
     fed = Federation(tmp_path, broker, rounds=3, agents=2)
     first, other = fed.agents
-    first.trainer = CountingTrainer(first.trainer)
-    other.trainer = SlowInRound(other.trainer, round_number=2, delay_s=4.0)  # keeps round 2 open
+    first.runner.trainer = CountingTrainer(first.runner.trainer)
+    other.runner.trainer = SlowInRound(other.runner.trainer, round_number=2, delay_s=4.0)  # keeps round 2 open
     first_stop = threading.Event()
     first_thread = threading.Thread(target=first.run, args=(first_stop,), daemon=True)
     other_thread = threading.Thread(target=other.run, args=(fed.stop,), daemon=True)
@@ -250,8 +248,8 @@ def test_agent_restart_neither_repeats_nor_skips_a_round(tmp_path, broker):
         first_stop.set()
         first_thread.join(10)
         assert server.engine.round_state is not None and server.engine.round_state.round == 2  # restarted mid-round
-        restarted = EdgeAgent(load_agent_config(fed.layout.agent_configs[first.id]))
-        restarted.trainer = CountingTrainer(restarted.trainer)
+        restarted = hosted_agent(fed.layout.agent_configs[first.id])
+        restarted.runner.trainer = CountingTrainer(restarted.runner.trainer)
         restarted_thread = threading.Thread(target=restarted.run, args=(fed.stop,), daemon=True)
         restarted_thread.start()
         server_thread.join(90)
@@ -261,8 +259,8 @@ def test_agent_restart_neither_repeats_nor_skips_a_round(tmp_path, broker):
         first_stop.set()
         for t in (first_thread, other_thread):
             t.join(10)
-    assert first.trainer.rounds == [1, 2]
-    assert restarted.trainer.rounds == [3]  # round 2 not repeated, round 3 not skipped
+    assert first.runner.trainer.rounds == [1, 2]
+    assert restarted.runner.trainer.rounds == [3]  # round 2 not repeated, round 3 not skipped
     assert [sorted(m.accepted) for m in fed.metrics()] == [["agent-01", "agent-02"]] * 3
 
 

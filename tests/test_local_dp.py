@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agent.classifier import ClassifierTrainer
 from agent.local_dp import LocalPrivacySection, PrivacyBudget, epsilon_of, incompatibility, steps_of
-from agent.trainer import ClassifierTrainer
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from models.datasets import load_dataset, load_digits

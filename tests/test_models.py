@@ -9,9 +9,10 @@ import torch
 
 from models.datasets import load_digits
 from models.serialization import SerializationError, dumps, float32_region, load_file, loads, save_file
+from models.tasks import CLASSIFIERS, YOLO_YAMLS, task_of
 from models.training import evaluate, proximal, train_sgd
 from models.weights import delta, flatten, float_part, load_arrays, spec_of, to_arrays, unflatten
-from models.zoo import build_model, input_shape
+from models.zoo import MODELS, build_model, input_shape
 
 
 def n_params(model):
@@ -28,6 +29,13 @@ def test_fedavg_paper_model_sizes():
 def test_unknown_model_lists_the_known_ones():
     with pytest.raises(ValueError, match="digits_cnn"):
         build_model("resnet")
+    with pytest.raises(ValueError, match="yolo11n"):
+        task_of("resnet")
+
+
+def test_the_torch_free_task_table_names_exactly_the_zoo():
+    assert set(MODELS) == {*CLASSIFIERS, *YOLO_YAMLS}
+    assert [task_of(name) for name in ("digits_cnn", "yolo11n")] == ["classify", "detect"]
 
 
 def test_digits_cnn_learns_centrally():

@@ -10,7 +10,7 @@ from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from protocol.messages import AgentStatus
 from security.keys import Identity, revoke
-from tests.fedharness import Federation, override_toml, wait_until
+from tests.fedharness import Federation, hosted_agent, override_toml, wait_until
 
 
 def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker, caplog, monkeypatch):
@@ -23,13 +23,11 @@ def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker,
     (server_dir / "enrolled" / "agent-03.pub").unlink()  # never enrolled
     revoke(server_dir / "enrolled", "agent-04")
     Identity.generate("agent-02").save(tmp_path / "agent-02")  # re-made after enrolment
-    from agent.config import load_agent_config
-    from agent.daemon import EdgeAgent
 
-    fed.agents[1] = EdgeAgent(load_agent_config(fed.layout.agent_configs["agent-02"]))  # loads the new key
+    fed.agents[1] = hosted_agent(fed.layout.agent_configs["agent-02"])  # loads the new key
     fed.threads[1] = threading.Thread(target=fed.agents[1].run, args=(fed.stop,), daemon=True)
     override_toml(fed.layout.agent_configs["agent-05"], agent={"federation": "other"})  # a typo in its config
-    fed.agents[4] = EdgeAgent(load_agent_config(fed.layout.agent_configs["agent-05"]))
+    fed.agents[4] = hosted_agent(fed.layout.agent_configs["agent-05"])
     fed.threads[4] = threading.Thread(target=fed.agents[4].run, args=(fed.stop,), daemon=True)
     server = Aggregator(load_server_config(fed.layout.server_config))
     stop = threading.Event()

@@ -22,8 +22,6 @@ import paho.mqtt.client as paho
 import pytest
 from cryptography import x509
 
-from agent.config import load_agent_config
-from agent.daemon import EdgeAgent
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from protocol.mqtt import BrokerSettings, MqttClient, TlsSettings
@@ -34,7 +32,7 @@ from security.pki import Issued, issue
 from sim.broker import free_port, start_broker
 from sim.federation import write_digits_data
 from skyfed import main
-from tests.fedharness import override_toml, wait_until
+from tests.fedharness import hosted_agent, override_toml, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 FED = "fleet"
@@ -265,7 +263,7 @@ def test_a_federation_runs_and_a_revoked_agent_reads_no_later_model(provisioned)
     observer = Client(out / "observer", "observer", port)  # the broker's view: every message
     observer.client.subscribe(f"skyfed/{FED}/#", 1)
     server = Aggregator(load_server_config(out / "server" / "server.toml"))
-    agents = {name: EdgeAgent(load_agent_config(out / "agents" / name / "agent.toml")) for name in ("a1", "a2", "a3")}
+    agents = {name: hosted_agent(out / "agents" / name / "agent.toml") for name in ("a1", "a2", "a3")}
     stop = threading.Event()
     threads = [threading.Thread(target=agent.run, args=(stop,), daemon=True) for agent in agents.values()]
     server_thread = threading.Thread(target=server.run, daemon=True)

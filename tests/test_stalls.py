@@ -30,7 +30,7 @@ class NeverDelivers(TrainerWrapper):
 def test_an_agent_that_never_delivers_is_replaced_at_the_deadline_and_backed_off(tmp_path, broker):
     fed = Federation(tmp_path, broker, rounds=3, agents=3)
     override_toml(fed.layout.server_config, rounds={"fraction": 0.5, "min_agents": 2, "quorum": 2, "deadline_s": 4.0})
-    fed.agents[2].trainer = NeverDelivers(fed.agents[2].trainer)
+    fed.agents[2].runner.trainer = NeverDelivers(fed.agents[2].runner.trainer)
     server = Aggregator(load_server_config(fed.layout.server_config))
     server_thread = threading.Thread(target=server.run, daemon=True)
     server_thread.start()

@@ -59,7 +59,7 @@ def test_swap_hands_each_agent_its_partners_model_sealed_to_it_and_survives_kill
     override_toml(fed.layout.server_config, strategy={"name": "fedswap", "h1": 1, "h2": 3}, rounds={"quorum": 4})
     locals_by_agent = {}
     for agent in fed.agents:
-        agent.trainer = SlowInRound(Recording(agent.trainer), round_number=2, delay_s=6.0)
+        agent.runner.trainer = SlowInRound(Recording(agent.runner.trainer), round_number=2, delay_s=6.0)
         locals_by_agent[agent.id] = _record_local_models(agent)
     sniffer = Sniffer(broker)
     log = tmp_path / "server.log"
@@ -94,7 +94,7 @@ def test_swap_hands_each_agent_its_partners_model_sealed_to_it_and_survives_kill
 
     pairs = metrics[0].aggregation["pairs"]
     assert sorted(a for pair in pairs for a in pair) == sorted(a.id for a in fed.agents)
-    trainers = {a.id: a.trainer.inner for a in fed.agents}
+    trainers = {a.id: a.runner.trainer.inner for a in fed.agents}
     for a, b in pairs:  # after the swap each trained on exactly its partner's model of round 1
         assert _identical(trainers[a].bases[2], locals_by_agent[b][0])
         assert _identical(trainers[b].bases[2], locals_by_agent[a][0])

@@ -5,15 +5,13 @@ import threading
 
 import pytest
 
-from agent.config import load_agent_config
-from agent.daemon import EdgeAgent
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from protocol.mqtt import BrokerSettings, MqttClient, TlsSettings
 from security.pki import create_ca, issue
 from sim.broker import ListenerTls, start_broker
 from sim.federation import SimSettings, create_federation
-from tests.fedharness import override_toml
+from tests.fedharness import hosted_agent, override_toml
 from tests.test_connection_problems import problem_of
 
 
@@ -49,7 +47,7 @@ def test_federation_round_over_mutual_tls(tmp_path, tls_broker):
             config, broker={"tls": {"ca_certs": str(ca.cert), "certfile": str(cert.cert), "keyfile": str(cert.key)}}
         )
     server = Aggregator(load_server_config(layout.server_config))
-    agents = [EdgeAgent(load_agent_config(p)) for p in layout.agent_configs.values()]
+    agents = [hosted_agent(p) for p in layout.agent_configs.values()]
     stop = threading.Event()
     threads = [threading.Thread(target=a.run, args=(stop,), daemon=True) for a in agents]
     for t in threads:

@@ -1,0 +1,55 @@
+"""The classifier trainer: SGD (optionally DP-SGD through Opacus) of a PyTorch CNN or MLP on an ``.npz``."""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+from agent.local_dp import PrivacyBudget, dp_sgd
+from agent.trainer import TrainingDeclined, TrainResult
+from models.datasets import Dataset
+from models.training import train_sgd
+from models.weights import NamedArrays, load_arrays, to_arrays
+from models.zoo import build_model
+from protocol.messages import RoundTask
+
+
+class ClassifierTrainer:
+    """SGD with momentum on this agent's dataset, with the round's epochs, batch size and learning rate."""
+
+    def __init__(
+        self, data: Dataset, *, device: torch.device, agent_id: str, seed: int = 0, budget: PrivacyBudget | None = None
+    ) -> None:
+        self.data = data
+        self.device = device
+        self.agent_id = agent_id
+        self.seed_base = seed * 1_000_003 + zlib.crc32(agent_id.encode())
+        self.budget = budget  # DP-SGD (agent.local_dp) when given
+
+    def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
+        if self.budget is not None and (refusal := self.budget.refusal(task, self.agent_id)):
+            raise TrainingDeclined(refusal)
+        model = build_model(task.model, num_classes=task.num_classes)
+        load_arrays(model, global_arrays)
+        torch.manual_seed(self.seed_base + task.round)
+        settings = task.train_of(self.agent_id)
+        prepare, spent = dp_sgd(self.budget.policy) if self.budget is not None else (None, None)
+        outcome = train_sgd(
+            model,
+            self.data,
+            epochs=settings.epochs,
+            batch_size=settings.batch_size,
+            lr=settings.lr,
+            momentum=settings.momentum,
+            seed=self.seed_base + task.round,
+            device=self.device,
+            prox_mu=0.0 if prepare is not None else settings.prox_mu,  # a whole-model term has no per-sample gradient
+            work=settings.work,
+            prepare=prepare,
+        )
+        epsilon = None
+        if self.budget is not None and spent is not None:
+            self.budget.spend(spent(), settings)
+            epsilon = self.budget.epsilon
+        return TrainResult(arrays=to_arrays(model), samples=outcome.samples, loss=outcome.loss, epsilon=epsilon)

@@ -1,0 +1,108 @@
+"""What the server sends one agent, opened and kept: group keys, global models and start models.
+
+Chunks arrive on the agent's inbox topic (group keys sealed to it, start models) and on the retained
+model topics (the global model, sealed with the group key); ``protocol.transfer.Reassembler`` checks
+and reassembles them. Only the newest global model is kept (or the one the current task names: a
+reset server starts again at 1), the last ``GROUP_KEYS_KEPT`` group keys, and start models by
+fingerprint (``agent.start_models``) until a task names one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from agent.start_models import StartModelRefused, StartModels
+from models.serialization import SerializationError, loads
+from models.weights import NamedArrays
+from protocol.messages import AgentStart, RoundTask
+from protocol.transfer import Completed, Reassembler, TransferLimits, TransferRejected
+from security.envelope import Opener
+from security.keys import GroupKey, Identity, Keyring, PublicIdentity
+
+GROUP_KEYS_KEPT = 3  # after a rotation the previous key still opens the model until its re-publication
+MODEL_LIMITS = TransferLimits(
+    max_bytes=1 << 30, max_partial_per_sender=4, max_pending_bytes_per_sender=2 << 30, max_pending_bytes=2 << 30
+)
+log = logging.getLogger("skyfed.agent")
+Warn = Callable[..., None]  # the daemon's throttled warning: (key, message, *args)
+
+
+class ServerInbox:
+    def __init__(
+        self, identity: Identity, server: PublicIdentity, federation: str, start_models: StartModels, warn: Warn
+    ) -> None:
+        self.server = server
+        self.group_keys: dict[str, GroupKey] = {}
+        opener = Opener(identity=identity, federation=federation, senders=Keyring([server]), group_keys=self.group_keys)
+        self.reassembler = Reassembler(opener, MODEL_LIMITS)
+        self.models: dict[int, NamedArrays] = {}
+        self.model_sha256 = ""
+        self.start_models = start_models
+        self.key_mismatch = False  # a group key arrived sealed to a key this agent no longer has
+        self.warn = warn
+
+    def feed(self, payload: bytes, kinds: frozenset[str], topic_round: int | None, task: RoundTask | None) -> str:
+        """One chunk; the kind of transfer it completed (``groupkey``, ``start``, ``model``), ``key-mismatch``
+        for a group key sealed to a key this agent no longer has, else ``""``."""
+        try:
+            completed = self.reassembler.feed(payload, topic_sender=self.server.name, kinds=kinds,
+                                              topic_round=topic_round)  # fmt: skip
+        except TransferRejected as exc:
+            if "groupkey" in kinds and exc.reason == "bad-chunk":
+                self.key_mismatch = True
+                return "key-mismatch"
+            self.warn(f"transfer-{exc.reason}", "transfer rejected kind=%s reason=%s", "/".join(kinds), exc.reason)
+            return ""
+        if completed is None:
+            return ""
+        kind = completed.manifest.kind
+        if kind == "groupkey":
+            self._on_group_key(completed)
+        elif kind == "start":
+            self._on_start_model(completed, task)
+        else:
+            self._on_model(completed, task)
+        return kind
+
+    def _on_group_key(self, completed: Completed) -> None:
+        key = GroupKey.from_bytes(bytes(completed.data))
+        self.group_keys.pop(key.key_id, None)
+        self.group_keys[key.key_id] = key  # the newest last: the status reports it
+        while len(self.group_keys) > GROUP_KEYS_KEPT:
+            del self.group_keys[next(iter(self.group_keys))]
+        self.key_mismatch = False
+        log.info("group key received key_id=%s", key.key_id)
+
+    def _on_model(self, completed: Completed, task: RoundTask | None) -> None:
+        """Keep the newest model, or the one the current task names (a reset server starts again at 1)."""
+        version = completed.manifest.round
+        wanted = task.model_version if task is not None else None
+        if version < max(self.models, default=0) and version != wanted:
+            self.warn("model-older", "model ignored version=%d reason=older-than-held", version)
+            return
+        try:
+            arrays, _ = loads(completed.data)
+        except SerializationError as exc:
+            log.warning("model rejected version=%d reason=%s", version, exc)
+            return
+        self.models = {version: arrays}  # only the newest version is ever needed
+        self.model_sha256 = completed.manifest.sha256.hex()
+        log.info("model received version=%d bytes=%d", version, completed.manifest.size)
+
+    def _on_start_model(self, completed: Completed, task: RoundTask | None) -> None:
+        """A model sealed to this agent alone (a swap partner's, say), kept until a task names it."""
+        current = task.round if task is not None else 0
+        try:
+            sha256 = self.start_models.receive(completed.data, completed.manifest.round, current)
+        except StartModelRefused as exc:
+            self.warn(f"start-{exc.reason}", "start model ignored round=%d reason=%s", completed.manifest.round, exc)
+            return
+        log.info("start model received round=%d sha256=%s", completed.manifest.round, sha256[:12])
+
+    def start_model(self, task: RoundTask, start: AgentStart) -> NamedArrays | None:
+        """The model this round starts from, if this agent has it (the global one, or by fingerprint)."""
+        if start.source == "global":
+            arrays = self.models.get(task.model_version)
+            return arrays if arrays is not None and self.model_sha256 == task.model_sha256 else None
+        return self.start_models.find(start.sha256)

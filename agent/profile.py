@@ -1,0 +1,83 @@
+"""What the agent daemon knows about its own data and privacy budget without PyTorch.
+
+The daemon decides whether it can take part in a round (its gate, its status) from this profile; the
+training itself runs in a child process (``agent.runner``). The data file is read and checked once at
+start (a bad file fails there, naming it), then dropped: the child loads it again for each round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.config import AgentConfig
+from agent.local_dp import LocalPrivacySection
+from common.files import read_json
+from models.datasets import load_dataset
+from models.tasks import task_of
+from models.yolo_dataset import class_counts, load_data_yaml
+from protocol.messages import RoundTask
+
+
+@dataclass(frozen=True)
+class DataProfile:
+    kind: str  # classify | detect: the models this agent's trainer can train
+    samples: int  # training examples (images for detectors)
+    names: tuple[str, ...] = ()  # a detector's class names, in data.yaml's order
+
+    def refusal(self, task: RoundTask) -> str:
+        """Why this agent cannot train ``task``'s model on its data (``""`` when it can)."""
+        if task_of(task.model) != self.kind:
+            wanted = "a classifier" if self.kind == "classify" else "a detector"
+            return f"wrong-task: {task.model} is not {wanted}; set training.trainer to match the federation"
+        if self.kind == "detect" and list(self.names) != task.classes:
+            return f"class-mismatch: data.yaml names {list(self.names)}, the federation {task.classes}"
+        return ""
+
+
+def data_profile(config: AgentConfig) -> DataProfile:
+    """Read ``agent.data`` once: the trainer's kind, its sample count and (detectors) class names."""
+    if config.training.trainer == "detector":
+        data = load_data_yaml(config.data_path)
+        if int(class_counts(data.train, data.num_classes).sum()) == 0:
+            raise ValueError(f"{config.data_path}: the train split holds no labelled objects; nothing to learn from")
+        return DataProfile("detect", len(data.train), tuple(data.names))
+    return DataProfile("classify", len(load_dataset(config.data_path)))
+
+
+class PrivacyView:
+    """The local DP-SGD budget as the training child last wrote it (``<state_dir>/privacy.json``)."""
+
+    def __init__(self, policy: LocalPrivacySection, path: Path) -> None:
+        self.policy = policy
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._record: dict = {}
+
+    def _read(self) -> dict:
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return {}
+        if (stat.st_mtime_ns, stat.st_size) != self._stamp:
+            self._stamp, self._record = (stat.st_mtime_ns, stat.st_size), read_json(self.path)
+        return self._record
+
+    def refusal(self) -> str:
+        """Why another round like the last would pass ``target_epsilon`` (the child decides and records it)."""
+        return str(self._read().get("gate", ""))
+
+    def summary(self) -> dict[str, float]:
+        record = self._read()
+        return {
+            "epsilon": float(record.get("epsilon", 0.0)),
+            "delta": self.policy.delta,
+            "target_epsilon": self.policy.target_epsilon,
+            "noise_multiplier": self.policy.noise_multiplier,
+            "max_grad_norm": self.policy.max_grad_norm,
+            "steps": float(sum(step[2] for step in record.get("history", []))),
+        }
+
+
+def privacy_view(config: AgentConfig) -> PrivacyView | None:
+    return PrivacyView(config.privacy, config.state_dir / "privacy.json") if config.privacy.enabled else None

@@ -1,0 +1,343 @@
+"""Where the agent's heavy work runs: training a round and exporting the newest global model to ONNX.
+
+The daemon holds MQTT, keys and state; PyTorch (and Ultralytics) live in a **training child**
+(``python -m agent.training_child``), started for a job and gone after it (``training.worker =
+"per-round"``, the default: nothing of PyTorch stays in memory between rounds) or kept between jobs
+(``"warm"``: no start-up per round, the child's memory stays taken). One job at a time. A job is polled
+from the daemon's loop, so MQTT keep-alives, status and the systemd watchdog go on while it runs; it can
+be cancelled (the child is killed: a gate that closes mid-round, a stop, an expired task) and is
+killed when it passes ``training.time_limit_s``. A child that crashes is a failed job, never a dead
+daemon. Simulation hosts and tests run a trainer in their own process instead (``InProcessRunner``),
+so agents hosted together share one process and one PyTorch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, Union
+
+from agent.trainer import Trainer, TrainingDeclined, TrainResult
+from models.serialization import load_file, save_file
+from models.weights import NamedArrays
+from protocol.messages import RoundTask
+
+if TYPE_CHECKING:
+    from agent.config import AgentConfig
+
+log = logging.getLogger("skyfed.agent")
+
+
+@dataclass(frozen=True)
+class Trained:
+    result: TrainResult
+    export: Outcome | None = None  # the ONNX export of the start model that rode along, if one was asked for
+
+
+@dataclass(frozen=True)
+class Exported:
+    detail: str  # e.g. "max_abs_diff=3e-06 seconds=1.2"
+
+
+@dataclass(frozen=True)
+class Declined:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    reason: str  # the daemon stopped it: a gate closed, the round moved on, the agent stops
+
+
+Outcome = Union[Trained, Exported, Declined, Failed, Cancelled]  # noqa: UP007 - Python 3.10 agents evaluate it at import
+
+
+class Job(Protocol):
+    kind: str  # "train" | "export"
+
+    def poll(self) -> Outcome | None:
+        """The outcome once the job is over, else None (never blocks)."""
+
+    def cancel(self, reason: str) -> None:
+        """Stop the job; its outcome becomes ``Cancelled(reason)`` and any result is dropped."""
+
+
+class Runner(Protocol):
+    def train(self, base: NamedArrays, task: RoundTask, export_to: Path | None = None) -> Job:
+        """Train ``task`` from ``base``; with ``export_to``, also export ``base`` (the global model) to ONNX
+        afterwards, in the same child: a per-round child then starts once per round, not twice."""
+
+    def export(self, arrays: NamedArrays, task: RoundTask, path: Path) -> Job: ...
+
+    def close(self) -> None: ...
+
+
+# -- in this process (simulation hosts, tests) ----------------------------------------------------------
+class ThreadJob:
+    """A job on a thread of this process; a cancelled one finishes in the background, its result dropped."""
+
+    def __init__(self, kind: str, work: Callable[[], Outcome]) -> None:
+        self.kind = kind
+        self._outcome: Outcome | None = None
+        self._cancelled: Cancelled | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(work,), name=f"{threading.current_thread().name}-{kind}"
+        )
+        self._thread.start()
+
+    def _run(self, work: Callable[[], Outcome]) -> None:
+        self._outcome = run_guarded(work)
+
+    def poll(self) -> Outcome | None:
+        return self._cancelled or (self._outcome if not self._thread.is_alive() else None)
+
+    def cancel(self, reason: str) -> None:
+        if self.poll() is None:
+            self._cancelled = Cancelled(reason)
+
+
+class InProcessRunner:
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+    def train(self, base: NamedArrays, task: RoundTask, export_to: Path | None = None) -> Job:
+        return ThreadJob("train", lambda: train_and_export(self.trainer, base, task, export_to))
+
+    def export(self, arrays: NamedArrays, task: RoundTask, path: Path) -> Job:
+        return ThreadJob("export", lambda: export_onnx(arrays, task, path))
+
+    def close(self) -> None:
+        """Nothing to stop: a running thread job ends on its own."""
+
+
+def in_process_runner(config: AgentConfig) -> InProcessRunner:
+    """The agent's own trainer in this process (imports PyTorch): ``sim.agent_host`` and tests."""
+    import torch
+
+    from agent.trainer import build_trainer
+    from models.zoo import pick_device
+
+    if config.training.threads > 0:
+        torch.set_num_threads(config.training.threads)
+    device = pick_device() if config.training.device == "auto" else torch.device(config.training.device)
+    return InProcessRunner(build_trainer(config, device))
+
+
+# -- the job itself, wherever it runs -------------------------------------------------------------------
+def run_guarded(work: Callable[[], Outcome]) -> Outcome:
+    """A trainer bug or bad data becomes a ``Failed`` outcome (logged with its traceback), not a crash."""
+    try:
+        return work()
+    except TrainingDeclined as exc:
+        return Declined(str(exc))
+    except Exception as exc:  # noqa: BLE001 - whatever the trainer raises, the daemon carries on
+        log.exception("job failed: %s", exc)
+        return Failed(f"{type(exc).__name__}: {exc}")
+
+
+def train_and_export(trainer: Trainer, base: NamedArrays, task: RoundTask, export_to: Path | None) -> Outcome:
+    trained = run_guarded(lambda: Trained(trainer.train(base, task)))
+    if export_to is None or not isinstance(trained, Trained):
+        return trained
+    return Trained(trained.result, run_guarded(lambda: export_onnx(base, task, export_to)))
+
+
+def export_onnx(arrays: NamedArrays, task: RoundTask, path: Path) -> Outcome:
+    """``models.onnx_export.export_global`` of the task's model (written only if onnxruntime reproduced it)."""
+    from models.onnx_export import export_global
+
+    names = task.classes or [str(i) for i in range(task.num_classes)]
+    report = export_global(task.model, arrays, path, names=names, image_size=task.train.image_size)
+    if not report.ok:
+        return Failed(f"onnx export failed: {report.reason}")
+    return Exported(f"max_abs_diff={report.max_abs_diff:.2g} seconds={report.seconds:.2f}")
+
+
+# -- in a child process (the deployed agent) -----------------------------------------------------------
+RESULT_FILE = "result.safetensors"
+
+
+def write_result(directory: Path, result: TrainResult) -> None:
+    """The child's side: the trained arrays, and what the update's metadata needs."""
+    meta = {"samples": result.samples, "loss": result.loss, "epsilon": result.epsilon, "weight": result.weight,
+            "local_eval": result.local_eval}  # fmt: skip
+    save_file(directory / RESULT_FILE, result.arrays, {"result": json.dumps(meta)})
+
+
+def read_result(directory: Path) -> TrainResult:
+    arrays, metadata = load_file(directory / RESULT_FILE)
+    meta = json.loads(metadata["result"])
+    return TrainResult(arrays=arrays, samples=int(meta["samples"]), loss=float(meta["loss"]), epsilon=meta["epsilon"],
+                       weight=int(meta["weight"]), local_eval=dict(meta["local_eval"]))  # fmt: skip
+
+
+def as_reply(outcome: Outcome) -> dict:
+    """An outcome as the child's JSON reply (a train job's arrays travel in ``result.safetensors``)."""
+    if isinstance(outcome, Trained):
+        return {"ok": True} | ({"export": as_reply(outcome.export)} if outcome.export is not None else {})
+    if isinstance(outcome, Exported):
+        return {"exported": outcome.detail}
+    if isinstance(outcome, Declined):
+        return {"declined": outcome.reason}
+    return {"failed": outcome.reason}
+
+
+def from_reply(reply: dict) -> Outcome:
+    """An export's or a refusal's outcome from its reply (not a train job's: that needs its result file)."""
+    if "declined" in reply:
+        return Declined(str(reply["declined"]))
+    if "failed" in reply:
+        return Failed(str(reply["failed"]))
+    return Exported(str(reply.get("exported", "")))
+
+
+class ChildJob:
+    def __init__(self, kind: str, child: TrainingChild, directory: Path, limit_s: float) -> None:
+        self.kind = kind
+        self.child = child
+        self.directory = directory
+        self.deadline = time.monotonic() + limit_s
+        self.limit_s = limit_s
+        self._reply: dict | None = None
+        self._outcome: Outcome | None = None
+
+    def poll(self) -> Outcome | None:
+        if self._outcome is None:
+            self._outcome = self._check()
+        return self._outcome
+
+    def _check(self) -> Outcome | None:
+        self._reply = self._reply or self.child.reply()
+        if self._reply is None:
+            if not self.child.alive() and (reply := self.child.last_reply()) is not None:
+                self._reply = reply  # it answered, then exited before the reader had passed the answer on
+            elif not self.child.alive():
+                return Failed(f"training child {self.child.exit_description()} before finishing the {self.kind} job")
+            elif time.monotonic() > self.deadline:
+                self.child.kill()
+                return Failed(f"time limit: the {self.kind} job ran longer than training.time_limit_s={self.limit_s:g}")
+            else:
+                return None
+        if not self.child.warm and self.child.alive():  # a per-round child: done once it is gone, so two
+            if time.monotonic() < self.deadline:  # children never hold PyTorch's memory at once
+                return None
+            self.child.kill()
+        return self._outcome_of(self._reply)
+
+    def _outcome_of(self, reply: dict) -> Outcome:
+        if self.kind == "export" or "ok" not in reply:
+            return from_reply(reply)
+        try:
+            result = read_result(self.directory)
+        except (OSError, ValueError, KeyError) as exc:
+            return Failed(f"the training child's result cannot be read: {exc}")
+        export = reply.get("export")
+        return Trained(result, None if export is None else from_reply(export))
+
+    def cancel(self, reason: str) -> None:
+        if self._outcome is None:
+            self.child.kill()
+            self._outcome = Cancelled(reason)
+
+
+class TrainingChild:
+    """One ``python -m agent.training_child`` process: JSON requests on stdin, JSON replies on stdout."""
+
+    def __init__(self, config_path: Path, warm: bool) -> None:
+        self.warm = warm
+        command = [sys.executable, "-m", "agent.training_child", "--config", str(config_path)]
+        # stderr is the daemon's (journald): the child's log lines land next to the daemon's.
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._replies: queue.Queue[dict] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, name="training-child-reader", daemon=True)
+        self._reader.start()
+        log.info("training child started pid=%d worker=%s", self.process.pid, "warm" if warm else "per-round")
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            try:
+                self._replies.put(json.loads(line))
+            except ValueError:
+                log.warning("training child wrote a line that is not a reply: %.200s", line)
+
+    def send(self, request: dict) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        if not self.warm:
+            self.process.stdin.close()  # one job, then the child exits and PyTorch's memory is returned
+
+    def reply(self) -> dict | None:
+        try:
+            return self._replies.get_nowait()
+        except queue.Empty:
+            return None
+
+    def last_reply(self) -> dict | None:
+        """A gone child's last words: the reader reaches the end of its output, then the reply is in."""
+        self._reader.join(timeout=2.0)
+        return self.reply()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def exit_description(self) -> str:
+        code = self.process.poll()
+        return f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+
+    def kill(self) -> None:
+        if self.alive():
+            self.process.kill()
+            self.process.wait()
+            log.info("training child stopped pid=%d", self.process.pid)
+
+
+class ChildRunner:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config_path = config.path
+        self.warm = config.training.worker == "warm"
+        self.limit_s = config.training.time_limit_s
+        self.jobs = config.state_dir / "jobs"
+        self.child: TrainingChild | None = None
+
+    def _start(self, kind: str, request: dict) -> ChildJob:
+        if self.child is None or not self.child.alive() or not self.warm:
+            self.child = TrainingChild(self.config_path, self.warm)
+        self.child.send({"kind": kind, **request})
+        return ChildJob(kind, self.child, self.jobs / kind, self.limit_s)
+
+    def _fresh_dir(self, kind: str) -> Path:
+        directory = self.jobs / kind
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True, mode=0o700)
+        return directory
+
+    def train(self, base: NamedArrays, task: RoundTask, export_to: Path | None = None) -> Job:
+        directory = self._fresh_dir("train")
+        save_file(directory / "base.safetensors", base)
+        request = {"dir": str(directory), "task": task.to_dict()}
+        return self._start("train", request | ({"path": str(export_to)} if export_to else {}))
+
+    def export(self, arrays: NamedArrays, task: RoundTask, path: Path) -> Job:
+        directory = self._fresh_dir("export")
+        save_file(directory / "base.safetensors", arrays)
+        return self._start("export", {"dir": str(directory), "task": task.to_dict(), "path": str(path)})
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.kill()

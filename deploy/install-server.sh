@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# Install the SkyFed aggregator next to the MQTT broker as the systemd service skyfed-server, from its
+# provisioning folder (fleet-pki/server/ as skyfed provision writes it: server.toml, server.key,
+# enrolled/, TLS files), and mosquitto's SkyFed config from fleet-pki/broker/. Run it again at will: a
+# second run changes nothing. What goes where: deploy/install-common.sh.
+#
+#   sudo deploy/install-server.sh [options] PROVISIONING_FOLDER
+#   sudo deploy/install-server.sh --uninstall [--purge]
+set -euo pipefail
+
+ROLE=server
+CONFIG_NAME=server.toml
+UNIT=skyfed-server.service
+OTHER_UNIT=skyfed-agent.service
+EXTRA_GROUPS=()
+MOSQUITTO=""       # --mosquitto: a provisioned broker folder, plain or none
+MOSQUITTO_USER=mosquitto
+BROKER_RESTART=0   # the listener, certificates or conf.d changed: restart mosquitto
+BROKER_RELOAD=0    # only the ACL or the CRL changed: a reload applies them
+
+role_usage() {
+    cat <<'EOF'
+usage: install-server.sh [options] PROVISIONING_FOLDER
+       install-server.sh --uninstall [--purge] [--root DIR]
+
+Installs the SkyFed aggregator as the systemd service skyfed-server: the system user skyfed (no login
+shell, home /var/lib/skyfed), a venv in /opt/skyfed, the folder's config, keys and enrolled/ in
+/etc/skyfed (private keys 0600 skyfed, the rest 0640 root:skyfed; agents the folder lists as revoked
+are taken out of /etc/skyfed/enrolled), the unit in /etc/systemd/system, and mosquitto's SkyFed config;
+then (re)starts mosquitto and enables and starts the server. PROVISIONING_FOLDER is fleet-pki/server/
+from `skyfed provision`, or one made by hand: server.toml and the keys and enrolled/ folder it names.
+
+server options:
+  --mosquitto DIR|plain|none  mosquitto's SkyFed config: DIR is the provisioned broker folder
+                        (fleet-pki/broker/: mutual TLS, ACL, CRL), installed where its skyfed.conf says
+                        (skyfed provision --broker-dir, e.g. /etc/mosquitto/skyfed) and linked into
+                        /etc/mosquitto/conf.d/; plain is deploy/mosquitto/plain.conf (plain MQTT on
+                        1883, trusted networks only); none leaves mosquitto alone. Default: the broker/
+                        folder next to PROVISIONING_FOLDER when there is one.
+                        --uninstall removes the conf.d entry (and, with --purge, the broker folder
+                        when it lies under /etc/mosquitto).
+
+EOF
+}
+role_example() { printf 'server/'; }
+
+role_option() {
+    ROLE_SHIFT=0
+    if [[ $1 == --mosquitto ]]; then
+        MOSQUITTO=${2:?--mosquitto needs a broker folder, plain or none}
+        ROLE_SHIFT=2
+    fi
+}
+
+role_check_config() {
+    check_key_ref keys identity "server key file" private
+    check_key_ref keys enrolled "enrolled-agents folder" public d
+    ENROLLED=$(toml_get "$PROV/$CONFIG_NAME" keys enrolled)
+    local init
+    init=$(toml_get "$PROV/$CONFIG_NAME" server init_weights)
+    [[ -z $init ]] || resolve_ref server.init_weights "$init" "Ultralytics .pt checkpoint" >/dev/null
+    check_state_dir server
+    check_data_ref server eval_data
+}
+
+# The directory a provisioned skyfed.conf names for its files (acl_file, cafile, ...): all in one folder.
+broker_target() {
+    local conf=$1 dir="" key path
+    for key in acl_file cafile certfile keyfile crlfile; do
+        path=$(sed -n "s/^${key}[[:space:]]\{1,\}//p" "$conf" | head -n1)
+        [[ -n $path ]] || die "$conf has no $key line: is it skyfed provision's skyfed.conf?"
+        [[ $path == /* ]] || die "$conf: $key $path is not an absolute path"
+        [[ -z $dir || $(dirname "$path") == "$dir" ]] || die "$conf: its files are not in one folder ($dir, $path)"
+        dir=$(dirname "$path")
+        [[ -f $MOSQUITTO/$(basename "$path") ]] || die "$MOSQUITTO has no $(basename "$path") ($conf names it)"
+    done
+    printf '%s\n' "$dir"
+}
+
+role_precheck() {
+    if [[ -z $MOSQUITTO ]]; then
+        if [[ -f $PROV/../broker/skyfed.conf ]]; then
+            MOSQUITTO=$(realpath "$PROV/../broker")
+            say "mosquitto: the broker folder next to $PROV ($MOSQUITTO); --mosquitto chooses another"
+        else
+            die "no broker folder next to $PROV: pass --mosquitto DIR (fleet-pki/broker/), --mosquitto plain" \
+                "(plain MQTT, trusted networks only) or --mosquitto none (the broker is managed elsewhere)"
+        fi
+    fi
+    [[ $MOSQUITTO != none ]] || return 0
+    [[ -d $(at /etc/mosquitto/conf.d) ]] ||
+        die "mosquitto is not installed here (no $(at /etc/mosquitto/conf.d)): apt-get install mosquitto, or --mosquitto none"
+    [[ $MOSQUITTO == plain ]] && return 0
+    [[ -f $MOSQUITTO/skyfed.conf ]] || die "--mosquitto $MOSQUITTO: no skyfed.conf there (pass fleet-pki/broker/)"
+    MOSQUITTO=$(realpath "$MOSQUITTO")
+    BROKER_DIR=$(broker_target "$MOSQUITTO/skyfed.conf")
+    [[ -n $(uid_of "$MOSQUITTO_USER") ]] ||
+        die "user $MOSQUITTO_USER does not exist on $(at /): is mosquitto installed (apt-get install mosquitto)?"
+    if [[ -z $ROOT ]] && [[ -f /etc/mosquitto/mosquitto.conf ]] &&
+        ! grep -q '^include_dir[[:space:]]\{1,\}/etc/mosquitto/conf.d' /etc/mosquitto/mosquitto.conf; then
+        note "/etc/mosquitto/mosquitto.conf has no 'include_dir /etc/mosquitto/conf.d': add it, or mosquitto ignores SkyFed's config"
+    fi
+}
+
+# Agents the provisioning folder lists as revoked (enrolled/revoked/<id>.pub) leave /etc/skyfed/enrolled:
+# copying the folder alone would keep trusting them.
+revoke_enrolled() {
+    [[ $ENROLLED != /* || $ENROLLED == "$ETC"/* ]] || return 0
+    local rel=${ENROLLED#"$ETC"/} revoked name installed
+    rel=${rel#./}
+    for revoked in "$PROV/$rel"/revoked/*.pub; do
+        [[ -f $revoked ]] || continue
+        name=$(basename "$revoked")
+        installed=$(at "$ETC/$rel/$name")
+        if [[ -f $installed ]]; then
+            rm -f "$installed"
+            say "  revoked ${name%.pub}: removed $installed (the running server rotates the group key)"
+        fi
+    done
+}
+
+install_broker_tls() {
+    local target conf_d file name
+    target=$(at "$BROKER_DIR")
+    conf_d=$(at /etc/mosquitto/conf.d)
+    if [[ $(realpath -m "$target") != "$MOSQUITTO" ]]; then
+        local owner
+        owner=$(uid_of "$MOSQUITTO_USER"):$(primary_gid_of "$MOSQUITTO_USER")
+        ensure_dir "$target" 0700 "$owner"
+        for file in "$MOSQUITTO"/*; do
+            [[ -f $file ]] || continue
+            name=$(basename "$file")
+            if put_file "$file" "$target/$name" 0600 "$owner"; then
+                case $name in
+                skyfed.acl | crl.pem) BROKER_RELOAD=1 ;;
+                *) BROKER_RESTART=1 ;;
+                esac
+            fi
+        done
+    else
+        say "  broker folder used in place: $MOSQUITTO"
+    fi
+    ensure_link "$BROKER_DIR/skyfed.conf" "$conf_d/skyfed.conf" && BROKER_RESTART=1
+    if [[ -f $conf_d/skyfed-plain.conf ]]; then
+        rm -f "$conf_d/skyfed-plain.conf"
+        say "  removed $conf_d/skyfed-plain.conf (TLS replaces plain MQTT)"
+        BROKER_RESTART=1
+    fi
+    return 0
+}
+
+install_broker_plain() {
+    local conf_d
+    conf_d=$(at /etc/mosquitto/conf.d)
+    put_file "$DEPLOY_DIR/mosquitto/plain.conf" "$conf_d/skyfed-plain.conf" 0644 0:0 && BROKER_RESTART=1
+    if [[ -L $conf_d/skyfed.conf || -f $conf_d/skyfed.conf ]]; then
+        rm -f "$conf_d/skyfed.conf"
+        say "  removed $conf_d/skyfed.conf (plain MQTT replaces TLS)"
+        BROKER_RESTART=1
+    fi
+    note "plain MQTT on port 1883 for anyone who can reach it: on a trusted network only (deploy/mosquitto/plain.conf)"
+    return 0
+}
+
+apply_broker() {
+    ((BROKER_RESTART + BROKER_RELOAD > 0)) || return 0
+    local action=reload
+    ((BROKER_RESTART == 0)) || action=restart
+    if [[ -n $ROOT ]] || ((NO_START == 1)); then
+        say "mosquitto: its config changed; apply it with: systemctl $action mosquitto"
+        return
+    fi
+    systemctl "$action" mosquitto || die "mosquitto did not $action: journalctl -u mosquitto -n 50"
+    say "mosquitto: ${action}ed"
+}
+
+role_install() {
+    revoke_enrolled
+    case $MOSQUITTO in
+    none) say "mosquitto: left alone (--mosquitto none)" ;;
+    plain) install_broker_plain ;;
+    *) install_broker_tls ;;
+    esac
+    apply_broker
+}
+
+role_uninstall() {
+    local conf_d link_target=""
+    conf_d=$(at /etc/mosquitto/conf.d)
+    [[ -d $conf_d ]] || return 0
+    if [[ -L $conf_d/skyfed.conf ]]; then
+        link_target=$(readlink "$conf_d/skyfed.conf")
+        rm -f "$conf_d/skyfed.conf"
+        say "  removed $conf_d/skyfed.conf"
+        BROKER_RESTART=1
+    fi
+    if [[ -f $conf_d/skyfed-plain.conf ]]; then
+        rm -f "$conf_d/skyfed-plain.conf"
+        say "  removed $conf_d/skyfed-plain.conf"
+        BROKER_RESTART=1
+    fi
+    if [[ -n $link_target ]]; then
+        if ((PURGE == 1)) && [[ $link_target == /etc/mosquitto/?*/skyfed.conf ]]; then
+            remove_tree "$(at "$(dirname "$link_target")")"
+        else
+            say "  kept the broker folder $(dirname "$link_target") (--purge removes it when it lies under /etc/mosquitto)"
+        fi
+    fi
+    apply_broker
+}
+
+role_summary() {
+    say "done: skyfed-server runs $VENV/bin/skyfed server run --config $ETC/server.toml --keep-running as $USER_NAME"
+}
+
+# shellcheck source=deploy/install-common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/install-common.sh"
+install_main "$@"

@@ -1,0 +1,119 @@
+"""The light agent daemon: PyTorch only in its training child, which may crash or hang without taking
+the daemon down; per-round and warm children; the deployed agent trains through a real child."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from agent.config import load_agent_config
+from agent.daemon import EdgeAgent
+from agent.runner import Cancelled, ChildRunner, Declined, Exported, Failed, Trained
+from models.weights import to_arrays
+from models.zoo import build_model
+from sim.federation import SimSettings, create_federation
+from tests.fedharness import Federation, override_toml, round_task, wait_until
+
+
+@pytest.fixture
+def agent_config(tmp_path):
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it"), ("127.0.0.1", 1))
+    return layout.agent_configs["agent-01"]
+
+
+def finish(job, timeout_s: float = 120.0):
+    return wait_until(job.poll, timeout_s, f"the {job.kind} job to finish")
+
+
+def digits_task(**overrides):
+    return round_task(selected=["agent-01"], pending=["agent-01"], **overrides)
+
+
+def test_the_agent_daemon_and_what_it_imports_leave_pytorch_out():
+    code = "import sys, agent.daemon, agent.cli, agent.telemetry; print(sorted(m for m in ('torch', 'ultralytics', 'opacus', 'onnxruntime') if m in sys.modules))"  # noqa: E501
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+def test_a_per_round_child_trains_exports_and_is_gone_after_each_job(agent_config, tmp_path):
+    override_toml(agent_config, training={"worker": "per-round"})  # the deployed default (simulations: warm)
+    runner = ChildRunner(load_agent_config(agent_config))
+    base = to_arrays(build_model("digits_cnn"))
+    outcome = finish(runner.train(base, digits_task(), export_to=tmp_path / "m.onnx"))
+    assert isinstance(outcome, Trained) and outcome.result.samples > 0 and np.isfinite(outcome.result.loss)
+    assert set(outcome.result.arrays) == set(base) and isinstance(outcome.export, Exported)
+    assert (tmp_path / "m.onnx").stat().st_size > 0
+    first = runner.child
+    wait_until(lambda: not first.alive(), 30, "the per-round child to exit")
+    assert isinstance(finish(runner.train(base, digits_task(round=2))), Trained) and runner.child is not first
+
+
+def test_a_warm_child_serves_rounds_and_a_crashed_one_is_a_failed_job_then_replaced(agent_config):
+    override_toml(agent_config, training={"worker": "warm"})
+    runner = ChildRunner(load_agent_config(agent_config))
+    base = to_arrays(build_model("digits_cnn"))
+    assert isinstance(finish(runner.train(base, digits_task())), Trained)
+    warm = runner.child
+    assert isinstance(finish(runner.train(base, digits_task(round=2))), Trained) and runner.child is warm
+    job = runner.train(base, digits_task(round=3))
+    os.kill(warm.process.pid, signal.SIGKILL)  # the OOM killer, say
+    outcome = finish(job)
+    assert isinstance(outcome, Failed) and "killed by signal 9" in outcome.reason
+    assert isinstance(finish(runner.train(base, digits_task(round=4))), Trained) and runner.child is not warm
+    runner.close()
+    assert not runner.child.alive()
+
+
+def test_a_job_past_its_time_limit_is_killed_and_reported(agent_config):
+    override_toml(agent_config, training={"time_limit_s": 0.5})
+    runner = ChildRunner(load_agent_config(agent_config))
+    job = runner.train(to_arrays(build_model("digits_cnn")), digits_task())
+    outcome = finish(job)
+    assert isinstance(outcome, Failed) and "training.time_limit_s=0.5" in outcome.reason
+    assert not runner.child.alive()
+
+
+def test_a_cancelled_job_kills_its_child_at_once(agent_config):
+    runner = ChildRunner(load_agent_config(agent_config))
+    job = runner.train(to_arrays(build_model("digits_cnn")), digits_task())
+    started = time.monotonic()
+    job.cancel("armed: the flight controller reports armed")
+    assert time.monotonic() - started < 2 and not runner.child.alive()
+    assert job.poll() == Cancelled("armed: the flight controller reports armed")
+
+
+def test_a_spent_local_privacy_budget_is_declined_by_the_child(agent_config):
+    override_toml(agent_config, privacy={"noise_multiplier": 1.0, "target_epsilon": 0.01})
+    runner = ChildRunner(load_agent_config(agent_config))
+    outcome = finish(runner.train(to_arrays(build_model("mlp_digits")), digits_task(model="mlp_digits")))
+    assert isinstance(outcome, Declined) and outcome.reason.startswith("privacy-budget-spent")
+
+
+def test_a_deployed_agent_trains_through_its_child_and_a_crash_does_not_stop_it(tmp_path, broker):
+    """The agent as ``skyfed agent run`` builds it (a per-round child), in a real federation: its first child
+    is killed mid-training, the daemon reports it and carries on, and the re-announced round trains."""
+    short_deadline = lambda layout: override_toml(layout.server_config, rounds={"deadline_s": 45.0})  # noqa: E731
+    fed = Federation(
+        tmp_path, broker, rounds=2, agents=2, worker="per-round", edit=short_deadline, strategy={"name": "fedavg"}
+    )
+    deployed = fed.agents[0] = EdgeAgent(load_agent_config(fed.layout.agent_configs["agent-01"]))
+    fed.threads[0] = threading.Thread(target=deployed.run, args=(fed.stop,), daemon=True)
+    server, server_thread = fed.start_with_server()
+    try:
+        wait_until(lambda: deployed.training is not None and deployed.runner.child is not None, 60, "training")
+        os.kill(deployed.runner.child.process.pid, signal.SIGKILL)
+        wait_until(lambda: deployed.state == "failed", 30, "the failure to be reported")
+        assert "killed by signal 9" in deployed._status().detail
+        server_thread.join(240)
+        assert not server_thread.is_alive(), "the federation did not finish"
+    finally:
+        fed.close()
+    committed = [m for m in fed.metrics() if m.outcome == "committed"]
+    assert [m.round for m in committed] == [1, 2] and "agent-01" in committed[-1].accepted
+    assert deployed.errors >= 1 and deployed.progress.last_completed_round == 2
