@@ -142,6 +142,7 @@ def resolved_yaml(data: DetectionData, out: Path) -> Path:
     for split, images in (("train", data.train), ("val", data.val)):
         listing = out.with_name(f"{out.stem}-{split}.txt")
         listing.write_text("".join(f"{image.resolve()}\n" for image in images))
-        lists[split] = str(listing)
-    out.write_text(yaml.safe_dump({"path": str(data.root), **lists, "names": list(data.names)}, sort_keys=False))
+        lists[split] = str(listing.resolve())
+    out.write_text(yaml.safe_dump({"path": str(data.root.resolve()), **lists, "names": list(data.names)},
+                                  sort_keys=False))  # fmt: skip
     return out

@@ -28,6 +28,7 @@ from protocol.messages import ServerStatus, TrainSettings
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
 from protocol.update import UpdateMeta, UpdateMetaError
+from sim.detection_data import pool
 from tests.fedharness import Federation, override_toml, round_task
 
 SIZE = 64
@@ -130,6 +131,15 @@ def test_the_synthetic_set_is_reproducible_and_skewed_by_class(tmp_path):
     assert [p.read_bytes() for p in a.train] == [p.read_bytes() for p in b.train]
     counts = class_counts(a.train, len(CLASSES))
     assert counts.argmax() == 1 and counts[1] > counts.sum() / 2
+
+
+def test_a_pooled_dataset_under_a_relative_folder_is_found_from_anywhere(dataset, tmp_path, monkeypatch):
+    """The centralized baseline pools the agents' sets; ``--out runs/x`` is relative, the agent's cwd is not."""
+    monkeypatch.chdir(tmp_path)
+    yaml_path = pool([dataset, dataset], Path("runs") / "pooled")
+    monkeypatch.chdir("/")
+    pooled = load_data_yaml(tmp_path / yaml_path)
+    assert len(pooled.train) == 2 * len(load_data_yaml(dataset).train) and all(p.is_absolute() for p in pooled.train)
 
 
 def test_the_server_measures_map_with_ultralytics_validator(dataset, tmp_path):
