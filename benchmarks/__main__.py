@@ -1,12 +1,13 @@
 """``make bench``: run every benchmark and print one JSON line per result (copy them into the README)."""
 
-from benchmarks import aggregation, swapping, transport
+from benchmarks import agent_memory, aggregation, swapping, transport
 
 
 def main() -> None:
     aggregation.main()
     transport.main()
     swapping.main()
+    agent_memory.main()
 
 
 if __name__ == "__main__":
