@@ -169,6 +169,7 @@ def export_onnx(arrays: NamedArrays, task: RoundTask, path: Path) -> Outcome:
 
 # -- in a child process (the deployed agent) -----------------------------------------------------------
 RESULT_FILE = "result.safetensors"
+EXIT_GRACE_S = 10.0  # a per-round child that answered but has not exited by then is killed
 
 
 def write_result(directory: Path, result: TrainResult) -> None:
@@ -213,6 +214,7 @@ class ChildJob:
         self.deadline = time.monotonic() + limit_s
         self.limit_s = limit_s
         self._reply: dict | None = None
+        self._replied_at = 0.0
         self._outcome: Outcome | None = None
 
     def poll(self) -> Outcome | None:
@@ -233,7 +235,8 @@ class ChildJob:
             else:
                 return None
         if not self.child.warm and self.child.alive():  # a per-round child: done once it is gone, so two
-            if time.monotonic() < self.deadline:  # children never hold PyTorch's memory at once
+            self._replied_at = self._replied_at or time.monotonic()  # children never hold PyTorch at once
+            if time.monotonic() - self._replied_at < EXIT_GRACE_S:
                 return None
             self.child.kill()
         return self._outcome_of(self._reply)

@@ -22,6 +22,7 @@ from models.serialization import dumps, load_file
 from models.weights import NamedArrays
 
 MODEL_SLOTS = ("local", "inbox")
+RESIDUAL_FILE = "residual.safetensors"  # in the state dir: what top-k has not sent yet (protocol.codecs)
 
 
 @dataclass

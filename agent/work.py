@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import paho.mqtt.client as paho
 
 from agent.runner import Cancelled, Declined, Failed, Job, Trained
+from agent.state import RESIDUAL_FILE
 from agent.trainer import TrainResult, encode_update
 from models.weights import NamedArrays, advanced
 from protocol.messages import AgentStart, RoundTask
@@ -166,7 +167,7 @@ class RoundWork:
     def _finish(self: EdgeAgent, training: Training, result: TrainResult) -> None:
         task, base, start = training.task, training.base, training.start
         local_delta = self.config.privacy.delta if self.privacy is not None else None
-        data, sent = encode_update(task, base, result, residual=self.store.directory / "residual.safetensors",
+        data, sent = encode_update(task, base, result, residual=self.store.directory / RESIDUAL_FILE,
                                    base_sha256="" if start.source == "global" else start.sha256,
                                    local_delta=local_delta)  # fmt: skip
         self.store.store_update(task.round, data)

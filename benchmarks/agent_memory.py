@@ -23,6 +23,7 @@ from benchmarks.common import report
 from benchmarks.many_agents import _descendants
 from sim.broker import start_broker
 from sim.federation import SimSettings, create_federation
+from sim.run import spawn
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 1 << 20
@@ -36,11 +37,6 @@ def rss(pid: int) -> int:
     except OSError:
         return 0
     return next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-
-
-def skyfed(*args: str, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "skyfed", *args], stdout=open(log, "ab"),  # noqa: SIM115
-                            stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
 
 
 def wait_for_line(log: Path, text: str, timeout_s: float = 60.0) -> None:
@@ -69,12 +65,12 @@ def measure(worker: str, work: Path) -> dict:
         settings = SimSettings(agents=1, rounds=ROUNDS, worker=worker, deadline_s=300.0, strategy={"name": "fedavg"})
         layout = create_federation(work / "fed", settings, (broker.host, broker.port))
         agent_log, server_log = work / "agent.log", work / "server.log"
-        agent = skyfed("agent", "run", "--config", str(layout.agent_configs["agent-01"]), log=agent_log)
+        agent = spawn(["agent", "run", "--config", str(layout.agent_configs["agent-01"])], agent_log)
         try:
             wait_for_line(agent_log, "mqtt connected")
             time.sleep(3.0)
             idle = rss(agent.pid)
-            server = skyfed("server", "run", "--config", str(layout.server_config), log=server_log)
+            server = spawn(["server", "run", "--config", str(layout.server_config)], server_log)
             peak = daemon_peak = 0
             while server.poll() is None:
                 daemon = rss(agent.pid)

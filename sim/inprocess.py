@@ -24,6 +24,7 @@ import torch
 
 from agent.config import load_agent_config
 from agent.local_dp import PrivacyBudget
+from agent.state import RESIDUAL_FILE
 from agent.trainer import Trainer, build_trainer, encode_update
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
@@ -51,7 +52,7 @@ def _agents(configs: dict[str, Path]) -> list[InProcessAgent]:
     for name, path in configs.items():
         config = load_agent_config(path)
         trainer = build_trainer(config, torch.device("cpu"))
-        agents.append(InProcessAgent(name, trainer, trainer.budget, config.state_dir / "residual.safetensors"))
+        agents.append(InProcessAgent(name, trainer, trainer.budget, config.state_dir / RESIDUAL_FILE))
     return agents
 
 

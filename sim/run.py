@@ -34,7 +34,7 @@ class SimResult:
     seconds: float
 
 
-def _spawn(args: list[str], log_path: Path, module: str = "skyfed") -> subprocess.Popen:
+def spawn(args: list[str], log_path: Path, module: str = "skyfed") -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     with open(log_path, "ab") as log_file:  # the child keeps its own descriptor
         return subprocess.Popen(
@@ -70,12 +70,12 @@ def _spawn_agents(configs: dict[str, Path], settings: SimSettings, logs: Path) -
     processes = []
     for group in groups:
         if len(group) == 1 and group[0] not in attackers and group[0] not in slow:
-            processes.append(_spawn(["agent", "run", "--config", str(configs[group[0]])], logs / f"{group[0]}.log"))
+            processes.append(spawn(["agent", "run", "--config", str(configs[group[0]])], logs / f"{group[0]}.log"))
             continue
         args = [a for name in group for a in ("--attacker" if name in attackers else "--config", str(configs[name]))]
         args += [a for name in group if name in slow for a in ("--slow", str(configs[name]))]
         log_name = group[0] if len(group) == 1 else f"{group[0]}..{group[-1]}"
-        processes.append(_spawn([*args, *options], logs / f"{log_name}.log", "sim.agent_host"))
+        processes.append(spawn([*args, *options], logs / f"{log_name}.log", "sim.agent_host"))
     return processes
 
 
@@ -137,7 +137,7 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
         stack.callback(watcher.stop)
         logs = work / "logs"
         logs.mkdir()
-        server = _spawn(["server", "run", "--config", str(layout.server_config)], logs / "server.log")
+        server = spawn(["server", "run", "--config", str(layout.server_config)], logs / "server.log")
         attackers = settings.attacker_names()
         if attackers:
             echo(f"  attackers ({settings.attack}, {settings.attack_scope}): {', '.join(attackers)}")
