@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import zlib
+from pathlib import Path
 
 import torch
 
 from agent.local_dp import PrivacyBudget, dp_sgd
+from agent.momentum import MomentumStore
 from agent.trainer import TrainingDeclined, TrainResult
 from models.datasets import Dataset
 from models.training import train_sgd
@@ -19,9 +21,17 @@ class ClassifierTrainer:
     """SGD with momentum on this agent's dataset, with the round's epochs, batch size and learning rate."""
 
     def __init__(
-        self, data: Dataset, *, device: torch.device, agent_id: str, seed: int = 0, budget: PrivacyBudget | None = None
+        self,
+        data: Dataset,
+        *,
+        device: torch.device,
+        agent_id: str,
+        work_dir: Path,
+        seed: int = 0,
+        budget: PrivacyBudget | None = None,
     ) -> None:
         self.data = data
+        self.momentum = MomentumStore(work_dir)
         self.device = device
         self.agent_id = agent_id
         self.seed_base = seed * 1_000_003 + zlib.crc32(agent_id.encode())
@@ -47,7 +57,9 @@ class ClassifierTrainer:
             prox_mu=0.0 if prepare is not None else settings.prox_mu,  # a whole-model term has no per-sample gradient
             work=settings.work,
             prepare=prepare,
+            momentum_start=self.momentum.start(task, settings),
         )
+        self.momentum.keep(task, settings, outcome.momentum)
         epsilon = None
         if self.budget is not None and spent is not None:
             self.budget.spend(spent(), settings)

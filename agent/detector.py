@@ -18,7 +18,8 @@ ecosystem_feasibility.md §3); this module handles each on purpose:
 - **Round schedule.** No warm-up (Ultralytics would ramp the learning rate up over ≥ 100 steps every
   round), a constant learning rate within the round (``lrf = 1``), SGD with the round's ``lr`` and
   ``momentum``, and ``nbs = batch`` so the optimizer steps every batch (Ultralytics otherwise
-  accumulates to a nominal batch of 64: a small agent would make one step per epoch).
+  accumulates to a nominal batch of 64: a small agent would make one step per epoch). With
+  ``keep_momentum`` the optimizer's momentum continues from the agent's last round (``agent.momentum``).
 - **Weight.** The update is weighted by the agent's annotated objects (seed 001), not images.
 - **Partial aggregation** (``task.share`` = ``backbone`` or ``head``): the agent starts from the global
   shared part and its own kept private part (``<work_dir>/private-<share>.safetensors``; the global
@@ -35,8 +36,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from agent.momentum import MomentumStore
 from agent.trainer import TrainResult
 from models.serialization import load_file, save_file
+from models.training import collect_momentum, restore_momentum
 from models.weights import NamedArrays, load_arrays, to_arrays
 from models.yolo import prepare_run, shared_names
 from models.yolo_dataset import class_counts, load_data_yaml
@@ -65,6 +68,7 @@ class DetectorTrainer:
         self.seed = seed
         self.work_dir = work_dir
         self.yaml = prepare_run(self.data, work_dir, "data.yaml")
+        self.momentum = MomentumStore(work_dir)
 
     def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
         from ultralytics.models.yolo.detect import DetectionTrainer
@@ -83,8 +87,11 @@ class DetectorTrainer:
                     project=str(run.parent), name=run.name, exist_ok=True, verbose=False)  # fmt: skip
         trainer = DetectionTrainer(overrides=args)
         trainer.model = model
+        kept_momentum = self.momentum.start(task, settings)
         trainer.add_callback("on_pretrain_routine_end", lambda t: check_start(t.model, start))
+        trainer.add_callback("on_pretrain_routine_end", lambda t: restore_momentum(t.optimizer, t.model, kept_momentum))
         trainer.train()
+        self.momentum.keep(task, settings, collect_momentum(trainer.optimizer, trainer.model))
         trained = trainer.ema.ema if trainer.ema is not None else trainer.model
         arrays = to_arrays(trained.float())
         if private:

@@ -75,7 +75,8 @@ def build_trainer(config: AgentConfig, device: torch.device) -> Trainer:
 
     data = load_dataset(config.data_path)
     budget = budget_for(config.privacy, config.state_dir, len(data))
-    return ClassifierTrainer(data, device=device, agent_id=config.agent.id, seed=config.agent.seed, budget=budget)
+    return ClassifierTrainer(data, device=device, agent_id=config.agent.id, work_dir=config.state_dir,
+                             seed=config.agent.seed, budget=budget)  # fmt: skip
 
 
 def encode_update(

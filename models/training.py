@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from models.datasets import Dataset, to_loader
+from models.weights import NamedArrays
 
 # wraps the model, optimizer and loader before the first step (DP-SGD: agent.local_dp.dp_sgd)
 Prepare = Callable[[nn.Module, torch.optim.Optimizer, DataLoader], tuple[nn.Module, torch.optim.Optimizer, DataLoader]]
@@ -26,6 +27,7 @@ Prepare = Callable[[nn.Module, torch.optim.Optimizer, DataLoader], tuple[nn.Modu
 class TrainOutcome:
     samples: int
     loss: float
+    momentum: NamedArrays = field(default_factory=dict)  # parameter name -> SGD momentum buffer at the end
 
 
 def train_sgd(
@@ -41,14 +43,19 @@ def train_sgd(
     prox_mu: float = 0.0,
     work: float = 1.0,
     prepare: Prepare | None = None,
+    momentum_start: NamedArrays | None = None,
 ) -> TrainOutcome:
     """Train ``model`` in place; return the sample count and the mean loss (without the proximal term)
     of the last epoch. ``work`` < 1 stops after that share of the epochs' mini-batches (at least one):
     FedProx's partial work, so a slow device still reports in time. ``prepare`` wraps the training
-    objects first (the loop is the same for DP-SGD: Opacus' optimizer clips and adds noise in ``step``)."""
+    objects first (the loop is the same for DP-SGD: Opacus' optimizer clips and adds noise in ``step``).
+    ``momentum_start`` (parameter name -> buffer) continues an earlier run's SGD momentum instead of zero."""
     model.to(device).train()
     start = [p.detach().clone() for p in model.parameters()] if prox_mu > 0 else []
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    trained = model  # ``prepare`` may wrap it; the parameter tensors stay the same
+    sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    restore_momentum(sgd, trained, momentum_start or {})
+    optimizer: torch.optim.Optimizer = sgd
     loss_fn = nn.CrossEntropyLoss()
     loader = to_loader(data, batch_size=batch_size, shuffle=True, seed=seed)
     if prepare is not None:
@@ -73,7 +80,29 @@ def train_sgd(
                 total += loss.item() * len(y)
                 seen += len(y)
         last_loss = total / max(seen, 1)  # no batch at all: an empty dataset
-    return TrainOutcome(samples=len(data), loss=last_loss)
+    return TrainOutcome(samples=len(data), loss=last_loss, momentum=collect_momentum(sgd, trained))
+
+
+def restore_momentum(optimizer: torch.optim.Optimizer, model: nn.Module, buffers: NamedArrays) -> int:
+    """Put ``buffers`` (parameter name -> SGD momentum buffer) into ``optimizer``'s state for ``model``'s
+    parameters of the same name and shape; how many were put (the others start from zero)."""
+    restored = 0
+    for name, param in model.named_parameters():
+        buffer = buffers.get(name)
+        if buffer is not None and tuple(buffer.shape) == tuple(param.shape):
+            optimizer.state[param]["momentum_buffer"] = torch.tensor(buffer, dtype=param.dtype, device=param.device)
+            restored += 1
+    return restored
+
+
+def collect_momentum(optimizer: torch.optim.Optimizer, model: nn.Module) -> NamedArrays:
+    """``model``'s parameters' momentum buffers in ``optimizer`` (a parameter it never stepped has none)."""
+    buffers = {}
+    for name, param in model.named_parameters():
+        buffer = optimizer.state.get(param, {}).get("momentum_buffer")
+        if buffer is not None:
+            buffers[name] = buffer.detach().float().cpu().numpy()
+    return buffers
 
 
 def proximal(model: nn.Module, start: list[torch.Tensor]) -> torch.Tensor:

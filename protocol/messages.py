@@ -111,6 +111,7 @@ class TrainSettings(Message):
     prox_mu: float = 0.0  # FedProx's proximal coefficient μ (0: plain SGD); set by the strategy, not [training]
     work: float = 1.0  # share of the epochs' mini-batches to run (FedProx's partial work); set by the strategy
     image_size: int = 640  # detectors: the square input size in pixels (a multiple of 32); classifiers ignore it
+    keep_momentum: bool = False  # agents carry their SGD momentum across rounds (agent.momentum) instead of zeroing it
 
     def __post_init__(self) -> None:
         if not 0 < self.work <= 1:

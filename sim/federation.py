@@ -41,6 +41,7 @@ class SimSettings:
     batch_size: int = 0
     lr: float = 0.0
     momentum: float = 0.9
+    keep_momentum: bool = False  # training.keep_momentum: agents carry their SGD momentum across rounds
     fraction: float = 1.0
     deadline_s: float = 60.0
     strategy: dict[str, Any] = field(default_factory=dict)  # {} = the server default
@@ -233,6 +234,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
                 "batch_size": settings.batch_size,
                 "lr": settings.lr,
                 "momentum": settings.momentum,
+                "keep_momentum": settings.keep_momentum,
                 **({"image_size": settings.image_size} if settings.task == "detect" else {}),
             },
             "strategy": settings.strategy,

@@ -24,7 +24,7 @@ def test_dp_sgd_trains_spends_and_remembers_across_a_restart(tmp_path):
     train, _ = load_digits(test_fraction=0.2, seed=0)
     path = tmp_path / "privacy.json"
     budget = PrivacyBudget(POLICY, path, len(train))
-    trainer = ClassifierTrainer(train, device=torch.device("cpu"), agent_id="a", budget=budget)
+    trainer = ClassifierTrainer(train, device=torch.device("cpu"), agent_id="a", work_dir=tmp_path, budget=budget)
     arrays = to_arrays(build_model("mlp_digits"))
     first = trainer.train(arrays, round_task(model="mlp_digits", round=1))
     second = trainer.train(first.arrays, round_task(model="mlp_digits", round=2))
