@@ -10,6 +10,7 @@ from torch import nn
 
 import agent.detector
 from agent.classifier import ClassifierTrainer
+from agent.local_dp import LocalPrivacySection, PrivacyBudget
 from agent.momentum import MOMENTUM_FILE, MomentumStore
 from models.datasets import load_digits
 from models.serialization import load_file
@@ -49,6 +50,17 @@ def test_the_store_keeps_buffers_for_the_same_run_and_model_only(tmp_path, caplo
     other = MomentumStore(tmp_path / "off")
     other.keep(task, TrainSettings(), buffers)
     assert not (tmp_path / "off" / MOMENTUM_FILE).exists()
+
+
+def test_dp_sgd_keeps_the_momentum_of_its_noisy_steps(tmp_path):
+    train, _ = load_digits(test_fraction=0.9, seed=0)
+    policy = LocalPrivacySection(noise_multiplier=1.0, max_grad_norm=1.0)
+    budget = PrivacyBudget(policy, tmp_path / "p.json", len(train))
+    trainer = ClassifierTrainer(train, device=torch.device("cpu"), agent_id="a", work_dir=tmp_path, budget=budget)
+    trainer.train(to_arrays(build_model("mlp_digits")), round_task(model="mlp_digits", run_id="r", train=KEEP))
+    kept, _ = load_file(tmp_path / MOMENTUM_FILE)  # Opacus steps the same optimizer state (post-processing)
+    assert set(kept) == {n for n, _ in build_model("mlp_digits").named_parameters()}
+    assert all(np.isfinite(b).all() and np.abs(b).max() > 0 for b in kept.values())
 
 
 def classifier_round2(tmp_path, keep: bool, warm: bool) -> dict[str, np.ndarray]:
