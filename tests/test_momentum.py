@@ -65,7 +65,7 @@ def test_dp_sgd_keeps_the_momentum_of_its_noisy_steps(tmp_path):
 
 def classifier_round2(tmp_path, keep: bool, warm: bool) -> dict[str, np.ndarray]:
     """Round 2's weights of a classifier agent; ``warm``: the same agent trained round 1 before."""
-    train, _ = load_digits(test_fraction=0.5, seed=0)
+    train, _ = load_digits(test_fraction=0.8, seed=0)
     settings = TrainSettings(epochs=1, batch_size=32, lr=0.05, keep_momentum=keep)
     trainer = ClassifierTrainer(train, device=torch.device("cpu"), agent_id="a", work_dir=tmp_path)
     start = to_arrays(build_model("mlp_digits"))
