@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
+
 from models.serialization import SerializationError, load_file, save_file
 from models.weights import NamedArrays
 from protocol.messages import RoundTask, TrainSettings
@@ -44,6 +46,12 @@ class MomentumStore:
         return buffers
 
     def keep(self, task: RoundTask, settings: TrainSettings, buffers: NamedArrays) -> None:
-        """Store ``buffers`` for the next round (nothing when ``settings`` do not keep momentum)."""
-        if settings.keep_momentum:
-            save_file(self.path, buffers, {"run_id": task.run_id, "model": task.model})
+        """Store ``buffers`` for the next round (nothing when ``settings`` do not keep momentum). Non-finite
+        buffers (a diverged round) are dropped, so one bad round does not poison every later one."""
+        if not settings.keep_momentum:
+            return
+        if not all(np.isfinite(b).all() for b in buffers.values()):
+            log.warning("momentum: non-finite after round %d; the next round starts from zero", task.round)
+            self.path.unlink(missing_ok=True)
+            return
+        save_file(self.path, buffers, {"run_id": task.run_id, "model": task.model})

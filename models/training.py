@@ -52,9 +52,9 @@ def train_sgd(
     ``momentum_start`` (parameter name -> buffer) continues an earlier run's SGD momentum instead of zero."""
     model.to(device).train()
     start = [p.detach().clone() for p in model.parameters()] if prox_mu > 0 else []
-    trained = model  # ``prepare`` may wrap it; the parameter tensors stay the same
+    unwrapped = model  # ``prepare`` may wrap the model and optimizer; parameters and momentum state stay these
     sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    restore_momentum(sgd, trained, momentum_start or {})
+    restore_momentum(sgd, unwrapped, momentum_start or {})
     optimizer: torch.optim.Optimizer = sgd
     loss_fn = nn.CrossEntropyLoss()
     loader = to_loader(data, batch_size=batch_size, shuffle=True, seed=seed)
@@ -80,7 +80,7 @@ def train_sgd(
                 total += loss.item() * len(y)
                 seen += len(y)
         last_loss = total / max(seen, 1)  # no batch at all: an empty dataset
-    return TrainOutcome(samples=len(data), loss=last_loss, momentum=collect_momentum(sgd, trained))
+    return TrainOutcome(samples=len(data), loss=last_loss, momentum=collect_momentum(sgd, unwrapped))
 
 
 def restore_momentum(optimizer: torch.optim.Optimizer, model: nn.Module, buffers: NamedArrays) -> int:

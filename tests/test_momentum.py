@@ -52,6 +52,13 @@ def test_the_store_keeps_buffers_for_the_same_run_and_model_only(tmp_path, caplo
     assert not (tmp_path / "off" / MOMENTUM_FILE).exists()
 
 
+def test_a_diverged_round_leaves_no_momentum_behind(tmp_path, caplog):
+    store, task = MomentumStore(tmp_path), round_task(run_id="run-a", train=KEEP)
+    store.keep(task, KEEP, {"w": np.ones(3, np.float32)})
+    store.keep(task, KEEP, {"w": np.array([1.0, np.nan, 2.0], np.float32)})
+    assert store.start(task, KEEP) == {} and "non-finite" in caplog.text
+
+
 def test_dp_sgd_keeps_the_momentum_of_its_noisy_steps(tmp_path):
     train, _ = load_digits(test_fraction=0.9, seed=0)
     policy = LocalPrivacySection(noise_multiplier=1.0, max_grad_norm=1.0)
