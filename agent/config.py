@@ -73,6 +73,11 @@ class AgentConfig:
         return (self.path.parent / self.agent.state_dir).resolve()
 
     @property
+    def detector_dir(self) -> Path:
+        """The YOLO trainer's work dir: its Ultralytics settings, resolved data.yaml, kept state."""
+        return self.state_dir / "detector"
+
+    @property
     def data_path(self) -> Path:
         return existing_path(self.path, "agent.data", self.agent.data, "training data")
 

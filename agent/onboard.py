@@ -3,8 +3,9 @@
 Each new global model version the agent holds is exported once to ``<state_dir>/global_model.onnx``
 (``models.onnx_export``, in the training child: written only after onnxruntime reproduced PyTorch; a
 failed export keeps the previous file and is logged). The export needs the round task (model name,
-classes, image size), so it runs once both the task and its model version are here, whichever came
-last, and only while no training runs (training goes first).
+classes, image size), so it runs once a task and a newer model are here, whichever came last, and only
+while no training runs (training goes first). The last round's model, which no task names, is exported
+with the last task's description.
 """
 
 from __future__ import annotations
@@ -24,14 +25,16 @@ class OnboardModel:
         self.enabled = enabled
         self.version = 0  # the newest version exported (or tried)
 
-    def wanted(self, task: RoundTask | None, held: int) -> bool:
-        """Should the task's global model version (``held`` is the version this agent has) be exported now?"""
-        if not self.enabled or task is None or task.model_version <= self.version or task.model_version != held:
+    def wanted(self, task: RoundTask | None, version: int) -> bool:
+        """Should global model ``version`` be exported now? ``task`` (the newest round task) describes it: the
+        model, classes and image size stay the same for a run, so the version the last round published,
+        which no task names, is exported too."""
+        if not self.enabled or task is None or version <= self.version:
             return False
         return task.share == "full"  # under partial aggregation the global model is only part of this agent's
 
-    def started(self, task: RoundTask) -> None:
-        self.version = task.model_version  # tried once, whatever the outcome
+    def started(self, version: int) -> None:
+        self.version = version  # tried once, whatever the outcome
 
     def finished(self, outcome: Outcome) -> None:
         if isinstance(outcome, Exported):

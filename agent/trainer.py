@@ -70,7 +70,7 @@ def build_trainer(config: AgentConfig, device: torch.device) -> Trainer:
         from agent.detector import DetectorTrainer
 
         return DetectorTrainer(config.data_path, device=device, agent_id=config.agent.id,
-                               work_dir=config.state_dir / "detector", seed=config.agent.seed)  # fmt: skip
+                               work_dir=config.detector_dir, seed=config.agent.seed)  # fmt: skip
     from agent.classifier import ClassifierTrainer
 
     data = load_dataset(config.data_path)

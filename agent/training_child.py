@@ -23,6 +23,7 @@ from agent.config import load_agent_config
 from agent.runner import Trained, as_reply, export_onnx, in_process_runner, run_guarded, train_and_export, write_result
 from agent.trainer import Trainer
 from models.serialization import load_file
+from models.yolo import ultralytics_offline
 from protocol.daemon import configure_logging
 from protocol.messages import RoundTask
 
@@ -38,6 +39,8 @@ def reply_channel() -> object:
 class Worker:
     def __init__(self, config_path: Path) -> None:
         self.config = load_agent_config(config_path)
+        # before any job imports Ultralytics (an export may come first): its settings under the state dir
+        ultralytics_offline(self.config.detector_dir / "ultralytics")
         self.trainer: Trainer | None = None  # built at the first train job: loading data and PyTorch is its cost
 
     def perform(self, request: dict) -> dict:

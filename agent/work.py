@@ -106,7 +106,7 @@ class RoundWork:
             return self._idle("waiting-model")
         export_to = None
         if start.source == "global" and self.onboard.wanted(task, task.model_version):
-            self.onboard.started(task)
+            self.onboard.started(task.model_version)
             export_to = self.onboard.path  # the global model rides along with the training job
         self.training = Training(task, base, start, self.runner.train(base, task, export_to), time.perf_counter())
         self._set_state("training", publish=True)
@@ -121,9 +121,10 @@ class RoundWork:
         """Nothing to train: the turn of the on-board ONNX export, if a new global model wants one."""
         if self.state not in ("declined", "failed") or state != "idle":
             self._set_state(state)
-        if self.onboard.wanted(self.task, max(self.models, default=0)) and self.task is not None:
-            self.onboard.started(self.task)
-            self.export = self.runner.export(self.models[self.task.model_version], self.task, self.onboard.path)
+        held = max(self.models, default=0)
+        if self.onboard.wanted(self.task, held) and self.task is not None:
+            self.onboard.started(held)
+            self.export = self.runner.export(self.models[held], self.task, self.onboard.path)
 
     def _check_export(self: EdgeAgent) -> None:
         assert self.export is not None

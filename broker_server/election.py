@@ -5,7 +5,7 @@ best is kept as ``best-v<version>.safetensors`` next to the checkpoint (written 
 that names it, so a crash never leaves an uncommitted model behind that name). When the run ends, that
 version becomes the final global model — published again under a new version number if it was not the
 last one — and ``server/status`` names it (``best``: version, round, accuracy (``map50`` for detectors),
-published_as).
+published_as, and the ``onnx`` export report when the server exports ONNX).
 """
 
 from __future__ import annotations
@@ -38,5 +38,6 @@ class BestModel:
             return None
         return self.store.load_best(self.record["version"])
 
-    def published_as(self, version: int) -> None:
-        self.record = {**self.record, "published_as": version}
+    def published_as(self, version: int, onnx: dict | None = None) -> None:
+        """The elected model went out again as ``version`` (``onnx``: the report of its ONNX export)."""
+        self.record = {**self.record, "published_as": version, **({"onnx": onnx} if onnx is not None else {})}

@@ -27,6 +27,7 @@ from broker_server.config import ServerConfig
 from broker_server.election import BestModel
 from broker_server.health import HealthBook
 from broker_server.metrics_log import MetricsLog, round_metrics
+from broker_server.onnx_step import ExportOnnx
 from broker_server.pace import PaceBook
 from broker_server.pipeline import RoundContext, RoundRejected, run_pipeline
 from broker_server.round_steps import round_steps
@@ -372,8 +373,9 @@ class RoundEngine:
         if arrays is not None:
             self._set_model(arrays)
             self.version += 1
-            self.best.published_as(self.version)
             save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
+            onnx = [s.export(arrays, "elected") for s in self.steps if isinstance(s, ExportOnnx)]
+            self.best.published_as(self.version, onnx[0] if onnx else None)
             record = self.best.record
             log.info(
                 "best model elected version=%d round=%d score=%.4f published_as=%d",

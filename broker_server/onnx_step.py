@@ -14,6 +14,7 @@ from pathlib import Path
 
 from broker_server.pipeline import RoundContext, Step
 from models.onnx_export import export_global
+from models.weights import NamedArrays
 
 log = logging.getLogger("skyfed.server")
 
@@ -29,10 +30,12 @@ class ExportOnnx(Step):
     def run(self, ctx: RoundContext) -> None:
         if ctx.candidate is None or ctx.state.action != "average":
             return
-        report = export_global(self.model_name, ctx.candidate, self.path, names=self.names,
-                               image_size=self.image_size)  # fmt: skip
+        ctx.step_detail["onnx"] = self.export(ctx.candidate, f"round={ctx.state.round}")
+
+    def export(self, arrays: NamedArrays, what: str) -> dict:
+        """Export ``arrays`` (also the elected model at the end of a run); the report for metrics or status."""
+        report = export_global(self.model_name, arrays, self.path, names=self.names, image_size=self.image_size)
         detail = {"ok": report.ok, "max_abs_diff": report.max_abs_diff, "seconds": round(report.seconds, 3)}
-        ctx.step_detail["onnx"] = {**detail, **({"reason": report.reason} if report.reason else {})}
         if not report.ok:
-            log.warning("onnx export failed round=%d reason=%s (the previous onnx file stays)", ctx.state.round,
-                        report.reason)  # fmt: skip
+            log.warning("onnx export failed %s reason=%s (the previous onnx file stays)", what, report.reason)
+        return {**detail, **({"reason": report.reason} if report.reason else {})}

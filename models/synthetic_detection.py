@@ -34,6 +34,7 @@ CLASSES: tuple[ObjectClass, ...] = (
     ObjectClass("bus", (26, 10), (240, 240, 240)),
 )
 NAMES: tuple[str, ...] = tuple(c.name for c in CLASSES)
+DENSITY = 6.0  # mean objects per image (Poisson) unless a dataset asks for another
 
 
 def ground(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -97,7 +98,7 @@ def write_split(root: Path, split: str, count: int, rng: np.random.Generator, *,
                                                     for r in rows))  # fmt: skip
 
 
-def write_dataset(root: Path, *, train: int, val: int, seed: int, size: int = 160, density: float = 6.0,
+def write_dataset(root: Path, *, train: int, val: int, seed: int, size: int = 160, density: float = DENSITY,
                   class_probs: Sequence[float] | None = None) -> Path:  # fmt: skip
     """A whole YOLO dataset under ``root`` (train and val splits, ``data.yaml``); returns the yaml's path."""
     probs = np.full(len(CLASSES), 1 / len(CLASSES)) if class_probs is None else np.asarray(class_probs, float)

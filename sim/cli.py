@@ -62,6 +62,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         task=args.task,
         image_size=args.image_size,
         images_per_agent=args.images_per_agent,
+        density_skew=args.density_skew,
         init_weights=args.init_weights or "",
         share=args.share,
         codec=args.codec,
@@ -161,6 +162,9 @@ def _add_sim_options(
                         help="agents carry their SGD momentum across rounds (training.keep_momentum)")  # fmt: skip
     parser.add_argument("--image-size", type=int, default=160, help="detect: image and model input size (pixels)")
     parser.add_argument("--images-per-agent", type=int, default=96, help="detect: synthetic training images per agent")
+    parser.add_argument("--density-skew", type=float, default=0.0, metavar="S",
+                        help="detect: agents' mean objects per image spread evenly over 6*(1-S) .. 6*(1+S), "
+                        "S in [0, 1)")  # fmt: skip
     parser.add_argument("--share", default="full", choices=["full", "backbone", "head"],
                         help="detect: what is averaged; agents keep the rest local")  # fmt: skip
     parser.add_argument("--init-weights", default=None, metavar="FILE",
@@ -173,7 +177,8 @@ def _add_sim_options(
     parser.add_argument("--deadline", type=float, default=60.0, help="round deadline in seconds")
     parser.add_argument(
         "--strategy",
-        help="krum (server default) | fedavg | fedprox | median | trimmed-mean | centered-clip | fedavgm | fedadam "
+        help="krum (server default; fedavg with --task detect) | fedavg | fedprox | median | trimmed-mean "
+        "| centered-clip | fedavgm | fedadam "
         "| fedyogi | fedswap | simfedswap",
     )
     parser.add_argument(

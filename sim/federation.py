@@ -59,6 +59,7 @@ class SimSettings:
     task: str = "classify"  # classify: digits; detect: YOLO on synthetic aerial images (sim.detection_data)
     image_size: int = 160  # detect: image and model input size in pixels
     images_per_agent: int = 96  # detect: training images per agent
+    density_skew: float = 0.0  # detect: agents' objects per image spread over 6·(1 ± S) (sim.detection_data)
     pooled: bool = False  # detect: one agent trains on the union of the ``agents`` shares (centralized baseline)
     share: str = "full"  # detect: server.share, what is averaged (full, backbone or head)
     init_weights: str = (
@@ -75,13 +76,15 @@ class SimSettings:
         from protocol.codecs import Codec, CodecError
         from protocol.typed import build
         from sim.attacks import SCOPES, Attack
-        from sim.detection_data import class_probs
+        from sim.detection_data import class_probs, densities
 
         if self.task not in TASK_DEFAULTS:
             raise ValueError(f"--task must be one of {', '.join(TASK_DEFAULTS)}, got {self.task!r}")
         for key, value in TASK_DEFAULTS[self.task].items():
             if not getattr(self, key):
                 object.__setattr__(self, key, value)
+        if self.task == "detect" and "name" not in self.strategy:  # object-weighted FedAvg, as the results measure
+            object.__setattr__(self, "strategy", {"name": "fedavg", **self.strategy})
         if task_of(self.model) != self.task:
             raise ValueError(f"--model {self.model} is not a {self.task} model (--task {self.task})")
         if self.agents < 1:
@@ -111,6 +114,7 @@ class SimSettings:
             raise ValueError(f"--attack-scope must be one of {', '.join(SCOPES)}, got {self.attack_scope!r}")
         if self.task == "detect":
             class_probs(self.partition, 0, self.agents)
+            densities(self.agents, self.density_skew)
             if self.init_weights and not Path(self.init_weights).is_file():
                 raise ValueError(f"--init-weights {self.init_weights}: no such file")
             if self.pooled and (self.slow_agents or self.fraction < 1):
@@ -178,16 +182,17 @@ def write_data(root: Path, settings: SimSettings) -> tuple[dict, dict, list[str]
         from models.synthetic_detection import NAMES
         from sim.detection_data import describe_mixes, pool, write_detection_data
 
-        mixes = write_detection_data(root / "pool" if settings.pooled else root, names, settings.partition,
-                                     settings.seed, images=settings.images_per_agent,
-                                     image_size=settings.image_size)  # fmt: skip
+        mixes, density = write_detection_data(root / "pool" if settings.pooled else root, names, settings.partition,
+                                              settings.seed, images=settings.images_per_agent,
+                                              image_size=settings.image_size,
+                                              density_skew=settings.density_skew)  # fmt: skip
         server = {
             "eval_data": "eval/data.yaml",
             "classes": list(NAMES),
             "share": settings.share,
             **({"init_weights": str(Path(settings.init_weights).resolve())} if settings.init_weights else {}),
         }
-        description = describe_mixes(mixes, names)
+        description = describe_mixes(mixes, density, names)
         if settings.pooled:
             (root / "server").mkdir(parents=True, exist_ok=True)
             (root / "pool" / "server" / "eval").rename(root / "server" / "eval")

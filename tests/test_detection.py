@@ -8,10 +8,12 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnxruntime
 import pytest
 import torch
 
 import skyfed
+from agent.config import load_agent_config
 from agent.detector import DetectorTrainer, StartMismatch, check_start
 from agent.profile import DataProfile
 from broker_server.config import load_server_config
@@ -28,8 +30,9 @@ from protocol.messages import ServerStatus, TrainSettings
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
 from protocol.update import UpdateMeta, UpdateMetaError
-from sim.detection_data import pool
-from tests.fedharness import Federation, override_toml, round_task
+from sim.detection_data import describe_mixes, pool, write_detection_data
+from sim.federation import SimSettings, create_federation
+from tests.fedharness import Federation, override_toml, round_task, wait_until
 
 SIZE = 64
 CLASSES = list(NAMES)
@@ -133,6 +136,16 @@ def test_the_synthetic_set_is_reproducible_and_skewed_by_class(tmp_path):
     assert counts.argmax() == 1 and counts[1] > counts.sum() / 2
 
 
+def test_density_skew_gives_agents_different_object_counts_and_weights(tmp_path):
+    names = ["agent-01", "agent-02", "agent-03"]
+    mixes, density = write_detection_data(tmp_path, names, "iid", seed=0, images=12, image_size=SIZE,
+                                          density_skew=0.5)  # fmt: skip
+    assert density.tolist() == [3.0, 6.0, 9.0] and np.allclose(mixes, 0.25)
+    objects = [class_counts(load_data_yaml(tmp_path / n / "data" / "data.yaml").train, 4).sum() for n in names]
+    assert objects[0] < objects[1] < objects[2], objects  # 36, 72, 108 expected
+    assert describe_mixes(mixes, density, names)[0].endswith("; 3.0 objects/image")
+
+
 def test_a_pooled_dataset_under_a_relative_folder_is_found_from_anywhere(dataset, tmp_path, monkeypatch):
     """The centralized baseline pools the agents' sets; ``--out runs/x`` is relative, the agent's cwd is not."""
     monkeypatch.chdir(tmp_path)
@@ -180,13 +193,27 @@ def test_detector_configs_that_cannot_work_fail_at_start(tmp_path, broker):
     fed.close()
 
 
+def test_an_agent_toml_asking_local_dp_sgd_of_a_detector_fails_at_start(tmp_path):
+    settings = SimSettings(agents=1, rounds=1, task="detect", images_per_agent=2, image_size=SIZE)
+    path = create_federation(tmp_path, settings, ("127.0.0.1", 1)).agent_configs["agent-01"]
+    load_agent_config(path)
+    override_toml(path, privacy={"noise_multiplier": 1.0})
+    with pytest.raises(ConfigError, match='works with training.trainer = "classifier" only'):
+        load_agent_config(path)
+
+
 def test_a_detection_federation_reports_map_and_leaves_an_onnx_model_the_agent_runs(tmp_path, broker, capsys):
     fed = Federation(tmp_path, broker, rounds=2, agents=2, task="detect", images_per_agent=8, image_size=SIZE,
                      batch_size=4, partition="class-skew:0.7")  # fmt: skip
-    server = Aggregator(load_server_config(fed.layout.server_config))
-    fed.run(server, timeout_s=240)
+    _, server = fed.start_with_server()
+    server.join(240)
+    assert not server.is_alive(), "the federation did not finish"
     metrics = fed.metrics()
     assert [m.round for m in metrics] == [1, 2] and all(len(m.accepted) == 2 for m in metrics)
+    # the agents keep the final model as ONNX too, although no round task names its version
+    final = metrics[-1].model_version
+    wait_until(lambda: all(a.onboard.version == final and a.export is None for a in fed.agents), 120, "final onnx")
+    fed.close()
     for m in metrics:
         assert {"map50", "map50_95"} <= set(m.eval)
         assert set(m.aggregation["local_eval"]) == {"agent-01", "agent-02"}
@@ -197,7 +224,10 @@ def test_a_detection_federation_reports_map_and_leaves_an_onnx_model_the_agent_r
     assert {"map50", "map50_95"} <= set(status.eval) and status.eval in [m.eval for m in metrics]
 
     agent_config = fed.layout.agent_configs["agent-01"]
-    assert (agent_config.parent / "state" / "global_model.onnx").exists()
+    x = np.random.default_rng(0).random((1, 3, SIZE, SIZE), dtype=np.float32)
+    server_out, agent_out = (onnxruntime.InferenceSession(str(state / "global_model.onnx")).run(None, {"images": x})[0]
+                             for state in (fed.server_state, agent_config.parent / "state"))  # fmt: skip
+    np.testing.assert_allclose(agent_out, server_out, atol=1e-5)
     image = load_data_yaml(agent_config.parent / "data" / "data.yaml").val[0]
     capsys.readouterr()
     assert skyfed.main(["agent", "infer", "--config", str(agent_config), "--image", str(image)]) == 0
@@ -286,12 +316,15 @@ def test_sim_task_detect_picks_detection_defaults_and_refuses_classifier_partiti
     settings = _settings(args)
     assert (settings.model, settings.partition, settings.lr, settings.batch_size) == ("yolo11n", "class-skew:0.7",
                                                                                       0.01, 16)  # fmt: skip
+    assert settings.strategy == {"name": "fedavg"}  # object-weighted, as docs/results/detection.md measures
     digits = _settings(skyfed.build_parser().parse_args(["sim"]))
+    assert digits.strategy == {}  # the server's default
     assert (digits.model, digits.partition, digits.lr, digits.batch_size) == ("digits_cnn", "dirichlet:0.5", 0.05, 32)
     demo = _settings(skyfed.build_parser().parse_args(["demo"]))
     assert demo.partition == "shards" and _settings(skyfed.build_parser().parse_args(["demo", "--task", "detect"]))
     for argv, message in ((["--partition", "dirichlet:0.5"], "not a detection partition"),
                           (["--model", "digits_cnn"], "not a detect model"),
-                          (["--init-weights", "/nowhere.pt"], "no such file")):  # fmt: skip
+                          (["--init-weights", "/nowhere.pt"], "no such file"),
+                          (["--density-skew", "1"], "--density-skew must be in")):  # fmt: skip
         with pytest.raises(ValueError, match=message):
             _settings(skyfed.build_parser().parse_args(["sim", "--task", "detect", *argv]))

@@ -7,7 +7,9 @@ import json
 import shutil
 
 import numpy as np
+import onnxruntime
 import pytest
+import torch
 
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
@@ -16,7 +18,8 @@ from broker_server.strategies.base import RoundResult
 from broker_server.strategies.fedavg import FedAvg
 from broker_server.validation import NotForThisRound
 from models.serialization import dumps
-from models.weights import float_part, ranges_of
+from models.weights import float_part, load_arrays, ranges_of
+from models.zoo import build_model, input_shape
 from protocol.transfer import Completed
 from protocol.update import UpdateMeta
 from security.envelope import NO_DIGEST, Manifest
@@ -32,12 +35,16 @@ def config(tmp_path):
     return load_server_config(layout.server_config)
 
 
-def completed(engine: RoundEngine, agent: str, seed: int, samples: int = 100) -> Completed:
+def random_delta(engine: RoundEngine, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     floats = float_part(engine.global_arrays)
-    delta = {k: (0.01 * rng.standard_normal(floats[k].shape)).astype(np.float32) for k in sorted(floats)}
-    meta = UpdateMeta(round=engine.round_state.round, base_version=engine.version, samples=samples, loss=0.3)
-    data = dumps(delta, metadata=meta.to_metadata())
+    return {k: (0.01 * rng.standard_normal(floats[k].shape)).astype(np.float32) for k in sorted(floats)}
+
+
+def completed(engine: RoundEngine, agent: str, seed: int, samples: int = 100, weight: int = 0) -> Completed:
+    meta = UpdateMeta(round=engine.round_state.round, base_version=engine.version, samples=samples, loss=0.3,
+                      weight=weight)  # fmt: skip
+    data = dumps(random_delta(engine, seed), metadata=meta.to_metadata())
     manifest = Manifest("e", "update", engine.round_state.round, agent, "server", bytes(16), 0.0, len(data), 1 << 20,
                         1, NO_DIGEST)  # fmt: skip
     return Completed(manifest, memoryview(data), len(data))
@@ -180,11 +187,39 @@ def test_elect_best_publishes_the_best_evaluated_version_at_the_end_of_the_run(c
     assert engine.finished and engine.version == 4 and not engine.best.elected
     monkeypatch.undo()
     resumed = RoundEngine(config, replay=ReplayGuard(3600))  # the restart finishes the election
-    assert resumed.best.record == {"version": 3, "round": 2, "accuracy": 0.9, "elected": True, "published_as": 5}
+    record = dict(resumed.best.record)
+    assert record.pop("onnx")["ok"]
+    assert record == {"version": 3, "round": 2, "accuracy": 0.9, "elected": True, "published_as": 5}
     assert resumed.version == 5
     assert all(np.array_equal(resumed.global_arrays[k], v) for k, v in models[2].items())
+    # the ONNX file offered for on-board inference is the elected model, not the last round's
+    x = np.random.default_rng(0).standard_normal((4, *input_shape("digits_cnn"))).astype(np.float32)
+    session = onnxruntime.InferenceSession(str(config.state_dir / "global_model.onnx"))
+    onnx_out = session.run(None, {session.get_inputs()[0].name: x})[0]
+    for round_number, expected in ((2, True), (3, False)):
+        model = build_model("digits_cnn").eval()
+        load_arrays(model, models[round_number])
+        with torch.no_grad():
+            assert np.allclose(onnx_out, model(torch.from_numpy(x)).numpy(), atol=1e-4) == expected
     again = RoundEngine(config, replay=ReplayGuard(3600))
     assert again.best.record == resumed.best.record and again.version == 5  # elected once
+
+
+def test_fedavg_weighs_an_update_by_its_weight_not_its_image_count(config):
+    """A detector's update carries its annotated objects as ``weight`` (seed 001's FedAvg weighting) while
+    ``samples`` stays its image count: the average must follow the weights."""
+    engine = RoundEngine(dataclasses.replace(config, strategy={"name": "fedavg"}), replay=ReplayGuard(3600))
+    before = float_part(engine.global_arrays)
+    open_round(engine)
+    weights = {"agent-01": 1, "agent-02": 2, "agent-03": 3}  # within the default cap (2x the median weight)
+    for i, (agent, weight) in enumerate(weights.items()):
+        engine.accept(completed(engine, agent, seed=i, samples=100, weight=weight))
+    metrics = engine.close(now=1.0, model_wire_bytes=0)
+    assert metrics.outcome == "committed" and not metrics.aggregation["capped"]
+    deltas = [random_delta(engine, i) for i in range(3)]
+    for name, value in before.items():
+        expected = value + sum(w * d[name] for w, d in zip(weights.values(), deltas, strict=True)) / 6
+        np.testing.assert_allclose(engine.global_arrays[name], expected, atol=1e-6)
 
 
 def test_an_update_for_a_closed_round_between_rounds_is_refused_as_late(config):

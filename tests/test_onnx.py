@@ -15,8 +15,10 @@ from PIL import Image
 
 import skyfed
 from agent.infer import decode, infer, load_model, nms, preprocess
+from broker_server.onnx_step import ExportOnnx
 from models.onnx_export import export_onnx
 from models.tasks import ONNX_FORMAT
+from models.weights import to_arrays
 from models.zoo import build_model, input_shape
 from sim.broker import free_port
 
@@ -112,6 +114,17 @@ def test_failed_export_publishes_nothing_and_keeps_the_previous_file(tmp_path, m
     path.write_bytes(b"previous good model")
     assert not export_onnx(model, path, task="classify", input_shape=(1, 8, 8), names=["a", "b", "c"]).ok
     assert path.read_bytes() == b"previous good model" and list(tmp_path.iterdir()) == [path]
+
+
+def test_the_server_step_reports_a_failed_export_and_keeps_the_previous_file(tmp_path, caplog):
+    path = tmp_path / "global_model.onnx"
+    path.write_bytes(b"previous good model")
+    step = ExportOnnx("digits_cnn", ["a", "b", "c"], 8, path)  # a 3-class model, handed a 10-class model's arrays
+    detail = step.export(to_arrays(build_model("digits_cnn")), "round=4")
+    assert not detail["ok"] and "shape" in detail["reason"] and path.read_bytes() == b"previous good model"
+    assert "onnx export failed round=4 reason=" in caplog.text
+    good = ExportOnnx("digits_cnn", DIGITS, 8, path).export(to_arrays(build_model("digits_cnn")), "round=5")
+    assert good["ok"] and good["max_abs_diff"] <= 1e-4 and metadata(path)["names"] == json.dumps(DIGITS)
 
 
 def test_detect_needs_an_ultralytics_head(tmp_path):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,3 +118,18 @@ def test_a_deployed_agent_trains_through_its_child_and_a_crash_does_not_stop_it(
     committed = [m for m in fed.metrics() if m.outcome == "committed"]
     assert [m.round for m in committed] == [1, 2] and "agent-01" in committed[-1].accepted
     assert deployed.errors >= 1 and deployed.progress.last_completed_round == 2
+
+
+def test_ultralytics_keeps_its_settings_under_the_agent_state_dir_even_when_an_export_comes_first(tmp_path):
+    """The child sets Ultralytics' offline settings before any job: an ONNX export of a YOLO model may be its
+    first import of Ultralytics, which reads YOLO_CONFIG_DIR once and writes settings.json there."""
+    settings = SimSettings(agents=1, rounds=1, federation="it", task="detect", images_per_agent=2, image_size=64)
+    config_path = create_federation(tmp_path, settings, ("127.0.0.1", 1)).agent_configs["agent-01"]
+    code = ("import sys; from pathlib import Path; from agent.training_child import Worker; Worker(Path(sys.argv[1])); "
+            "from ultralytics.utils import SETTINGS, ONLINE; print(SETTINGS.file_path, ONLINE)")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("YOLO_")}
+    out = subprocess.run([sys.executable, "-c", code, str(config_path)], capture_output=True, text=True, env=env,
+                         check=True).stdout.split()  # fmt: skip
+    settings_file, online = Path(out[-2]), out[-1]
+    assert settings_file.is_relative_to(load_agent_config(config_path).detector_dir / "ultralytics")
+    assert settings_file.exists() and online == "False"
