@@ -54,6 +54,11 @@ class StartMismatch(RuntimeError):
     """Ultralytics would have trained from other weights than the round's."""
 
 
+def private_part_path(work_dir: Path, share: str) -> Path:
+    """Where an agent keeps the part of its model that ``share`` leaves local (kept across rounds)."""
+    return work_dir / f"private-{share}.safetensors"
+
+
 class DetectorTrainer:
     """Trains the round's YOLO model on ``data_yaml``'s train split, validates on its val split."""
 
@@ -95,19 +100,16 @@ class DetectorTrainer:
         trained = trainer.ema.ema if trainer.ema is not None else trainer.model
         arrays = to_arrays(trained.float())
         if private:
-            save_file(self._private_path(task.share), {name: arrays[name] for name in sorted(private)})
+            save_file(private_part_path(self.work_dir, task.share), {name: arrays[name] for name in sorted(private)})
             arrays = {**arrays, **{name: global_arrays[name] for name in private}}  # the private part: no change
         shutil.rmtree(run, ignore_errors=True)  # Ultralytics' own fp16 checkpoints of this round
         loss = float(sum(trainer.tloss.values())) if trainer.tloss else 0.0  # box + cls + dfl, mean of the last epoch
         return TrainResult(arrays=arrays, samples=self.samples, loss=loss, weight=self.objects,
                            local_eval=map_metrics(trainer.metrics or {}))  # fmt: skip
 
-    def _private_path(self, share: str) -> Path:
-        return self.work_dir / f"private-{share}.safetensors"
-
     def _kept(self, share: str, global_arrays: NamedArrays, private: set[str]) -> NamedArrays:
         """This agent's own private part for ``share`` when it kept one that fits the model, else nothing."""
-        path = self._private_path(share)
+        path = private_part_path(self.work_dir, share)
         if not private or not path.exists():
             return {}
         kept, _ = load_file(path)

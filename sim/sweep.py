@@ -14,10 +14,14 @@ import shutil
 import statistics
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from protocol.messages import headline
 from sim.federation import SimSettings
 from sim.run import exit_on_sigterm, run_sim
+
+if TYPE_CHECKING:
+    from models.weights import NamedArrays
 
 CONDITIONS = {  # attack spec per condition ("" = clean); 2 of the 10 agents attack
     "clean": "",
@@ -75,17 +79,34 @@ def run_grid(out: Path, seeds: list[int], agents: int, attackers: int, rounds: i
 def final_accuracy(run: Path) -> float | None:
     """Accuracy (mAP@.5 for detectors) of the run's final global model on the server's test set (a rolled-back
     round keeps the previous model, so the last metrics line does not always carry it). With partial
-    aggregation no global model is anyone's model: the last committed round's score (the agents' own)."""
+    aggregation no global model is anyone's model: the mean over agents of their own models' scores on that
+    same set (``personalized_models``), so that it compares with full averaging and centralized training."""
     from broker_server.config import load_server_config
     from broker_server.evaluation import server_evaluator
     from models.serialization import load_file
 
     config = load_server_config(run / "federation" / "server" / "server.toml")
-    if config.server.share != "full":
-        lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
-        return next((headline(m["eval"]) for m in reversed(lines) if m["outcome"] == "committed"), None)
+    evaluate = server_evaluator(config)
     arrays, _ = load_file(run / "global_model.safetensors")
-    return headline(server_evaluator(config)(arrays))
+    if config.server.share != "full":
+        models = personalized_models(run / "federation", arrays, config.server.share)
+        return statistics.fmean(headline(evaluate(model)) for model in models)
+    return headline(evaluate(arrays))
+
+
+def personalized_models(federation: Path, global_arrays: NamedArrays, share: str) -> list[NamedArrays]:
+    """Each agent's own model after a partial-aggregation run: the global model (its shared part is the
+    agents' average) with the private part the agent kept on top (none yet: the global model as it is)."""
+    from agent.config import load_agent_config
+    from agent.detector import private_part_path
+    from models.serialization import load_file
+
+    models = []
+    for agent_toml in sorted(federation.glob("*/agent.toml")):
+        path = private_part_path(load_agent_config(agent_toml).detector_dir, share)
+        private = load_file(path)[0] if path.exists() else {}
+        models.append({**global_arrays, **private})
+    return models
 
 
 def table(rows: list[dict]) -> str:

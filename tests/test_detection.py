@@ -18,6 +18,7 @@ from agent.detector import DetectorTrainer, StartMismatch, check_start
 from agent.profile import DataProfile
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
+from broker_server.evaluation import server_evaluator
 from models.serialization import load_file
 from models.synthetic_detection import NAMES, class_skew, write_dataset
 from models.weights import delta, to_arrays
@@ -32,6 +33,7 @@ from protocol.topics import Topics
 from protocol.update import UpdateMeta, UpdateMetaError
 from sim.detection_data import describe_mixes, pool, write_detection_data
 from sim.federation import SimSettings, create_federation
+from sim.sweep import personalized_models
 from tests.fedharness import Federation, override_toml, round_task, wait_until
 
 SIZE = 64
@@ -273,6 +275,16 @@ def test_a_partial_federation_reports_the_agents_own_map(tmp_path, broker):
     low, high = sorted(e["map50"] for e in local.values())
     assert low <= metrics.eval["map50"] <= high, (metrics.eval, local)
     assert "onnx" not in metrics.aggregation  # the global model alone is no agent's model
+    # each agent's own model: the averaged neck + head with its private backbone, scored on the server's set
+    config = load_server_config(fed.layout.server_config)
+    global_arrays, _ = load_file(config.state_dir / "global_model.safetensors")
+    models = personalized_models(fed.layout.server_config.parent.parent, global_arrays, "head")
+    head = set(shared_names(list(global_arrays), build_model("yolo11n", len(CLASSES)).yaml, "head"))
+    assert len(models) == 2 and all(set(m) == set(global_arrays) for m in models)
+    assert all(np.array_equal(m[n], global_arrays[n]) for m in models for n in head)
+    assert any(not np.array_equal(models[0][n], models[1][n]) for n in set(global_arrays) - head)
+    scores = [server_evaluator(config)(m)["map50"] for m in models]
+    assert all(0 <= s <= 1 for s in scores)
 
 
 def test_partial_aggregation_is_refused_where_it_cannot_work(tmp_path, broker):
