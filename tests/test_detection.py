@@ -195,6 +195,18 @@ def test_detector_configs_that_cannot_work_fail_at_start(tmp_path, broker):
     fed.close()
 
 
+def test_a_detection_round_runs_under_central_dp_and_a_threshold(tmp_path, broker):
+    """The other defences take detector updates as they come (named float32 deltas): a real YOLO round with
+    central DP (clip, noise, uniform weighting) that closes as soon as the threshold of updates is in."""
+    fed = Federation(tmp_path, broker, rounds=1, agents=2, task="detect", images_per_agent=8, image_size=SIZE,
+                     batch_size=4, strategy={"name": "fedavg", "weighting": "uniform", "threshold": 2},
+                     privacy={"clip": 5.0, "noise_multiplier": 0.5})  # fmt: skip
+    fed.run(Aggregator(load_server_config(fed.layout.server_config)), timeout_s=240)
+    (metrics,) = fed.metrics()
+    assert metrics.outcome == "committed" and len(metrics.accepted) == 2, metrics
+    assert metrics.privacy["epsilon"] > 0 and {"map50", "map50_95"} <= set(metrics.eval)
+
+
 def test_an_agent_toml_asking_local_dp_sgd_of_a_detector_fails_at_start(tmp_path):
     settings = SimSettings(agents=1, rounds=1, task="detect", images_per_agent=2, image_size=SIZE)
     path = create_federation(tmp_path, settings, ("127.0.0.1", 1)).agent_configs["agent-01"]
