@@ -75,6 +75,24 @@ def test_sim_against_an_existing_broker_writes_metrics_curves_and_model(tmp_path
     assert "finished" in snapshot.stdout and "agent-02" in snapshot.stdout
 
 
+def test_sim_task_detect_runs_yolo_agents_as_daemons_and_leaves_a_checked_onnx_model(tmp_path, broker):
+    out = tmp_path / "detect"
+    result = skyfed("sim", "--task", "detect", "--agents", "2", "--rounds", "1", "--epochs", "1", "--images-per-agent",
+                    "4", "--image-size", "64", "--batch-size", "4", "--density-skew", "0.5", "--out", str(out),
+                    "--broker", broker.address, "--federation", "detecttest", timeout=400)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "strategy fedavg" in result.stdout and "3.0 objects/image" in result.stdout
+    assert "mAP@.5" in next(line for line in result.stdout.splitlines() if line.startswith("round "))
+    (row,) = metrics_rows(out)
+    assert {"map50", "map50_95"} <= set(row["eval"]) and row["aggregation"]["onnx"]["ok"]
+    assert set(row["aggregation"]["local_eval"]) == {"agent-01", "agent-02"}
+    infer = skyfed("agent", "infer", "--model", str(out / "global_model.onnx"), "--image",
+                   str(out / "federation" / "agent-01" / "data" / "images" / "val"))  # fmt: skip
+    assert infer.returncode == 0, infer.stderr
+    lines = [json.loads(line) for line in infer.stdout.splitlines()]
+    assert len(lines) == 4 and all(isinstance(line["detections"], list) for line in lines)  # max(4, 4 // 4) val images
+
+
 def test_sim_with_a_robust_strategy_and_attackers_says_who_attacked(tmp_path, broker):
     """Also: two agents per OS process (``--agents-per-process``), the attacker hosted with an honest one."""
     out = tmp_path / "attacked"
