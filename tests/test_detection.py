@@ -55,15 +55,16 @@ def trainer_for(dataset: Path, tmp_path: Path) -> DetectorTrainer:
     return DetectorTrainer(dataset, device=torch.device("cpu"), agent_id="agent-01", work_dir=tmp_path / "work")
 
 
-def start_arrays(seed: int) -> dict[str, np.ndarray]:
+def start_arrays(seed: int, model: str = "yolo11n") -> dict[str, np.ndarray]:
     torch.manual_seed(seed)
-    return to_arrays(build_model("yolo11n", num_classes=len(CLASSES)))
+    return to_arrays(build_model(model, num_classes=len(CLASSES)))
 
 
-def test_the_yolo_trainer_starts_from_exactly_the_round_weights(dataset, tmp_path):
-    start, other = start_arrays(1), start_arrays(2)
-    parameters = [name for name, _ in build_model("yolo11n", len(CLASSES)).named_parameters()]
-    result = trainer_for(dataset, tmp_path).train(start, detect_task(lr=0.0, momentum=0.0))
+@pytest.mark.parametrize("model", ["yolo11n", "yolov8n"])
+def test_the_yolo_trainer_starts_from_exactly_the_round_weights(dataset, tmp_path, model):
+    start, other = start_arrays(1, model), start_arrays(2, model)
+    parameters = [name for name, _ in build_model(model, len(CLASSES)).named_parameters()]
+    result = trainer_for(dataset, tmp_path).train(start, detect_task(lr=0.0, momentum=0.0, model=model))
     # with a zero learning rate the weights can only be the start weights if training began from them
     # (the EMA of identical weights may differ in the last bit); a re-initialised model is far away
     moved = max(float(np.abs(result.arrays[n] - start[n]).max()) for n in parameters)
