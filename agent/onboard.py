@@ -5,7 +5,7 @@ Each new global model version the agent holds is exported once to ``<state_dir>/
 failed export keeps the previous file and is logged). The export needs the round task (model name,
 classes, image size), so it runs once a task and a newer model are here, whichever came last, and only
 while no training runs (training goes first). The last round's model, which no task names, is exported
-with the last task's description.
+with the last task's description once that task's deadline has passed.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ class OnboardModel:
         self.enabled = enabled
         self.version = 0  # the newest version exported (or tried)
 
-    def wanted(self, task: RoundTask | None, version: int) -> bool:
+    def wanted(self, task: RoundTask | None, version: int, now: float) -> bool:
         """Should global model ``version`` be exported now? ``task`` (the newest round task) describes it: the
-        model, classes and image size stay the same for a run, so the version the last round published,
-        which no task names, is exported too."""
-        if not self.enabled or task is None or version <= self.version:
-            return False
-        return task.share == "full"  # under partial aggregation the global model is only part of this agent's
+        model, classes and image size stay the same for a run. A version no task names yet is the last
+        round's model or the next round's start; it waits until ``task``'s deadline has passed, so that it
+        never holds up the next round's training (whose job carries the export)."""
+        if not self.enabled or task is None or version <= self.version or task.share != "full":
+            return False  # under partial aggregation the global model is only part of this agent's
+        return version == task.model_version or now > task.deadline
 
     def started(self, version: int) -> None:
         self.version = version  # tried once, whatever the outcome

@@ -105,7 +105,7 @@ class RoundWork:
         if base is None:
             return self._idle("waiting-model")
         export_to = None
-        if start.source == "global" and self.onboard.wanted(task, task.model_version):
+        if start.source == "global" and self.onboard.wanted(task, task.model_version, time.time()):
             self.onboard.started(task.model_version)
             export_to = self.onboard.path  # the global model rides along with the training job
         self.training = Training(task, base, start, self.runner.train(base, task, export_to), time.perf_counter())
@@ -122,7 +122,7 @@ class RoundWork:
         if self.state not in ("declined", "failed") or state != "idle":
             self._set_state(state)
         held = max(self.models, default=0)
-        if self.onboard.wanted(self.task, held) and self.task is not None:
+        if self.onboard.wanted(self.task, held, time.time()) and self.task is not None:
             self.onboard.started(held)
             self.export = self.runner.export(self.models[held], self.task, self.onboard.path)
 

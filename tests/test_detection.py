@@ -218,14 +218,16 @@ def test_an_agent_toml_asking_local_dp_sgd_of_a_detector_fails_at_start(tmp_path
 
 
 def test_a_detection_federation_reports_map_and_leaves_an_onnx_model_the_agent_runs(tmp_path, broker, capsys):
+    short_deadline = lambda layout: override_toml(layout.server_config, rounds={"deadline_s": 30.0})  # noqa: E731
     fed = Federation(tmp_path, broker, rounds=2, agents=2, task="detect", images_per_agent=8, image_size=SIZE,
-                     batch_size=4, partition="class-skew:0.7")  # fmt: skip
+                     batch_size=4, partition="class-skew:0.7", edit=short_deadline)  # fmt: skip
     _, server = fed.start_with_server()
     server.join(240)
     assert not server.is_alive(), "the federation did not finish"
     metrics = fed.metrics()
     assert [m.round for m in metrics] == [1, 2] and all(len(m.accepted) == 2 for m in metrics)
-    # the agents keep the final model as ONNX too, although no round task names its version
+    # the agents keep the final model as ONNX too, although no round task names its version (after the last
+    # task's deadline: 30 s)
     final = metrics[-1].model_version
     wait_until(lambda: all(a.onboard.version == final and a.export is None for a in fed.agents), 120, "final onnx")
     fed.close()
