@@ -1,7 +1,7 @@
 """The round engine: rounds from start to commit, with all state that must survive a restart. No I/O
 but files: the daemon turns its results into MQTT messages, so the engine can be driven in tests.
 
-Lifecycle (ARCHITECTURE.md): ``begin_round`` selects agents, ``announce`` (re)opens the round until a
+Lifecycle (docs/architecture.md): ``begin_round`` selects agents, ``announce`` (re)opens the round until a
 deadline, ``accept`` takes updates (``broker_server.accept``), ``decide`` says when to close, and
 ``close`` runs the pipeline (``broker_server.pipeline``) then either **commits** (checkpoint first, then
 ``metrics.jsonl`` and ``global_model.safetensors``; the daemon publishes afterwards) or **rolls back**

@@ -1,6 +1,6 @@
 """The round engine: selection, quorum and deadline, as pure bookkeeping (no I/O, injectable clock).
 
-ARCHITECTURE.md, round lifecycle: select agents (fraction, minimum), announce, accept updates, and
+docs/architecture.md, round lifecycle: select agents (fraction, minimum), announce, accept updates, and
 close when every selected agent has reported (an agent whose authenticated update was refused has
 reported: it has no other one to send), or when the deadline passed with the quorum met. A deadline
 without quorum re-announces the same round (``attempt`` + 1); ``replace_missing`` first lets eligible

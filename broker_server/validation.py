@@ -1,4 +1,4 @@
-"""Structural validation of a decrypted update before its values are read (ARCHITECTURE.md, step 3).
+"""Structural validation of a decrypted update before its values are read (docs/architecture.md, step 3).
 
 Checks, in order: safetensors structure, the update header, round and base version, the codec (the
 round's), then tensor names, shapes and dtypes against the global model; an encoded update

@@ -1,4 +1,4 @@
-"""Versioned JSON messages: round tasks, status and metrics (ARCHITECTURE.md, "MQTT topics").
+"""Versioned JSON messages: round tasks, status and metrics (docs/architecture.md, "MQTT topics").
 
 These payloads are meant to be read by people (``mosquitto_sub -v -t 'skyfed/#'``) and by dashboards,
 so they are plain JSON with a ``schema`` field such as ``"skyfed.agent-status/1"``. A reader accepts

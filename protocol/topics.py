@@ -1,4 +1,4 @@
-"""MQTT topic names of one federation (ARCHITECTURE.md, "MQTT topics").
+"""MQTT topic names of one federation (docs/architecture.md, "MQTT topics").
 
 Every topic lives under ``skyfed/<federation>/``. The agent id is also the MQTT client id and the TLS
 certificate CN, so a broker ACL can confine each agent to ``agent/<id>/``. This module only builds and

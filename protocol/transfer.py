@@ -1,4 +1,4 @@
-"""Reassembly of chunked, sealed transfers, with hard limits (ARCHITECTURE.md, round lifecycle step 3).
+"""Reassembly of chunked, sealed transfers, with hard limits (docs/architecture.md, round lifecycle step 3).
 
 Chunks arrive in any order, possibly twice (MQTT QoS 1 redelivers), possibly never, possibly forged.
 A chunk repeated while its transfer is incomplete is ignored; once a transfer is complete its id is

@@ -1,4 +1,4 @@
-"""Telemetry gating: train only when the device's state allows it (ARCHITECTURE.md, "Round lifecycle" step 2).
+"""Telemetry gating: train only when the device's state allows it (docs/architecture.md, "Round lifecycle" step 2).
 
 Sources: a flight controller over MAVLink (armed, battery, charging), a line-based power board on a serial
 port, and Linux thermal zones. ``gate_reasons`` turns their readings and the ``[gate]`` policy into the
