@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent.device import check_device_spec
 from agent.local_dp import LocalPrivacySection
 from agent.telemetry import GatePolicy, TelemetrySection, check_gate_sources
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
@@ -38,7 +39,8 @@ WORKERS = ("per-round", "warm")
 @dataclass(frozen=True)
 class TrainingSection:
     trainer: str = "classifier"  # classifier: agent.data is an .npz; detector: a YOLO data.yaml
-    device: str = "auto"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (agent.device)
+    amp: bool = False  # detector on CUDA: fp16 mixed precision, its loss scale kept across rounds (agent.detector)
     threads: int = 0
     onnx: bool = True  # keep the newest global model as state_dir/global_model.onnx for `skyfed agent infer`
     worker: str = "per-round"  # the training child: started per job (PyTorch's memory freed) or kept warm
@@ -47,8 +49,9 @@ class TrainingSection:
     def __post_init__(self) -> None:
         if self.trainer not in TRAINERS:
             raise ValueError(f"training.trainer must be one of {', '.join(TRAINERS)}, got {self.trainer!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f'training.device must be "auto", "cpu" or "cuda", got {self.device!r}')
+        check_device_spec(self.device)
+        if self.amp and (self.trainer != "detector" or self.device == "cpu"):
+            raise ValueError('training.amp = true is for trainer = "detector" on a CUDA device; set amp = false')
         if self.worker not in WORKERS:
             raise ValueError(f"training.worker must be one of {', '.join(WORKERS)}, got {self.worker!r}")
         if not self.time_limit_s > 0:

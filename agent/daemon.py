@@ -24,6 +24,7 @@ import time
 import paho.mqtt.client as paho
 
 from agent.config import AgentConfig
+from agent.device import check_device_present
 from agent.inbox import ServerInbox
 from agent.onboard import OnboardModel
 from agent.profile import data_profile, privacy_view
@@ -57,6 +58,8 @@ class EdgeAgent(RoundWork, MqttDaemon):
         self.server = PublicIdentity.load(config.server_key_path)
         self.profile = data_profile(config)  # reads and checks the data file now: a bad one fails at start
         self.privacy = privacy_view(config)
+        if runner is None:  # the training child's PyTorch must see the GPU training.device names: say so now
+            check_device_present(config.training.device)
         self.runner = runner or ChildRunner(config)
         self.telemetry = Telemetry(config.telemetry, config.gate)  # its serial readers start with the loop
         self.training: Training | None = None

@@ -20,6 +20,9 @@ ecosystem_feasibility.md §3); this module handles each on purpose:
   ``momentum``, and ``nbs = batch`` so the optimizer steps every batch (Ultralytics otherwise
   accumulates to a nominal batch of 64: a small agent would make one step per epoch). With
   ``keep_momentum`` the optimizer's momentum continues from the agent's last round (``agent.momentum``).
+- **Mixed precision** is the agent's choice (``[training] amp``, off by default): Ultralytics' own AMP
+  switch would download a checkpoint for its check and start a new loss scale every round; ``agent.amp``
+  runs fp16 with the scale kept across rounds instead. ``device`` may name a GPU (``cuda:1``).
 - **Weight.** The update is weighted by the agent's annotated objects (seed 001), not images.
 - **Partial aggregation** (``task.share`` = ``backbone`` or ``head``): the agent starts from the global
   shared part and its own kept private part (``<work_dir>/private-<share>.safetensors``; the global
@@ -36,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from agent.amp import MixedPrecision, ScalerStore
 from agent.momentum import MomentumStore
 from agent.trainer import TrainResult
 from models.serialization import load_file, save_file
@@ -64,7 +68,8 @@ class DetectorTrainer:
 
     budget = None  # local DP-SGD is for classifiers (agent.config refuses it here)
 
-    def __init__(self, data_yaml: Path, *, device: torch.device, agent_id: str, work_dir: Path, seed: int = 0) -> None:
+    def __init__(self, data_yaml: Path, *, device: torch.device, agent_id: str, work_dir: Path, seed: int = 0,
+                 amp: bool = False) -> None:  # fmt: skip
         self.data = load_data_yaml(data_yaml)
         self.objects = int(class_counts(self.data.train, self.data.num_classes).sum())  # > 0: agent.profile checks
         self.samples = len(self.data.train)
@@ -74,6 +79,8 @@ class DetectorTrainer:
         self.work_dir = work_dir
         self.yaml = prepare_run(self.data, work_dir, "data.yaml")
         self.momentum = MomentumStore(work_dir)
+        self.amp = amp
+        self.scaler = ScalerStore(work_dir)
 
     def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
         from ultralytics.models.yolo.detect import DetectionTrainer
@@ -87,7 +94,7 @@ class DetectorTrainer:
         args = dict(model=f"{task.model}.yaml", data=str(self.yaml), epochs=settings.epochs, imgsz=settings.image_size,
                     batch=settings.batch_size, nbs=settings.batch_size, optimizer="SGD", lr0=settings.lr, lrf=1.0,
                     momentum=settings.momentum, warmup_epochs=0, close_mosaic=0, fraction=settings.work,
-                    device=self.device.type, workers=0, amp=self.device.type == "cuda", plots=False,
+                    device=str(self.device), workers=0, amp=False, plots=False,
                     val=bool(self.data.val), seed=self.seed * 100_003 + task.round, deterministic=False,
                     project=str(run.parent), name=run.name, exist_ok=True, verbose=False)  # fmt: skip
         trainer = DetectionTrainer(overrides=args)
@@ -95,7 +102,11 @@ class DetectorTrainer:
         kept_momentum = self.momentum.start(task, settings)
         trainer.add_callback("on_pretrain_routine_end", lambda t: check_start(t.model, start))
         trainer.add_callback("on_pretrain_routine_end", lambda t: restore_momentum(t.optimizer, t.model, kept_momentum))
+        mixed = MixedPrecision(self.scaler, task.model)
+        if self.amp:
+            mixed.attach(trainer)
         trainer.train()
+        mixed.finish(trainer, task.round)  # nothing when the round ran in fp32
         self.momentum.keep(task, settings, collect_momentum(trainer.optimizer, trainer.model))
         trained = trainer.ema.ema if trainer.ema is not None else trainer.model
         arrays = to_arrays(trained.float())

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 from PIL import Image
 
+from models.onnx_runtime import cpu_session
 from models.tasks import ONNX_FORMAT, TASKS
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"})
@@ -37,7 +37,7 @@ def load_model(path: Path) -> OnnxModel:
     if not path.is_file():
         raise ValueError(f"{path}: model file not found")
     try:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        session = cpu_session(path)
     except Exception as exc:  # onnxruntime raises its own exception types for corrupt or foreign files
         raise ValueError(f"{path}: not a readable ONNX model ({str(exc).splitlines()[0]})") from None
     meta = session.get_modelmeta().custom_metadata_map

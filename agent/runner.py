@@ -128,13 +128,12 @@ def in_process_runner(config: AgentConfig) -> InProcessRunner:
     """The agent's own trainer in this process (imports PyTorch): ``sim.agent_host`` and tests."""
     import torch
 
+    from agent.device import torch_device
     from agent.trainer import build_trainer
-    from models.zoo import pick_device
 
     if config.training.threads > 0:
         torch.set_num_threads(config.training.threads)
-    device = pick_device() if config.training.device == "auto" else torch.device(config.training.device)
-    return InProcessRunner(build_trainer(config, device))
+    return InProcessRunner(build_trainer(config, torch_device(config.training.device)))
 
 
 # -- the job itself, wherever it runs -------------------------------------------------------------------

@@ -69,8 +69,8 @@ def build_trainer(config: AgentConfig, device: torch.device) -> Trainer:
     if config.training.trainer == "detector":
         from agent.detector import DetectorTrainer
 
-        return DetectorTrainer(config.data_path, device=device, agent_id=config.agent.id,
-                               work_dir=config.detector_dir, seed=config.agent.seed)  # fmt: skip
+        return DetectorTrainer(config.data_path, device=device, agent_id=config.agent.id, work_dir=config.detector_dir,
+                               seed=config.agent.seed, amp=config.training.amp)  # fmt: skip
     from agent.classifier import ClassifierTrainer
 
     data = load_dataset(config.data_path)

@@ -154,9 +154,9 @@ def max_abs_diff(
 
     Detector boxes are compared as fractions of the input size (like the class scores, in [0, 1]): in pixels,
     float32 rounding alone exceeds 1e-4 once boxes reach ~100 px (1.2e-4 seen on a trained YOLO11n at 160)."""
-    import onnxruntime as ort
+    from models.onnx_runtime import cpu_session
 
-    session = ort.InferenceSession(str(file), providers=["CPUExecutionProvider"])
+    session = cpu_session(file)
     generator = torch.Generator().manual_seed(SEED)
     worst = 0.0
     for _ in range(CHECK_SAMPLES):

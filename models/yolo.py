@@ -3,8 +3,12 @@
 Ultralytics reads its settings from the environment once, at import; ``ultralytics_offline`` sets them
 first (``YOLO_OFFLINE`` skips the DNS probe, ``YOLO_AUTOINSTALL=false`` forbids run-time ``pip install``,
 ``YOLO_CONFIG_DIR`` keeps settings.json under SkyFed's state dir, ``YOLO_VERBOSE=False`` keeps progress
-bars out of journald). Nothing here ever names a hub checkpoint: a ``.pt`` is only read from a path the
-operator gives (``load_pt_weights``), and only for the weights whose names and shapes match.
+bars out of journald). ``prepare_run`` also closes what those leave open (``offline_run_settings``): a
+training or validation run would otherwise look up Arial.ttf on GitHub every time, and integration
+callbacks (analytics, Ultralytics Platform, experiment trackers) could send data. Nothing here ever
+names a hub checkpoint: a ``.pt`` is only read from a path the operator gives (``load_pt_weights``), and
+only for the weights whose names and shapes match. Ultralytics' AMP check, which loads a hub checkpoint,
+never runs: SkyFed trains with ``amp=False`` and does mixed precision itself (``agent.amp``).
 """
 
 from __future__ import annotations
@@ -15,18 +19,25 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from common.files import atomic_write
 from models.tasks import YOLO_YAMLS
 from models.yolo_dataset import DetectionData, resolved_yaml
 
 PARTS = ("full", "backbone", "head")
+# Ultralytics settings that reach the network: analytics sync, Platform streaming, experiment trackers
+OFFLINE_SETTINGS = {"sync": False, "api_key": "", "clearml": False, "comet": False, "dvc": False, "mlflow": False,
+                    "raytune": False, "tensorboard": False, "wandb": False}  # fmt: skip
+FONTS = ("Arial.ttf", "Arial.Unicode.ttf")  # what Ultralytics' dataset check downloads unless they are there
 
 
 def ultralytics_offline(config_dir: Path | None = None) -> None:
     """Settings for a machine without internet; call before the first ``import ultralytics`` (later calls
-    change nothing, as Ultralytics reads them once). Values already in the environment win."""
+    change nothing, as Ultralytics reads them once). Values already in the environment win; an Ultralytics
+    API key is removed."""
     os.environ.setdefault("YOLO_OFFLINE", "1")
     os.environ.setdefault("YOLO_AUTOINSTALL", "false")
     os.environ.setdefault("YOLO_VERBOSE", "False")
+    os.environ.pop("ULTRALYTICS_API_KEY", None)  # a key would stream every run to Ultralytics Platform
     if config_dir is not None:
         config_dir.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("YOLO_CONFIG_DIR", str(config_dir))
@@ -37,7 +48,22 @@ def prepare_run(data: DetectionData, work_dir: Path, yaml_name: str) -> Path:
     with absolute paths (``resolved_yaml``), whose path is returned."""
     work_dir.mkdir(parents=True, exist_ok=True)
     ultralytics_offline(work_dir / "ultralytics")
+    offline_run_settings()
     return resolved_yaml(data, work_dir / yaml_name)
+
+
+def offline_run_settings() -> None:
+    """``OFFLINE_SETTINGS`` in Ultralytics' settings file, and its ``FONTS`` in its config dir: its dataset
+    check only needs them to exist (plots are off), so matplotlib's DejaVu Sans stands in for both."""
+    from matplotlib import get_data_path
+    from ultralytics.utils import SETTINGS, USER_CONFIG_DIR
+
+    if any(SETTINGS.get(key) != value for key, value in OFFLINE_SETTINGS.items()):
+        SETTINGS.update(OFFLINE_SETTINGS)
+    font = Path(get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+    for name in FONTS:
+        if not (USER_CONFIG_DIR / name).exists():
+            atomic_write(USER_CONFIG_DIR / name, font.read_bytes())
 
 
 def detection_model(name: str, num_classes: int) -> nn.Module:

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from agent.config import load_agent_config
+from agent.device import torch_device
 from agent.local_dp import PrivacyBudget
 from agent.state import RESIDUAL_FILE
 from agent.trainer import Trainer, build_trainer, encode_update
@@ -51,7 +52,7 @@ def _agents(configs: dict[str, Path]) -> list[InProcessAgent]:
     agents = []
     for name, path in configs.items():
         config = load_agent_config(path)
-        trainer = build_trainer(config, torch.device("cpu"))
+        trainer = build_trainer(config, torch_device(config.training.device))  # where the agent would train
         agents.append(InProcessAgent(name, trainer, trainer.budget, config.state_dir / RESIDUAL_FILE))
     return agents
 

@@ -58,7 +58,7 @@ def test_bad_server_config_names_the_key(tmp_path, layout, tables, message):
     [
         ({"agent": {"id": "bad id"}}, "agent.id 'bad id' is not a valid name"),
         ({"agent": {"data": "missing.npz"}}, "agent.data = 'missing.npz': training data not found"),
-        ({"training": {"device": "tpu"}}, 'training.device must be "auto", "cpu" or "cuda"'),
+        ({"training": {"device": "tpu"}}, 'training.device must be "auto", "cpu", "cuda" or "cuda:N"'),
         ({"broker": {"protocol": "4"}}, 'broker.protocol must be "3.1.1" or "5"'),
     ],
 )
