@@ -134,9 +134,11 @@ def _add_sim_options(
         "loaded once per K agents, so 100 agents fit on a small machine",
     )  # fmt: skip
     parser.add_argument(
-        "--worker", choices=("warm", "per-round"), default="warm",
-        help="each agent's training child: kept between rounds (warm, the simulation default: a PyTorch start-up "
-        "costs seconds of CPU per agent per round) or started per round (the deployed default, training.worker)",
+        "--worker", choices=("warm", "adaptive", "per-round", "deployed"), default="warm",
+        help="each agent's training child (training.worker): warm (kept between rounds; the simulation default), "
+        "adaptive (started when a round is announced, released after training.warm_idle_s idle), per-round "
+        "(started for each round: a PyTorch start-up of seconds per agent per round), or deployed: whatever "
+        "`skyfed agent run` uses by default (adaptive)",
     )  # fmt: skip
     parser.add_argument(
         "--in-process", action="store_true",

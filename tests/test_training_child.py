@@ -43,7 +43,7 @@ def test_the_agent_daemon_and_what_it_imports_leave_pytorch_out():
 
 
 def test_a_per_round_child_trains_exports_and_is_gone_after_each_job(agent_config, tmp_path):
-    override_toml(agent_config, training={"worker": "per-round"})  # the deployed default (simulations: warm)
+    override_toml(agent_config, training={"worker": "per-round"})
     runner = ChildRunner(load_agent_config(agent_config))
     base = to_arrays(build_model("digits_cnn"))
     outcome = finish(runner.train(base, digits_task(), export_to=tmp_path / "m.onnx"))
@@ -69,6 +69,57 @@ def test_a_warm_child_serves_rounds_and_a_crashed_one_is_a_failed_job_then_repla
     assert isinstance(finish(runner.train(base, digits_task(round=4))), Trained) and runner.child is not warm
     runner.close()
     assert not runner.child.alive()
+
+
+def holds_pytorch(child) -> bool:
+    """The child has loaded PyTorch's library (what its start-up costs)."""
+    try:
+        return "libtorch" in Path(f"/proc/{child.process.pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def test_an_adaptive_child_starts_when_a_round_is_announced_and_goes_after_its_idle_time(agent_config):
+    """The deployed default: the child starts (and loads PyTorch) as soon as a round selects the agent, before
+    the model is there; once idle for training.warm_idle_s it exits, and is not started again for that round."""
+    override_toml(agent_config, training={"worker": "adaptive", "warm_idle_s": 1.0})
+    agent = EdgeAgent(load_agent_config(agent_config))
+    try:
+        agent.task = digits_task()
+        agent._step()
+        child = agent.runner.child
+        assert agent.state == "waiting-model" and child is not None and child.alive()
+        agent._step()
+        assert agent.runner.child is child and child.alive()  # one child per announced round
+        wait_until(lambda: holds_pytorch(child), 60, "the announced round's child to load PyTorch")
+        time.sleep(1.0)
+        agent._step()
+        assert not child.alive() and agent.state == "waiting-model"
+        agent._step()
+        assert agent.runner.child is child  # released for this round: not started again
+        agent.task = digits_task(attempt=2)
+        agent._step()
+        assert agent.runner.child is not child and agent.runner.child.alive()
+    finally:
+        agent.runner.close()
+
+
+def test_an_adaptive_child_serves_rounds_that_keep_coming_and_is_released_only_when_idle(agent_config):
+    override_toml(agent_config, training={"worker": "adaptive", "warm_idle_s": 1.0})
+    runner = ChildRunner(load_agent_config(agent_config))
+    base = to_arrays(build_model("digits_cnn"))
+    assert isinstance(finish(runner.train(base, digits_task())), Trained)
+    kept = runner.child
+    runner.release_idle()
+    assert isinstance(finish(runner.train(base, digits_task(round=2))), Trained) and runner.child is kept
+    time.sleep(1.0)
+    runner.release_idle()
+    assert not kept.alive()
+    job = runner.train(base, digits_task(round=3))
+    time.sleep(1.0)
+    runner.release_idle()  # a job not yet collected is a job running
+    assert runner.child is not kept and runner.child.alive() and isinstance(finish(job), Trained)
+    runner.close()
 
 
 def test_a_job_past_its_time_limit_is_killed_and_reported(agent_config):
