@@ -17,8 +17,10 @@ import pytest
 from agent.config import load_agent_config
 from agent.daemon import EdgeAgent
 from agent.runner import Cancelled, ChildRunner, Declined, Exported, Failed, Trained
+from common import toml
 from models.weights import to_arrays
 from models.zoo import build_model
+from protocol.config import ConfigError
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import Federation, override_toml, round_task, wait_until
 
@@ -184,3 +186,19 @@ def test_ultralytics_keeps_its_settings_under_the_agent_state_dir_even_when_an_e
     settings_file, online = Path(out[-2]), out[-1]
     assert settings_file.is_relative_to(load_agent_config(config_path).detector_dir / "ultralytics")
     assert settings_file.exists() and online == "False"
+
+
+def test_sim_worker_deployed_runs_the_agents_as_skyfed_agent_run_does_by_default(tmp_path):
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it", worker="deployed"),
+                               ("127.0.0.1", 1))  # fmt: skip
+    config = layout.agent_configs["agent-01"]
+    assert "worker" not in toml.loads(config.read_text())["training"]
+    assert load_agent_config(config).training.worker == "adaptive"
+    with pytest.raises(ValueError, match="--worker must be one of adaptive, per-round, warm, deployed"):
+        SimSettings(worker="lazy")
+
+
+def test_a_warm_idle_time_that_is_not_positive_fails_at_start_naming_the_key(agent_config):
+    override_toml(agent_config, training={"warm_idle_s": 0})
+    with pytest.raises(ConfigError, match="training.warm_idle_s must be > 0 seconds"):
+        load_agent_config(agent_config)
