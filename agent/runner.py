@@ -323,11 +323,11 @@ class TrainingChild:
         code = self.process.poll()
         return f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
 
-    def kill(self) -> None:
+    def kill(self, why: str = "") -> None:
         if self.alive():
             self.process.kill()
             self.process.wait()
-            log.info("training child stopped pid=%d", self.process.pid)
+            log.info("training child stopped pid=%d%s", self.process.pid, why and f" {why}")
 
 
 class ChildRunner:
@@ -367,8 +367,7 @@ class ChildRunner:
         last_job = job.finished_at if job is not None and job.child is child else None
         idle_s = time.monotonic() - (last_job or child.started_at)
         if idle_s >= self.idle_s:
-            log.info("training child released pid=%d idle_s=%.0f (training.warm_idle_s)", child.process.pid, idle_s)
-            child.kill()
+            child.kill(f"reason=idle idle_s={idle_s:.0f} warm_idle_s={self.idle_s:g}")
 
     def _fresh_dir(self, kind: str) -> Path:
         directory = self.jobs / kind

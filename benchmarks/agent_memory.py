@@ -1,7 +1,7 @@
 """``python -m benchmarks.agent_memory``: the agent daemon's memory idle and per round, and round times, for
 each ``training.worker`` (per-round, warm, adaptive).
 
-A real federation of two agents (``skyfed agent run``, the digits CNN, 5 rounds back to back) and a server
+A real federation of two agents (``skyfed agent run``, the digits CNN, 8 rounds back to back) and a server
 over a mosquitto this benchmark starts. For each worker: agent-01's daemon resident memory (VmRSS) once
 connected with no server (idle), the peak of daemon + training child while rounds run (sampled every
 0.1 s), the memory after the rounds (adaptive: after its ``warm_idle_s``, set to 10 s here; the deployed
@@ -31,7 +31,7 @@ from sim.run import spawn
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 1 << 20
-ROUNDS = 5
+ROUNDS = 8
 AGENTS = 2
 WORKERS = ("per-round", "warm", "adaptive")
 WARM_IDLE_S = 10.0  # adaptive: the idle time after which the child goes (shortened from 120 s to keep make bench short)
