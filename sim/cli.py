@@ -153,7 +153,8 @@ def _add_sim_options(
                         f"{partition or 'dirichlet:0.5'}); detect: iid | class-skew:D (default "
                         "class-skew:0.7)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=out, help="folder for metrics.jsonl, curves.png, global_model.safetensors")
+    parser.add_argument("--out", default=out, help="folder for metrics.jsonl, curves.png, global_model.safetensors "
+                        "(a relative one is under the current folder)")  # fmt: skip
     parser.add_argument("--broker", default=None, help="HOST:PORT of an existing broker (default: start one)")
     parser.add_argument("--federation", default=federation)
     parser.add_argument("--model", default=None, help="default: digits_cnn (classify), yolo11n (detect)")
