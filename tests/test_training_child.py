@@ -150,11 +150,11 @@ def test_a_spent_local_privacy_budget_is_declined_by_the_child(agent_config):
 
 
 def test_a_deployed_agent_trains_through_its_child_and_a_crash_does_not_stop_it(tmp_path, broker):
-    """The agent as ``skyfed agent run`` builds it (a per-round child), in a real federation: its first child
-    is killed mid-training, the daemon reports it and carries on, and the re-announced round trains."""
+    """The agent as ``skyfed agent run`` builds it (its default worker, adaptive), in a real federation: its first
+    child is killed mid-training, the daemon reports it and carries on, and the re-announced round trains."""
     short_deadline = lambda layout: override_toml(layout.server_config, rounds={"deadline_s": 45.0})  # noqa: E731
     fed = Federation(
-        tmp_path, broker, rounds=2, agents=2, worker="per-round", edit=short_deadline, strategy={"name": "fedavg"}
+        tmp_path, broker, rounds=2, agents=2, worker="deployed", edit=short_deadline, strategy={"name": "fedavg"}
     )
     deployed = fed.agents[0] = EdgeAgent(load_agent_config(fed.layout.agent_configs["agent-01"]))
     fed.threads[0] = threading.Thread(target=deployed.run, args=(fed.stop,), daemon=True)
