@@ -33,7 +33,7 @@ class KeysSection:
 
 
 TRAINERS = ("classifier", "detector")
-WORKERS = ("per-round", "warm")
+WORKERS = ("adaptive", "per-round", "warm")
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class TrainingSection:
     amp: bool = False  # detector on CUDA: fp16 mixed precision, its loss scale kept across rounds (agent.detector)
     threads: int = 0
     onnx: bool = True  # keep the newest global model as state_dir/global_model.onnx for `skyfed agent infer`
-    worker: str = "per-round"  # the training child: started per job (PyTorch's memory freed) or kept warm
+    worker: str = "adaptive"  # the training child's life (agent.runner): adaptive, per-round or warm
+    warm_idle_s: float = 120.0  # adaptive: the child exits after this long without a job
     time_limit_s: float = 3600.0  # a training or export job running longer is killed and reported
 
     def __post_init__(self) -> None:
@@ -54,6 +55,8 @@ class TrainingSection:
             raise ValueError('training.amp = true is for trainer = "detector" on a CUDA device; set amp = false')
         if self.worker not in WORKERS:
             raise ValueError(f"training.worker must be one of {', '.join(WORKERS)}, got {self.worker!r}")
+        if not self.warm_idle_s > 0:
+            raise ValueError(f"training.warm_idle_s must be > 0 seconds, got {self.warm_idle_s}")
         if not self.time_limit_s > 0:
             raise ValueError(f"training.time_limit_s must be > 0 seconds, got {self.time_limit_s}")
         if self.threads < 0:

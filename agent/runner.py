@@ -1,9 +1,11 @@
 """Where the agent's heavy work runs: training a round and exporting the newest global model to ONNX.
 
 The daemon holds MQTT, keys and state; PyTorch (and Ultralytics) live in a **training child**
-(``python -m agent.training_child``), started for a job and gone after it (``training.worker =
-"per-round"``, the default: nothing of PyTorch stays in memory between rounds) or kept between jobs
-(``"warm"``: no start-up per round, the child's memory stays taken). One job at a time. A job is polled
+(``python -m agent.training_child``). ``training.worker`` says when it lives: ``"adaptive"`` (the default)
+starts it as soon as a round that selects this agent is announced, so PyTorch's start-up overlaps the model's
+download, keeps it while rounds keep coming and gives its memory back after ``training.warm_idle_s``
+without a job; ``"per-round"`` starts it for each job (nothing of PyTorch stays between rounds, a start-up
+every round); ``"warm"`` keeps it for good (its memory stays taken). One job at a time. A job is polled
 from the daemon's loop, so MQTT keep-alives, status and the systemd watchdog go on while it runs; it can
 be cancelled (the child is killed: a gate that closes mid-round, a stop, an expired task) and is
 killed when it passes ``training.time_limit_s``. A child that crashes is a failed job, never a dead
@@ -83,6 +85,12 @@ class Runner(Protocol):
 
     def export(self, arrays: NamedArrays, task: RoundTask, path: Path) -> Job: ...
 
+    def prepare(self, key: object) -> None:
+        """A round that selects this agent (``key``: its run, round and attempt) was announced: get ready."""
+
+    def release_idle(self) -> None:
+        """Give back what an idle runner holds, once it has been idle long enough."""
+
     def close(self) -> None: ...
 
 
@@ -119,6 +127,12 @@ class InProcessRunner:
 
     def export(self, arrays: NamedArrays, task: RoundTask, path: Path) -> Job:
         return ThreadJob("export", lambda: export_onnx(arrays, task, path))
+
+    def prepare(self, key: object) -> None:
+        """The trainer is built already."""
+
+    def release_idle(self) -> None:
+        """The trainer belongs to the hosting process."""
 
     def close(self) -> None:
         """Nothing to stop: a running thread job ends on its own."""
@@ -215,10 +229,12 @@ class ChildJob:
         self._reply: dict | None = None
         self._replied_at = 0.0
         self._outcome: Outcome | None = None
+        self.finished_at: float | None = None  # monotonic time its outcome was known
 
     def poll(self) -> Outcome | None:
         if self._outcome is None:
             self._outcome = self._check()
+            self.finished_at = None if self._outcome is None else time.monotonic()
         return self._outcome
 
     def _check(self) -> Outcome | None:
@@ -254,20 +270,24 @@ class ChildJob:
         if self._outcome is None:
             self.child.kill()
             self._outcome = Cancelled(reason)
+            self.finished_at = time.monotonic()
 
 
 class TrainingChild:
     """One ``python -m agent.training_child`` process: JSON requests on stdin, JSON replies on stdout."""
 
-    def __init__(self, config_path: Path, warm: bool) -> None:
-        self.warm = warm
+    def __init__(self, config_path: Path, worker: str, *, prepare: bool = False) -> None:
+        self.warm = worker != "per-round"  # kept between jobs
+        self.started_at = time.monotonic()
         command = [sys.executable, "-m", "agent.training_child", "--config", str(config_path)]
+        command += ["--prepare"] if prepare else []
         # stderr is the daemon's (journald): the child's log lines land next to the daemon's.
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._replies: queue.Queue[dict] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name="training-child-reader", daemon=True)
         self._reader.start()
-        log.info("training child started pid=%d worker=%s", self.process.pid, "warm" if warm else "per-round")
+        log.info("training child started pid=%d worker=%s for=%s", self.process.pid, worker,
+                 "announced-round" if prepare else "job")  # fmt: skip
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -302,26 +322,51 @@ class TrainingChild:
         code = self.process.poll()
         return f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
 
-    def kill(self) -> None:
+    def kill(self, why: str = "") -> None:
         if self.alive():
             self.process.kill()
             self.process.wait()
-            log.info("training child stopped pid=%d", self.process.pid)
+            log.info("training child stopped pid=%d%s", self.process.pid, why and f" {why}")
 
 
 class ChildRunner:
     def __init__(self, config: AgentConfig) -> None:
         self.config_path = config.path
-        self.warm = config.training.worker == "warm"
+        self.worker = config.training.worker
+        self.idle_s = config.training.warm_idle_s
         self.limit_s = config.training.time_limit_s
         self.jobs = config.state_dir / "jobs"
         self.child: TrainingChild | None = None
+        self.job: ChildJob | None = None  # the newest job
+        self.prepared_for: object = None  # the announced round a child was last started ahead for
 
     def _start(self, kind: str, request: dict) -> ChildJob:
-        if self.child is None or not self.child.alive() or not self.warm:
-            self.child = TrainingChild(self.config_path, self.warm)
+        if self.child is None or not self.child.alive() or not self.child.warm:
+            self.child = TrainingChild(self.config_path, self.worker)
         self.child.send({"kind": kind, **request})
-        return ChildJob(kind, self.child, self.jobs / kind, self.limit_s)
+        self.job = ChildJob(kind, self.child, self.jobs / kind, self.limit_s)
+        return self.job
+
+    def prepare(self, key: object) -> None:
+        """A kept child (adaptive, warm) starts now, once per announced round: it imports PyTorch and loads the
+        data while the model downloads. A child released during the round is not started again for it."""
+        if self.worker == "per-round" or key == self.prepared_for:
+            return
+        self.prepared_for = key
+        if self.child is None or not self.child.alive():
+            self.child = TrainingChild(self.config_path, self.worker, prepare=True)
+
+    def release_idle(self) -> None:
+        """An adaptive child without a job for ``training.warm_idle_s`` exits: the idle agent is the daemon alone."""
+        child, job = self.child, self.job
+        if self.worker != "adaptive" or child is None or not child.alive():
+            return
+        if job is not None and job.child is child and job.finished_at is None:
+            return  # a job runs
+        last_job = job.finished_at if job is not None and job.child is child else None
+        idle_s = time.monotonic() - (last_job or child.started_at)
+        if idle_s >= self.idle_s:
+            child.kill(f"reason=idle idle_s={idle_s:.0f} warm_idle_s={self.idle_s:g}")
 
     def _fresh_dir(self, kind: str) -> Path:
         directory = self.jobs / kind

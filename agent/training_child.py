@@ -5,8 +5,10 @@ Reads one JSON request per line on stdin (``{"kind": "train" | "export", "dir": 
 does it with PyTorch, and answers one JSON line: ``{"ok": true, "export": {…}}`` (a train job's result
 is in ``<dir>/result.safetensors``), ``{"exported": detail}``, ``{"declined": reason}`` or
 ``{"failed": reason}`` (``agent.runner.as_reply``).
-Exits when stdin closes. Only replies go to stdout: the file descriptor is moved aside at start and
-stdout points at stderr, so whatever a library prints ends up in the agent's log, not in the protocol.
+With ``--prepare`` (a child started as a round is announced, before its job) it builds the trainer at once:
+PyTorch's import and the data's load overlap the model's download. Exits when stdin closes. Only replies
+go to stdout: the file descriptor is moved aside at start and stdout points at stderr, so whatever a
+library prints ends up in the agent's log, not in the protocol.
 The request comes from the agent's own daemon, which checked and signed-off the task; it is trusted.
 """
 
@@ -37,11 +39,13 @@ def reply_channel() -> object:
 
 
 class Worker:
-    def __init__(self, config_path: Path) -> None:
+    def __init__(self, config_path: Path, *, prepare: bool = False) -> None:
         self.config = load_agent_config(config_path)
         # before any job imports Ultralytics (an export may come first): its settings under the state dir
         ultralytics_offline(self.config.detector_dir / "ultralytics")
         self.trainer: Trainer | None = None  # built at the first train job: loading data and PyTorch is its cost
+        if prepare:
+            self.trainer = in_process_runner(self.config).trainer
 
     def perform(self, request: dict) -> dict:
         directory = Path(request["dir"])
@@ -61,12 +65,13 @@ class Worker:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agent.training_child", description=__doc__)
     parser.add_argument("--config", required=True)
+    parser.add_argument("--prepare", action="store_true", help="build the trainer now, before the first request")
     parser.add_argument("--log-level", default=os.environ.get("SKYFED_LOG_LEVEL", "info"))
     args = parser.parse_args(argv)
     replies = reply_channel()
     threading.current_thread().name = "training-child"  # its log lines, in the agent's journal, say so
     configure_logging(args.log_level, thread_names=True)
-    worker = Worker(Path(args.config))
+    worker = Worker(Path(args.config), prepare=args.prepare)
     for line in sys.stdin:
         try:
             reply = worker.perform(json.loads(line))

@@ -1,7 +1,8 @@
 """The agent's round work, step by step from its loop: train, send, re-send, export ONNX, all without blocking.
 
 Each ``_step`` looks at where the current round stands and does at most one small thing: start a job on
-the runner (``agent.runner``: training in a child process), poll it, hand a sealed update to paho, or check
+the runner (``agent.runner``: training in a child process, started ahead as soon as a round selects this
+agent, released after an idle time), poll it, hand a sealed update to paho, or check
 that the broker acknowledged it. The device's gate (``agent.telemetry``) is asked before anything heavy
 starts and while a training job runs: a gate that closes mid-round (the drone arms, say) cancels the job,
 and an update trained just before it closed stays on disk, unsent, until the gate opens again (it is then
@@ -70,6 +71,7 @@ class Upload:
 
 class RoundWork:
     def _step(self: EdgeAgent) -> None:
+        self.runner.release_idle()
         if self.upload is not None:
             self._check_upload()
         if self.training is not None:
@@ -100,6 +102,7 @@ class RoundWork:
             return self._idle("done")
         if self.failed == (task.round, task.attempt):
             return None  # failed or declined on this attempt; the server's re-announcement is the next try
+        self.runner.prepare((task.run_id, task.round, task.attempt))  # its start-up overlaps the model's download
         start = task.start_of(self.id)
         base = self.inbox.start_model(task, start)
         if base is None:

@@ -134,9 +134,11 @@ def _add_sim_options(
         "loaded once per K agents, so 100 agents fit on a small machine",
     )  # fmt: skip
     parser.add_argument(
-        "--worker", choices=("warm", "per-round"), default="warm",
-        help="each agent's training child: kept between rounds (warm, the simulation default: a PyTorch start-up "
-        "costs seconds of CPU per agent per round) or started per round (the deployed default, training.worker)",
+        "--worker", choices=("warm", "adaptive", "per-round", "deployed"), default="warm",
+        help="each agent's training child (training.worker): warm (kept between rounds; the simulation default), "
+        "adaptive (started when a round is announced, released after training.warm_idle_s idle), per-round "
+        "(started for each round: a PyTorch start-up of seconds per agent per round), or deployed: whatever "
+        "`skyfed agent run` uses by default (adaptive)",
     )  # fmt: skip
     parser.add_argument(
         "--in-process", action="store_true",
@@ -151,7 +153,8 @@ def _add_sim_options(
                         f"{partition or 'dirichlet:0.5'}); detect: iid | class-skew:D (default "
                         "class-skew:0.7)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=out, help="folder for metrics.jsonl, curves.png, global_model.safetensors")
+    parser.add_argument("--out", default=out, help="folder for metrics.jsonl, curves.png, global_model.safetensors "
+                        "(a relative one is under the current folder)")  # fmt: skip
     parser.add_argument("--broker", default=None, help="HOST:PORT of an existing broker (default: start one)")
     parser.add_argument("--federation", default=federation)
     parser.add_argument("--model", default=None, help="default: digits_cnn (classify), yolo11n (detect)")

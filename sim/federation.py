@@ -50,7 +50,7 @@ class SimSettings:
     attack: str = ""
     attack_scope: str = "parameters"
     agents_per_process: int = 1  # K agents share one OS process (sim.agent_host); 1 = one process each
-    worker: str = "warm"  # each agent's training child (agent.runner): warm = kept between rounds, or per-round
+    worker: str = "warm"  # training.worker of every agent (agent.runner); "deployed": unset, the agent's default
     privacy: dict[str, Any] = field(default_factory=dict)  # [privacy] of server.toml (central DP); {} = off
     local_privacy: dict[str, Any] = field(default_factory=dict)  # [privacy] of every agent.toml (DP-SGD); {} = off
     slow_agents: int = 0  # how many honest agents train ``slowdown`` times slower (sim.slow)
@@ -68,6 +68,7 @@ class SimSettings:
     codec: str = "fp32"  # server.codec: how agents encode updates (protocol.codecs)
 
     def __post_init__(self) -> None:
+        from agent.config import WORKERS
         from agent.local_dp import LocalPrivacySection
         from broker_server.bounds import InfluencePolicy
         from broker_server.privacy import PrivacyPolicy
@@ -89,6 +90,8 @@ class SimSettings:
             raise ValueError(f"--model {self.model} is not a {self.task} model (--task {self.task})")
         if self.agents < 1:
             raise ValueError(f"--agents must be >= 1, got {self.agents}")
+        if self.worker not in (*WORKERS, "deployed"):
+            raise ValueError(f"--worker must be one of {', '.join((*WORKERS, 'deployed'))}, got {self.worker!r}")
         if self.agents_per_process < 1:
             raise ValueError(f"--agents-per-process must be >= 1, got {self.agents_per_process}")
         if self.rounds < 1:
@@ -267,7 +270,8 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
                 },
                 "broker": broker_table,
                 "keys": {"identity": f"{name}.key", "server": "server.pub"},
-                "training": {"trainer": trainer, "threads": 1, "worker": settings.worker},
+                "training": {"trainer": trainer, "threads": 1,
+                             **({"worker": settings.worker} if settings.worker != "deployed" else {})},
                 "privacy": settings.local_privacy,
             },
         )

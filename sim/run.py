@@ -34,15 +34,27 @@ class SimResult:
     seconds: float
 
 
+SOURCE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding sim/, agent/, skyfed.py
+
+
+def child_pythonpath(inherited: str, search_path: list[str]) -> str:
+    """``PYTHONPATH`` for a daemon started in the user's folder: the modules this process runs must import
+    there too. They do when their root is on the search path for a reason other than the folder Python
+    was started from (``search_path[0]``: an install, an editable install, ``PYTHONPATH``); else it is added."""
+    if str(SOURCE_ROOT) in search_path[1:]:
+        return inherited
+    return os.pathsep.join(p for p in (str(SOURCE_ROOT), inherited) if p)
+
+
 def spawn(args: list[str], log_path: Path, module: str = "skyfed") -> subprocess.Popen:
+    """``python -m module args`` in the user's current folder (whatever it writes lands where the sim's
+    own files do, never in the package's folder); pass it absolute paths."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    if pythonpath := child_pythonpath(os.environ.get("PYTHONPATH", ""), sys.path):
+        env["PYTHONPATH"] = pythonpath
     with open(log_path, "ab") as log_file:  # the child keeps its own descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=Path(__file__).resolve().parent.parent,
+            [sys.executable, "-m", module, *args], stdout=log_file, stderr=subprocess.STDOUT, env=env
         )
 
 
@@ -113,6 +125,7 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
         from sim.inprocess import run_in_process  # it builds on this module
 
         return run_in_process(settings, out, echo=echo)
+    out = out.resolve()  # the daemons get absolute paths: relative ones would name other files from their folder
     out.mkdir(parents=True, exist_ok=True)
     work = out / "federation"  # keys, configs, data, state and logs of every node
     shutil.rmtree(work, ignore_errors=True)

@@ -17,8 +17,10 @@ import pytest
 from agent.config import load_agent_config
 from agent.daemon import EdgeAgent
 from agent.runner import Cancelled, ChildRunner, Declined, Exported, Failed, Trained
+from common import toml
 from models.weights import to_arrays
 from models.zoo import build_model
+from protocol.config import ConfigError
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import Federation, override_toml, round_task, wait_until
 
@@ -43,7 +45,7 @@ def test_the_agent_daemon_and_what_it_imports_leave_pytorch_out():
 
 
 def test_a_per_round_child_trains_exports_and_is_gone_after_each_job(agent_config, tmp_path):
-    override_toml(agent_config, training={"worker": "per-round"})  # the deployed default (simulations: warm)
+    override_toml(agent_config, training={"worker": "per-round"})
     runner = ChildRunner(load_agent_config(agent_config))
     base = to_arrays(build_model("digits_cnn"))
     outcome = finish(runner.train(base, digits_task(), export_to=tmp_path / "m.onnx"))
@@ -69,6 +71,57 @@ def test_a_warm_child_serves_rounds_and_a_crashed_one_is_a_failed_job_then_repla
     assert isinstance(finish(runner.train(base, digits_task(round=4))), Trained) and runner.child is not warm
     runner.close()
     assert not runner.child.alive()
+
+
+def holds_pytorch(child) -> bool:
+    """The child has loaded PyTorch's library (what its start-up costs)."""
+    try:
+        return "libtorch" in Path(f"/proc/{child.process.pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def test_an_adaptive_child_starts_when_a_round_is_announced_and_goes_after_its_idle_time(agent_config):
+    """The deployed default: the child starts (and loads PyTorch) as soon as a round selects the agent, before
+    the model is there; once idle for training.warm_idle_s it exits, and is not started again for that round."""
+    override_toml(agent_config, training={"worker": "adaptive", "warm_idle_s": 1.0})
+    agent = EdgeAgent(load_agent_config(agent_config))
+    try:
+        agent.task = digits_task()
+        agent._step()
+        child = agent.runner.child
+        assert agent.state == "waiting-model" and child is not None and child.alive()
+        agent._step()
+        assert agent.runner.child is child and child.alive()  # one child per announced round
+        wait_until(lambda: holds_pytorch(child), 60, "the announced round's child to load PyTorch")
+        time.sleep(1.0)
+        agent._step()
+        assert not child.alive() and agent.state == "waiting-model"
+        agent._step()
+        assert agent.runner.child is child  # released for this round: not started again
+        agent.task = digits_task(attempt=2)
+        agent._step()
+        assert agent.runner.child is not child and agent.runner.child.alive()
+    finally:
+        agent.runner.close()
+
+
+def test_an_adaptive_child_serves_rounds_that_keep_coming_and_is_released_only_when_idle(agent_config):
+    override_toml(agent_config, training={"worker": "adaptive", "warm_idle_s": 1.0})
+    runner = ChildRunner(load_agent_config(agent_config))
+    base = to_arrays(build_model("digits_cnn"))
+    assert isinstance(finish(runner.train(base, digits_task())), Trained)
+    kept = runner.child
+    runner.release_idle()
+    assert isinstance(finish(runner.train(base, digits_task(round=2))), Trained) and runner.child is kept
+    time.sleep(1.0)
+    runner.release_idle()
+    assert not kept.alive()
+    job = runner.train(base, digits_task(round=3))
+    time.sleep(1.0)
+    runner.release_idle()  # a job not yet collected is a job running
+    assert runner.child is not kept and runner.child.alive() and isinstance(finish(job), Trained)
+    runner.close()
 
 
 def test_a_job_past_its_time_limit_is_killed_and_reported(agent_config):
@@ -97,11 +150,11 @@ def test_a_spent_local_privacy_budget_is_declined_by_the_child(agent_config):
 
 
 def test_a_deployed_agent_trains_through_its_child_and_a_crash_does_not_stop_it(tmp_path, broker):
-    """The agent as ``skyfed agent run`` builds it (a per-round child), in a real federation: its first child
-    is killed mid-training, the daemon reports it and carries on, and the re-announced round trains."""
+    """The agent as ``skyfed agent run`` builds it (its default worker, adaptive), in a real federation: its first
+    child is killed mid-training, the daemon reports it and carries on, and the re-announced round trains."""
     short_deadline = lambda layout: override_toml(layout.server_config, rounds={"deadline_s": 45.0})  # noqa: E731
     fed = Federation(
-        tmp_path, broker, rounds=2, agents=2, worker="per-round", edit=short_deadline, strategy={"name": "fedavg"}
+        tmp_path, broker, rounds=2, agents=2, worker="deployed", edit=short_deadline, strategy={"name": "fedavg"}
     )
     deployed = fed.agents[0] = EdgeAgent(load_agent_config(fed.layout.agent_configs["agent-01"]))
     fed.threads[0] = threading.Thread(target=deployed.run, args=(fed.stop,), daemon=True)
@@ -133,3 +186,19 @@ def test_ultralytics_keeps_its_settings_under_the_agent_state_dir_even_when_an_e
     settings_file, online = Path(out[-2]), out[-1]
     assert settings_file.is_relative_to(load_agent_config(config_path).detector_dir / "ultralytics")
     assert settings_file.exists() and online == "False"
+
+
+def test_sim_worker_deployed_runs_the_agents_as_skyfed_agent_run_does_by_default(tmp_path):
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it", worker="deployed"),
+                               ("127.0.0.1", 1))  # fmt: skip
+    config = layout.agent_configs["agent-01"]
+    assert "worker" not in toml.loads(config.read_text())["training"]
+    assert load_agent_config(config).training.worker == "adaptive"
+    with pytest.raises(ValueError, match="--worker must be one of adaptive, per-round, warm, deployed"):
+        SimSettings(worker="lazy")
+
+
+def test_a_warm_idle_time_that_is_not_positive_fails_at_start_naming_the_key(agent_config):
+    override_toml(agent_config, training={"warm_idle_s": 0})
+    with pytest.raises(ConfigError, match="training.warm_idle_s must be > 0 seconds"):
+        load_agent_config(agent_config)
