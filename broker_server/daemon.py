@@ -18,6 +18,7 @@ from collections.abc import Callable
 import paho.mqtt.client as paho
 
 from broker_server.config import ServerConfig
+from broker_server.disk import DiskWatch
 from broker_server.engine import RoundEngine
 from broker_server.evaluation import server_evaluator
 from broker_server.groupkeys import GroupKeyDistributor
@@ -83,6 +84,7 @@ class Aggregator(MqttDaemon):
         )
         self.publisher = ModelPublisher(self.mqtt, self.topics, self.identity, self.group_keys.key, config.server.model)
         self.rejections = Counter[str]()
+        self.disk = DiskWatch()
         self.phase = "starting"
         self._rejection_log = Throttle(REJECTION_LOG_INTERVAL_S)
         self.ignored = IgnoredAgents(config.enrolled_dir, keyring, fed, self.rejections)
@@ -145,23 +147,34 @@ class Aggregator(MqttDaemon):
             self._reject(rejection.sender, rejection.reason)
         now = self.clock()
         self.trust.poll(now)
+        if self.disk.due(now):  # after a failed write, the next try waits (broker_server.disk)
+            self._round_step(now)
+        self._heal_retained(now)
+        self._publish_status()
+
+    def _round_step(self, now: float) -> None:
+        """Open, re-announce or close a round as the engine decides; each a change that is undone if its
+        checkpoint cannot be written, and tried again later."""
+        if self.engine.outputs_pending:
+            with self.disk.writing(now):
+                self.engine.flush_outputs()
         action = self.engine.decide(now)
         if action == "idle" and not self.engine.finished:
             self.phase = "waiting-for-agents"
             self.trust.rotate_on_schedule(self.engine.next_round)
             eligible = self.registry.eligible(self.group_keys.key.key_id, now)
-            if self.engine.begin_round(eligible, now, enrolled=self.registry.keyring.names()) is not None:
-                self._announce(reannounce=False)
-            elif self.engine.finished:  # the privacy budget ran out
-                self.phase = "finished"
-                self._publish_if_new()
+            with self.disk.writing(now, self.engine.durably("round start")):
+                if self.engine.begin_round(eligible, now, enrolled=self.registry.keyring.names()) is not None:
+                    self._announce(reannounce=False)
+                elif self.engine.finished:  # the privacy budget ran out
+                    self.phase = "finished"
+                    self._publish_if_new()
         elif action == "close":
             self._close(now)
         elif action == "reannounce":
-            self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id, now))
-            self._announce(reannounce=True)
-        self._heal_retained(now)
-        self._publish_status()
+            with self.disk.writing(now, self.engine.durably("round re-announcement")):
+                self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id, now))
+                self._announce(reannounce=True)
 
     def publish_final_status(self) -> paho.MQTTMessageInfo | None:
         return self._publish_status(force=True, state=self._end_state() or "stopped")
@@ -176,7 +189,8 @@ class Aggregator(MqttDaemon):
             needed = self.config.rounds.min_agents
             return f"round {self.engine.next_round}: waiting for agents ({len(eligible)} eligible, {needed} needed)"
         attempt = f" (attempt {rs.attempt})" if rs.attempt > 1 else ""
-        return f"round {rs.round}{attempt}: collecting {len(rs.updates)}/{len(rs.selected)} updates"
+        disk = f"; {self.disk.problem}" if self.disk.problem else ""
+        return f"round {rs.round}{attempt}: collecting {len(rs.updates)}/{len(rs.selected)} updates{disk}"
 
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool) -> None:
@@ -254,10 +268,14 @@ class Aggregator(MqttDaemon):
             return
         if completed is None:
             return
+        record = None
         try:
-            record = self.engine.accept(completed, self.clock())
+            with self.disk.writing(self.clock(), self.engine.durably(f"update of {completed.manifest.sender}")):
+                record = self.engine.accept(completed, self.clock())
         except UpdateRejected as exc:
             self._reject(completed.manifest.sender, exc.reason)
+            return
+        if record is None:  # not written: the agent re-sends it when the round is re-announced with it pending
             return
         rs = self.engine.round_state
         assert rs is not None
@@ -273,8 +291,8 @@ class Aggregator(MqttDaemon):
             len(rs.selected),
         )
         self._publish_status(force=True)
-        if self.engine.decide(self.clock()) == "close":  # at once: a threshold of K takes exactly K updates
-            self._close(self.clock())
+        if self.engine.decide(self.clock()) == "close" and self.disk.due(self.clock()):  # at once: a threshold
+            self._close(self.clock())  # of K takes exactly K updates
 
     def _on_key_rotated(self, key: GroupKey) -> None:
         """The current model again, under the new key: an agent that joins now can read it."""
@@ -291,7 +309,13 @@ class Aggregator(MqttDaemon):
     def _close(self, now: float) -> None:
         published = self.publisher.current
         assert published is not None
-        metrics = self.engine.close(now, model_wire_bytes=published.wire_bytes)
+        metrics, rs = None, self.engine.round_state
+        assert rs is not None
+        with self.disk.writing(now, self.engine.durably(f"round {rs.round} close")):
+            metrics = self.engine.close(now, model_wire_bytes=published.wire_bytes)
+        if metrics is None:  # not written: the previous model stays in force; closed again on a later tick
+            self._publish_status(force=True)
+            return
         self._publish_if_new()
         self.mqtt.publish(self.topics.server_metrics, metrics.to_json())
         log_round(metrics)
@@ -340,6 +364,8 @@ class Aggregator(MqttDaemon):
     def _status_json(self, state: str | None = None) -> bytes:
         rs = self.engine.round_state
         counters = [f"{k}={v}" for k, v in sorted(self.rejections.items())]
+        if self.disk.problem:  # the state cannot be written: the first thing an operator must know
+            counters.insert(0, self.disk.problem)
         backed_off = self.engine.health.backed_off(self.engine.next_round)
         if backed_off:  # agents that missed deadlines, with their consecutive misses
             counters.append("backed_off=" + " ".join(f"{a}:{n}" for a, n in backed_off.items()))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,12 @@ class RoundState:
         """For the checkpoint, written after every accepted update: shallow (``asdict``'s deep copy made
         a round of 1,000 updates cost seconds of checkpointing)."""
         return {**vars(self), "updates": [dict(vars(u)) for u in self.updates]}
+
+    def copy(self) -> RoundState:
+        """A copy to put back if a change cannot be written (``broker_server.disk``): its lists are its own,
+        the update records are shared."""
+        lists = {name: list(getattr(self, name)) for name in ("selected", "updates", "rejected", "failed", "missed")}
+        return replace(self, **lists, train=dict(self.train), agent_train=dict(self.agent_train))
 
     @classmethod
     def from_dict(cls, data: dict) -> RoundState:
