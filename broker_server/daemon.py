@@ -95,7 +95,7 @@ class Aggregator(MqttDaemon):
             distributor=self.group_keys,
             on_rotated=self._on_key_rotated,
             on_enrolled=lambda: self.mqtt.subscribe(self.topics.any_federation_status_wildcard),  # retained again
-            on_revoked=lambda agent: self.mqtt.publish(self.topics.agent_status(agent), b"", retain=True),
+            on_revoked=self._on_revoked,
             rotate_every_rounds=config.keys.rotate_every_rounds,
         )
         self._task_payload: bytes | None = None
@@ -195,16 +195,8 @@ class Aggregator(MqttDaemon):
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool) -> None:
         rs = self.engine.announce(self.clock())
-        published = self.publisher.current
-        assert published is not None
         assignments = self.engine.assignments
-        task = round_task(self.engine, published, federation=self.topics.federation,
-                          group_key_id=self.group_keys.key.key_id, now=self.clock())  # fmt: skip
-        self._task_payload = signed_payload(task.to_dict(), self.identity)
-        if len(self._task_payload) > MAX_JSON_BYTES:  # agents would refuse it: say why rounds stall
-            log.error("round task is %d bytes, over the %d agents accept: select fewer agents per round "
-                      "(rounds.fraction)", len(self._task_payload), MAX_JSON_BYTES)  # fmt: skip
-        self.mqtt.publish(self.topics.round, self._task_payload, retain=True)
+        self._publish_task()
         for agent in rs.pending:
             if agent in assignments and assignments[agent].source == "inbox":
                 self._send_start(agent)
@@ -220,6 +212,30 @@ class Aggregator(MqttDaemon):
             self.config.rounds.deadline_s,
         )
         self._publish_status(force=True)
+
+    def _publish_task(self) -> None:
+        """Sign and publish (retained) the open round's task as the engine has it now."""
+        published = self.publisher.current
+        assert published is not None
+        task = round_task(self.engine, published, federation=self.topics.federation,
+                          group_key_id=self.group_keys.key.key_id, now=self.clock())  # fmt: skip
+        self._task_payload = signed_payload(task.to_dict(), self.identity)
+        if len(self._task_payload) > MAX_JSON_BYTES:  # agents would refuse it: say why rounds stall
+            log.error("round task is %d bytes, over the %d agents accept: select fewer agents per round "
+                      "(rounds.fraction)", len(self._task_payload), MAX_JSON_BYTES)  # fmt: skip
+        self.mqtt.publish(self.topics.round, self._task_payload, retain=True)
+
+    def _on_revoked(self, agent: str) -> None:
+        """Its retained status goes (monitors stop listing it); its part in the open round ends now, and the
+        round's task, issued again (same attempt and deadline), names it so that it stops."""
+        self.mqtt.publish(self.topics.agent_status(agent), b"", retain=True)
+        with self.disk.writing(self.clock(), self.engine.durably(f"revocation of {agent}")):
+            if self.engine.revoke(agent):
+                rs = self.engine.round_state
+                assert rs is not None
+                self._publish_task()
+                log.warning("round %d: revoked agent %s is no longer waited for; pending=%s", rs.round, agent,
+                            ",".join(rs.pending) or "-")  # fmt: skip
 
     def _on_round_topic(self, payload: bytes) -> None:
         """Someone replaced the retained task (a replayed old one, say): put the current one back (at most

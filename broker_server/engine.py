@@ -77,6 +77,7 @@ class RoundEngine(EngineState):
         self.strategy.fold_on_accept = not config.privacy.enabled
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
         self.orphan_rejections: list[dict[str, str]] = []
+        self.revoked_between_rounds: list[str] = []  # named in the next round's task, so they hear of it
         self.health = HealthBook()
         self.pace = PaceBook()
         self._last_metrics: dict | None = None
@@ -188,7 +189,9 @@ class RoundEngine(EngineState):
             agent_train={agent: settings.to_dict() for agent, settings in plan.agents.items() if agent in selected},
         )
         self.round_state.rejected.extend(self.orphan_rejections)
+        self.round_state.revoked.extend(self.revoked_between_rounds)
         self.orphan_rejections.clear()
+        self.revoked_between_rounds.clear()
         self.strategy.begin(self.global_vector, self.float_spec)
         return self.round_state
 
@@ -279,6 +282,26 @@ class RoundEngine(EngineState):
         entry = Rejection(agent=agent, reason=reason).to_dict()
         if len(target) < MAX_REJECTIONS_LISTED and entry not in target:
             target.append(entry)
+
+    def revoke(self, agent: str) -> bool:
+        """``agent``'s enrolment was withdrawn: its part in the open round ends now — its update, if one was
+        accepted, is dropped, it is no longer waited for, the round's metrics list it as missed with a
+        ``revoked`` rejection, and the round's task names it (``revoked``) so it stops. Returns whether
+        the open round changed (its task must be issued again)."""
+        rs = self.round_state
+        if rs is None:
+            self.revoked_between_rounds.append(agent)
+            return False
+        if agent not in rs.selected and agent not in rs.accepted:
+            return False
+        if agent in rs.accepted:  # out of the average
+            rs.updates = [u for u in rs.updates if u.agent != agent]
+            self._unfold()
+        rs.missed.append(agent)
+        rs.revoked.append(agent)
+        self.reject(agent, "revoked: its enrolment was withdrawn during the round; its part ended")
+        self.checkpoint()
+        return True
 
     def close(self, now: float, *, model_wire_bytes: int) -> RoundMetrics:
         """Run the pipeline; commit the new model or roll the round back. Returns the round's metrics.

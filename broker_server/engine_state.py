@@ -103,10 +103,15 @@ class EngineState:
         self.assignments = {a: Assignment.from_dict(x) for a, x in checkpoint.assignments.items()}
         self.best = BestModel(self.store, checkpoint.best)
         self._last_metrics = checkpoint.last_metrics
-        if self.round_state is not None:  # the running sum is gone: every stored update is re-read at the close
-            self.strategy.begin(self.global_vector, self.float_spec)
-            for record in self.round_state.updates:
-                record.folded = 0.0
+        if self.round_state is not None:
+            self._unfold()
+
+    def _unfold(self) -> None:
+        """Drop the strategy's running sum of the open round: every stored update is re-read at the close."""
+        assert self.round_state is not None
+        self.strategy.begin(self.global_vector, self.float_spec)
+        for record in self.round_state.updates:
+            record.folded = 0.0
 
     @contextmanager
     def durably(self, what: str) -> Iterator[None]:
