@@ -246,6 +246,7 @@ class EdgeAgent(RoundWork, MqttDaemon):
             agent=self.id,
             state=state,
             round=task.round if task else 0,
+            run_id=task.run_id if task else "",
             samples=self.profile.samples,
             version=max(self.models, default=0),
             updated_at=time.time(),

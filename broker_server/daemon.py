@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import paho.mqtt.client as paho
 
+from broker_server.catch_up import agreeing_agents, catch_up
 from broker_server.config import ServerConfig
 from broker_server.disk import DiskWatch
 from broker_server.engine import RoundEngine
@@ -27,13 +28,13 @@ from broker_server.metrics_log import log_round
 from broker_server.publisher import ModelPublisher
 from broker_server.registry import AgentRegistry, StatusRefused
 from broker_server.round_task import round_task
+from broker_server.task_publisher import TaskPublisher
 from broker_server.trust import TrustKeeper
 from broker_server.validation import UpdateRejected, reason_kind
 from common.text import printable
 from models.serialization import dumps
 from protocol.daemon import MqttDaemon, Throttle
 from protocol.messages import (
-    MAX_JSON_BYTES,
     AgentStatus,
     ServerStatus,
 )
@@ -42,7 +43,6 @@ from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferRejected
 from security.envelope import Opener, seal
 from security.keys import GroupKey, Identity, Keyring
-from security.signing import signed_payload
 
 log = logging.getLogger("skyfed.server")
 
@@ -98,9 +98,7 @@ class Aggregator(MqttDaemon):
             on_revoked=self._on_revoked,
             rotate_every_rounds=config.keys.rotate_every_rounds,
         )
-        self._task_payload: bytes | None = None
-        self._reasserted_at = 0.0
-        self._reassert_pending = False
+        self.tasks = TaskPublisher(self.mqtt, self.topics.round, self.identity)
         self._waiting_model_since: dict[str, float] = {}
         self._model_republished_at = 0.0
         self._last_status = 0.0
@@ -120,7 +118,7 @@ class Aggregator(MqttDaemon):
 
     def handle(self, topic: str, payload: bytes) -> None:
         if topic == self.topics.round:
-            self._on_round_topic(payload)
+            self.tasks.received(payload, self.clock())
             return
         if (foreign := self.topics.foreign_status_of(topic)) is not None:
             self.ignored.foreign(*foreign)
@@ -139,6 +137,8 @@ class Aggregator(MqttDaemon):
                 return
             self.group_keys.on_status(agent, previous, status)
             self._note_model_wait(agent, status)
+            if status is not None and status.run_id == self.engine.run_id and status.round > self.engine.held_round:
+                self._catch_up()
         elif topic == self.topics.agent_update(agent):
             self._on_update_chunk(agent, payload)
 
@@ -217,13 +217,8 @@ class Aggregator(MqttDaemon):
         """Sign and publish (retained) the open round's task as the engine has it now."""
         published = self.publisher.current
         assert published is not None
-        task = round_task(self.engine, published, federation=self.topics.federation,
-                          group_key_id=self.group_keys.key.key_id, now=self.clock())  # fmt: skip
-        self._task_payload = signed_payload(task.to_dict(), self.identity)
-        if len(self._task_payload) > MAX_JSON_BYTES:  # agents would refuse it: say why rounds stall
-            log.error("round task is %d bytes, over the %d agents accept: select fewer agents per round "
-                      "(rounds.fraction)", len(self._task_payload), MAX_JSON_BYTES)  # fmt: skip
-        self.mqtt.publish(self.topics.round, self._task_payload, retain=True)
+        self.tasks.publish(round_task(self.engine, published, federation=self.topics.federation,
+                                      group_key_id=self.group_keys.key.key_id, now=self.clock()))  # fmt: skip
 
     def _on_revoked(self, agent: str) -> None:
         """Its retained status goes (monitors stop listing it); its part in the open round ends now, and the
@@ -237,12 +232,16 @@ class Aggregator(MqttDaemon):
                 log.warning("round %d: revoked agent %s is no longer waited for; pending=%s", rs.round, agent,
                             ",".join(rs.pending) or "-")  # fmt: skip
 
-    def _on_round_topic(self, payload: bytes) -> None:
-        """Someone replaced the retained task (a replayed old one, say): put the current one back (at most
-        once a second; a replacement inside that second is undone by ``_heal_retained`` after it)."""
-        if self._task_payload is not None and payload != self._task_payload:
-            self._reassert_pending = True
-            self._heal_retained(self.clock())
+    def _catch_up(self) -> None:
+        """Agents hold newer rounds of this run than this state: jump past them (``broker_server.catch_up``)."""
+        engine, agreeing = self.engine, agreeing_agents(self.config.rounds.quorum, len(self.registry.keyring.names()))
+        jump = catch_up(self.registry.agents.values(), run_id=engine.run_id, held_round=engine.held_round,
+                        version=engine.version, agreeing=agreeing)  # fmt: skip
+        if jump is not None:
+            with self.disk.writing(self.clock(), engine.durably("catch-up with the fleet")):
+                log.warning("%s", jump.describe(engine.held_round, engine.version))
+                engine.jump(jump.next_round, jump.version)
+                self.publisher.publish(engine.version, engine.global_arrays)
 
     def _note_model_wait(self, agent: str, status: AgentStatus | None) -> None:
         rs = self.engine.round_state
@@ -255,10 +254,7 @@ class Aggregator(MqttDaemon):
     def _heal_retained(self, now: float) -> None:
         """Put back retained messages that others removed or replaced: the round task, and the model when
         selected agents have waited ``MODEL_STALL_S`` for it (its chunks cleared or overwritten)."""
-        if self._reassert_pending and self._task_payload is not None and now - self._reasserted_at >= 1.0:
-            self._reassert_pending, self._reasserted_at = False, now
-            self.mqtt.publish(self.topics.round, self._task_payload, retain=True)
-            log.warning("the retained round task was replaced by another publisher; re-published the current one")
+        self.tasks.heal(now)
         stalled = sorted(a for a, since in self._waiting_model_since.items() if now - since >= MODEL_STALL_S)
         for agent in [a for a in stalled if a in self.engine.assignments]:  # its own start model: sent again
             stalled.remove(agent)

@@ -303,6 +303,18 @@ class RoundEngine(EngineState):
         self.checkpoint()
         return True
 
+    @property
+    def held_round(self) -> int:
+        """The newest round this state has announced: the open one, else the last."""
+        return self.round_state.round if self.round_state is not None else self.next_round - 1
+
+    def jump(self, next_round: int, version: int) -> None:
+        """Agents hold newer rounds of this run than this state (``broker_server.catch_up``): the open round,
+        if any, is dropped (they would refuse its task), and the next round and model version go past theirs."""
+        self.round_state = None
+        self.next_round, self.version = max(self.next_round, next_round), max(self.version, version)
+        self.checkpoint()
+
     def close(self, now: float, *, model_wire_bytes: int) -> RoundMetrics:
         """Run the pipeline; commit the new model or roll the round back. Returns the round's metrics.
 

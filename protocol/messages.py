@@ -236,6 +236,7 @@ class AgentStatus(Message):
     errors: int = 0
     start: str = ""  # what this round's training starts from: global, local or inbox
     privacy: dict[str, float] = field(default_factory=dict)  # local DP-SGD: this agent's own epsilon, delta, ...
+    run_id: str = ""  # the server run of the task it holds (``round``): a server behind it catches up
 
     @classmethod
     def offline(cls, agent: str) -> AgentStatus:
