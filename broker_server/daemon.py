@@ -17,11 +17,11 @@ from collections.abc import Callable
 
 import paho.mqtt.client as paho
 
-from broker_server.catch_up import agreeing_agents, catch_up
 from broker_server.config import ServerConfig
 from broker_server.disk import DiskWatch
 from broker_server.engine import RoundEngine
 from broker_server.evaluation import server_evaluator
+from broker_server.fleet_changes import FleetChanges
 from broker_server.groupkeys import GroupKeyDistributor
 from broker_server.ignored import IgnoredAgents
 from broker_server.metrics_log import log_round
@@ -52,7 +52,7 @@ RE_ENROL = "not signed by the key enrolled for this agent: if its key was re-mad
 REJECTION_LOG_INTERVAL_S = 10.0
 
 
-class Aggregator(MqttDaemon):
+class Aggregator(FleetChanges, MqttDaemon):
     """Runs rounds until ``server.rounds`` are done (or forever when it is 0, or with ``keep_running``)."""
 
     def __init__(
@@ -111,7 +111,8 @@ class Aggregator(MqttDaemon):
     def on_start(self) -> None:
         self.publisher.publish(self.engine.version, self.engine.global_arrays)
         if self.engine.round_state is not None:
-            self._announce(reannounce=True)
+            with self.disk.writing(self.clock(), self.engine.durably("round re-announcement")):
+                self._announce(reannounce=True)
 
     def finished(self) -> bool:
         return self.engine.finished and not self.keep_running
@@ -219,29 +220,6 @@ class Aggregator(MqttDaemon):
         assert published is not None
         self.tasks.publish(round_task(self.engine, published, federation=self.topics.federation,
                                       group_key_id=self.group_keys.key.key_id, now=self.clock()))  # fmt: skip
-
-    def _on_revoked(self, agent: str) -> None:
-        """Its retained status goes (monitors stop listing it); its part in the open round ends now, and the
-        round's task, issued again (same attempt and deadline), names it so that it stops."""
-        self.mqtt.publish(self.topics.agent_status(agent), b"", retain=True)
-        with self.disk.writing(self.clock(), self.engine.durably(f"revocation of {agent}")):
-            if self.engine.revoke(agent):
-                rs = self.engine.round_state
-                assert rs is not None
-                self._publish_task()
-                log.warning("round %d: revoked agent %s is no longer waited for; pending=%s", rs.round, agent,
-                            ",".join(rs.pending) or "-")  # fmt: skip
-
-    def _catch_up(self) -> None:
-        """Agents hold newer rounds of this run than this state: jump past them (``broker_server.catch_up``)."""
-        engine, agreeing = self.engine, agreeing_agents(self.config.rounds.quorum, len(self.registry.keyring.names()))
-        jump = catch_up(self.registry.agents.values(), run_id=engine.run_id, held_round=engine.held_round,
-                        version=engine.version, agreeing=agreeing)  # fmt: skip
-        if jump is not None:
-            with self.disk.writing(self.clock(), engine.durably("catch-up with the fleet")):
-                log.warning("%s", jump.describe(engine.held_round, engine.version))
-                engine.jump(jump.next_round, jump.version)
-                self.publisher.publish(engine.version, engine.global_arrays)
 
     def _note_model_wait(self, agent: str, status: AgentStatus | None) -> None:
         rs = self.engine.round_state
