@@ -13,7 +13,7 @@ each try), and says when writing works again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 log = logging.getLogger("skyfed.server")
@@ -32,7 +32,8 @@ class DiskError(Exception):
 class DiskWatch:
     """The last failed state write (for ``server/status``), and when to try again."""
 
-    def __init__(self) -> None:
+    def __init__(self, writes: Callable[[], int]) -> None:
+        self.writes = writes  # how many state writes have succeeded so far (``RoundEngine.writes``)
         self.problem = ""
         self.retry_at = 0.0
         self._interval = RETRY_FIRST_S
@@ -45,7 +46,8 @@ class DiskWatch:
     def writing(self, now: float, change: AbstractContextManager[None] = nullcontext()) -> Iterator[None]:
         """Run a durable ``change`` (``RoundEngine.durably``: it raises ``DiskError`` once it has undone
         itself). A failure is logged, shown and retried later (the code after the ``with`` runs either
-        way); a success after failures says the disk is back."""
+        way); a write that succeeds after failures says the disk is back."""
+        written = self.writes()
         try:
             with change:
                 yield
@@ -55,6 +57,6 @@ class DiskWatch:
             self.problem = str(exc)
             self.retry_at, self._interval = now + self._interval, min(self._interval * 2, RETRY_MAX_S)
             return
-        if self.problem:
+        if self.problem and self.writes() > written:
             log.warning("disk writable again: the state is written (it failed with: %s)", self.problem)
-        self.problem, self.retry_at, self._interval = "", 0.0, RETRY_FIRST_S
+            self.problem, self.retry_at, self._interval = "", 0.0, RETRY_FIRST_S

@@ -53,6 +53,7 @@ class EngineState:
     best: BestModel
     _last_metrics: dict | None
     outputs_pending: set[str]  # files that lag behind the checkpoint: "metrics", "model"
+    writes = 0  # state writes that succeeded (``broker_server.disk.DiskWatch`` tells the disk is back by it)
 
     @property
     def model_file(self) -> Path:
@@ -69,6 +70,7 @@ class EngineState:
         if last_metrics is not None:
             self._last_metrics = last_metrics
         self.store.save(self._snapshot())
+        self.writes += 1
 
     def _snapshot(self, *, replay: bool = True) -> Checkpoint:
         """The state as the checkpoint holds it (the round's lists copied, so that changes to it leave this be)."""
@@ -127,6 +129,8 @@ class EngineState:
     def flush_outputs(self) -> None:
         """Bring ``metrics.jsonl`` and ``global_model.safetensors`` up to the checkpoint they follow; a write
         that fails (``DiskError``) is tried again by the next call, never undone."""
+        if not self.outputs_pending:
+            return
         try:
             if "metrics" in self.outputs_pending:
                 self.metrics_log.reconcile(self._last_metrics)
@@ -136,3 +140,4 @@ class EngineState:
                 self.outputs_pending.discard("model")
         except OSError as exc:
             raise DiskError("metrics.jsonl / global_model.safetensors", exc) from exc
+        self.writes += 1

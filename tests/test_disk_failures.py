@@ -130,3 +130,6 @@ def test_the_daemon_says_disk_and_closes_the_round_once_the_disk_is_back(tmp_pat
         second = h.wait_metrics(2)
         assert second.round == 2 and second.outcome == "committed" and second.accepted == ["agent-01", "agent-02"]
         assert h.server.disk.problem == "" and h.server.rejections == {}
+    said = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("disk: round 1 close not written") for m in said) == 1  # said once, retried quietly
+    assert sum(m.startswith("disk writable again") for m in said) == 1
