@@ -84,7 +84,7 @@ class Aggregator(FleetChanges, MqttDaemon):
         )
         self.publisher = ModelPublisher(self.mqtt, self.topics, self.identity, self.group_keys.key, config.server.model)
         self.rejections = Counter[str]()
-        self.disk = DiskWatch(lambda: self.engine.writes)
+        self.disk = DiskWatch(lambda: self.engine.settled_writes)
         self.phase = "starting"
         self._rejection_log = Throttle(REJECTION_LOG_INTERVAL_S)
         self.ignored = IgnoredAgents(config.enrolled_dir, keyring, fed, self.rejections)

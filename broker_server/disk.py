@@ -19,21 +19,28 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 log = logging.getLogger("skyfed.server")
 
 RETRY_FIRST_S = 1.0
-RETRY_MAX_S = 10.0
+RETRY_MAX_S = 5.0
 
 
 class DiskError(Exception):
     """A state write failed and the engine's memory was put back as it was on disk."""
 
     def __init__(self, what: str, cause: OSError) -> None:
-        super().__init__(f"disk: {what} not written, will retry: {cause}")  # OSError names the path
+        super().__init__(f"disk: {what} not written, will retry: {describe(cause)}")
+
+
+def describe(cause: OSError) -> str:
+    """The error and the file it is about: the target of a rename, not its random temporary name (so the
+    same failure reads the same on every retry, and is logged once)."""
+    path = cause.filename2 or cause.filename
+    return f"[Errno {cause.errno}] {cause.strerror}: '{path}'" if cause.strerror and path else str(cause)
 
 
 class DiskWatch:
     """The last failed state write (for ``server/status``), and when to try again."""
 
     def __init__(self, writes: Callable[[], int]) -> None:
-        self.writes = writes  # how many state writes have succeeded so far (``RoundEngine.writes``)
+        self.writes = writes  # state writes that succeeded so far (``RoundEngine.settled_writes``)
         self.problem = ""
         self.retry_at = 0.0
         self._interval = RETRY_FIRST_S

@@ -56,6 +56,11 @@ class EngineState:
     writes = 0  # state writes that succeeded (``broker_server.disk.DiskWatch`` tells the disk is back by it)
 
     @property
+    def settled_writes(self) -> int:
+        """State writes that succeeded, or 0 while a file lags behind the checkpoint (the disk is not back)."""
+        return 0 if self.outputs_pending else self.writes
+
+    @property
     def model_file(self) -> Path:
         return self.config.state_dir / "global_model.safetensors"
 
