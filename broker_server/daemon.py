@@ -40,7 +40,7 @@ from protocol.messages import (
 )
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
-from protocol.transfer import Reassembler, TransferRejected
+from protocol.transfer import Completed, Reassembler, TransferRejected
 from security.envelope import Opener, seal
 from security.keys import GroupKey, Identity, Keyring
 
@@ -85,6 +85,7 @@ class Aggregator(FleetChanges, MqttDaemon):
         self.publisher = ModelPublisher(self.mqtt, self.topics, self.identity, self.group_keys.key, config.server.model)
         self.rejections = Counter[str]()
         self.disk = DiskWatch(lambda: self.engine.settled_writes)
+        self._unsaved: dict[str, Completed] = {}  # authenticated updates whose acceptance could not be written
         self.phase = "starting"
         self._rejection_log = Throttle(REJECTION_LOG_INTERVAL_S)
         self.ignored = IgnoredAgents(config.enrolled_dir, keyring, fed, self.rejections)
@@ -115,7 +116,7 @@ class Aggregator(FleetChanges, MqttDaemon):
                 self._announce(reannounce=True)
 
     def finished(self) -> bool:
-        return self.engine.finished and not self.keep_running
+        return self.engine.finished and not self.keep_running and not self.engine.outputs_pending
 
     def handle(self, topic: str, payload: bytes) -> None:
         if topic == self.topics.round:
@@ -159,6 +160,8 @@ class Aggregator(FleetChanges, MqttDaemon):
         if self.engine.outputs_pending:
             with self.disk.writing(now):
                 self.engine.flush_outputs()
+        for completed in list(self._unsaved.values()):
+            self._accept(completed)
         action = self.engine.decide(now)
         if action == "idle" and not self.engine.finished:
             self.phase = "waiting-for-agents"
@@ -256,16 +259,20 @@ class Aggregator(FleetChanges, MqttDaemon):
         except TransferRejected as exc:
             self._reject(exc.sender, exc.reason)
             return
-        if completed is None:
-            return
-        record = None
+        if completed is not None:
+            self._accept(completed)
+
+    def _accept(self, completed: Completed) -> None:
+        sender, record = completed.manifest.sender, None
+        self._unsaved.pop(sender, None)
         try:
-            with self.disk.writing(self.clock(), self.engine.durably(f"update of {completed.manifest.sender}")):
+            with self.disk.writing(self.clock(), self.engine.durably(f"update of {sender}")):
                 record = self.engine.accept(completed, self.clock())
         except UpdateRejected as exc:
-            self._reject(completed.manifest.sender, exc.reason)
+            self._reject(sender, exc.reason)
             return
-        if record is None:  # not written: the agent re-sends it when the round is re-announced with it pending
+        if record is None:  # not written: kept (one per agent) and accepted again once the disk is back
+            self._unsaved[sender] = completed
             return
         rs = self.engine.round_state
         assert rs is not None
@@ -299,9 +306,8 @@ class Aggregator(FleetChanges, MqttDaemon):
     def _close(self, now: float) -> None:
         published = self.publisher.current
         assert published is not None
-        metrics, rs = None, self.engine.round_state
-        assert rs is not None
-        with self.disk.writing(now, self.engine.durably(f"round {rs.round} close")):
+        metrics = None
+        with self.disk.writing(now, self.engine.durably(f"round {self.engine.held_round} close")):
             metrics = self.engine.close(now, model_wire_bytes=published.wire_bytes)
         if metrics is None:  # not written: the previous model stays in force; closed again on a later tick
             self._publish_status(force=True)

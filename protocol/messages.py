@@ -312,6 +312,6 @@ class RoundMetrics(Message):
     reason: str = ""
     offenders: list[str] = field(default_factory=list)
     aggregation: dict = field(default_factory=dict)
-    missed: list[str] = field(default_factory=list)  # selected agents that missed a deadline and were replaced
+    missed: list[str] = field(default_factory=list)  # selected agents replaced after a deadline, or revoked
     action: str = "average"  # average (a new global model), swap or local (agents keep their own models)
     privacy: dict = field(default_factory=dict)  # differential privacy: epsilon, delta, … spent so far (worst agent)

@@ -34,6 +34,11 @@ def state_json(server_config) -> dict:  # noqa: ANN001
     return json.loads((server_config.state_dir / "checkpoint" / "state.json").read_text())
 
 
+def written_updates(server_config) -> list[str]:  # noqa: ANN001
+    """The agents whose updates the checkpoint on disk holds (memory may hold one a moment earlier)."""
+    return [u["agent"] for u in state_json(server_config)["round_state"]["updates"]]
+
+
 def test_a_round_close_that_cannot_be_written_leaves_the_previous_model_and_round_in_force(config):  # noqa: F811
     engine = RoundEngine(config, replay=ReplayGuard(3600))
     open_round(engine)
@@ -133,3 +138,21 @@ def test_the_daemon_says_disk_and_closes_the_round_once_the_disk_is_back(tmp_pat
     said = [r.getMessage() for r in caplog.records]
     assert sum(m.startswith("disk: round 1 close not written") for m in said) == 1  # said once, retried quietly
     assert sum(m.startswith("disk writable again") for m in said) == 1
+
+
+def test_an_update_that_could_not_be_written_is_accepted_once_the_disk_is_back(tmp_path, broker):
+    with ServerHarness(tmp_path, broker, agents=2, rounds=1) as h:
+        h.announce_agents()
+        h.send("agent-01", h.random_delta(1))
+        wait_until(lambda: written_updates(h.config) == ["agent-01"], what="agent-01's update, written")
+        checkpoint_dir, aside = h.config.state_dir / "checkpoint", h.config.state_dir / "aside"
+        checkpoint_dir.rename(aside)
+        checkpoint_dir.write_text("the disk is gone")  # nothing under it can be written
+        h.send("agent-02", h.random_delta(2))
+        wait_until(lambda: "disk: update of agent-02 not written" in h.server.disk.problem, what="the disk problem")
+        assert h.server.engine.round_state.accepted == ["agent-01"]
+        checkpoint_dir.unlink()
+        aside.rename(checkpoint_dir)
+        metrics = h.wait_metrics(1)  # the agent sent nothing again: the server kept the update it could not write
+        assert "agent-02" not in h.server._unsaved
+        assert metrics.outcome == "committed" and metrics.accepted == ["agent-01", "agent-02"]
