@@ -10,11 +10,13 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from agent.trainer import TrainerWrapper
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from broker_server.engine import RoundEngine
+from broker_server.validation import NotForThisRound
 from security.keys import revoke
 from security.replay import ReplayGuard
 from tests.fedharness import Federation, override_toml, round_task, wait_until
@@ -74,6 +76,8 @@ def test_a_revoked_agents_accepted_update_is_left_out_of_the_average(config):  #
     for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
         engine.accept(completed(engine, agent, seed=i))
     assert engine.revoke("agent-02") and engine.round_state.pending == []
+    with pytest.raises(NotForThisRound, match="revoked"):  # one completed just before the revocation
+        engine.accept(completed(engine, "agent-02", seed=1))
     resumed = RoundEngine(config, replay=ReplayGuard(3600))
     assert resumed.round_state.revoked == ["agent-02"] and resumed.round_state.missed == ["agent-02"]
     metrics = engine.close(now=1.0, model_wire_bytes=0)
