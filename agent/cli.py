@@ -10,10 +10,17 @@ from pathlib import Path
 
 def run_agent(args: argparse.Namespace) -> int:
     from agent.config import load_agent_config
-    from agent.daemon import EdgeAgent
+    from common.lock import hold_state_dir
     from protocol.daemon import run_daemon
 
-    return run_daemon("agent", lambda: EdgeAgent(load_agent_config(Path(args.config))))
+    def build():  # noqa: ANN202 - an EdgeAgent, imported once the folder is ours
+        config = load_agent_config(Path(args.config))
+        hold_state_dir(config.state_dir, "agent.state_dir")  # before anything reads or writes it
+        from agent.daemon import EdgeAgent
+
+        return EdgeAgent(config)
+
+    return run_daemon("agent", build)
 
 
 def infer_images(args: argparse.Namespace) -> int:

@@ -67,6 +67,7 @@ class EdgeAgent(RoundWork, MqttDaemon):
         self.upload: Upload | None = None
         self.refusal = ""  # why this agent cannot train the federation's model (its gate says so)
         self.failed: tuple[int, int] = (0, 0)  # (round, attempt) whose training failed or was declined
+        self.revoked = ""  # why the server withdrew this agent's enrolment (a signed task said so); "" if not
         self.onboard = OnboardModel(config.state_dir, config.training.onnx)
         self.store = ProgressStore(config.state_dir)
         self.progress = self.store.load()
@@ -190,8 +191,20 @@ class EdgeAgent(RoundWork, MqttDaemon):
             self.progress = AgentProgress(run_id=task.run_id)
             self.store.save(self.progress)
         self.task = task
+        self._note_revocation(task)
         if persist:
             self.store.save_task(document)  # type: ignore[arg-type]
+
+    def _note_revocation(self, task: RoundTask) -> None:
+        """The server's signed task names this agent as revoked: stop training and sending (``agent.work``),
+        saying so once; a later task that selects it again (a new key enrolled) ends that."""
+        if self.id in task.revoked and not self.revoked:
+            self.revoked = f"its enrolment was withdrawn (round {task.round} names it revoked)"
+            log.error("revoked by the server: %s; this agent stops training and sending until it is enrolled "
+                      "again (skyfed keys enroll on the server)", self.revoked)  # fmt: skip
+        elif self.revoked and self.id in task.selected and self.id not in task.revoked:
+            self.revoked = ""
+            log.info("enrolled again: round %d selects this agent", task.round)
 
     # transfers ---------------------------------------------------------------------------------------
     def _on_transfer_chunk(self, payload: bytes, kinds: frozenset[str], topic_round: int | None = None) -> None:
@@ -236,6 +249,7 @@ class EdgeAgent(RoundWork, MqttDaemon):
             agent=self.id,
             state=state,
             round=task.round if task else 0,
+            run_id=task.run_id if task else "",
             samples=self.profile.samples,
             version=max(self.models, default=0),
             updated_at=time.time(),

@@ -72,10 +72,14 @@ class Upload:
 class RoundWork:
     def _step(self: EdgeAgent) -> None:
         self.runner.release_idle()
+        if self.revoked:
+            self.upload = None  # whatever is still in flight, the server refuses (unknown-sender)
         if self.upload is not None:
             self._check_upload()
         if self.training is not None:
             return self._check_training()
+        if self.revoked:
+            return self._set_state("revoked")
         if self.export is not None:
             return self._check_export()
         task = self.task
@@ -143,6 +147,8 @@ class RoundWork:
         task = training.task
         if gated := self.telemetry.reasons():
             training.job.cancel(f"gate closed: {'; '.join(gated)}")
+        elif self.revoked:
+            training.job.cancel(f"revoked by the server: {self.revoked}")
         elif self.task is not None and self.task.round != task.round:
             training.job.cancel(f"round {task.round} was superseded by round {self.task.round}")
         elif task.expired(time.time()):
@@ -151,6 +157,8 @@ class RoundWork:
         if outcome is None:
             return
         self.training = None
+        if self.revoked and not isinstance(outcome, Cancelled):  # it finished as the notice came: not sent
+            outcome = Cancelled(f"revoked by the server: {self.revoked}")
         if isinstance(outcome, Trained):
             if outcome.export is not None:
                 self.onboard.finished(outcome.export)

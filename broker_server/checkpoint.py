@@ -11,6 +11,7 @@ resumes from a consistent state and no accepted update is lost. Files no longer 
 
 from __future__ import annotations
 
+import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,8 @@ from broker_server.strategies.base import NamedArrays
 from broker_server.update_store import UpdateStore
 from common.files import read_json, write_json
 from models.serialization import load_file, save_file
+
+log = logging.getLogger("skyfed.server")
 
 STATE_FILE = "state.json"
 FORMAT = 2
@@ -63,14 +66,17 @@ class CheckpointStore:
         directory.mkdir(parents=True, exist_ok=True)
         self.updates = UpdateStore(directory / "updates")
         self.agents = ModelBank(directory / "agents")
+        self._named: tuple[str | None, str | None] = (None, None)  # model and strategy file state.json names
 
     def save(self, checkpoint: Checkpoint) -> None:
+        """Write the files ``state.json`` names, then it. A model file it does not name yet is always written
+        anew: one left by a save that failed before ``state.json`` may hold another candidate model."""
         version = checkpoint.model_version
         model_file = f"global-v{version}.safetensors"
-        if not (self.directory / model_file).exists():
+        if model_file != self._named[0]:
             save_file(self.directory / model_file, checkpoint.global_arrays)
         strategy_file = f"strategy-v{version}.safetensors" if checkpoint.strategy_state else None
-        if strategy_file and not (self.directory / strategy_file).exists():
+        if strategy_file and strategy_file != self._named[1]:
             save_file(self.directory / strategy_file, checkpoint.strategy_state)
         rs = checkpoint.round_state
         write_json(
@@ -92,6 +98,14 @@ class CheckpointStore:
                 "best": checkpoint.best,
             },
         )
+        self._named = (model_file, strategy_file)
+        try:  # committed: a file left behind is deleted next time, and must not make the caller undo the save
+            self._delete_unnamed(checkpoint, model_file, strategy_file)
+        except OSError as exc:
+            log.warning("checkpoint written, but files it no longer names were not deleted: %s", exc)
+
+    def _delete_unnamed(self, checkpoint: Checkpoint, model_file: str, strategy_file: str | None) -> None:
+        rs = checkpoint.round_state
         best_file = best_name(checkpoint.best["version"]) if "version" in checkpoint.best else None
         keep = {
             STATE_FILE,
@@ -119,6 +133,7 @@ class CheckpointStore:
                 f"move {self.directory} aside to start a new run"
             )
         global_arrays, _ = load_file(self.directory / state["model_file"])
+        self._named = (state["model_file"], state["strategy_file"])
         strategy_state = load_file(self.directory / state["strategy_file"])[0] if state["strategy_file"] else {}
         rs = state["round_state"]
         return Checkpoint(

@@ -8,12 +8,17 @@ from pathlib import Path
 
 def run_server(args: argparse.Namespace) -> int:
     from broker_server.config import load_server_config
-    from broker_server.daemon import Aggregator
+    from common.lock import hold_state_dir
     from protocol.daemon import run_daemon
 
-    return run_daemon(
-        "server", lambda: Aggregator(load_server_config(Path(args.config)), keep_running=args.keep_running)
-    )
+    def build():  # noqa: ANN202 - an Aggregator, imported once the folder is ours (PyTorch takes seconds)
+        config = load_server_config(Path(args.config))
+        hold_state_dir(config.state_dir, "server.state_dir")  # before anything reads or writes it
+        from broker_server.daemon import Aggregator
+
+        return Aggregator(config, keep_running=args.keep_running)
+
+    return run_daemon("server", build)
 
 
 def run_monitor(args: argparse.Namespace) -> int:

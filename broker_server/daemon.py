@@ -18,30 +18,31 @@ from collections.abc import Callable
 import paho.mqtt.client as paho
 
 from broker_server.config import ServerConfig
+from broker_server.disk import DiskWatch
 from broker_server.engine import RoundEngine
 from broker_server.evaluation import server_evaluator
+from broker_server.fleet_changes import FleetChanges
 from broker_server.groupkeys import GroupKeyDistributor
 from broker_server.ignored import IgnoredAgents
 from broker_server.metrics_log import log_round
 from broker_server.publisher import ModelPublisher
 from broker_server.registry import AgentRegistry, StatusRefused
 from broker_server.round_task import round_task
+from broker_server.task_publisher import TaskPublisher
 from broker_server.trust import TrustKeeper
 from broker_server.validation import UpdateRejected, reason_kind
 from common.text import printable
 from models.serialization import dumps
 from protocol.daemon import MqttDaemon, Throttle
 from protocol.messages import (
-    MAX_JSON_BYTES,
     AgentStatus,
     ServerStatus,
 )
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
-from protocol.transfer import Reassembler, TransferRejected
+from protocol.transfer import Completed, Reassembler, TransferRejected
 from security.envelope import Opener, seal
 from security.keys import GroupKey, Identity, Keyring
-from security.signing import signed_payload
 
 log = logging.getLogger("skyfed.server")
 
@@ -51,7 +52,7 @@ RE_ENROL = "not signed by the key enrolled for this agent: if its key was re-mad
 REJECTION_LOG_INTERVAL_S = 10.0
 
 
-class Aggregator(MqttDaemon):
+class Aggregator(FleetChanges, MqttDaemon):
     """Runs rounds until ``server.rounds`` are done (or forever when it is 0, or with ``keep_running``)."""
 
     def __init__(
@@ -83,6 +84,8 @@ class Aggregator(MqttDaemon):
         )
         self.publisher = ModelPublisher(self.mqtt, self.topics, self.identity, self.group_keys.key, config.server.model)
         self.rejections = Counter[str]()
+        self.disk = DiskWatch(lambda: self.engine.settled_writes)
+        self._unsaved: dict[str, Completed] = {}  # authenticated updates whose acceptance could not be written
         self.phase = "starting"
         self._rejection_log = Throttle(REJECTION_LOG_INTERVAL_S)
         self.ignored = IgnoredAgents(config.enrolled_dir, keyring, fed, self.rejections)
@@ -93,12 +96,10 @@ class Aggregator(MqttDaemon):
             distributor=self.group_keys,
             on_rotated=self._on_key_rotated,
             on_enrolled=lambda: self.mqtt.subscribe(self.topics.any_federation_status_wildcard),  # retained again
-            on_revoked=lambda agent: self.mqtt.publish(self.topics.agent_status(agent), b"", retain=True),
+            on_revoked=self._on_revoked,
             rotate_every_rounds=config.keys.rotate_every_rounds,
         )
-        self._task_payload: bytes | None = None
-        self._reasserted_at = 0.0
-        self._reassert_pending = False
+        self.tasks = TaskPublisher(self.mqtt, self.topics.round, self.identity)
         self._waiting_model_since: dict[str, float] = {}
         self._model_republished_at = 0.0
         self._last_status = 0.0
@@ -111,14 +112,15 @@ class Aggregator(MqttDaemon):
     def on_start(self) -> None:
         self.publisher.publish(self.engine.version, self.engine.global_arrays)
         if self.engine.round_state is not None:
-            self._announce(reannounce=True)
+            with self.disk.writing(self.clock(), self.engine.durably("round re-announcement")):
+                self._announce(reannounce=True)
 
     def finished(self) -> bool:
-        return self.engine.finished and not self.keep_running
+        return self.engine.finished and not self.keep_running and not self.engine.outputs_pending
 
     def handle(self, topic: str, payload: bytes) -> None:
         if topic == self.topics.round:
-            self._on_round_topic(payload)
+            self.tasks.received(payload, self.clock())
             return
         if (foreign := self.topics.foreign_status_of(topic)) is not None:
             self.ignored.foreign(*foreign)
@@ -137,6 +139,8 @@ class Aggregator(MqttDaemon):
                 return
             self.group_keys.on_status(agent, previous, status)
             self._note_model_wait(agent, status)
+            if status is not None and status.run_id == self.engine.run_id and status.round > self.engine.held_round:
+                self._catch_up()
         elif topic == self.topics.agent_update(agent):
             self._on_update_chunk(agent, payload)
 
@@ -145,23 +149,36 @@ class Aggregator(MqttDaemon):
             self._reject(rejection.sender, rejection.reason)
         now = self.clock()
         self.trust.poll(now)
+        if self.disk.due(now):  # after a failed write, the next try waits (broker_server.disk)
+            self._round_step(now)
+        self._heal_retained(now)
+        self._publish_status()
+
+    def _round_step(self, now: float) -> None:
+        """Open, re-announce or close a round as the engine decides; each a change that is undone if its
+        checkpoint cannot be written, and tried again later."""
+        if self.engine.outputs_pending:
+            with self.disk.writing(now):
+                self.engine.flush_outputs()
+        for completed in list(self._unsaved.values()):
+            self._accept(completed)
         action = self.engine.decide(now)
         if action == "idle" and not self.engine.finished:
             self.phase = "waiting-for-agents"
             self.trust.rotate_on_schedule(self.engine.next_round)
             eligible = self.registry.eligible(self.group_keys.key.key_id, now)
-            if self.engine.begin_round(eligible, now, enrolled=self.registry.keyring.names()) is not None:
-                self._announce(reannounce=False)
-            elif self.engine.finished:  # the privacy budget ran out
-                self.phase = "finished"
-                self._publish_if_new()
+            with self.disk.writing(now, self.engine.durably("round start")):
+                if self.engine.begin_round(eligible, now, enrolled=self.registry.keyring.names()) is not None:
+                    self._announce(reannounce=False)
+                elif self.engine.finished:  # the privacy budget ran out
+                    self.phase = "finished"
+                    self._publish_if_new()
         elif action == "close":
             self._close(now)
         elif action == "reannounce":
-            self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id, now))
-            self._announce(reannounce=True)
-        self._heal_retained(now)
-        self._publish_status()
+            with self.disk.writing(now, self.engine.durably("round re-announcement")):
+                self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id, now))
+                self._announce(reannounce=True)
 
     def publish_final_status(self) -> paho.MQTTMessageInfo | None:
         return self._publish_status(force=True, state=self._end_state() or "stopped")
@@ -176,21 +193,14 @@ class Aggregator(MqttDaemon):
             needed = self.config.rounds.min_agents
             return f"round {self.engine.next_round}: waiting for agents ({len(eligible)} eligible, {needed} needed)"
         attempt = f" (attempt {rs.attempt})" if rs.attempt > 1 else ""
-        return f"round {rs.round}{attempt}: collecting {len(rs.updates)}/{len(rs.selected)} updates"
+        disk = f"; {self.disk.problem}" if self.disk.problem else ""
+        return f"round {rs.round}{attempt}: collecting {len(rs.updates)}/{len(rs.selected)} updates{disk}"
 
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool) -> None:
         rs = self.engine.announce(self.clock())
-        published = self.publisher.current
-        assert published is not None
         assignments = self.engine.assignments
-        task = round_task(self.engine, published, federation=self.topics.federation,
-                          group_key_id=self.group_keys.key.key_id, now=self.clock())  # fmt: skip
-        self._task_payload = signed_payload(task.to_dict(), self.identity)
-        if len(self._task_payload) > MAX_JSON_BYTES:  # agents would refuse it: say why rounds stall
-            log.error("round task is %d bytes, over the %d agents accept: select fewer agents per round "
-                      "(rounds.fraction)", len(self._task_payload), MAX_JSON_BYTES)  # fmt: skip
-        self.mqtt.publish(self.topics.round, self._task_payload, retain=True)
+        self._publish_task()
         for agent in rs.pending:
             if agent in assignments and assignments[agent].source == "inbox":
                 self._send_start(agent)
@@ -207,12 +217,12 @@ class Aggregator(MqttDaemon):
         )
         self._publish_status(force=True)
 
-    def _on_round_topic(self, payload: bytes) -> None:
-        """Someone replaced the retained task (a replayed old one, say): put the current one back (at most
-        once a second; a replacement inside that second is undone by ``_heal_retained`` after it)."""
-        if self._task_payload is not None and payload != self._task_payload:
-            self._reassert_pending = True
-            self._heal_retained(self.clock())
+    def _publish_task(self) -> None:
+        """Sign and publish (retained) the open round's task as the engine has it now."""
+        published = self.publisher.current
+        assert published is not None
+        self.tasks.publish(round_task(self.engine, published, federation=self.topics.federation,
+                                      group_key_id=self.group_keys.key.key_id, now=self.clock()))  # fmt: skip
 
     def _note_model_wait(self, agent: str, status: AgentStatus | None) -> None:
         rs = self.engine.round_state
@@ -225,10 +235,7 @@ class Aggregator(MqttDaemon):
     def _heal_retained(self, now: float) -> None:
         """Put back retained messages that others removed or replaced: the round task, and the model when
         selected agents have waited ``MODEL_STALL_S`` for it (its chunks cleared or overwritten)."""
-        if self._reassert_pending and self._task_payload is not None and now - self._reasserted_at >= 1.0:
-            self._reassert_pending, self._reasserted_at = False, now
-            self.mqtt.publish(self.topics.round, self._task_payload, retain=True)
-            log.warning("the retained round task was replaced by another publisher; re-published the current one")
+        self.tasks.heal(now)
         stalled = sorted(a for a, since in self._waiting_model_since.items() if now - since >= MODEL_STALL_S)
         for agent in [a for a in stalled if a in self.engine.assignments]:  # its own start model: sent again
             stalled.remove(agent)
@@ -252,12 +259,20 @@ class Aggregator(MqttDaemon):
         except TransferRejected as exc:
             self._reject(exc.sender, exc.reason)
             return
-        if completed is None:
-            return
+        if completed is not None:
+            self._accept(completed)
+
+    def _accept(self, completed: Completed) -> None:
+        sender, record = completed.manifest.sender, None
+        self._unsaved.pop(sender, None)
         try:
-            record = self.engine.accept(completed, self.clock())
+            with self.disk.writing(self.clock(), self.engine.durably(f"update of {sender}")):
+                record = self.engine.accept(completed, self.clock())
         except UpdateRejected as exc:
-            self._reject(completed.manifest.sender, exc.reason)
+            self._reject(sender, exc.reason)
+            return
+        if record is None:  # not written: kept (one per agent) and accepted again once the disk is back
+            self._unsaved[sender] = completed
             return
         rs = self.engine.round_state
         assert rs is not None
@@ -273,8 +288,8 @@ class Aggregator(MqttDaemon):
             len(rs.selected),
         )
         self._publish_status(force=True)
-        if self.engine.decide(self.clock()) == "close":  # at once: a threshold of K takes exactly K updates
-            self._close(self.clock())
+        if self.engine.decide(self.clock()) == "close" and self.disk.due(self.clock()):  # at once: a threshold
+            self._close(self.clock())  # of K takes exactly K updates
 
     def _on_key_rotated(self, key: GroupKey) -> None:
         """The current model again, under the new key: an agent that joins now can read it."""
@@ -291,7 +306,12 @@ class Aggregator(MqttDaemon):
     def _close(self, now: float) -> None:
         published = self.publisher.current
         assert published is not None
-        metrics = self.engine.close(now, model_wire_bytes=published.wire_bytes)
+        metrics = None
+        with self.disk.writing(now, self.engine.durably(f"round {self.engine.held_round} close")):
+            metrics = self.engine.close(now, model_wire_bytes=published.wire_bytes)
+        if metrics is None:  # not written: the previous model stays in force; closed again on a later tick
+            self._publish_status(force=True)
+            return
         self._publish_if_new()
         self.mqtt.publish(self.topics.server_metrics, metrics.to_json())
         log_round(metrics)
@@ -340,6 +360,8 @@ class Aggregator(MqttDaemon):
     def _status_json(self, state: str | None = None) -> bytes:
         rs = self.engine.round_state
         counters = [f"{k}={v}" for k, v in sorted(self.rejections.items())]
+        if self.disk.problem:  # the state cannot be written: the first thing an operator must know
+            counters.insert(0, self.disk.problem)
         backed_off = self.engine.health.backed_off(self.engine.next_round)
         if backed_off:  # agents that missed deadlines, with their consecutive misses
             counters.append("backed_off=" + " ".join(f"{a}:{n}" for a, n in backed_off.items()))

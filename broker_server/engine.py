@@ -6,7 +6,8 @@ deadline, ``accept`` takes updates (``broker_server.accept``), ``decide`` says w
 ``close`` runs the pipeline (``broker_server.pipeline``) then either **commits** (checkpoint first, then
 ``metrics.jsonl`` and ``global_model.safetensors``; the daemon publishes afterwards) or **rolls back**
 (the previous model stays; the round is recorded with its reason and offenders). The checkpoint is
-written after every accepted update and every finished round.
+written after every accepted update and every finished round; a change whose checkpoint cannot be
+written is undone (``durably``, ``broker_server.engine_state``), so memory is never ahead of the disk.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from contextlib import suppress
 
 import numpy as np
 import torch
@@ -22,9 +24,11 @@ import torch
 from broker_server.accept import RoundInputs, accept_update
 from broker_server.accountant import PrivacyLedger
 from broker_server.agent_models import Assignment, next_assignments
-from broker_server.checkpoint import Checkpoint, CheckpointStore, new_run_id
+from broker_server.checkpoint import CheckpointStore, new_run_id
 from broker_server.config import ServerConfig
+from broker_server.disk import DiskError
 from broker_server.election import BestModel
+from broker_server.engine_state import EngineState
 from broker_server.health import HealthBook
 from broker_server.metrics_log import MetricsLog, round_metrics
 from broker_server.onnx_step import ExportOnnx
@@ -33,9 +37,9 @@ from broker_server.pipeline import RoundContext, RoundRejected, run_pipeline
 from broker_server.round_steps import round_steps
 from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missing, select_agents
 from broker_server.strategies import build_strategy
-from broker_server.validation import NotForThisRound, UpdateRejected, positive_ranges
-from models.serialization import dumps, float32_region, save_file
-from models.weights import NamedArrays, flatten, float_part, to_arrays, with_floats
+from broker_server.validation import NotForThisRound, UpdateRejected
+from models.serialization import dumps, save_file
+from models.weights import NamedArrays, to_arrays, with_floats
 from models.yolo import load_pt_weights
 from models.zoo import build_model
 from protocol.codecs import FP32, Codec, encode
@@ -50,7 +54,7 @@ MAX_REJECTIONS_LISTED = 200
 HEADER_SLACK = 64 << 10  # room for an update's safetensors header beyond the model's own
 
 
-class RoundEngine:
+class RoundEngine(EngineState):
     def __init__(
         self,
         config: ServerConfig,
@@ -73,9 +77,11 @@ class RoundEngine:
         self.strategy.fold_on_accept = not config.privacy.enabled
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
         self.orphan_rejections: list[dict[str, str]] = []
+        self.revoked_between_rounds: list[str] = []  # named in the next round's task, so they hear of it
         self.health = HealthBook()
         self.pace = PaceBook()
         self._last_metrics: dict | None = None
+        self.outputs_pending: set[str] = set()  # files that lag behind the checkpoint: "metrics", "model"
         self._restore()
         if self.finished and self.strategy.elect_best and not self.best.elected:
             self._elect_best()  # the run ended just before a crash: elect now
@@ -93,35 +99,20 @@ class RoundEngine:
             self.best = BestModel(self.store, {})
             self._set_model(to_arrays(initial))
             self.checkpoint()
-            save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
+            save_file(self.model_file, self.global_arrays)
             log.info("server initialised model=%s version=1 run_id=%s", self.config.server.model, self.run_id)
             return
-        self.run_id = checkpoint.run_id
-        self.version, self.next_round = checkpoint.model_version, checkpoint.next_round
-        self.round_state = checkpoint.round_state
+        self._install(checkpoint)
+        self.replay.restore(checkpoint.replay)
         if self.round_state is not None and not self.round_state.train:  # a round from before per-agent plans
             self.round_state.train = self.config.training.to_dict()
-        self._set_model(checkpoint.global_arrays)
-        self.strategy.restore(checkpoint.strategy_state)
-        self.replay.restore(checkpoint.replay)
-        self.health = HealthBook.from_dict(checkpoint.health)
-        self.pace = PaceBook.from_dict(checkpoint.pace)
-        self.ledger = PrivacyLedger(self.config.privacy, checkpoint.privacy)
-        self.assignments = {a: Assignment.from_dict(x) for a, x in checkpoint.assignments.items()}
-        self.best = BestModel(self.store, checkpoint.best)
         if self.assignments and not self.strategy.keeps_models:
             log.warning(
                 "strategy %s keeps no agent models: %d assignments dropped", self.strategy.name, len(self.assignments)
             )
             self.assignments = {}
         self.metrics_log.reconcile(checkpoint.last_metrics)
-        self._last_metrics = checkpoint.last_metrics
-        if self.round_state is not None:
-            # the running sum is gone: every stored update is re-read
-            self.strategy.begin(self.global_vector, self.float_spec)
-            for record in self.round_state.updates:
-                record.folded = 0.0
-        save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
+        save_file(self.model_file, self.global_arrays)
         log.info(
             "server resumed run_id=%s version=%d next_round=%d in_round=%s accepted=%s",
             self.run_id,
@@ -131,38 +122,10 @@ class RoundEngine:
             self.round_state.accepted if self.round_state else [],
         )
 
-    def _set_model(self, arrays: NamedArrays) -> None:
-        self.global_arrays = arrays
-        floats = {k: v.astype(np.float32) for k, v in float_part(arrays).items()}
-        _, self.float_spec, _ = float32_region(dumps(floats))
-        self.global_vector = flatten(floats, self.float_spec)
-        self.positive = positive_ranges(self.float_spec)
-
     @property
     def last_eval(self) -> dict:
         """The evaluation in the last round's metrics (empty before the first round closes)."""
         return (self._last_metrics or {}).get("eval", {})
-
-    def checkpoint(self, last_metrics: dict | None = None) -> None:
-        if last_metrics is not None:
-            self._last_metrics = last_metrics
-        self.store.save(
-            Checkpoint(
-                run_id=self.run_id,
-                next_round=self.next_round,
-                model_version=self.version,
-                global_arrays=self.global_arrays,
-                round_state=self.round_state,
-                strategy_state=self.strategy.state(),
-                last_metrics=self._last_metrics,
-                replay=self.replay.export(),
-                health=self.health.to_dict(),
-                pace=self.pace.to_dict(),
-                privacy=self.ledger.to_dict(),
-                assignments={a: x.to_dict() for a, x in self.assignments.items()},
-                best=self.best.record,
-            )
-        )
 
     # agents' own models ------------------------------------------------------------------------------
     def base_vector(self, agent: str) -> np.ndarray:
@@ -226,7 +189,9 @@ class RoundEngine:
             agent_train={agent: settings.to_dict() for agent, settings in plan.agents.items() if agent in selected},
         )
         self.round_state.rejected.extend(self.orphan_rejections)
+        self.round_state.revoked.extend(self.revoked_between_rounds)
         self.orphan_rejections.clear()
+        self.revoked_between_rounds.clear()
         self.strategy.begin(self.global_vector, self.float_spec)
         return self.round_state
 
@@ -318,6 +283,38 @@ class RoundEngine:
         if len(target) < MAX_REJECTIONS_LISTED and entry not in target:
             target.append(entry)
 
+    def revoke(self, agent: str) -> bool:
+        """``agent``'s enrolment was withdrawn: its part in the open round ends now — its update, if one was
+        accepted, is dropped, it is no longer waited for, the round's metrics list it as missed with a
+        ``revoked`` rejection, and the round's task names it (``revoked``) so it stops. Returns whether
+        the open round changed (its task must be issued again)."""
+        rs = self.round_state
+        if rs is None:
+            self.revoked_between_rounds.append(agent)
+            return False
+        if agent not in rs.selected and agent not in rs.accepted:
+            return False
+        if agent in rs.accepted:  # out of the average
+            rs.updates = [u for u in rs.updates if u.agent != agent]
+            self._unfold()
+        rs.missed.append(agent)
+        rs.revoked.append(agent)
+        self.reject(agent, "revoked: its enrolment was withdrawn during the round; its part ended")
+        self.checkpoint()
+        return True
+
+    @property
+    def held_round(self) -> int:
+        """The newest round this state has announced: the open one, else the last."""
+        return self.round_state.round if self.round_state is not None else self.next_round - 1
+
+    def jump(self, next_round: int, version: int) -> None:
+        """Agents hold newer rounds of this run than this state (``broker_server.catch_up``): the open round,
+        if any, is dropped (they would refuse its task), and the next round and model version go past theirs."""
+        self.round_state = None
+        self.next_round, self.version = max(self.next_round, next_round), max(self.version, version)
+        self.checkpoint()
+
     def close(self, now: float, *, model_wire_bytes: int) -> RoundMetrics:
         """Run the pipeline; commit the new model or roll the round back. Returns the round's metrics.
 
@@ -359,12 +356,13 @@ class RoundEngine:
         if published and self.strategy.elect_best:
             self.best.note(self.version, rs.round, ctx.evaluation, self.global_arrays)
         self.round_state, self.next_round = None, rs.round + 1
-        self.checkpoint(last_metrics=json.loads(metrics.to_json()))
-        self.metrics_log.append(metrics)
-        if published:
-            save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
+        self.checkpoint(last_metrics=json.loads(metrics.to_json()))  # the commit: what follows is derived from it
+        self.outputs_pending.update(("metrics", "model") if published else ("metrics",))
+        with suppress(DiskError):  # tried again on the daemon's next ticks
+            self.flush_outputs()
         if self.finished and self.strategy.elect_best:
-            self._elect_best()
+            with suppress(DiskError), self.durably("the best model's election"):  # else elected at the next start
+                self._elect_best()
         return metrics
 
     def _elect_best(self) -> None:
@@ -373,7 +371,7 @@ class RoundEngine:
         if arrays is not None:
             self._set_model(arrays)
             self.version += 1
-            save_file(self.config.state_dir / "global_model.safetensors", self.global_arrays)
+            self.outputs_pending.add("model")
             onnx = [s.export(arrays, "elected") for s in self.steps if isinstance(s, ExportOnnx)]
             self.best.published_as(self.version, onnx[0] if onnx else None)
             record = self.best.record
@@ -382,6 +380,8 @@ class RoundEngine:
                 record["version"], record["round"], headline(record), self.version,
             )  # fmt: skip
         self.checkpoint()
+        with suppress(DiskError):
+            self.flush_outputs()
 
     def _end_for_budget(self, affordable: int) -> None:
         """Fewer than ``rounds.min_agents`` agents can afford another round: the run ends here."""

@@ -45,4 +45,5 @@ def round_task(
         classes=list(engine.config.server.classes),
         share=engine.config.server.share,
         codec=str(engine.codec),
+        revoked=rs.revoked,
     )

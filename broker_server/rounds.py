@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,7 @@ class RoundState:
     inbox_bytes: int = 0  # models sealed to agents' inboxes for this round (swap partners' and others)
     train: dict = field(default_factory=dict)  # the round's shared TrainSettings, as the strategy planned them
     agent_train: dict[str, dict] = field(default_factory=dict)  # agent -> its own TrainSettings, where they differ
+    revoked: list[str] = field(default_factory=list)  # agents revoked during the round: the task tells them
 
     @property
     def accepted(self) -> list[str]:
@@ -101,6 +102,13 @@ class RoundState:
         """For the checkpoint, written after every accepted update: shallow (``asdict``'s deep copy made
         a round of 1,000 updates cost seconds of checkpointing)."""
         return {**vars(self), "updates": [dict(vars(u)) for u in self.updates]}
+
+    def copy(self) -> RoundState:
+        """A copy to put back if a change cannot be written (``broker_server.disk``): its lists are its own,
+        the update records are shared."""
+        names = ("selected", "updates", "rejected", "failed", "missed", "revoked")
+        lists = {name: list(getattr(self, name)) for name in names}
+        return replace(self, **lists, train=dict(self.train), agent_train=dict(self.agent_train))
 
     @classmethod
     def from_dict(cls, data: dict) -> RoundState:

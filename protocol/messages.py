@@ -182,6 +182,7 @@ class RoundTask(Message):
     classes: list[str] = field(default_factory=list)  # detectors: the federation's class names, in id order
     share: str = "full"  # detectors: what is averaged (full, backbone or head); agents keep the rest local
     codec: str = "fp32"
+    revoked: list[str] = field(default_factory=list)  # agents whose enrolment was withdrawn: each one stops
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "codec", str(Codec.parse(self.codec)))  # canonical, or CodecError (a ValueError)
@@ -198,10 +199,11 @@ class RoundTask(Message):
         return AgentStart(agent=agent, source="global", sha256=self.model_sha256)
 
     def is_newer_than(self, other: RoundTask) -> bool:
-        """Ordering agents use to refuse replayed tasks: (round, attempt) within one server run, and the
-        signed ``issued_at`` across runs (a server whose state was reset starts a new ``run_id``)."""
+        """Ordering agents use to refuse replayed tasks: (round, attempt) within one server run, then the
+        signed ``issued_at`` (a task re-issued within an attempt, to name a revoked agent, say), and
+        ``issued_at`` across runs (a server whose state was reset starts a new ``run_id``)."""
         if self.run_id == other.run_id:
-            return (self.round, self.attempt) > (other.round, other.attempt)
+            return (self.round, self.attempt, self.issued_at) > (other.round, other.attempt, other.issued_at)
         return self.issued_at > other.issued_at
 
     def expired(self, now: float) -> bool:
@@ -234,6 +236,7 @@ class AgentStatus(Message):
     errors: int = 0
     start: str = ""  # what this round's training starts from: global, local or inbox
     privacy: dict[str, float] = field(default_factory=dict)  # local DP-SGD: this agent's own epsilon, delta, ...
+    run_id: str = ""  # the server run of the task it holds (``round``): a server behind it catches up
 
     @classmethod
     def offline(cls, agent: str) -> AgentStatus:
@@ -309,6 +312,6 @@ class RoundMetrics(Message):
     reason: str = ""
     offenders: list[str] = field(default_factory=list)
     aggregation: dict = field(default_factory=dict)
-    missed: list[str] = field(default_factory=list)  # selected agents that missed a deadline and were replaced
+    missed: list[str] = field(default_factory=list)  # selected agents replaced after a deadline, or revoked
     action: str = "average"  # average (a new global model), swap or local (agents keep their own models)
     privacy: dict = field(default_factory=dict)  # differential privacy: epsilon, delta, … spent so far (worst agent)

@@ -21,6 +21,7 @@ from pathlib import Path
 from agent.config import load_agent_config
 from agent.daemon import EdgeAgent
 from agent.runner import in_process_runner
+from common.lock import hold_state_dir
 from protocol.daemon import configure_logging, stop_on_signals
 from sim.attacks import SCOPES, Attack, AttackingTrainer
 from sim.slow import SlowTrainer
@@ -33,6 +34,7 @@ def build_agents(args: argparse.Namespace) -> list[EdgeAgent]:
     agents = []
     for path, attacking in [(p, False) for p in args.config] + [(p, True) for p in args.attacker]:
         config = load_agent_config(Path(path))
+        hold_state_dir(config.state_dir, "agent.state_dir")  # one daemon per folder, as `skyfed agent run`
         agent = EdgeAgent(config, runner=in_process_runner(config))
         if attacking:
             agent.runner.trainer = AttackingTrainer(agent.runner.trainer, attack, agent.id, args.scope)

@@ -184,7 +184,7 @@ def test_the_server_puts_back_a_model_someone_cleared_and_a_task_replaced_twice_
         cleared = [outsider.publish(f"skyfed/it/model/1/{i}", b"", retain=True) for i in range(chunks)]
         assert MqttClient.wait_published(cleared, 5)  # the retained model is gone before any agent came
         fed.start_agents()
-        wait_until(lambda: server.engine.round_state is not None and server._task_payload, 30, "round 1 announced")
+        wait_until(lambda: server.engine.round_state is not None and server.tasks.payload, 30, "round 1 announced")
         stale = json.dumps(sign_document(round_task(round=0, run_id=server.engine.run_id).to_dict(), server.identity))
         for _ in range(2):  # twice within a second: the second lands while the first put-back is throttled
             outsider.wait_published([outsider.publish("skyfed/it/round", stale.encode(), retain=True)], 5)
