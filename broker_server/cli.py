@@ -28,7 +28,8 @@ def run_monitor(args: argparse.Namespace) -> int:
     elif args.cert or args.key:
         print("skyfed monitor: --cert and --key need --cafile (the federation CA, e.g. DIR/monitor/ca.crt)")
         return 2
-    settings = BrokerSettings.from_address(args.broker, tls=tls)
+    # MQTT 5, so that a broker closing us for another client with the same id says so (3.1.1 cannot)
+    settings = BrokerSettings.from_address(args.broker, tls=tls, protocol="5")
     return monitor(settings, args.federation, once=args.once, timeout_s=args.timeout)
 
 

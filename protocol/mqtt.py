@@ -93,7 +93,7 @@ def describe_connect_error(exc: BaseException | None, settings: BrokerSettings) 
     if isinstance(exc, TimeoutError):
         return f"no answer from {where}: wrong broker.host, or a firewall drops the connection"
     if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"TLS: the broker's certificate does not verify ({exc.verify_message}): check broker.tls.ca_certs"
+        return f"TLS: the broker's certificate does not verify ({exc.verify_message}): {_verify_fix(exc, settings)}"
     tls_cut = settings.tls is not None and isinstance(exc, ConnectionResetError | BrokenPipeError)
     if isinstance(exc, ssl.SSLError) or tls_cut:
         why = exc.reason if isinstance(exc, ssl.SSLError) else "the broker hung up"
@@ -106,6 +106,15 @@ def describe_connect_error(exc: BaseException | None, settings: BrokerSettings) 
     return f"cannot connect to {where}"
 
 
+def _verify_fix(exc: ssl.SSLCertVerificationError, settings: BrokerSettings) -> str:
+    """What to change for OpenSSL's verify code (X509_V_ERR_*): wrong name, out of date, or an unknown CA."""
+    if exc.verify_code in (62, 64):  # HOSTNAME_MISMATCH, IP_ADDRESS_MISMATCH
+        return f"the certificate is not for {settings.host!r}: set broker.host to a name it holds, or re-issue it"
+    if exc.verify_code in (9, 10):  # NOT_YET_VALID, HAS_EXPIRED
+        return "re-issue the broker's certificate (or check this host's clock)"
+    return "check broker.tls.ca_certs (the CA that signed the broker's certificate)"
+
+
 def describe_refusal(reason: object, settings: BrokerSettings) -> str:
     """A CONNACK refusal, with what to check."""
     text = str(reason)
@@ -116,6 +125,14 @@ def describe_refusal(reason: object, settings: BrokerSettings) -> str:
     else:
         fix = "see the broker's log"
     return f"broker {settings.host}:{settings.port} refused the connection ({text}): {fix}"
+
+
+def taken_over_text(client_id: str, settings: BrokerSettings) -> str:
+    """Why the broker closed a connection for another client with the same id, and what that id is."""
+    who = f"client id {client_id!r}"
+    if settings.tls is not None and settings.tls.certfile:  # mosquitto's use_username_as_clientid
+        who += f" (with TLS the broker uses the certificate name: {settings.tls.certfile} is in use elsewhere)"
+    return f"another client connected with this {who}; the broker closed this connection for it"
 
 
 def _acknowledged(info: paho.MQTTMessageInfo) -> bool:
@@ -151,6 +168,7 @@ class MqttClient:
         self.problem: str | None = None  # why the broker is unreachable or refuses us, in words; None when fine
         self._stopping = False
         self._pending_subscribes: dict[int, str] = {}
+        self.taken_over = False  # the broker closed us because another client connected with our client id
         v5 = settings.protocol == "5"
         self._persistent = persistent
         self._client = paho.Client(
@@ -284,7 +302,10 @@ class MqttClient:
     def _handle_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
         if self._stopping:
             return
-        if self.connected.is_set():
+        if str(reason_code) == "Session taken over":  # MQTT 5 names it; 3.1.1 says "Unspecified error"
+            self.taken_over = True
+            self._report(taken_over_text(self.client_id, self.settings))
+        elif self.connected.is_set():
             log.warning("mqtt disconnected client=%s reason=%s; reconnecting", self.client_id, reason_code)
             self.problem = f"connection lost ({reason_code}); reconnecting"
         elif self.problem is None and self.settings.tls is None:
@@ -302,4 +323,11 @@ class MqttClient:
             self._report(f"subscription to {pattern} refused ({reasons}): check the broker's ACL for this id")
 
     def _handle_message(self, client, userdata, message: paho.MQTTMessage) -> None:  # noqa: ANN001
-        self.inbox.put((message.topic, message.payload))
+        # A full queue holds paho's thread (the broker then waits on us) until the caller polls, or until
+        # ``stop``: a caller that stopped polling must not leave this thread blocked for ever.
+        while not self._stopping:
+            try:
+                self.inbox.put((message.topic, message.payload), timeout=0.5)
+                return
+            except queue.Full:
+                continue
