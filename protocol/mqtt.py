@@ -25,6 +25,7 @@ from paho.mqtt.properties import Properties
 
 log = logging.getLogger("skyfed.mqtt")
 
+EVICTION_WINDOW_S = 5.0  # a connection lost this soon after the broker accepted it, twice running: evicted
 SESSION_EXPIRY_S = 7 * 24 * 3600  # MQTT 5: keep the session (and queued QoS 1 messages) for a week
 
 
@@ -132,7 +133,10 @@ def taken_over_text(client_id: str, settings: BrokerSettings) -> str:
     who = f"client id {client_id!r}"
     if settings.tls is not None and settings.tls.certfile:  # mosquitto's use_username_as_clientid
         who += f" (with TLS the broker uses the certificate name: {settings.tls.certfile} is in use elsewhere)"
-    return f"another client connected with this {who}; the broker closed this connection for it"
+    return (
+        f"another client is connected with this {who}: the broker closes one connection for the other "
+        "(twice running right after accepting it, or MQTT 5's 'Session taken over'); run one client per id"
+    )
 
 
 def _acknowledged(info: paho.MQTTMessageInfo) -> bool:
@@ -169,6 +173,8 @@ class MqttClient:
         self._stopping = False
         self._pending_subscribes: dict[int, str] = {}
         self.taken_over = False  # the broker closed us because another client connected with our client id
+        self._connected_at = 0.0
+        self._quick_drops = 0  # consecutive connections lost within EVICTION_WINDOW_S of being accepted
         v5 = settings.protocol == "5"
         self._persistent = persistent
         self._client = paho.Client(
@@ -285,6 +291,7 @@ class MqttClient:
             self._report(describe_refusal(reason_code, self.settings))
             return
         self._report(None)
+        self._connected_at = time.monotonic()
         self._pending_subscribes.clear()  # acknowledgements lost with the previous connection never come
         for pattern, qos in self._subscriptions.items():
             self._subscribe(client, pattern, qos)
@@ -302,7 +309,7 @@ class MqttClient:
     def _handle_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
         if self._stopping:
             return
-        if str(reason_code) == "Session taken over":  # MQTT 5 names it; 3.1.1 says "Unspecified error"
+        if self.connected.is_set() and self._evicted(str(reason_code)):
             self.taken_over = True
             self._report(taken_over_text(self.client_id, self.settings))
         elif self.connected.is_set():
@@ -314,6 +321,13 @@ class MqttClient:
                 "listener? (set [broker.tls]) or a broker that does not speak MQTT on this port"
             )
         self.connected.clear()
+
+    def _evicted(self, reason: str) -> bool:
+        """Whether another client with our id took the connection: MQTT 5 may say so ("Session taken over");
+        otherwise (mosquitto 2.0 sends no reason) it shows as a second drop in a row, each soon after connecting."""
+        quick = time.monotonic() - self._connected_at < EVICTION_WINDOW_S
+        self._quick_drops = self._quick_drops + 1 if quick else 0
+        return reason == "Session taken over" or self._quick_drops >= 2
 
     def _handle_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # noqa: ANN001
         pattern = self._pending_subscribes.pop(mid, "?")

@@ -24,6 +24,7 @@ from security.keys import Identity
 from security.pki import create_ca, issue
 from security.signing import signed_payload
 from sim.broker import ListenerTls, free_port, start_broker
+from tests.test_provision import provisioned, workdir  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x1b[8mhidden\x1b[0m\u202eevil\x9b31m\x7f"
@@ -141,3 +142,20 @@ def test_connection_failures_name_their_cause(mismatched_broker, tmp_path, capsy
         assert monitor(settings, "fleet", once=True, timeout_s=2) == 1
         err = capsys.readouterr().err
         assert "cannot reach the broker" in err and cause in err, err
+
+
+def test_a_second_monitor_on_the_same_certificate_is_named_not_an_unspecified_error(provisioned):  # noqa: F811
+    out, _, _, port = provisioned
+    mon = out / "monitor"
+    tls = ["--cafile", str(mon / "ca.crt"), "--cert", str(mon / "monitor.crt"), "--key", str(mon / "monitor.crt.key")]
+    first = _skyfed("monitor", "--broker", f"127.0.0.1:{port}", "--federation", "fleet", *tls)
+    time.sleep(2.0)
+    second = _skyfed("monitor", "--broker", f"127.0.0.1:{port}", "--federation", "fleet", *tls)
+    try:
+        _, err = first.communicate(timeout=20)  # on main: both reconnect and evict each other for ever
+    finally:
+        for proc in (first, second):
+            proc.kill()
+            proc.wait()
+    assert first.returncode == 1
+    assert "another client is connected with this client id" in err and "monitor.crt is in use elsewhere" in err, err
