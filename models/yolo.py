@@ -15,10 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.tasks import YOLO_YAMLS
+from models.tasks import PARTS, YOLO_YAMLS
 from models.yolo_dataset import DetectionData, resolved_yaml
-
-PARTS = ("full", "backbone", "head")
 
 
 def ultralytics_offline(config_dir: Path | None = None) -> None:
