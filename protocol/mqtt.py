@@ -200,6 +200,7 @@ class MqttClient:
         self._client.on_disconnect = self._handle_disconnect
         self._client.on_message = self._handle_message
         self._client.on_subscribe = self._handle_subscribe
+        self._client.on_publish = self._handle_publish
 
     # lifecycle -------------------------------------------------------------------------------------
     def start(self, timeout_s: float | None = None) -> bool:
@@ -275,6 +276,11 @@ class MqttClient:
         except queue.Empty:
             return None
 
+    def report_problem(self, problem: str | None) -> None:
+        """A problem the caller found on this connection (its messages never come back, say): logged once and
+        shown as ours are (status, systemd), until the next (re)connect clears it."""
+        self._report(problem)
+
     # paho callbacks (network thread) -----------------------------------------------------------------
     def _report(self, problem: str | None) -> None:
         """Log a change of connection problem once (paho retries with back-off; repeats stay quiet)."""
@@ -335,6 +341,13 @@ class MqttClient:
         if refused:
             reasons = ", ".join(refused)
             self._report(f"subscription to {pattern} refused ({reasons}): check the broker's ACL for this id")
+
+    def _handle_publish(self, client, userdata, mid, reason_code, properties) -> None:  # noqa: ANN001
+        if reason_code.is_failure:  # MQTT 5 only: mosquitto says 0x87 "Not authorized" where 3.1.1 acks silently
+            self._report(
+                f"the broker refused a message ({reason_code}): its ACL does not let {self.client_id!r} publish "
+                "there (after skyfed provision added this id: systemctl reload mosquitto on the broker host)"
+            )
 
     def _handle_message(self, client, userdata, message: paho.MQTTMessage) -> None:  # noqa: ANN001
         # A full queue holds paho's thread (the broker then waits on us) until the caller polls, or until
