@@ -174,12 +174,24 @@ def monitor(
             return 0
         if console.is_terminal:
             with Live(view.render(), console=console, refresh_per_second=2) as live:
-                return _watch(client, view, where, timeout_s, lambda _line: live.update(view.render()))
+                return _watch(client, view, where, timeout_s, _refresher(live, view))
         return _watch(client, view, where, timeout_s, _print_line)  # a pipe or the journal: plain lines
     except KeyboardInterrupt:
         return 0
     finally:
         client.stop(STOP_WAIT_S)  # never wait for ever on paho's thread (it may sit in a full queue)
+
+
+def _refresher(live: Live, view: FederationView) -> Callable[[str | None], None]:
+    """Redraw at most twice a second: a burst of thousands of retained statuses is folded in, not drawn each."""
+    drawn = [0.0]
+
+    def refresh(_line: str | None) -> None:
+        if (now := time.monotonic()) - drawn[0] >= 0.5:
+            drawn[0] = now
+            live.update(view.render())
+
+    return refresh
 
 
 def _print_line(line: str | None) -> None:
