@@ -1,4 +1,4 @@
-"""``skyfed agent run --config agent.toml`` and ``skyfed agent infer --image F``."""
+"""``skyfed agent run|check --config agent.toml`` and ``skyfed agent infer --image F``."""
 
 from __future__ import annotations
 
@@ -6,21 +6,51 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.config import AgentConfig
+    from protocol.daemon import MqttDaemon
+
+
+def load_checked_agent_config(path: Path) -> AgentConfig:
+    """``agent.toml`` parsed and its state folder writable: everything checked before the heavy imports."""
+    from agent.config import load_agent_config
+    from protocol.config_check import check_writable_dir
+
+    config = load_agent_config(path)
+    check_writable_dir(config.state_dir, "agent.state_dir", path)
+    return config
 
 
 def run_agent(args: argparse.Namespace) -> int:
-    from agent.config import load_agent_config
     from common.lock import hold_state_dir
     from protocol.daemon import run_daemon
 
-    def build():  # noqa: ANN202 - an EdgeAgent, imported once the folder is ours
-        config = load_agent_config(Path(args.config))
+    def build() -> MqttDaemon:
+        config = load_checked_agent_config(Path(args.config))
         hold_state_dir(config.state_dir, "agent.state_dir")  # before anything reads or writes it
-        from agent.daemon import EdgeAgent
+        from agent.daemon import EdgeAgent  # PyTorch: seconds, so only once the config is known good
 
         return EdgeAgent(config)
 
     return run_daemon("agent", build)
+
+
+def check_agent(args: argparse.Namespace) -> int:
+    """``skyfed agent check``: exit 0 with ``ok: ...``, or 2 with the error naming the key and the fix."""
+    from protocol.config import ConfigError
+
+    try:
+        config = load_checked_agent_config(Path(args.config))
+    except ConfigError as exc:
+        print(f"skyfed agent check: {exc}", file=sys.stderr)
+        return 2
+    a, b = config.agent, config.broker
+    print(f"ok: {args.config}: id={a.id} federation={a.federation} trainer={config.training.trainer} "
+          f"broker={b.host}:{b.port} tls={'yes' if b.tls else 'no'} state_dir={config.state_dir} "
+          f"data={config.data_path}")  # fmt: skip
+    return 0
 
 
 def infer_images(args: argparse.Namespace) -> int:
@@ -50,6 +80,9 @@ def add_agent_commands(commands: argparse._SubParsersAction) -> None:
     run = agent.add_parser("run", help="run the agent (systemd runs this)")
     run.add_argument("--config", required=True, help="path to agent.toml")
     run.set_defaults(handler=run_agent)
+    check = agent.add_parser("check", help="check agent.toml (and that state_dir is writable) without starting")
+    check.add_argument("--config", required=True, help="path to agent.toml")
+    check.set_defaults(handler=check_agent)
     infer = agent.add_parser("infer", help="run the exported ONNX model on images, one JSON line per image")
     infer.add_argument("--image", required=True, help="an image file, or a folder of images")
     infer.add_argument("--model", help="a SkyFed .onnx (default: <state_dir>/global_model.onnx of --config)")

@@ -25,9 +25,11 @@ import paho.mqtt.client as paho
 
 from agent.config import AgentConfig
 from agent.device import check_device_present
+from agent.echo import PublishEcho, dropped_text
 from agent.inbox import ServerInbox
 from agent.onboard import OnboardModel
 from agent.profile import data_profile, privacy_view
+from agent.run_end import RunEnd
 from agent.runner import ChildRunner, Job, Runner
 from agent.start_models import StartModels
 from agent.state import AgentProgress, ProgressStore
@@ -80,6 +82,8 @@ class EdgeAgent(RoundWork, MqttDaemon):
         self._said_stuck = False
         self._last_status = 0.0
         self._log = Throttle(10.0)
+        self.echo = PublishEcho()  # its own status coming back: the broker does not drop what it sends
+        self.run_end = RunEnd(self.topics.federation)
         offline = signed_payload(AgentStatus.offline(self.id).to_dict(), self.identity)
         super().__init__(
             MqttClient(
@@ -96,7 +100,8 @@ class EdgeAgent(RoundWork, MqttDaemon):
 
     # MqttDaemon --------------------------------------------------------------------------------------
     def subscriptions(self) -> list[str]:
-        return [self.topics.round, self.topics.agent_inbox(self.id)]
+        own_status = self.topics.agent_status(self.id)
+        return [self.topics.round, self.topics.agent_inbox(self.id), own_status, self.topics.server_status]
 
     def on_start(self) -> None:
         self.telemetry.start()
@@ -113,6 +118,14 @@ class EdgeAgent(RoundWork, MqttDaemon):
             self._on_task(payload)
         elif topic == self.topics.agent_inbox(self.id):
             self._on_transfer_chunk(payload, frozenset({"groupkey", "start"}))
+        elif topic == self.topics.agent_status(self.id):
+            if self.echo.came_back(payload):
+                log.info("the broker delivers this agent's messages again")
+                self.mqtt.report_problem(None)
+        elif topic == self.topics.server_status:
+            if self.run_end.note(payload):
+                log.info("run finished at the server: %s", self.run_end.detail())
+                self._publish_status(force=True)
         elif (version := self.topics.model_version_of(topic)) is not None and payload:
             self._on_transfer_chunk(payload, frozenset({"model"}), version)
 
@@ -120,6 +133,8 @@ class EdgeAgent(RoundWork, MqttDaemon):
         self._step()
         self._say_if_stuck()
         self._publish_status()
+        if self.echo.overdue(self.mqtt.connected.is_set()):
+            self.mqtt.report_problem(dropped_text(self.id, self.echo.timeout_s))  # its log line and systemd status
 
     def _say_if_stuck(self) -> None:
         """Someone watching this device's journal learns, once, why it never trains (not only the server)."""
@@ -136,7 +151,7 @@ class EdgeAgent(RoundWork, MqttDaemon):
         """``round 3: training``, ``round 3: gated (armed: …)``, ``no round yet: idle`` (what systemctl shows)."""
         where = f"round {self.task.round}" if self.task is not None else "no round yet"
         why = f" ({'; '.join(self.telemetry.reasons())})" if self.state == "gated" else ""
-        return f"{where}: {self.state}{why}"
+        return f"{where}: {self.state}{why}" + ("; the server's run is over" if self.run_end.ended else "")
 
     def publish_final_status(self) -> paho.MQTTMessageInfo | None:
         if self.upload is not None:
@@ -244,7 +259,7 @@ class EdgeAgent(RoundWork, MqttDaemon):
         task = self.task
         refusal = self.privacy.refusal() if self.privacy is not None else ""
         gate_reasons = [*self.telemetry.reasons(), *(r for r in (refusal, self.refusal) if r)]
-        state, detail = self.connection_state(self.state, self.detail or self._waiting_for())
+        state, detail = self.connection_state(self.state, self.detail or self.run_end.detail() or self._waiting_for())
         return AgentStatus(
             agent=self.id,
             state=state,
@@ -268,4 +283,5 @@ class EdgeAgent(RoundWork, MqttDaemon):
             return None
         self._last_status = now
         payload = signed_payload(self._status().to_dict(), self.identity)  # the server selects on signed status only
+        self.echo.sent(payload)
         return self.mqtt.publish(self.topics.agent_status(self.id), payload, retain=True)

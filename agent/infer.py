@@ -148,7 +148,8 @@ def _classify(model: OnnxModel, image: Path) -> dict:
 
 def _detect(model: OnnxModel, image: Path, conf: float, iou: float, max_det: int) -> dict:
     x, (width, height) = preprocess(image, model.input_shape)
-    boxes, scores, class_ids = decode(_run(model, x), conf, iou, max_det)
+    raw = _run(model, x)
+    boxes, scores, class_ids = decode(raw, conf, iou, max_det)
     scale = np.array([width, height, width, height]) / np.array([x.shape[2], x.shape[1], x.shape[2], x.shape[1]])
     boxes = np.clip(boxes * scale, 0, [width, height, width, height])
     detections = [
@@ -160,4 +161,8 @@ def _detect(model: OnnxModel, image: Path, conf: float, iou: float, max_det: int
         }
         for b, s, c in zip(boxes, scores, class_ids, strict=True)
     ]
-    return {"image": str(image), "detections": detections}
+    best = round(float(raw[4:].max()), 4) if raw.shape[1] else 0.0  # the most confident box, kept or not
+    result = {"image": str(image), "detections": detections, "best_score": best}
+    if not detections:  # say why it is empty: an undertrained model scores low, below the threshold
+        result["hint"] = f"best score {best:.2f} < --conf {conf:g}"
+    return result

@@ -1,24 +1,59 @@
-"""``skyfed server run --config server.toml`` and ``skyfed monitor``."""
+"""``skyfed server run|check --config server.toml`` and ``skyfed monitor``."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker_server.config import ServerConfig
+    from protocol.daemon import MqttDaemon
+
+
+def load_checked_server_config(path: Path) -> ServerConfig:
+    """``server.toml`` parsed and its state folder writable: everything checked before the heavy imports."""
+    from broker_server.config import load_server_config
+    from protocol.config_check import check_writable_dir
+
+    config = load_server_config(path)
+    check_writable_dir(config.state_dir, "server.state_dir", path)
+    return config
 
 
 def run_server(args: argparse.Namespace) -> int:
-    from broker_server.config import load_server_config
+    from broker_server.config_summary import server_warnings
     from common.lock import hold_state_dir
     from protocol.daemon import run_daemon
 
-    def build():  # noqa: ANN202 - an Aggregator, imported once the folder is ours (PyTorch takes seconds)
-        config = load_server_config(Path(args.config))
+    def build() -> MqttDaemon:
+        config = load_checked_server_config(Path(args.config))
         hold_state_dir(config.state_dir, "server.state_dir")  # before anything reads or writes it
-        from broker_server.daemon import Aggregator
+        for warning in server_warnings(config):
+            logging.getLogger("skyfed.server").warning("%s", warning)
+        from broker_server.daemon import Aggregator  # PyTorch: seconds, so only once the config is known good
 
         return Aggregator(config, keep_running=args.keep_running)
 
     return run_daemon("server", build)
+
+
+def check_server(args: argparse.Namespace) -> int:
+    """``skyfed server check``: exit 0 with ``ok: ...`` (and any warnings), or 2 with the error naming the key."""
+    from broker_server.config_summary import server_summary, server_warnings
+    from protocol.config import ConfigError
+
+    try:
+        config = load_checked_server_config(Path(args.config))
+    except ConfigError as exc:
+        print(f"skyfed server check: {exc}", file=sys.stderr)
+        return 2
+    print(f"ok: {args.config}: {server_summary(config)}")
+    for warning in server_warnings(config):
+        print(f"warning: {warning}")
+    return 0
 
 
 def run_monitor(args: argparse.Namespace) -> int:
@@ -33,7 +68,8 @@ def run_monitor(args: argparse.Namespace) -> int:
     elif args.cert or args.key:
         print("skyfed monitor: --cert and --key need --cafile (the federation CA, e.g. DIR/monitor/ca.crt)")
         return 2
-    settings = BrokerSettings.from_address(args.broker, tls=tls)
+    # MQTT 5, so that a broker closing us for another client with the same id says so (3.1.1 cannot)
+    settings = BrokerSettings.from_address(args.broker, tls=tls, protocol="5")
     return monitor(settings, args.federation, once=args.once, timeout_s=args.timeout)
 
 
@@ -43,6 +79,9 @@ def add_server_commands(commands: argparse._SubParsersAction) -> None:
     run.add_argument("--config", required=True, help="path to server.toml")
     run.add_argument("--keep-running", action="store_true", help="stay up after server.rounds are done (serve status)")
     run.set_defaults(handler=run_server)
+    check = server.add_parser("check", help="check server.toml (and that state_dir is writable) without starting")
+    check.add_argument("--config", required=True, help="path to server.toml")
+    check.set_defaults(handler=check_server)
 
 
 def add_monitor_command(commands: argparse._SubParsersAction) -> None:

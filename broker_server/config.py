@@ -126,7 +126,7 @@ class ServerConfig:
 def load_server_config(path: Path) -> ServerConfig:
     """Parse and check ``server.toml``; raise ``ConfigError`` naming the key and the fix."""
     from broker_server.strategies import build_strategy
-    from models.zoo import MODELS
+    from models.tasks import CLASSIFIERS, YOLO_YAMLS  # the zoo's names, without importing PyTorch
 
     data = read_toml(path)
     check_tables(path, data, {"server", "broker", "keys", "rounds", "training", "strategy", "bounds", "limits",
@@ -154,8 +154,9 @@ def load_server_config(path: Path) -> ServerConfig:
         raise
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    if config.server.model not in MODELS:
-        raise ConfigError(f"{path}: server.model {config.server.model!r} is unknown; choose one of {sorted(MODELS)}")
+    if config.server.model not in (*CLASSIFIERS, *YOLO_YAMLS):
+        known = sorted([*CLASSIFIERS, *YOLO_YAMLS])
+        raise ConfigError(f"{path}: server.model {config.server.model!r} is unknown; choose one of {known}")
     if problem := task_problem(config):
         raise ConfigError(f"{path}: {problem}")
     if config.server.rounds < 0:
@@ -167,8 +168,7 @@ def load_server_config(path: Path) -> ServerConfig:
 def task_problem(config: ServerConfig) -> str:
     """Why the model's task (classify or detect) does not fit the rest of the configuration, or ``""``."""
     from broker_server.strategies import build_strategy
-    from models.tasks import task_of
-    from models.yolo import PARTS
+    from models.tasks import PARTS, task_of
 
     server = config.server
     if task_of(server.model) == "classify":

@@ -24,7 +24,7 @@ from broker_server.evaluation import server_evaluator
 from broker_server.fleet_changes import FleetChanges
 from broker_server.groupkeys import GroupKeyDistributor
 from broker_server.ignored import IgnoredAgents
-from broker_server.metrics_log import log_round
+from broker_server.metrics_log import log_round, log_run_finished
 from broker_server.publisher import ModelPublisher
 from broker_server.registry import AgentRegistry, StatusRefused
 from broker_server.round_task import round_task
@@ -173,6 +173,7 @@ class Aggregator(FleetChanges, MqttDaemon):
                 elif self.engine.finished:  # the privacy budget ran out
                     self.phase = "finished"
                     self._publish_if_new()
+                    self._log_finished()
         elif action == "close":
             self._close(now)
         elif action == "reannounce":
@@ -316,7 +317,15 @@ class Aggregator(FleetChanges, MqttDaemon):
         self.mqtt.publish(self.topics.server_metrics, metrics.to_json())
         log_round(metrics)
         self.phase = "finished" if self.engine.finished else "waiting-for-agents"
+        if self.engine.finished:
+            self._log_finished()
         self._publish_status(force=True)
+
+    def _log_finished(self) -> None:
+        e = self.engine
+        log_run_finished(rounds=e.next_round - 1, version=e.version, evaluation=e.last_eval, best=e.best.record,
+                         out=self.config.state_dir / "global_model.safetensors",
+                         why="privacy-budget-spent" if e.budget_exhausted else "rounds-done")  # fmt: skip
 
     def _reject(self, agent: str, reason: str) -> None:
         """Count, log (throttled) and record a refusal. Ids that are not enrolled (anyone can invent topic

@@ -97,3 +97,17 @@ def log_round(m: RoundMetrics) -> None:
         m.model_version,
         ",".join(m.aggregation.get("clipped", [])) or "-",
     )
+
+
+def log_run_finished(*, rounds: int, version: int, evaluation: dict, best: dict, out: Path, why: str) -> None:
+    """The one line that says the run is over, what came out of it and where it is."""
+    score = headline(evaluation)
+    log.info(
+        "run finished rounds=%d final model version=%d eval=%s best=%s out=%s reason=%s",
+        rounds,
+        version,
+        "none (server.eval_data is not set)" if score is None and not evaluation else score,
+        f"v{best['version']}" if best.get("version") else "-",
+        out,
+        why,
+    )

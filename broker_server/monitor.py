@@ -6,8 +6,10 @@ server and agent status, per-round metrics) and needs no keys: status is public 
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rich.console import Console, Group
@@ -15,9 +17,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from common.text import printable
 from protocol.messages import AgentStatus, MessageError, RoundMetrics, ServerStatus, headline
 from protocol.mqtt import BrokerSettings, MqttClient
-from protocol.topics import Topics
+from protocol.topics import ROOT, Topics
+
+ANY_SERVER_STATUS = f"{ROOT}/+/server/status"  # which federations a broker carries, asked when ours shows nothing
+DISCOVERY_S = 1.5  # retained status arrives at once; this is ample
+STOP_WAIT_S = 1.0  # paho's thread may be mid-reconnect: the monitor exits without it
 
 
 @dataclass
@@ -29,16 +36,27 @@ class FederationView:
     agents: dict[str, AgentStatus] = field(default_factory=dict)
     metrics: list[RoundMetrics] = field(default_factory=list)
 
-    def apply(self, topic: str, payload: bytes) -> None:
+    hint: str = ""  # shown under the tables, e.g. which federations the broker carries when this one is silent
+
+    @property
+    def empty(self) -> bool:
+        return self.server is None and not self.agents and not self.metrics
+
+    def apply(self, topic: str, payload: bytes) -> str | None:
+        """Fold in one message; return it as one plain line (for a pipe or a log), or None if ignored."""
         try:
             if topic == self.topics.server_status and payload:
                 self.server = ServerStatus.from_json(payload)
-            elif topic == self.topics.server_metrics:
+                return _server_line(self.server)
+            if topic == self.topics.server_metrics:
                 self.metrics = [*self.metrics[-9:], RoundMetrics.from_json(payload)]
-            elif (agent := self.topics.agent_of(topic)) and topic == self.topics.agent_status(agent) and payload:
+                return _metrics_line(self.metrics[-1])
+            if (agent := self.topics.agent_of(topic)) and topic == self.topics.agent_status(agent) and payload:
                 self.agents[agent] = AgentStatus.from_signed_json(payload)  # as claimed: the monitor holds no keys
+                return _agent_line(agent, self.agents[agent])
         except MessageError:
             pass
+        return None
 
     def render(self) -> Group:
         """Tables of the last status and metrics; every value from the network is shown as plain text."""
@@ -83,46 +101,147 @@ class FederationView:
                     f"{m.bytes_down / 1e6:.2f}",
                 )
             )
+        notes = [Text(self.hint)] if self.hint else []
         if not self.metrics:
-            return Group(head, agents, "no round has finished since the monitor started (metrics are not retained)")
-        return Group(head, agents, rounds)
+            notes.append(Text("no round has finished since the monitor started (metrics are not retained)"))
+            return Group(head, agents, *notes)
+        return Group(head, agents, rounds, *notes)
 
 
 MAX_CELL = 800  # characters of one network-supplied value shown (an agent's detail names a fix)
 
 
 def _cells(*values: object) -> list[Text]:
-    """Plain text cells: a status string such as ``[/oops]`` is shown, never parsed as markup."""
-    return [Text(str(v)[:MAX_CELL]) for v in values]
+    """Plain text cells: a status string such as ``[/oops]`` is shown, never parsed as markup, and an escape
+    sequence in it (clipboard write, screen clear, concealed text) is shown escaped, never sent to the terminal."""
+    return [Text(printable(str(v), MAX_CELL)) for v in values]
+
+
+def _line(kind: str, **fields: object) -> str:
+    """``kind key=value ...``, every value one printable token run (a pipe or journald gets one line each)."""
+    return " ".join([kind, *(f"{k}={printable(str(v), MAX_CELL)}" for k, v in fields.items())])
+
+
+def _server_line(s: ServerStatus) -> str:
+    return _line("server", federation=s.federation, state=s.state, round=s.round, phase=s.phase,
+                 strategy=s.strategy, model=f"v{s.model_version}", agents_online=s.agents_online,
+                 eval=_fmt(headline(s.eval)), detail=s.detail)  # fmt: skip
+
+
+def _agent_line(name: str, a: AgentStatus) -> str:
+    gate = "ok" if a.gate.ok else "blocked: " + ", ".join(a.gate.reasons)
+    return _line("agent", id=name, state=a.state, round=a.round, done=a.last_completed_round, samples=a.samples,
+                 model=f"v{a.version}", gate=gate, detail=a.detail)  # fmt: skip
+
+
+def _metrics_line(m: RoundMetrics) -> str:
+    return _line("round", round=m.round, outcome=m.outcome, reason=m.reason,
+                 accepted=f"{len(m.accepted)}/{len(m.participants)}", rejected=len(m.rejected),
+                 metric=_fmt(headline(m.eval)), seconds=f"{m.duration_s:.1f}")  # fmt: skip
 
 
 def _fmt(value: object) -> str:
     return f"{value:.4f}" if isinstance(value, float) else "-"
 
 
-def monitor(settings: BrokerSettings, federation: str, *, once: bool = False, timeout_s: float = 3.0) -> int:
+def monitor(
+    settings: BrokerSettings,
+    federation: str,
+    *,
+    once: bool = False,
+    timeout_s: float = 3.0,
+    console: Console | None = None,
+) -> int:
+    """Exit 0 after a snapshot (``once``) or Ctrl-C; 1 when the broker cannot be used or, with ``once``, when the
+    federation shows nothing (the message names the federations the broker does carry)."""
+    console = console or Console()
     view = FederationView(Topics(federation))
     client = MqttClient(f"monitor-{uuid.uuid4().hex[:8]}", settings, persistent=False)
     for pattern in (view.topics.server_status, view.topics.server_metrics, view.topics.agent_status_wildcard):
         client.subscribe(pattern, qos=0)
+    where = f"{settings.host}:{settings.port}"
     if not client.start(timeout_s=timeout_s):
-        Console(stderr=True).print(f"cannot reach the broker at {settings.host}:{settings.port}")
-        client.stop()
+        _say(f"cannot reach the broker at {where}: {client.problem or f'no answer within {timeout_s:g} s'}")
+        client.stop(STOP_WAIT_S)
         return 1
     try:
         if once:
-            deadline = time.monotonic() + timeout_s
-            while (left := deadline - time.monotonic()) > 0:
-                if (msg := client.poll(left)) is not None:
-                    view.apply(*msg)
-            Console().print(view.render())
+            _collect(client, view, timeout_s)
+            if view.empty:
+                _say(_nothing_seen(client, view, where, timeout_s))
+                return 1
+            console.print(view.render())
             return 0
-        with Live(view.render(), refresh_per_second=2) as live:
-            while True:
-                if (msg := client.poll(0.5)) is not None:
-                    view.apply(*msg)
-                live.update(view.render())
+        if console.is_terminal:
+            with Live(view.render(), console=console, refresh_per_second=2) as live:
+                return _watch(client, view, where, timeout_s, _refresher(live, view))
+        return _watch(client, view, where, timeout_s, _print_line)  # a pipe or the journal: plain lines
     except KeyboardInterrupt:
         return 0
     finally:
-        client.stop()
+        client.stop(STOP_WAIT_S)  # never wait for ever on paho's thread (it may sit in a full queue)
+
+
+def _refresher(live: Live, view: FederationView) -> Callable[[str | None], None]:
+    """Redraw at most twice a second: a burst of thousands of retained statuses is folded in, not drawn each."""
+    drawn = [0.0]
+
+    def refresh(_line: str | None) -> None:
+        if (now := time.monotonic()) - drawn[0] >= 0.5:
+            drawn[0] = now
+            live.update(view.render())
+
+    return refresh
+
+
+def _print_line(line: str | None) -> None:
+    if line is not None:
+        print(line, flush=True)
+
+
+def _say(text: str) -> None:
+    print(f"skyfed monitor: {text}", file=sys.stderr, flush=True)
+
+
+def _collect(client: MqttClient, view: FederationView, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0 and not client.taken_over:
+        if (msg := client.poll(left)) is not None:
+            view.apply(*msg)
+
+
+def _watch(
+    client: MqttClient, view: FederationView, where: str, timeout_s: float, show: Callable[[str | None], None]
+) -> int:
+    """Until Ctrl-C: each message shown (``show(None)``: nothing new, refresh); after ``timeout_s`` of silence
+    from the federation, say what the broker carries instead; stop (exit 1) when another client took the
+    connection, rather than take it back for ever."""
+    quiet_until = time.monotonic() + timeout_s
+    while not client.taken_over:
+        msg = client.poll(0.5)
+        show(view.apply(*msg) if msg is not None else None)
+        if view.empty and not view.hint and time.monotonic() > quiet_until:
+            view.hint = _nothing_seen(client, view, where, timeout_s)
+            show(f"note: {view.hint}")
+    _say(client.problem or "the broker closed the connection")
+    return 1
+
+
+def _nothing_seen(client: MqttClient, view: FederationView, where: str, waited_s: float) -> str:
+    """What to tell an operator whose federation is silent: the federations whose server status this broker
+    holds (asked briefly, then unsubscribed from by ending the client)."""
+    client.subscribe(ANY_SERVER_STATUS, qos=0)
+    seen: set[str] = set()
+    deadline = time.monotonic() + DISCOVERY_S
+    while (left := deadline - time.monotonic()) > 0:
+        if (msg := client.poll(left)) is not None:
+            topic, payload = msg
+            parts = topic.split("/")
+            if len(parts) == 4 and parts[2:] == ["server", "status"] and payload:
+                seen.add(printable(parts[1], 64))
+            view.apply(topic, payload)
+    said = f"no status from federation {view.topics.federation!r} on {where} within {waited_s:g} s"
+    others = sorted(seen - {view.topics.federation})
+    if others:
+        return f"{said}; federations with a server status there: {', '.join(others)} (pass --federation NAME)"
+    return f"{said}, nor from any other federation this client may read: is the server running, and --broker right?"

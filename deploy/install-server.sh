@@ -61,6 +61,9 @@ role_check_config() {
     [[ -z $init ]] || resolve_ref server.init_weights "$init" "Ultralytics .pt checkpoint" >/dev/null
     check_state_dir server
     check_data_ref server eval_data
+    [[ -n $(toml_get "$PROV/$CONFIG_NAME" server eval_data) ]] ||
+        note "server.eval_data is not set in $ETC/$CONFIG_NAME: no round is evaluated (no accuracy or mAP, no best model);" \
+            "put a validation set (.npz with x, y, or a YOLO data.yaml) under $STATE/server, set eval_data, then: systemctl restart $UNIT"
 }
 
 # The directory a provisioned skyfed.conf names for its files (acl_file, cafile, ...): all in one folder.

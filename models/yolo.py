@@ -20,10 +20,9 @@ import torch
 from torch import nn
 
 from common.files import atomic_write
-from models.tasks import YOLO_YAMLS
+from models.tasks import PARTS, YOLO_YAMLS
 from models.yolo_dataset import DetectionData, resolved_yaml
 
-PARTS = ("full", "backbone", "head")
 # Ultralytics settings that reach the network: analytics sync, Platform streaming, experiment trackers
 OFFLINE_SETTINGS = {"sync": False, "api_key": "", "clearml": False, "comet": False, "dvc": False, "mlflow": False,
                     "raytune": False, "tensorboard": False, "wandb": False}  # fmt: skip

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import paho.mqtt.client as paho
 
 from common.sdnotify import Notifier
+from common.text import PrintableFormatter
 from protocol.config import ConfigError
 from protocol.mqtt import MqttClient
 
@@ -44,7 +45,7 @@ def configure_logging(level: str, *, thread_names: bool = False) -> None:
     if thread_names:
         fmt = "[%(threadName)s] " + fmt
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JournalFormatter(fmt) if stderr_is_journal() else logging.Formatter("%(asctime)s " + fmt))
+    handler.setFormatter(JournalFormatter(fmt) if stderr_is_journal() else PrintableFormatter("%(asctime)s " + fmt))
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
 
 
@@ -59,7 +60,7 @@ def stderr_is_journal() -> bool:
     return device.isdigit() and inode.isdigit() and (int(device), int(inode)) == (stat.st_dev, stat.st_ino)
 
 
-class JournalFormatter(logging.Formatter):
+class JournalFormatter(PrintableFormatter):
     """Every line of a record prefixed with the record's syslog priority, which journald strips and keeps."""
 
     PRIORITIES = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}

@@ -25,6 +25,7 @@ from paho.mqtt.properties import Properties
 
 log = logging.getLogger("skyfed.mqtt")
 
+EVICTION_WINDOW_S = 5.0  # a connection lost this soon after the broker accepted it, twice running: evicted
 SESSION_EXPIRY_S = 7 * 24 * 3600  # MQTT 5: keep the session (and queued QoS 1 messages) for a week
 
 
@@ -93,7 +94,7 @@ def describe_connect_error(exc: BaseException | None, settings: BrokerSettings) 
     if isinstance(exc, TimeoutError):
         return f"no answer from {where}: wrong broker.host, or a firewall drops the connection"
     if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"TLS: the broker's certificate does not verify ({exc.verify_message}): check broker.tls.ca_certs"
+        return f"TLS: the broker's certificate does not verify ({exc.verify_message}): {_verify_fix(exc, settings)}"
     tls_cut = settings.tls is not None and isinstance(exc, ConnectionResetError | BrokenPipeError)
     if isinstance(exc, ssl.SSLError) or tls_cut:
         why = exc.reason if isinstance(exc, ssl.SSLError) else "the broker hung up"
@@ -106,6 +107,15 @@ def describe_connect_error(exc: BaseException | None, settings: BrokerSettings) 
     return f"cannot connect to {where}"
 
 
+def _verify_fix(exc: ssl.SSLCertVerificationError, settings: BrokerSettings) -> str:
+    """What to change for OpenSSL's verify code (X509_V_ERR_*): wrong name, out of date, or an unknown CA."""
+    if exc.verify_code in (62, 64):  # HOSTNAME_MISMATCH, IP_ADDRESS_MISMATCH
+        return f"the certificate is not for {settings.host!r}: set broker.host to a name it holds, or re-issue it"
+    if exc.verify_code in (9, 10):  # NOT_YET_VALID, HAS_EXPIRED
+        return "re-issue the broker's certificate (or check this host's clock)"
+    return "check broker.tls.ca_certs (the CA that signed the broker's certificate)"
+
+
 def describe_refusal(reason: object, settings: BrokerSettings) -> str:
     """A CONNACK refusal, with what to check."""
     text = str(reason)
@@ -116,6 +126,17 @@ def describe_refusal(reason: object, settings: BrokerSettings) -> str:
     else:
         fix = "see the broker's log"
     return f"broker {settings.host}:{settings.port} refused the connection ({text}): {fix}"
+
+
+def taken_over_text(client_id: str, settings: BrokerSettings) -> str:
+    """Why the broker closed a connection for another client with the same id, and what that id is."""
+    who = f"client id {client_id!r}"
+    if settings.tls is not None and settings.tls.certfile:  # mosquitto's use_username_as_clientid
+        who += f" (with TLS the broker uses the certificate name: {settings.tls.certfile} is in use elsewhere)"
+    return (
+        f"another client is connected with this {who}: the broker closes one connection for the other "
+        "(twice running right after accepting it, or MQTT 5's 'Session taken over'); run one client per id"
+    )
 
 
 def _acknowledged(info: paho.MQTTMessageInfo) -> bool:
@@ -151,6 +172,9 @@ class MqttClient:
         self.problem: str | None = None  # why the broker is unreachable or refuses us, in words; None when fine
         self._stopping = False
         self._pending_subscribes: dict[int, str] = {}
+        self.taken_over = False  # the broker closed us because another client connected with our client id
+        self._connected_at = 0.0
+        self._quick_drops = 0  # consecutive connections lost within EVICTION_WINDOW_S of being accepted
         v5 = settings.protocol == "5"
         self._persistent = persistent
         self._client = paho.Client(
@@ -176,6 +200,7 @@ class MqttClient:
         self._client.on_disconnect = self._handle_disconnect
         self._client.on_message = self._handle_message
         self._client.on_subscribe = self._handle_subscribe
+        self._client.on_publish = self._handle_publish
 
     # lifecycle -------------------------------------------------------------------------------------
     def start(self, timeout_s: float | None = None) -> bool:
@@ -251,6 +276,11 @@ class MqttClient:
         except queue.Empty:
             return None
 
+    def report_problem(self, problem: str | None) -> None:
+        """A problem the caller found on this connection (its messages never come back, say): logged once and
+        shown as ours are (status, systemd), until the next (re)connect clears it."""
+        self._report(problem)
+
     # paho callbacks (network thread) -----------------------------------------------------------------
     def _report(self, problem: str | None) -> None:
         """Log a change of connection problem once (paho retries with back-off; repeats stay quiet)."""
@@ -267,6 +297,7 @@ class MqttClient:
             self._report(describe_refusal(reason_code, self.settings))
             return
         self._report(None)
+        self._connected_at = time.monotonic()
         self._pending_subscribes.clear()  # acknowledgements lost with the previous connection never come
         for pattern, qos in self._subscriptions.items():
             self._subscribe(client, pattern, qos)
@@ -284,7 +315,10 @@ class MqttClient:
     def _handle_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
         if self._stopping:
             return
-        if self.connected.is_set():
+        if self.connected.is_set() and self._evicted(str(reason_code)):
+            self.taken_over = True
+            self._report(taken_over_text(self.client_id, self.settings))
+        elif self.connected.is_set():
             log.warning("mqtt disconnected client=%s reason=%s; reconnecting", self.client_id, reason_code)
             self.problem = f"connection lost ({reason_code}); reconnecting"
         elif self.problem is None and self.settings.tls is None:
@@ -294,6 +328,13 @@ class MqttClient:
             )
         self.connected.clear()
 
+    def _evicted(self, reason: str) -> bool:
+        """Whether another client with our id took the connection: MQTT 5 may say so ("Session taken over");
+        otherwise (mosquitto 2.0 sends no reason) it shows as a second drop in a row, each soon after connecting."""
+        quick = time.monotonic() - self._connected_at < EVICTION_WINDOW_S
+        self._quick_drops = self._quick_drops + 1 if quick else 0
+        return reason == "Session taken over" or self._quick_drops >= 2
+
     def _handle_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # noqa: ANN001
         pattern = self._pending_subscribes.pop(mid, "?")
         refused = [str(rc) for rc in reason_codes if rc.is_failure]
@@ -301,5 +342,19 @@ class MqttClient:
             reasons = ", ".join(refused)
             self._report(f"subscription to {pattern} refused ({reasons}): check the broker's ACL for this id")
 
+    def _handle_publish(self, client, userdata, mid, reason_code, properties) -> None:  # noqa: ANN001
+        if reason_code.is_failure:  # MQTT 5 only: mosquitto says 0x87 "Not authorized" where 3.1.1 acks silently
+            self._report(
+                f"the broker refused a message ({reason_code}): its ACL does not let {self.client_id!r} publish "
+                "there (after skyfed provision added this id: systemctl reload mosquitto on the broker host)"
+            )
+
     def _handle_message(self, client, userdata, message: paho.MQTTMessage) -> None:  # noqa: ANN001
-        self.inbox.put((message.topic, message.payload))
+        # A full queue holds paho's thread (the broker then waits on us) until the caller polls, or until
+        # ``stop``: a caller that stopped polling must not leave this thread blocked for ever.
+        while not self._stopping:
+            try:
+                self.inbox.put((message.topic, message.payload), timeout=0.5)
+                return
+            except queue.Full:
+                continue

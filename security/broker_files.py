@@ -5,7 +5,8 @@ With ``use_identity_as_username`` the certificate CN is the MQTT user name, so t
 node's session (mosquitto lets a new connection evict an existing client id, whoever presents it).
 Every node gets its own ``user`` block and nothing else (no ``pattern`` lines: those apply to every
 user, monitors included): an agent writes only its own status and updates and reads only the round
-task, the model and its own inbox; a monitor reads status and metrics and writes nothing; the server
+task, the model, the server's status (to see a run end), its own status (to see that the broker keeps
+what it sends: ``agent.echo``) and its own inbox; a monitor reads status and metrics and writes nothing; the server
 reads and writes the federation's tree. ``deploy/mosquitto/`` holds these files for an example fleet.
 """
 
@@ -42,7 +43,8 @@ def acl_text(federation: str, agents: list[str]) -> str:
             f"user {agent}",
             f"topic read {root}/round",
             f"topic read {root}/model/#",
-            f"topic write {root}/agent/{agent}/status",
+            f"topic read {root}/server/status",
+            f"topic readwrite {root}/agent/{agent}/status",
             f"topic write {root}/agent/{agent}/update",
             f"topic read {root}/agent/{agent}/inbox",
         ]

@@ -6,8 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from common import toml
 from protocol.mqtt import BrokerSettings
 from security.provision import Layout, ProvisionError, Provisioning, load_plan, ownership_notes, provision, revoke_agent
+from security.provision_notes import checkout_warning, eval_data_note, next_steps
 
 DEFAULTS = {"broker": "broker.local:8883", "state_dir": "/var/lib/skyfed", "service_user": "skyfed",
             "broker_user": "mosquitto", "listen": ""}  # fmt: skip
@@ -98,8 +100,15 @@ def run_provision(args: argparse.Namespace) -> int:
     text = instructions(out, plan)
     (out / "README.txt").write_text(text + "\n")
     print(f"provisioned {len(plan.agents)} agents in {out} ({len(new)} new: {', '.join(new) or 'none'})\n{text}")
-    for note in ownership_notes(plan):
+    for line in next_steps(out, plan, new):
+        print(line)
+    notes = ownership_notes(plan)
+    if "eval_data" not in toml.loads((Layout(out).server / "server.toml").read_text()).get("server", {}):
+        notes.append(eval_data_note(plan))
+    for note in notes:
         print(f"note: {note}", file=sys.stderr)
+    if warning := checkout_warning(out):
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -279,6 +279,7 @@ def test_server_install_with_the_broker_folder_revocations_and_an_agent_on_the_s
     link = root / "etc/mosquitto/conf.d/skyfed.conf"
     assert os.readlink(link) == "/etc/mosquitto/skyfed/skyfed.conf"
     assert "systemctl restart mosquitto" in first.stdout
+    assert "server.eval_data is not set" in first.stderr  # provision writes none: nothing measures accuracy
     unit = root / "etc/systemd/system/skyfed-server.service"
     assert unit.read_bytes() == (DEPLOY / "systemd/skyfed-server.service").read_bytes()
     if shutil.which("systemctl"):

@@ -191,6 +191,17 @@ def test_infer_detects_in_original_pixels(yolo, tmp_path):
         assert BOXES[d["class_id"]] == d["class"] and 0 <= d["confidence"] <= 1
 
 
+def test_an_empty_detection_list_says_the_best_score_and_the_threshold(yolo, tmp_path):
+    _, _, path, _ = yolo
+    (image,) = write_images(tmp_path, [(64, 64)])
+    (everything,) = infer(path, [image], conf=0.0, max_det=1)
+    best = everything["detections"][0]["confidence"]
+    assert everything["best_score"] == best and "hint" not in everything
+    (nothing,) = infer(path, [image], conf=min(best + 0.01, 1.0))
+    assert nothing["detections"] == [] and nothing["best_score"] == best
+    assert nothing["hint"] == f"best score {best:.2f} < --conf {min(best + 0.01, 1.0):g}"
+
+
 def test_infer_never_imports_torch(cnn, tmp_path):
     (image,) = write_images(tmp_path, [(16, 16)])
     code = (

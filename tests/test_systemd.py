@@ -216,16 +216,17 @@ def test_a_failed_notification_is_dropped_with_one_log_line(caplog):
 def test_logs_into_the_journal_carry_their_priority_on_every_line_and_no_timestamp(tmp_path):
     code = (
         "import logging; from protocol.daemon import configure_logging; configure_logging('info'); "
-        "logging.getLogger('skyfed.x').warning('first\\nsecond')"
-    )
+        "logging.getLogger('skyfed.x').warning('first\\nsecond', exc_info=(ValueError, ValueError('why'), None))"
+    )  # a message is one line (a newline in it is shown escaped); a traceback keeps its lines, each with its priority
     with open(tmp_path / "journal", "wb") as stream:
         journal = os.fstat(stream.fileno())
         env = {**os.environ, "JOURNAL_STREAM": f"{journal.st_dev}:{journal.st_ino}"}
         subprocess.run([sys.executable, "-c", code], stderr=stream, env=env, cwd=ROOT, check=True)
-    assert (tmp_path / "journal").read_text() == "<4>WARNING skyfed.x: first\n<4>second\n"
+    assert (tmp_path / "journal").read_text() == "<4>WARNING skyfed.x: first\\nsecond\n<4>ValueError: why\n"
     inherited = subprocess.run([sys.executable, "-c", code], env={**env, "JOURNAL_STREAM": "1:2"}, cwd=ROOT,
                                capture_output=True, text=True, check=True)  # fmt: skip
-    assert re.fullmatch(r"\d{4}-\d\d-\d\d [\d:,]+ WARNING skyfed.x: first\nsecond\n", inherited.stderr)
+    line = r"\d{4}-\d\d-\d\d [\d:,]+ WARNING skyfed.x: first\\nsecond\nValueError: why\n"
+    assert re.fullmatch(line, inherited.stderr)
 
 
 # the units -------------------------------------------------------------------------------------------

@@ -1,0 +1,24 @@
+"""What ``skyfed server check`` and the server's start say about a loaded ``server.toml``."""
+
+from __future__ import annotations
+
+from broker_server.config import ServerConfig
+
+NO_EVAL_DATA = (
+    "server.eval_data is not set: no round is evaluated, so accuracy (mAP for detectors) is never measured "
+    "and no best model is elected; set server.eval_data to a validation set (an .npz with x, y for classifiers, "
+    "a YOLO data.yaml for detectors)"
+)
+
+
+def server_summary(config: ServerConfig) -> str:
+    s, b = config.server, config.broker
+    return (
+        f"federation={s.federation} model={s.model} rounds={s.rounds or 'forever'} broker={b.host}:{b.port} "
+        f"tls={'yes' if b.tls else 'no'} state_dir={config.state_dir} eval_data={config.eval_path or 'none'}"
+    )
+
+
+def server_warnings(config: ServerConfig) -> list[str]:
+    """What loads but is likely a mistake: said at start, by ``skyfed server check`` and by provision."""
+    return [] if config.server.eval_data else [NO_EVAL_DATA]

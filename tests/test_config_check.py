@@ -1,0 +1,82 @@
+"""``skyfed server|agent check`` and the daemons' start: a bad config fails in a second, naming the key and the fix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.broker import free_port
+from sim.federation import SimSettings, create_federation
+from skyfed import main
+from tests.fedharness import override_toml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def federation(tmp_path):
+    return create_federation(tmp_path / "fed", SimSettings(agents=1, rounds=1, federation="fleet"),
+                             ("127.0.0.1", free_port()))  # fmt: skip
+
+
+def _file_in_the_way(tmp_path: Path) -> Path:
+    """A state_dir nobody can create, even as root: its parent is a regular file."""
+    (tmp_path / "file").write_text("")
+    return tmp_path / "file" / "state"
+
+
+def test_check_says_ok_with_a_summary(federation, capsys):
+    assert main(["server", "check", "--config", str(federation.server_config)]) == 0
+    assert main(["agent", "check", "--config", str(federation.agent_configs["agent-01"])]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("ok: ") and "federation=fleet" in out[0] and "eval_data=" in out[0]
+    assert out[1].startswith("ok: ") and "id=agent-01" in out[1]
+
+
+def test_an_unwritable_state_dir_names_the_key_and_the_fix(federation, tmp_path, capsys):
+    bad = str(_file_in_the_way(tmp_path))
+    override_toml(federation.server_config, server={"state_dir": bad})
+    override_toml(federation.agent_configs["agent-01"], agent={"state_dir": bad})
+    assert main(["server", "check", "--config", str(federation.server_config)]) == 2
+    assert main(["agent", "check", "--config", str(federation.agent_configs["agent-01"])]) == 2
+    err = capsys.readouterr().err
+    assert f"server.state_dir = '{bad}': cannot write there (Not a directory)" in err and "install -d" in err
+    assert f"agent.state_dir = '{bad}'" in err
+
+
+def test_a_missing_eval_set_is_a_warning(federation, capsys):
+    text = federation.server_config.read_text().replace('eval_data = "test.npz"\n', "")
+    federation.server_config.write_text(text)
+    assert main(["server", "check", "--config", str(federation.server_config)]) == 0
+    assert "warning: server.eval_data is not set" in capsys.readouterr().out
+
+
+def _skyfed(*args: str) -> subprocess.Popen:
+    code = "import sys; from skyfed import main; rc = main(sys.argv[1:]); print('torch' in sys.modules); sys.exit(rc)"
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_a_config_error_comes_before_pytorch_is_imported(federation):
+    override_toml(federation.server_config, server={"rounds": -1})
+    override_toml(federation.agent_configs["agent-01"], agent={"status_interval_s": "often"})
+    for role, config in (("server", federation.server_config), ("agent", federation.agent_configs["agent-01"])):
+        out, err = _skyfed(role, "run", "--config", str(config)).communicate(timeout=60)
+        assert out.strip() == "False", f"{role}: PyTorch imported before the config error ({err})"
+        assert "cannot start" in err
+
+
+def test_the_server_warns_at_start_when_nothing_evaluates_rounds(federation):
+    text = federation.server_config.read_text().replace('eval_data = "test.npz"\n', "")
+    federation.server_config.write_text(text)
+    proc = _skyfed("server", "run", "--config", str(federation.server_config))
+    try:
+        first = proc.stderr.readline()  # the broker is not there: the daemon keeps trying; the warning comes first
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "WARNING skyfed.server: server.eval_data is not set" in first

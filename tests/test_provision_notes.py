@@ -1,0 +1,40 @@
+"""What ``skyfed provision`` tells the operator: the steps new agents need, missing evaluation data, a checkout."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from skyfed import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _provision(out: Path, agents: str) -> int:
+    return main(["provision", "--federation", "fleet", "--agents", agents, "--out", str(out), "--broker",
+                 "127.0.0.1:8883", "--state-dir", str(out.parent / "state")])  # fmt: skip
+
+
+def test_adding_an_agent_says_to_reload_the_broker_and_enrol_its_key(tmp_path, capsys):
+    out = tmp_path / "pki"
+    assert _provision(out, "a1") == 0
+    capsys.readouterr()
+    assert _provision(out, "a1,a2") == 0
+    printed = capsys.readouterr()
+    steps = printed.out[printed.out.index("next steps for a2") :]
+    assert "systemctl reload mosquitto" in steps
+    assert f"skyfed keys enroll {out}/server/enrolled/a2.pub --enrolled /etc/skyfed/enrolled" in steps
+    assert "skyfed agent check --config /etc/skyfed/agent.toml" in steps and "a1" not in steps
+    assert "server.toml has no server.eval_data" in printed.err
+
+
+def test_a_provisioning_folder_inside_a_git_checkout_is_warned_about_and_ignored_here(tmp_path, capsys):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    assert _provision(tmp_path / "sub" / "pki", "a1") == 0
+    err = capsys.readouterr().err
+    assert f"is inside the git work tree {tmp_path}" in err and "ca.crt.key" in err
+    assert _provision(tmp_path.parent / f"{tmp_path.name}-outside", "a1") == 0
+    assert "git work tree" not in capsys.readouterr().err
+    ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "fleet/ca/ca.crt.key", "fleet-pki/ca/ca.crt.key"],
+                             capture_output=True, text=True)  # fmt: skip
+    assert ignored.stdout.split() == ["fleet/ca/ca.crt.key", "fleet-pki/ca/ca.crt.key"]
