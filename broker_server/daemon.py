@@ -137,6 +137,8 @@ class Aggregator(MqttDaemon):
                 return
             self.group_keys.on_status(agent, previous, status)
             self._note_model_wait(agent, status)
+            if status is not None and status != previous and status.state == "failed":
+                self._gave_up(agent, status.round, "reported its training failed")
         elif topic == self.topics.agent_update(agent):
             self._on_update_chunk(agent, payload)
 
@@ -251,6 +253,8 @@ class Aggregator(MqttDaemon):
             completed = self.reassembler.feed(payload, topic_sender=agent, kinds=frozenset({"update"}))
         except TransferRejected as exc:
             self._reject(exc.sender, exc.reason)
+            if exc.whole_round is not None:
+                self._gave_up(exc.sender, exc.whole_round, f"sent an update refused whole ({reason_kind(exc.reason)})")
             return
         if completed is None:
             return
@@ -274,6 +278,11 @@ class Aggregator(MqttDaemon):
         )
         self._publish_status(force=True)
         if self.engine.decide(self.clock()) == "close":  # at once: a threshold of K takes exactly K updates
+            self._close(self.clock())
+
+    def _gave_up(self, agent: str, round_number: int, why: str) -> None:
+        """``agent`` will send nothing usable this round: stop waiting for it (``RoundEngine.gave_up``)."""
+        if self.engine.gave_up(agent, round_number, why) and self.engine.decide(self.clock()) == "close":
             self._close(self.clock())
 
     def _on_key_rotated(self, key: GroupKey) -> None:

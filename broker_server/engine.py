@@ -244,21 +244,32 @@ class RoundEngine:
         are not backed off stand in for them (``rounds.replace_missing``). Returns ``(excused, stand_ins)``."""
         rs = self.round_state
         assert rs is not None
-        for agent in rs.pending:
-            record = self.health.missed(agent, rs.round)
-            log.warning(
-                "agent missed the deadline agent=%s round=%d misses=%d not_selected_until_round=%d",
-                agent,
-                rs.round,
-                record.misses,
-                record.backed_off_until + 1,
-            )
+        self._back_off(rs.pending, rs.round, "missed the deadline")
         seed = self.config.server.seed * 100_003 + rs.round * 101 + rs.attempt
         candidates = self.ledger.affordable(self.health.available(eligible, rs.round))
-        excused, stand_ins = replace_missing(rs, candidates, seed)  # under privacy, only agents with budget
+        # under privacy, only agents with budget
+        excused, stand_ins = replace_missing(rs, candidates, seed, self.rules.quorum)
         if stand_ins:
             log.warning("round %d: %s stand in for %s", rs.round, ",".join(stand_ins), ",".join(excused))
         return excused, stand_ins
+
+    def _back_off(self, agents: list[str], round_number: int, why: str) -> None:
+        for agent in agents:
+            record = self.health.missed(agent, round_number)
+            log.warning("agent %s agent=%s round=%d misses=%d not_selected_until_round=%d",
+                        why, agent, round_number, record.misses, record.backed_off_until + 1)  # fmt: skip
+
+    def gave_up(self, agent: str, round_number: int, why: str) -> bool:
+        """A selected agent that will not deliver this round (its own signed status says its training
+        failed, or its whole transfer was refused): not waited for, and backed off like a missed deadline.
+        False if it is not pending in the open round ``round_number``."""
+        rs = self.round_state
+        if rs is None or rs.round != round_number or agent not in rs.pending:
+            return False
+        rs.missed.append(agent)  # excused: a stand-in may replace it at the deadline, a late update is welcome
+        self._back_off([agent], round_number, why)
+        self.checkpoint()
+        return True
 
     def decide(self, now: float) -> str:
         if self.round_state is None:
@@ -324,6 +335,8 @@ class RoundEngine:
         ``model_wire_bytes`` is the size of the published model the selected agents downloaded."""
         rs = self.round_state
         assert rs is not None
+        if now >= rs.deadline:  # closed on the quorum at the deadline: whoever it still waited for missed it
+            self._back_off(rs.pending, rs.round, "missed the deadline")
         ctx = RoundContext(
             state=rs,
             global_arrays=self.global_arrays,

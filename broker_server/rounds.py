@@ -77,7 +77,7 @@ class RoundState:
     updates: list[UpdateRecord] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)  # selected agents whose own update was refused
-    missed: list[str] = field(default_factory=list)  # selected agents excused after a deadline, replaced
+    missed: list[str] = field(default_factory=list)  # selected agents excused: missed a deadline, or gave up
     action: str = "average"  # what the strategy does with the round's updates (average, swap, local)
     inbox_bytes: int = 0  # models sealed to agents' inboxes for this round (swap partners' and others)
     train: dict = field(default_factory=dict)  # the round's shared TrainSettings, as the strategy planned them
@@ -123,13 +123,17 @@ def per_agent_detail(state: RoundState) -> dict[str, dict[str, float]]:
     return detail
 
 
-def replace_missing(state: RoundState, candidates: list[str], seed: int) -> tuple[list[str], list[str]]:
+def replace_missing(
+    state: RoundState, candidates: list[str], seed: int, quorum: int = 0
+) -> tuple[list[str], list[str]]:
     """At a deadline without quorum: as many of ``candidates`` (eligible, not yet selected) as there are
-    pending agents join the round, drawn reproducibly, and as many pending agents are excused. Returns
-    ``(excused, stand_ins)``; with no candidate left the pending agents are simply asked again."""
+    pending agents, plus as many as the ``quorum`` lacks beyond them (agents excused earlier: refused,
+    or their training failed), join the round, drawn reproducibly, and that many pending agents are
+    excused. Returns ``(excused, stand_ins)``; with no candidate left the pending agents are asked again."""
     pending = state.pending
+    wanted = len(pending) + max(0, quorum - len(state.updates) - len(pending))
     available = sorted(set(candidates) - set(state.selected))
-    stand_ins = sorted(random.Random(seed).sample(available, min(len(pending), len(available))))
+    stand_ins = sorted(random.Random(seed).sample(available, min(wanted, len(available))))
     excused = pending[: len(stand_ins)]
     state.missed.extend(excused)
     state.selected.extend(stand_ins)
