@@ -10,7 +10,7 @@ from broker_server.engine import RoundEngine
 from protocol.update import UpdateMeta, UpdateMetaError
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
-from tests.fedharness import override_toml
+from tests.fedharness import ServerHarness, override_toml
 from tests.test_engine import completed
 
 AGENTS = ["agent-01", "agent-02", "agent-03"]
@@ -67,3 +67,14 @@ def test_a_deeply_nested_local_eval_is_a_bad_header_not_a_crash():
         meta["local_eval"] = "[" * depth + "]" * depth
         with pytest.raises(UpdateMetaError, match=f"bad-metadata: .*{why}"):
             UpdateMeta.from_metadata(meta)
+
+
+def test_an_update_refused_whole_as_too_large_ends_its_senders_part_in_the_round_at_once(tmp_path, broker):
+    with ServerHarness(tmp_path, broker, agents=3, round_rules={"quorum": 2, "min_agents": 2}) as h:
+        h.announce_agents()
+        for agent in ("agent-01", "agent-02"):
+            h.publish_update(agent, h.sealed(h.agents[agent], h.update_bytes(h.random_delta(int(agent[-1])))))
+        h.publish_update("agent-03", h.sealed(h.agents["agent-03"], bytes(64 << 20))[:1])
+        metrics = h.wait_metrics()  # within seconds: the deadline is 30 s away
+    assert sorted(metrics.accepted) == ["agent-01", "agent-02"] and metrics.missed == ["agent-03"]
+    assert any(r.reason.startswith("too-large") for r in metrics.rejected)
