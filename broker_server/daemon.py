@@ -23,6 +23,7 @@ from broker_server.evaluation import server_evaluator
 from broker_server.groupkeys import GroupKeyDistributor
 from broker_server.ignored import IgnoredAgents
 from broker_server.metrics_log import log_round
+from broker_server.model_resend import MODEL_STALL_S, ModelWaits
 from broker_server.publisher import ModelPublisher
 from broker_server.registry import AgentRegistry, StatusRefused
 from broker_server.round_task import round_task
@@ -45,7 +46,6 @@ from security.signing import signed_payload
 
 log = logging.getLogger("skyfed.server")
 
-MODEL_STALL_S = 15.0  # an agent waiting this long for the current model gets it re-published
 NOT_ENROLLED = "(not enrolled)"
 RE_ENROL = "not signed by the key enrolled for this agent: if its key was re-made, re-enrol this agent"
 REJECTION_LOG_INTERVAL_S = 10.0
@@ -99,14 +99,16 @@ class Aggregator(MqttDaemon):
         self._task_payload: bytes | None = None
         self._reasserted_at = 0.0
         self._reassert_pending = False
-        self._waiting_model_since: dict[str, float] = {}
+        self.model_waits = ModelWaits()
         self._model_republished_at = 0.0
+        self._skewed: set[str] = set()
         self._last_status = 0.0
 
     # MqttDaemon --------------------------------------------------------------------------------------
     def subscriptions(self) -> list[str]:
         # every federation's agent status (not only ours, with no overlap: a status arrives once)
-        return [self.topics.any_federation_status_wildcard, self.topics.agent_update_wildcard, self.topics.round]
+        return [self.topics.any_federation_status_wildcard, self.topics.agent_update_wildcard, self.topics.round,
+                self.topics.model_wildcard]  # fmt: skip  (its own retained model, read back: model_resend)
 
     def on_start(self) -> None:
         self.publisher.publish(self.engine.version, self.engine.global_arrays)
@@ -119,6 +121,9 @@ class Aggregator(MqttDaemon):
     def handle(self, topic: str, payload: bytes) -> None:
         if topic == self.topics.round:
             self._on_round_topic(payload)
+            return
+        if (version := self.topics.model_version_of(topic)) is not None:
+            self.publisher.retained.observe(version, topic.rsplit("/", 1)[1], payload)
             return
         if (foreign := self.topics.foreign_status_of(topic)) is not None:
             self.ignored.foreign(*foreign)
@@ -137,6 +142,7 @@ class Aggregator(MqttDaemon):
                 return
             self.group_keys.on_status(agent, previous, status)
             self._note_model_wait(agent, status)
+            self._note_clock(agent)
             if status is not None and status != previous and status.state == "failed":
                 self._gave_up(agent, status.round, "reported its training failed")
         elif topic == self.topics.agent_update(agent):
@@ -219,34 +225,42 @@ class Aggregator(MqttDaemon):
     def _note_model_wait(self, agent: str, status: AgentStatus | None) -> None:
         rs = self.engine.round_state
         waiting = status is not None and status.state == "waiting-model" and rs is not None
-        if waiting and status.round == rs.round and agent in rs.pending:  # only asked agents get a model again
-            self._waiting_model_since.setdefault(agent, self.clock())
-        else:
-            self._waiting_model_since.pop(agent, None)
+        asked = waiting and status.round == rs.round and agent in rs.pending  # only asked agents get a model again
+        self.model_waits.note(agent, asked, self.clock())
+
+    def _note_clock(self, agent: str) -> None:
+        """Say once when an agent's clock drifts beyond the tolerance (``registry``), and when it is back."""
+        offset = self.registry.clock_offset(agent)
+        if offset is not None and agent not in self._skewed:
+            self._skewed.add(agent)
+            log.warning("clock skew agent=%s offset_s=%+.1f: its clock is off the server's; fix its time sync "
+                        "(NTP)", agent, offset)  # fmt: skip
+        elif offset is None and agent in self._skewed:
+            self._skewed.discard(agent)
+            log.info("clock skew gone agent=%s", agent)
 
     def _heal_retained(self, now: float) -> None:
-        """Put back retained messages that others removed or replaced: the round task, and the model when
-        selected agents have waited ``MODEL_STALL_S`` for it (its chunks cleared or overwritten)."""
+        """Put back retained messages that others removed or replaced (the round task; the model when its
+        chunks read back empty or different), and send the model to asked agents that keep waiting for
+        it, each on its own inbox at a bounded rate (``broker_server.model_resend``)."""
         if self._reassert_pending and self._task_payload is not None and now - self._reasserted_at >= 1.0:
             self._reassert_pending, self._reasserted_at = False, now
             self.mqtt.publish(self.topics.round, self._task_payload, retain=True)
             log.warning("the retained round task was replaced by another publisher; re-published the current one")
-        stalled = sorted(a for a, since in self._waiting_model_since.items() if now - since >= MODEL_STALL_S)
-        for agent in [a for a in stalled if a in self.engine.assignments]:  # its own start model: sent again
-            stalled.remove(agent)
-            self._waiting_model_since[agent] = now
-            self._send_start(agent)
-            log.warning("agent %s waited %.0fs for its start model; sent it to its inbox again", agent, MODEL_STALL_S)
-        if stalled and now - self._model_republished_at >= MODEL_STALL_S:
+        if self.publisher.retained.damaged and now - self._model_republished_at >= MODEL_STALL_S:
             self._model_republished_at = now
+            damaged = len(self.publisher.retained.damaged)
             self.publisher.publish(self.engine.version, self.engine.global_arrays)
-            self._waiting_model_since.update(dict.fromkeys(stalled, now))
-            log.warning(
-                "agents %s waited %.0fs for model version %d; re-published it (retained chunks missing or replaced?)",
-                ",".join(stalled),
-                MODEL_STALL_S,
-                self.engine.version,
-            )
+            log.warning("retained model version %d lost %d chunks (cleared or replaced by another publisher); "
+                        "re-published it", self.engine.version, damaged)  # fmt: skip
+        for agent in self.model_waits.due(now):
+            public = self.registry.keyring.get(agent)
+            if agent in self.engine.assignments:  # its own start model: sent again
+                self._send_start(agent)
+            elif public is not None and self.publisher.current is not None:
+                self._send_inbox(agent, self.publisher.seal_for(public))
+            log.warning("agent %s waits for its model; sent it to its inbox again (version %d)", agent,
+                        self.engine.version)  # fmt: skip
 
     def _on_update_chunk(self, agent: str, payload: bytes) -> None:
         try:
@@ -352,6 +366,8 @@ class Aggregator(MqttDaemon):
         backed_off = self.engine.health.backed_off(self.engine.next_round)
         if backed_off:  # agents that missed deadlines, with their consecutive misses
             counters.append("backed_off=" + " ".join(f"{a}:{n}" for a, n in backed_off.items()))
+        if skewed := self.registry.clock_offsets():
+            counters.append("clock_skew=" + " ".join(f"{a}:{o:+.0f}s" for a, o in skewed.items()))
         if self.engine.budget_exhausted:
             counters.insert(0, f"privacy budget spent: too few agents can afford a round within epsilon "
                                f"{self.config.privacy.target_epsilon:g}; the last model is final")  # fmt: skip
