@@ -3,14 +3,23 @@ the refusals that say an agent sent nothing usable end its part in the round at 
 
 from __future__ import annotations
 
+import logging
+import time
+
 import pytest
 
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
+from broker_server.model_resend import MAX_RESENDS_PER_WINDOW, MODEL_STALL_S, ModelWaits, RetainedModel
+from broker_server.registry import AgentRegistry, StatusRefused
+from protocol.messages import AgentStatus
 from protocol.update import UpdateMeta, UpdateMetaError
+from security.keys import Identity, Keyring
 from security.replay import ReplayGuard
+from security.signing import signed_payload
 from sim.federation import SimSettings, create_federation
-from tests.fedharness import ServerHarness, override_toml
+from tests.fedharness import ServerHarness, hosted_agent, override_toml
+from tests.test_agent_resilience import _signed_task
 from tests.test_engine import completed
 
 AGENTS = ["agent-01", "agent-02", "agent-03"]
@@ -78,3 +87,86 @@ def test_an_update_refused_whole_as_too_large_ends_its_senders_part_in_the_round
         metrics = h.wait_metrics()  # within seconds: the deadline is 30 s away
     assert sorted(metrics.accepted) == ["agent-01", "agent-02"] and metrics.missed == ["agent-03"]
     assert any(r.reason.startswith("too-large") for r in metrics.rejected)
+
+
+def _status(agent: Identity, t: float, state: str = "idle", session: float = 0.0) -> bytes:
+    status = AgentStatus(agent=agent.name, state=state, round=0, samples=9, version=1, updated_at=t,
+                         group_key_id="k", session=session)  # fmt: skip
+    return signed_payload(status.to_dict(), agent)
+
+
+def test_an_offline_will_from_an_earlier_connection_replayed_after_each_real_status_is_refused():
+    agent = Identity.generate("drone-01")
+    registry = AgentRegistry(Keyring([agent.public]), status_timeout_s=60)
+    old_will = signed_payload(AgentStatus.offline("drone-01", session=100.0).to_dict(), agent)  # captured earlier
+    registry.update("drone-01", _status(agent, 101.0, session=100.0), now=101.0)
+    registry.update("drone-01", old_will, now=102.0)  # that connection's own will: it went offline
+    assert registry.eligible("k", now=102.0) == []
+    for t in (200.0, 210.0, 220.0):  # a new connection (session 200); the old will replayed after each status
+        registry.update("drone-01", _status(agent, t + 1, session=200.0), now=t + 1)
+        with pytest.raises(StatusRefused, match="status-stale-will"):
+            registry.update("drone-01", old_will, now=t + 2)
+        assert registry.eligible("k", now=t + 2) == ["drone-01"]
+    new_will = signed_payload(AgentStatus.offline("drone-01", session=200.0).to_dict(), agent)
+    registry.update("drone-01", new_will, now=230.0)  # the current connection's will still counts
+    assert registry.eligible("k", now=230.0) == []
+
+
+def test_a_switched_off_agents_retained_ready_status_is_dated_by_its_signature_after_a_server_restart():
+    agent = Identity.generate("drone-01")
+    registry = AgentRegistry(Keyring([agent.public]), status_timeout_s=60)  # a server that just started
+    registry.update("drone-01", _status(agent, 1000.0), now=5000.0)  # signed over an hour ago, retained since
+    assert registry.eligible("k", now=5000.0) == []
+    registry.update("drone-01", _status(agent, 5001.0), now=5001.0)  # alive after all: its next status counts
+    assert registry.eligible("k", now=5001.0) == ["drone-01"]
+
+
+def test_the_server_measures_an_agents_clock_on_its_live_signed_statuses():
+    agent = Identity.generate("drone-01")
+    registry = AgentRegistry(Keyring([agent.public]), status_timeout_s=60)
+    registry.update("drone-01", _status(agent, 700.0), now=100.0)  # first sight (maybe retained): not measured
+    registry.update("drone-01", _status(agent, 710.0), now=110.0)
+    assert registry.clock_offsets() == {"drone-01": 600.0} and registry.clock_offset("drone-01") == 600.0
+    registry.update("drone-01", _status(agent, 721.0), now=720.0)  # its clock was fixed
+    assert registry.clock_offsets() == {}
+
+
+def test_an_agent_whose_clock_runs_600_s_ahead_says_clock_skew_and_keeps_to_the_servers_time(tmp_path, caplog):
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it"), ("127.0.0.1", 1))
+    server = Identity.load(layout.server_config.parent / "server.key")
+    agent = hosted_agent(layout.agent_configs["agent-01"])
+    server_now = time.time() - 600  # the server's clock, as seen by an agent running 600 s ahead
+    caplog.set_level(logging.INFO, logger="skyfed.agent")
+    agent._on_task(_signed_task(server, round=1, issued_at=server_now - 2, expires_at=server_now + 60))
+    assert agent.task is None and "clock" in agent.detail  # one task alone: an old one, or a skewed clock?
+    agent._on_task(_signed_task(server, round=2, issued_at=server_now, expires_at=server_now + 60))
+    assert agent.task is not None and agent.task.round == 2  # two agree: judged on the server's time
+    assert not agent.task.expired(agent.server_time())
+    assert "clock skew offset_s=+600" in caplog.text
+    status = agent._status()
+    assert 599 < status.clock_offset_s < 601 and "clock skew" in status.detail
+
+
+def test_a_waiting_agent_gets_the_model_at_a_bounded_rate_per_agent_and_overall():
+    waits = ModelWaits()
+    waits.note("a", True, now=0.0)
+    assert waits.due(MODEL_STALL_S - 1) == [] and waits.due(MODEL_STALL_S) == ["a"]
+    assert waits.due(MODEL_STALL_S * 2) == [] and waits.due(MODEL_STALL_S * 3) == ["a"]  # its interval doubled
+    many = ModelWaits()
+    for i in range(10):
+        many.note(f"x{i}", True, now=0.0)
+    assert len(many.due(100.0)) == MAX_RESENDS_PER_WINDOW  # all agents together
+    many.note("x0", False, now=100.0)  # it got the model: forgotten
+    assert "x0" not in many.since
+
+
+def test_the_retained_model_counts_as_damaged_only_when_read_back_empty_or_different():
+    retained = RetainedModel()
+    retained.published(3, [bytearray(b"one"), bytearray(b"two")])
+    retained.observe(3, "0", b"one")
+    retained.observe(2, "0", b"")  # the previous version cleared: expected
+    assert not retained.damaged
+    retained.observe(3, "1", b"")
+    assert retained.damaged == {1}
+    retained.observe(3, "1", b"two")  # put back
+    assert not retained.damaged
