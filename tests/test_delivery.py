@@ -3,6 +3,7 @@ the refusals that say an agent sent nothing usable end its part in the round at 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 
@@ -13,7 +14,10 @@ from broker_server.engine import RoundEngine
 from broker_server.model_resend import MAX_RESENDS_PER_WINDOW, MODEL_STALL_S, ModelWaits, RetainedModel
 from broker_server.registry import AgentRegistry, StatusRefused
 from protocol.messages import AgentStatus
+from protocol.mqtt import BrokerSettings, MqttClient
+from protocol.transfer import Reassembler
 from protocol.update import UpdateMeta, UpdateMetaError
+from security.envelope import Opener
 from security.keys import Identity, Keyring
 from security.replay import ReplayGuard
 from security.signing import signed_payload
@@ -170,3 +174,39 @@ def test_the_retained_model_counts_as_damaged_only_when_read_back_empty_or_diffe
     assert retained.damaged == {1}
     retained.observe(3, "1", b"two")  # put back
     assert not retained.damaged
+
+
+def test_an_agent_that_keeps_saying_waiting_model_gets_it_on_its_inbox_and_nobody_else_gets_it_again(
+    tmp_path, broker, monkeypatch
+):
+    from broker_server import model_resend
+
+    monkeypatch.setattr(model_resend, "MODEL_STALL_S", 0.5)
+    with ServerHarness(tmp_path, broker) as h:
+        task = h.announce_agents()
+        watcher = MqttClient("watcher", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+        watcher.subscribe("skyfed/t/model/+/+")
+        watcher.subscribe("skyfed/t/agent/agent-01/inbox")
+        assert watcher.start(timeout_s=5)
+        agent = h.agents["agent-01"]
+        opener = Opener(identity=agent, federation="t", senders=Keyring([h.server.identity.public]))
+        reassembler, models, republished = Reassembler(opener), [], 0
+        try:
+            end = time.monotonic() + 4.0
+            while time.monotonic() < end:  # the agent says it waits, every 0.2 s, for 4 s
+                status = AgentStatus(agent="agent-01", state="waiting-model", round=1, samples=100, version=0,
+                                     updated_at=time.time(), group_key_id=h.server.group_keys.key.key_id)  # fmt: skip
+                signed = signed_payload(status.to_dict(), agent)
+                h.driver.publish(h.topics.agent_status("agent-01"), signed, retain=True)
+                while (message := watcher.poll(0.2)) is not None:
+                    topic, payload = message
+                    if topic.endswith("/inbox"):
+                        done = reassembler.feed(payload, topic_sender="server", kinds=frozenset({"model"}))
+                        models += [done] if done is not None else []
+                    elif time.monotonic() > end - 3.5:  # after the retained copy every subscriber gets at once
+                        republished += 1
+        finally:
+            watcher.stop()
+    assert republished == 0  # one waiting agent no longer makes the server re-publish the model to everyone
+    assert 1 <= len(models) <= 3  # after 0.5 s, then 1 s, 2 s later: bounded, doubling
+    assert hashlib.sha256(models[0].data).hexdigest() == task.model_sha256 and models[0].manifest.round == 1
