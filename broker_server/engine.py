@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from collections.abc import Callable
 
@@ -197,7 +198,8 @@ class RoundEngine:
     # rounds ------------------------------------------------------------------------------------------
     def begin_round(self, eligible: list[str], now: float, enrolled: list[str] | None = None) -> RoundState | None:
         """Open the next round if enough agents are eligible; the caller then announces it. Backed-off
-        agents are left out while enough others are eligible (backing off never stops a federation).
+        agents are left out while enough others are eligible; selected only to make up ``min_agents``,
+        they are on probation: the round does not wait for them (backing off never stops a federation).
         Under privacy, agents without budget for a round are left out, and once fewer than
         ``rounds.min_agents`` of the ``enrolled`` (default: the eligible) have budget, the run ends."""
         if self.round_state is not None or self.finished:
@@ -211,9 +213,12 @@ class RoundEngine:
         if len(eligible) < self.rules.min_agents:
             return None
         number = self.next_round
+        seed = self.config.server.seed * 100_003 + number
         available = self.health.available(eligible, number)
-        pool = available if len(available) >= self.rules.min_agents else eligible
-        selected = select_agents(pool, self.rules, seed=self.config.server.seed * 100_003 + number)
+        selected = select_agents(available, self.rules, seed)
+        backed_off, short = sorted(set(eligible) - set(available)), self.rules.min_agents - len(selected)
+        probation = sorted(random.Random(seed).sample(backed_off, short)) if short > 0 else []
+        selected = sorted(selected + probation)
         plan = self.strategy.configure_train(self.config.training, number, self.pace.of(selected))
         self.round_state = RoundState(
             round=number,
@@ -224,6 +229,7 @@ class RoundEngine:
             action=self.strategy.action(number),
             train=plan.shared.to_dict(),
             agent_train={agent: settings.to_dict() for agent, settings in plan.agents.items() if agent in selected},
+            probation=probation,
         )
         self.round_state.rejected.extend(self.orphan_rejections)
         self.orphan_rejections.clear()
@@ -244,7 +250,7 @@ class RoundEngine:
         are not backed off stand in for them (``rounds.replace_missing``). Returns ``(excused, stand_ins)``."""
         rs = self.round_state
         assert rs is not None
-        self._back_off(rs.pending, rs.round, "missed the deadline")
+        self.health.back_off(rs.pending, rs.round, "missed the deadline")
         seed = self.config.server.seed * 100_003 + rs.round * 101 + rs.attempt
         candidates = self.ledger.affordable(self.health.available(eligible, rs.round))
         # under privacy, only agents with budget
@@ -252,12 +258,6 @@ class RoundEngine:
         if stand_ins:
             log.warning("round %d: %s stand in for %s", rs.round, ",".join(stand_ins), ",".join(excused))
         return excused, stand_ins
-
-    def _back_off(self, agents: list[str], round_number: int, why: str) -> None:
-        for agent in agents:
-            record = self.health.missed(agent, round_number)
-            log.warning("agent %s agent=%s round=%d misses=%d not_selected_until_round=%d",
-                        why, agent, round_number, record.misses, record.backed_off_until + 1)  # fmt: skip
 
     def gave_up(self, agent: str, round_number: int, why: str) -> bool:
         """A selected agent that will not deliver this round (its own signed status says its training
@@ -267,7 +267,7 @@ class RoundEngine:
         if rs is None or rs.round != round_number or agent not in rs.pending:
             return False
         rs.missed.append(agent)  # excused: a stand-in may replace it at the deadline, a late update is welcome
-        self._back_off([agent], round_number, why)
+        self.health.back_off([agent], round_number, why)
         self.checkpoint()
         return True
 
@@ -336,7 +336,7 @@ class RoundEngine:
         rs = self.round_state
         assert rs is not None
         if now >= rs.deadline:  # closed on the quorum at the deadline: whoever it still waited for missed it
-            self._back_off(rs.pending, rs.round, "missed the deadline")
+            self.health.back_off(rs.waited_for, rs.round, "missed the deadline")
         ctx = RoundContext(
             state=rs,
             global_arrays=self.global_arrays,

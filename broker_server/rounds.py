@@ -82,6 +82,7 @@ class RoundState:
     inbox_bytes: int = 0  # models sealed to agents' inboxes for this round (swap partners' and others)
     train: dict = field(default_factory=dict)  # the round's shared TrainSettings, as the strategy planned them
     agent_train: dict[str, dict] = field(default_factory=dict)  # agent -> its own TrainSettings, where they differ
+    probation: list[str] = field(default_factory=list)  # backed-off agents selected only to make up min_agents
 
     @property
     def accepted(self) -> list[str]:
@@ -92,6 +93,11 @@ class RoundState:
         """Selected agents still waited for: not accepted, and not refused (they have no other update)."""
         done = set(self.accepted) | set(self.failed) | set(self.missed)
         return [a for a in self.selected if a not in done]
+
+    @property
+    def waited_for(self) -> list[str]:
+        """Pending agents the round waits for: all but those on probation (they may still send in time)."""
+        return [a for a in self.pending if a not in self.probation]
 
     @property
     def bytes_up(self) -> int:
@@ -142,10 +148,11 @@ def replace_missing(
 
 def decide(state: RoundState, rules: RoundRules, now: float, threshold: int = 0) -> str:
     """``"wait"``, ``"close"`` or ``"reannounce"`` for the round in progress: close as soon as nobody is
-    pending with the quorum met, as soon as ``threshold`` updates are in (SmartFed's static threshold,
-    0 = off), or at the deadline with the quorum met; otherwise re-announce then."""
+    waited for with the quorum met (a backed-off agent on probation is not), as soon as ``threshold``
+    updates are in (SmartFed's static threshold, 0 = off), or at the deadline with the quorum met;
+    otherwise re-announce then."""
     quorate = len(state.updates) >= rules.quorum
-    if (not state.pending and quorate) or (threshold > 0 and len(state.updates) >= threshold):
+    if (not state.waited_for and quorate) or (threshold > 0 and len(state.updates) >= threshold):
         return "close"
     if now < state.deadline:
         return "wait"

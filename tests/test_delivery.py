@@ -50,6 +50,21 @@ def test_an_agent_pending_when_a_quorate_round_closes_at_its_deadline_is_backed_
     assert restarted.begin_round(AGENTS, now=30.0).selected == AGENTS[:2]
 
 
+def test_a_backed_off_agent_needed_to_make_up_min_agents_is_on_probation_and_not_waited_for(config, tmp_path):
+    override_toml(config.path, rounds={"min_agents": 3})  # every agent, as skyfed sim sets it
+    engine = RoundEngine(load_server_config(config.path), replay=ReplayGuard(3600))
+    for number, now in ((1, 0.0), (2, 100.0)):
+        engine.begin_round(AGENTS, now=now)
+        engine.announce(now=now)
+        assert engine.round_state.selected == AGENTS
+        for i, agent in enumerate(AGENTS[:2]):
+            engine.accept(completed(engine, agent, seed=i), now=now + 1)
+        expected = "wait" if number == 1 else "close"  # round 2 does not wait for the silent agent
+        assert engine.decide(now=now + 1) == expected and engine.round_state.probation == AGENTS[2:] * (number - 1)
+        engine.close(now=now + (20.0 if number == 1 else 1.0), model_wire_bytes=0)
+    assert engine.health.records["agent-03"].misses == 1  # not waited for on probation: no second miss
+
+
 def test_a_round_closed_early_by_a_threshold_backs_off_nobody(config):
     engine = RoundEngine(config, replay=ReplayGuard(3600))
     engine.begin_round(AGENTS, now=0.0)
