@@ -25,6 +25,7 @@ from sim.federation import SimSettings, create_federation
 from tests.fedharness import ServerHarness, hosted_agent, override_toml
 from tests.test_agent_resilience import _signed_task
 from tests.test_engine import completed
+from tests.test_sim_cli import metrics_rows, skyfed
 
 AGENTS = ["agent-01", "agent-02", "agent-03"]
 
@@ -225,3 +226,21 @@ def test_an_agent_that_keeps_saying_waiting_model_gets_it_on_its_inbox_and_nobod
     assert republished == 0  # one waiting agent no longer makes the server re-publish the model to everyone
     assert 1 <= len(models) <= 3  # after 0.5 s, then 1 s, 2 s later: bounded, doubling
     assert hashlib.sha256(models[0].data).hexdigest() == task.model_sha256 and models[0].manifest.round == 1
+
+
+def test_skyfed_sim_with_a_silent_agent_waits_the_deadline_once_then_rounds_run_at_speed(tmp_path, broker):
+    """``--attack silent``: an agent that trains, says ``done`` and never sends. On main every round waited
+    the deadline for it; now the first miss backs it off and the next rounds close without it."""
+    out, deadline = tmp_path / "silent", 8.0
+    result = skyfed(
+        "sim", "--agents", "4", "--rounds", "4", "--attackers", "1", "--attack", "silent", "--deadline",
+        str(deadline), "--partition", "iid", "--out", str(out), "--broker", broker.address, "--federation", "silent",
+        "--agents-per-process", "4",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = metrics_rows(out)
+    silent = rows[0]["attackers"]
+    assert len(silent) == 1 and all(silent[0] not in r["accepted"] for r in rows)
+    waited = [r["round"] for r in rows if r["duration_s"] >= deadline]
+    assert waited[0] == 1 and rows[1]["duration_s"] < deadline / 2, [r["duration_s"] for r in rows]
+    assert len(waited) <= 2  # back-off 1, 2, 4 … rounds: after round 1 only round 3 asks it again
