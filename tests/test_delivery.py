@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import socket
 import time
 
 import pytest
@@ -22,7 +23,7 @@ from security.keys import Identity, Keyring
 from security.replay import ReplayGuard
 from security.signing import signed_payload
 from sim.federation import SimSettings, create_federation
-from tests.fedharness import ServerHarness, hosted_agent, override_toml
+from tests.fedharness import ServerHarness, hosted_agent, override_toml, wait_until
 from tests.test_agent_resilience import _signed_task
 from tests.test_engine import completed
 from tests.test_sim_cli import metrics_rows, skyfed
@@ -244,3 +245,38 @@ def test_skyfed_sim_with_a_silent_agent_waits_the_deadline_once_then_rounds_run_
     waited = [r["round"] for r in rows if r["duration_s"] >= deadline]
     assert waited[0] == 1 and rows[1]["duration_s"] < deadline / 2, [r["duration_s"] for r in rows]
     assert len(waited) <= 2  # back-off 1, 2, 4 … rounds: after round 1 only round 3 asks it again
+
+
+def test_each_connection_has_its_own_signed_will_so_an_earlier_one_replayed_is_refused(tmp_path, broker):
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it"), (broker.host, broker.port))
+    agent = hosted_agent(layout.agent_configs["agent-01"])
+    registry = AgentRegistry(Keyring([agent.identity.public]), status_timeout_s=60)
+    watcher = MqttClient("watcher", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+    watcher.subscribe("skyfed/it/agent/agent-01/status")
+    assert watcher.start(timeout_s=5) and agent.mqtt.start(timeout_s=5)
+    try:
+        first = wait_until(lambda: agent.session, what="the first connection")
+        agent._publish_status(force=True)
+        wait_until(lambda: registry_fed(watcher, registry) not in ("", "offline"), what="the first status")
+        agent.mqtt._client.socket().shutdown(socket.SHUT_RDWR)  # the link drops: the broker publishes the will
+        wait_until(lambda: registry_fed(watcher, registry) == "offline", what="the first connection's will")
+        will = registry.seen["agent-01"].status
+        assert will.session == will.updated_at == first
+        wait_until(lambda: agent.session > first, what="a reconnection, with a new will")
+        agent._publish_status(force=True)
+        wait_until(lambda: registry_fed(watcher, registry) not in ("", "offline"), what="a new connection's status")
+        replayed = signed_payload(will.to_dict(), agent.identity)  # as captured off the broker
+        with pytest.raises(StatusRefused, match="status-stale-will"):
+            registry.update("agent-01", replayed, now=time.time())
+    finally:
+        agent.mqtt.stop(2)
+        watcher.stop()
+
+
+def registry_fed(watcher: MqttClient, registry: AgentRegistry) -> str:
+    """Feed what the watcher received to ``registry``; the state it holds for agent-01 now."""
+    while (message := watcher.poll(0.05)) is not None:
+        if message[1]:
+            registry.update("agent-01", message[1], now=time.time())
+    seen = registry.seen.get("agent-01")
+    return seen.status.state if seen else ""
