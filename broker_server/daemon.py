@@ -143,8 +143,8 @@ class Aggregator(MqttDaemon):
             self.group_keys.on_status(agent, previous, status)
             self._note_model_wait(agent, status)
             self._note_clock(agent)
-            if status is not None and status != previous and status.state == "failed":
-                self._gave_up(agent, status.round, "reported its training failed")
+            if status is not None and status != previous and status.state in ("failed", "declined"):
+                self._gave_up(agent, status.round, f"reported its training {status.state}")
         elif topic == self.topics.agent_update(agent):
             self._on_update_chunk(agent, payload)
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import socket
 import time
 
 import pytest
 
 from broker_server.config import load_server_config
+from broker_server.daemon import Aggregator
 from broker_server.engine import RoundEngine
 from broker_server.model_resend import MAX_RESENDS_PER_WINDOW, MODEL_STALL_S, ModelWaits, RetainedModel
 from broker_server.registry import AgentRegistry, StatusRefused
@@ -23,7 +25,7 @@ from security.keys import Identity, Keyring
 from security.replay import ReplayGuard
 from security.signing import signed_payload
 from sim.federation import SimSettings, create_federation
-from tests.fedharness import ServerHarness, hosted_agent, override_toml, wait_until
+from tests.fedharness import Federation, ServerHarness, hosted_agent, override_toml, wait_until
 from tests.test_agent_resilience import _signed_task
 from tests.test_engine import completed
 from tests.test_sim_cli import metrics_rows, skyfed
@@ -280,3 +282,33 @@ def registry_fed(watcher: MqttClient, registry: AgentRegistry) -> str:
             registry.update("agent-01", message[1], now=time.time())
     seen = registry.seen.get("agent-01")
     return seen.status.state if seen else ""
+
+
+class _ClockAhead:
+    """The ``time`` module as the agents' code sees it on devices whose clocks run ``offset`` seconds ahead."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def time(self) -> float:
+        return time.time() + self.offset
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - monotonic, perf_counter, sleep: the real ones
+        return getattr(time, name)
+
+
+def test_agents_whose_clocks_run_600_s_ahead_train_on_the_servers_time_and_both_sides_say_clock_skew(
+    tmp_path, broker, monkeypatch, caplog
+):
+    import agent.daemon
+    import agent.work
+
+    for module in (agent.daemon, agent.work):
+        monkeypatch.setattr(module, "time", _ClockAhead(600.0))
+    caplog.set_level(logging.INFO)
+    fed = Federation(tmp_path, broker, rounds=2, agents=2)
+    override_toml(fed.layout.server_config, rounds={"deadline_s": 3.0})  # a second task comes soon
+    fed.run(Aggregator(load_server_config(fed.layout.server_config)), timeout_s=60)  # on main: every task expired
+    assert [len(m.accepted) for m in fed.metrics()] == [2, 2]
+    assert re.search(r"clock skew agent=agent-01 offset_s=\+(599|600)\.", caplog.text)  # the server: signed statuses
+    assert re.search(r"clock skew offset_s=\+(599|600)\.", caplog.text)  # the agents: signed task times
