@@ -101,14 +101,14 @@ class Aggregator(MqttDaemon):
         self._reassert_pending = False
         self.model_waits = ModelWaits()
         self._model_republished_at = 0.0
-        self._skewed: set[str] = set()
         self._last_status = 0.0
 
     # MqttDaemon --------------------------------------------------------------------------------------
     def subscriptions(self) -> list[str]:
-        # every federation's agent status (not only ours, with no overlap: a status arrives once)
-        return [self.topics.any_federation_status_wildcard, self.topics.agent_update_wildcard, self.topics.round,
-                self.topics.model_wildcard]  # fmt: skip  (its own retained model, read back: model_resend)
+        # every federation's agent status (not only ours, with no overlap: a status arrives once), and the
+        # model's retained chunks read back (broker_server.model_resend)
+        status, updates = self.topics.any_federation_status_wildcard, self.topics.agent_update_wildcard
+        return [status, updates, self.topics.round, self.topics.model_wildcard]
 
     def on_start(self) -> None:
         self.publisher.publish(self.engine.version, self.engine.global_arrays)
@@ -142,7 +142,6 @@ class Aggregator(MqttDaemon):
                 return
             self.group_keys.on_status(agent, previous, status)
             self._note_model_wait(agent, status)
-            self._note_clock(agent)
             if status is not None and status != previous and status.state in ("failed", "declined"):
                 self._gave_up(agent, status.round, f"reported its training {status.state}")
         elif topic == self.topics.agent_update(agent):
@@ -227,17 +226,6 @@ class Aggregator(MqttDaemon):
         waiting = status is not None and status.state == "waiting-model" and rs is not None
         asked = waiting and status.round == rs.round and agent in rs.pending  # only asked agents get a model again
         self.model_waits.note(agent, asked, self.clock())
-
-    def _note_clock(self, agent: str) -> None:
-        """Say once when an agent's clock drifts beyond the tolerance (``registry``), and when it is back."""
-        offset = self.registry.clock_offset(agent)
-        if offset is not None and agent not in self._skewed:
-            self._skewed.add(agent)
-            log.warning("clock skew agent=%s offset_s=%+.1f: its clock is off the server's; fix its time sync "
-                        "(NTP)", agent, offset)  # fmt: skip
-        elif offset is None and agent in self._skewed:
-            self._skewed.discard(agent)
-            log.info("clock skew gone agent=%s", agent)
 
     def _heal_retained(self, now: float) -> None:
         """Put back retained messages that others removed or replaced (the round task; the model when its

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 from collections.abc import Callable
 
@@ -32,7 +31,7 @@ from broker_server.onnx_step import ExportOnnx
 from broker_server.pace import PaceBook
 from broker_server.pipeline import RoundContext, RoundRejected, run_pipeline
 from broker_server.round_steps import round_steps
-from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missing, select_agents
+from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missing, select_with_probation
 from broker_server.strategies import build_strategy
 from broker_server.validation import NotForThisRound, UpdateRejected, positive_ranges
 from models.serialization import dumps, float32_region, save_file
@@ -213,12 +212,9 @@ class RoundEngine:
         if len(eligible) < self.rules.min_agents:
             return None
         number = self.next_round
-        seed = self.config.server.seed * 100_003 + number
         available = self.health.available(eligible, number)
-        selected = select_agents(available, self.rules, seed)
-        backed_off, short = sorted(set(eligible) - set(available)), self.rules.min_agents - len(selected)
-        probation = sorted(random.Random(seed).sample(backed_off, short)) if short > 0 else []
-        selected = sorted(selected + probation)
+        seed = self.config.server.seed * 100_003 + number
+        selected, probation = select_with_probation(eligible, available, self.rules, seed)
         plan = self.strategy.configure_train(self.config.training, number, self.pace.of(selected))
         self.round_state = RoundState(
             round=number,
@@ -260,9 +256,8 @@ class RoundEngine:
         return excused, stand_ins
 
     def gave_up(self, agent: str, round_number: int, why: str) -> bool:
-        """A selected agent that will not deliver this round (its own signed status says its training
-        failed, or its whole transfer was refused): not waited for, and backed off like a missed deadline.
-        False if it is not pending in the open round ``round_number``."""
+        """A pending agent that will not deliver in round ``round_number`` (its signed status says its training
+        failed, or its whole transfer was refused): not waited for, backed off. False if not pending there."""
         rs = self.round_state
         if rs is None or rs.round != round_number or agent not in rs.pending:
             return False

@@ -21,12 +21,14 @@ sends ``session`` 0: its wills are accepted as before.)
 
 Clock skew. A live status' ``updated_at`` is the agent's clock at signing, a fraction of a second
 before the server reads it: ``offset_s`` (its time minus the server's) measures the agent's clock.
+Crossing ``CLOCK_SKEW_TOLERANCE_S`` is logged once each way; the server's status lists the skewed agents.
 What an agent *sends* is authenticated separately (``security.envelope``); who *delivers* is tracked
 by ``broker_server.health``.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
@@ -43,6 +45,7 @@ class StatusRefused(Exception):
         self.reason = reason
 
 
+log = logging.getLogger("skyfed.server")
 CLOCK_SKEW_TOLERANCE_S = 30.0  # an agent clock further off than this from the server's is reported
 
 
@@ -106,12 +109,13 @@ class AgentRegistry:
             newest = status.updated_at
         offset = status.updated_at - now if status.state != "offline" else before.offset_s
         self.seen[agent] = Seen(status, now, newest, session, offset)
+        if (abs(offset) > CLOCK_SKEW_TOLERANCE_S) != (abs(before.offset_s) > CLOCK_SKEW_TOLERANCE_S):
+            if abs(offset) > CLOCK_SKEW_TOLERANCE_S:
+                log.warning("clock skew agent=%s offset_s=%+.1f: its clock is off the server's; fix its time sync "
+                            "(NTP)", agent, offset)  # fmt: skip
+            else:
+                log.info("clock skew gone agent=%s offset_s=%+.1f", agent, offset)
         return previous, status
-
-    def clock_offset(self, agent: str) -> float | None:
-        """``agent``'s clock offset if it is beyond ``CLOCK_SKEW_TOLERANCE_S``, else None."""
-        seen = self.seen.get(agent)
-        return seen.offset_s if seen is not None and abs(seen.offset_s) > CLOCK_SKEW_TOLERANCE_S else None
 
     def clock_offsets(self) -> dict[str, float]:
         """Agents whose clocks are off by more than ``CLOCK_SKEW_TOLERANCE_S``: their offsets in seconds."""

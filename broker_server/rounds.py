@@ -51,6 +51,17 @@ def select_agents(eligible: list[str], rules: RoundRules, seed: int) -> list[str
     return sorted(random.Random(seed).sample(sorted(eligible), count))
 
 
+def select_with_probation(
+    eligible: list[str], available: list[str], rules: RoundRules, seed: int
+) -> tuple[list[str], list[str]]:
+    """``(selected, probation)``: ``select_agents`` of the ``available`` agents (eligible, not backed off);
+    where they are fewer than ``min_agents``, backed-off eligible agents make up the number, on probation."""
+    selected = select_agents(available, rules, seed)
+    backed_off, short = sorted(set(eligible) - set(available)), rules.min_agents - len(selected)
+    probation = sorted(random.Random(seed).sample(backed_off, min(short, len(backed_off)))) if short > 0 else []
+    return sorted(selected + probation), probation
+
+
 @dataclass
 class UpdateRecord:
     """An accepted update as the round remembers it (its bytes are in the update store)."""
