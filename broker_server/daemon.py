@@ -241,7 +241,8 @@ class Aggregator(MqttDaemon):
             self.publisher.publish(self.engine.version, self.engine.global_arrays)
             log.warning("retained model version %d lost %d chunks (cleared or replaced by another publisher); "
                         "re-published it", self.engine.version, damaged)  # fmt: skip
-        for agent in self.model_waits.due(now):
+        rs = self.engine.round_state
+        for agent in self.model_waits.due(now, rs.pending if rs is not None else []):
             public = self.registry.keyring.get(agent)
             if agent in self.engine.assignments:  # its own start model: sent again
                 self._send_start(agent)

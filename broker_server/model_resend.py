@@ -41,8 +41,10 @@ class ModelWaits:
             self.since.pop(agent, None)
             self.interval.pop(agent, None)
 
-    def due(self, now: float) -> list[str]:
-        """Agents to send the model now; each is counted as sent."""
+    def due(self, now: float, asked: list[str]) -> list[str]:
+        """Agents to send the model now, of those still ``asked`` (pending); each is counted as sent."""
+        for agent in set(self.since) - set(asked):  # the round moved on, or it delivered: not waited for
+            self.note(agent, False, now)
         while self.sent and now - self.sent[0] >= RESEND_WINDOW_S:
             self.sent.popleft()
         out = []

@@ -173,12 +173,14 @@ def test_an_agent_whose_clock_runs_600_s_ahead_says_clock_skew_and_keeps_to_the_
 def test_a_waiting_agent_gets_the_model_at_a_bounded_rate_per_agent_and_overall():
     waits = ModelWaits()
     waits.note("a", True, now=0.0)
-    assert waits.due(MODEL_STALL_S - 1) == [] and waits.due(MODEL_STALL_S) == ["a"]
-    assert waits.due(MODEL_STALL_S * 2) == [] and waits.due(MODEL_STALL_S * 3) == ["a"]  # its interval doubled
+    assert waits.due(MODEL_STALL_S - 1, ["a"]) == [] and waits.due(MODEL_STALL_S, ["a"]) == ["a"]
+    assert waits.due(MODEL_STALL_S * 2, ["a"]) == [] and waits.due(MODEL_STALL_S * 3, ["a"]) == ["a"]  # doubled
+    assert waits.due(MODEL_STALL_S * 9, []) == [] and not waits.since  # no longer pending: forgotten
     many = ModelWaits()
-    for i in range(10):
-        many.note(f"x{i}", True, now=0.0)
-    assert len(many.due(100.0)) == MAX_RESENDS_PER_WINDOW  # all agents together
+    names = [f"x{i}" for i in range(10)]
+    for name in names:
+        many.note(name, True, now=0.0)
+    assert len(many.due(100.0, names)) == MAX_RESENDS_PER_WINDOW  # all agents together
     many.note("x0", False, now=100.0)  # it got the model: forgotten
     assert "x0" not in many.since
 
