@@ -13,7 +13,9 @@ Training and the ONNX export run as jobs of a runner (``agent.runner``: a child 
 PyTorch), started and polled by the round work (``agent.work``), so the daemon stays small and
 responsive while a round trains. Its gate (the status' ``gate.reasons``) joins the device's telemetry
 (``agent.telemetry``), the local privacy budget and its data profile (``agent.profile``: why it cannot
-train a task's model).
+train a task's model). Task times are judged on the server's clock where this device's is measurably
+off (``agent.clock``), and every connection gets its own signed last will, whose time every status of
+that connection names (``session``): the server refuses a will of an earlier connection replayed.
 """
 
 from __future__ import annotations
