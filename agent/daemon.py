@@ -13,7 +13,9 @@ Training and the ONNX export run as jobs of a runner (``agent.runner``: a child 
 PyTorch), started and polled by the round work (``agent.work``), so the daemon stays small and
 responsive while a round trains. Its gate (the status' ``gate.reasons``) joins the device's telemetry
 (``agent.telemetry``), the local privacy budget and its data profile (``agent.profile``: why it cannot
-train a task's model).
+train a task's model). Task times are judged on the server's clock where this device's is measurably
+off (``agent.clock``), and every connection gets its own signed last will, whose time every status of
+that connection names (``session``): the server refuses a will of an earlier connection replayed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 
 import paho.mqtt.client as paho
 
+from agent.clock import ClockSkew
 from agent.config import AgentConfig
 from agent.device import check_device_present
 from agent.echo import PublishEcho, dropped_text
@@ -84,16 +87,9 @@ class EdgeAgent(RoundWork, MqttDaemon):
         self._log = Throttle(10.0)
         self.echo = PublishEcho()  # its own status coming back: the broker does not drop what it sends
         self.run_end = RunEnd(self.topics.federation)
-        offline = signed_payload(AgentStatus.offline(self.id).to_dict(), self.identity)
-        super().__init__(
-            MqttClient(
-                self.id,
-                config.broker,
-                will=Will(self.topics.agent_status(self.id), offline),
-                on_connect=self._on_connect,
-            ),
-            log,
-        )
+        self.session = self._next_session = 0.0  # the connection's last will, by time (broker_server.registry)
+        self.clock = ClockSkew()
+        super().__init__(MqttClient(self.id, config.broker, will=self._next_will, on_connect=self._on_connect), log)
         stored = self.store.load_task()
         if stored is not None:
             self._consider_task(stored, persist=False)
@@ -117,7 +113,7 @@ class EdgeAgent(RoundWork, MqttDaemon):
         if topic == self.topics.round:
             self._on_task(payload)
         elif topic == self.topics.agent_inbox(self.id):
-            self._on_transfer_chunk(payload, frozenset({"groupkey", "start"}))
+            self._on_transfer_chunk(payload, frozenset({"groupkey", "start", "model"}))  # model: resent to it
         elif topic == self.topics.agent_status(self.id):
             if self.echo.came_back(payload):
                 log.info("the broker delivers this agent's messages again")
@@ -164,7 +160,14 @@ class EdgeAgent(RoundWork, MqttDaemon):
         self.state = "offline"  # a clean stop says so itself; a crash leaves it to the LWT
         return self._publish_status(force=True)
 
+    def _next_will(self) -> Will:
+        """The signed offline status the broker publishes if the next connection dies: its own session."""
+        self._next_session = time.time()
+        offline = AgentStatus.offline(self.id, session=self._next_session)
+        return Will(self.topics.agent_status(self.id), signed_payload(offline.to_dict(), self.identity))
+
     def _on_connect(self) -> None:
+        self.session = self._next_session  # the will this connection was made with (a new one follows)
         self._last_status = 0.0
 
     # round tasks -------------------------------------------------------------------------------------
@@ -194,9 +197,13 @@ class EdgeAgent(RoundWork, MqttDaemon):
                 "task-stale", "round task ignored reason=older-than-held round=%d attempt=%d", task.round, task.attempt
             )
             return
-        if persist and task.expired(time.time()):
-            self.detail = "the newest round task had expired on arrival: check this device's clock"
-            self._warn("task-expired", "round task ignored reason=expired round=%d", task.round)
+        if persist:
+            self._measure_clock(task)
+        if persist and task.expired(self.server_time()):
+            age = time.time() - task.issued_at
+            self.detail = f"the newest round task had expired on arrival (issued {age:.0f} s ago by this device's " \
+                          "clock): check this device's clock"  # fmt: skip
+            self._warn("task-expired", "round task ignored reason=expired round=%d age_s=%.0f", task.round, age)
             return
         self.detail = ""
         if task.run_id != self.progress.run_id:
@@ -220,6 +227,20 @@ class EdgeAgent(RoundWork, MqttDaemon):
         elif self.revoked and self.id in task.selected and self.id not in task.revoked:
             self.revoked = ""
             log.info("enrolled again: round %d selects this agent", task.round)
+
+    def _measure_clock(self, task: RoundTask) -> None:
+        if self.clock.observe((task.run_id, task.round, task.attempt), task.issued_at, time.time()):
+            offset = self.clock.offset_s
+            if self.clock.skewed:
+                log.warning("clock skew offset_s=%+.1f: this device's clock is off the server's signed task times; "
+                            "judging deadlines on the server's time: fix its time sync (NTP)", offset)  # fmt: skip
+            else:
+                log.info("clock skew gone offset_s=%+.1f", offset)
+            self._publish_status(force=True)
+
+    def server_time(self) -> float:
+        """The time on the server's clock, as this device's clock and the measured skew say."""
+        return self.clock.server_time(time.time())
 
     # transfers ---------------------------------------------------------------------------------------
     def _on_transfer_chunk(self, payload: bytes, kinds: frozenset[str], topic_round: int | None = None) -> None:
@@ -259,7 +280,10 @@ class EdgeAgent(RoundWork, MqttDaemon):
         task = self.task
         refusal = self.privacy.refusal() if self.privacy is not None else ""
         gate_reasons = [*self.telemetry.reasons(), *(r for r in (refusal, self.refusal) if r)]
-        state, detail = self.connection_state(self.state, self.detail or self.run_end.detail() or self._waiting_for())
+        skew = f"clock skew: {self.clock.offset_s:+.0f} s off the server's clock" if self.clock.skewed else ""
+        state, detail = self.connection_state(
+            self.state, self.detail or skew or self.run_end.detail() or self._waiting_for()
+        )
         return AgentStatus(
             agent=self.id,
             state=state,
@@ -273,6 +297,8 @@ class EdgeAgent(RoundWork, MqttDaemon):
             last_completed_round=self.progress.last_completed_round,
             detail=detail,
             errors=self.errors,
+            session=self.session,
+            clock_offset_s=round(self.clock.offset_s, 1),
             start=task.start_of(self.id).source if task and self.id in task.selected else "",
             privacy=self.privacy.summary() if self.privacy is not None else {},
         )

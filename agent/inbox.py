@@ -9,6 +9,7 @@ fingerprint (``agent.start_models``) until a task names one.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable
 
@@ -87,7 +88,9 @@ class ServerInbox:
             log.warning("model rejected version=%d reason=%s", version, exc)
             return
         self.models = {version: arrays}  # only the newest version is ever needed
-        self.model_sha256 = completed.manifest.sha256.hex()
+        manifest = completed.manifest  # sealed to this agent alone (resent to its inbox): no digest, so hash it
+        digest = manifest.sha256 if manifest.needs_digest else hashlib.sha256(completed.data).digest()
+        self.model_sha256 = digest.hex()
         log.info("model received version=%d bytes=%d", version, completed.manifest.size)
 
     def _on_start_model(self, completed: Completed, task: RoundTask | None) -> None:

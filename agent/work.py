@@ -94,7 +94,7 @@ class RoundWork:
         gated = self.telemetry.reasons()
         if gated:
             return self._gated(gated)
-        if task is None or self.id not in task.selected or task.expired(time.time()) or self.refusal:
+        if task is None or self.id not in task.selected or task.expired(self.server_time()) or self.refusal:
             return self._idle()
         if task.round < done:
             return self._idle()
@@ -112,7 +112,7 @@ class RoundWork:
         if base is None:
             return self._idle("waiting-model")
         export_to = None
-        if start.source == "global" and self.onboard.wanted(task, task.model_version, time.time()):
+        if start.source == "global" and self.onboard.wanted(task, task.model_version, self.server_time()):
             self.onboard.started(task.model_version)
             export_to = self.onboard.path  # the global model rides along with the training job
         self.training = Training(task, base, start, self.runner.train(base, task, export_to), time.perf_counter())
@@ -129,7 +129,7 @@ class RoundWork:
         if self.state not in ("declined", "failed") or state != "idle":
             self._set_state(state)
         held = max(self.models, default=0)
-        if self.onboard.wanted(self.task, held, time.time()) and self.task is not None:
+        if self.onboard.wanted(self.task, held, self.server_time()) and self.task is not None:
             self.onboard.started(held)
             self.export = self.runner.export(self.models[held], self.task, self.onboard.path)
 
@@ -151,7 +151,7 @@ class RoundWork:
             training.job.cancel(f"revoked by the server: {self.revoked}")
         elif self.task is not None and self.task.round != task.round:
             training.job.cancel(f"round {task.round} was superseded by round {self.task.round}")
-        elif task.expired(time.time()):
+        elif task.expired(self.server_time()):
             training.job.cancel(f"round {task.round}'s task expired during training")
         outcome = training.job.poll()
         if outcome is None:

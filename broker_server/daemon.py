@@ -25,6 +25,7 @@ from broker_server.fleet_changes import FleetChanges
 from broker_server.groupkeys import GroupKeyDistributor
 from broker_server.ignored import IgnoredAgents
 from broker_server.metrics_log import log_round, log_run_finished
+from broker_server.model_resend import MODEL_STALL_S, ModelWaits
 from broker_server.publisher import ModelPublisher
 from broker_server.registry import AgentRegistry, StatusRefused
 from broker_server.round_task import round_task
@@ -46,7 +47,6 @@ from security.keys import GroupKey, Identity, Keyring
 
 log = logging.getLogger("skyfed.server")
 
-MODEL_STALL_S = 15.0  # an agent waiting this long for the current model gets it re-published
 NOT_ENROLLED = "(not enrolled)"
 RE_ENROL = "not signed by the key enrolled for this agent: if its key was re-made, re-enrol this agent"
 REJECTION_LOG_INTERVAL_S = 10.0
@@ -100,14 +100,16 @@ class Aggregator(FleetChanges, MqttDaemon):
             rotate_every_rounds=config.keys.rotate_every_rounds,
         )
         self.tasks = TaskPublisher(self.mqtt, self.topics.round, self.identity)
-        self._waiting_model_since: dict[str, float] = {}
+        self.model_waits = ModelWaits()
         self._model_republished_at = 0.0
         self._last_status = 0.0
 
     # MqttDaemon --------------------------------------------------------------------------------------
     def subscriptions(self) -> list[str]:
-        # every federation's agent status (not only ours, with no overlap: a status arrives once)
-        return [self.topics.any_federation_status_wildcard, self.topics.agent_update_wildcard, self.topics.round]
+        # every federation's agent status (not only ours, with no overlap: a status arrives once), and the
+        # model's retained chunks read back (broker_server.model_resend)
+        status, updates = self.topics.any_federation_status_wildcard, self.topics.agent_update_wildcard
+        return [status, updates, self.topics.round, self.topics.model_wildcard]
 
     def on_start(self) -> None:
         self.publisher.publish(self.engine.version, self.engine.global_arrays)
@@ -121,6 +123,9 @@ class Aggregator(FleetChanges, MqttDaemon):
     def handle(self, topic: str, payload: bytes) -> None:
         if topic == self.topics.round:
             self.tasks.received(payload, self.clock())
+            return
+        if (version := self.topics.model_version_of(topic)) is not None:
+            self.publisher.retained.observe(version, topic.rsplit("/", 1)[1], payload)
             return
         if (foreign := self.topics.foreign_status_of(topic)) is not None:
             self.ignored.foreign(*foreign)
@@ -141,6 +146,8 @@ class Aggregator(FleetChanges, MqttDaemon):
             self._note_model_wait(agent, status)
             if status is not None and status.run_id == self.engine.run_id and status.round > self.engine.held_round:
                 self._catch_up()
+            if status is not None and status != previous and status.state in ("failed", "declined"):
+                self._gave_up(agent, status.round, f"reported its training {status.state}")
         elif topic == self.topics.agent_update(agent):
             self._on_update_chunk(agent, payload)
 
@@ -228,37 +235,37 @@ class Aggregator(FleetChanges, MqttDaemon):
     def _note_model_wait(self, agent: str, status: AgentStatus | None) -> None:
         rs = self.engine.round_state
         waiting = status is not None and status.state == "waiting-model" and rs is not None
-        if waiting and status.round == rs.round and agent in rs.pending:  # only asked agents get a model again
-            self._waiting_model_since.setdefault(agent, self.clock())
-        else:
-            self._waiting_model_since.pop(agent, None)
+        asked = waiting and status.round == rs.round and agent in rs.pending  # only asked agents get a model again
+        self.model_waits.note(agent, asked, self.clock())
 
     def _heal_retained(self, now: float) -> None:
-        """Put back retained messages that others removed or replaced: the round task, and the model when
-        selected agents have waited ``MODEL_STALL_S`` for it (its chunks cleared or overwritten)."""
+        """Put back retained messages that others removed or replaced (the round task; the model when its
+        chunks read back empty or different), and send the model to asked agents that keep waiting for
+        it, each on its own inbox at a bounded rate (``broker_server.model_resend``)."""
         self.tasks.heal(now)
-        stalled = sorted(a for a, since in self._waiting_model_since.items() if now - since >= MODEL_STALL_S)
-        for agent in [a for a in stalled if a in self.engine.assignments]:  # its own start model: sent again
-            stalled.remove(agent)
-            self._waiting_model_since[agent] = now
-            self._send_start(agent)
-            log.warning("agent %s waited %.0fs for its start model; sent it to its inbox again", agent, MODEL_STALL_S)
-        if stalled and now - self._model_republished_at >= MODEL_STALL_S:
+        if self.publisher.retained.damaged and now - self._model_republished_at >= MODEL_STALL_S:
             self._model_republished_at = now
+            damaged = len(self.publisher.retained.damaged)
             self.publisher.publish(self.engine.version, self.engine.global_arrays)
-            self._waiting_model_since.update(dict.fromkeys(stalled, now))
-            log.warning(
-                "agents %s waited %.0fs for model version %d; re-published it (retained chunks missing or replaced?)",
-                ",".join(stalled),
-                MODEL_STALL_S,
-                self.engine.version,
-            )
+            log.warning("retained model version %d lost %d chunks (cleared or replaced by another publisher); "
+                        "re-published it", self.engine.version, damaged)  # fmt: skip
+        rs = self.engine.round_state
+        for agent in self.model_waits.due(now, rs.pending if rs is not None else []):
+            public = self.registry.keyring.get(agent)
+            if agent in self.engine.assignments:  # its own start model: sent again
+                self._send_start(agent)
+            elif public is not None and self.publisher.current is not None:
+                self._send_inbox(agent, self.publisher.seal_for(public))
+            log.warning("agent %s waits for its model; sent it to its inbox again (version %d)", agent,
+                        self.engine.version)  # fmt: skip
 
     def _on_update_chunk(self, agent: str, payload: bytes) -> None:
         try:
             completed = self.reassembler.feed(payload, topic_sender=agent, kinds=frozenset({"update"}))
         except TransferRejected as exc:
             self._reject(exc.sender, exc.reason)
+            if exc.whole_round is not None:
+                self._gave_up(exc.sender, exc.whole_round, f"sent an update refused whole ({reason_kind(exc.reason)})")
             return
         if completed is not None:
             self._accept(completed)
@@ -291,6 +298,14 @@ class Aggregator(FleetChanges, MqttDaemon):
         self._publish_status(force=True)
         if self.engine.decide(self.clock()) == "close" and self.disk.due(self.clock()):  # at once: a threshold
             self._close(self.clock())  # of K takes exactly K updates
+
+    def _gave_up(self, agent: str, round_number: int, why: str) -> None:
+        """``agent`` will send nothing usable this round: stop waiting for it (``RoundEngine.gave_up``)."""
+        gave_up = False
+        with self.disk.writing(self.clock(), self.engine.durably(f"{agent} excused")):
+            gave_up = self.engine.gave_up(agent, round_number, why)
+        if gave_up and self.engine.decide(self.clock()) == "close" and self.disk.due(self.clock()):
+            self._close(self.clock())
 
     def _on_key_rotated(self, key: GroupKey) -> None:
         """The current model again, under the new key: an agent that joins now can read it."""
@@ -374,6 +389,8 @@ class Aggregator(FleetChanges, MqttDaemon):
         backed_off = self.engine.health.backed_off(self.engine.next_round)
         if backed_off:  # agents that missed deadlines, with their consecutive misses
             counters.append("backed_off=" + " ".join(f"{a}:{n}" for a, n in backed_off.items()))
+        if skewed := self.registry.clock_offsets():
+            counters.append("clock_skew=" + " ".join(f"{a}:{o:+.0f}s" for a, o in skewed.items()))
         if self.engine.budget_exhausted:
             counters.insert(0, f"privacy budget spent: too few agents can afford a round within epsilon "
                                f"{self.config.privacy.target_epsilon:g}; the last model is final")  # fmt: skip

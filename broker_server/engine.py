@@ -35,7 +35,7 @@ from broker_server.onnx_step import ExportOnnx
 from broker_server.pace import PaceBook
 from broker_server.pipeline import RoundContext, RoundRejected, run_pipeline
 from broker_server.round_steps import round_steps
-from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missing, select_agents
+from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missing, select_with_probation
 from broker_server.strategies import build_strategy
 from broker_server.validation import NotForThisRound, UpdateRejected
 from models.serialization import dumps, save_file
@@ -160,7 +160,8 @@ class RoundEngine(EngineState):
     # rounds ------------------------------------------------------------------------------------------
     def begin_round(self, eligible: list[str], now: float, enrolled: list[str] | None = None) -> RoundState | None:
         """Open the next round if enough agents are eligible; the caller then announces it. Backed-off
-        agents are left out while enough others are eligible (backing off never stops a federation).
+        agents are left out while enough others are eligible; selected only to make up ``min_agents``,
+        they are on probation: the round does not wait for them (backing off never stops a federation).
         Under privacy, agents without budget for a round are left out, and once fewer than
         ``rounds.min_agents`` of the ``enrolled`` (default: the eligible) have budget, the run ends."""
         if self.round_state is not None or self.finished:
@@ -175,8 +176,8 @@ class RoundEngine(EngineState):
             return None
         number = self.next_round
         available = self.health.available(eligible, number)
-        pool = available if len(available) >= self.rules.min_agents else eligible
-        selected = select_agents(pool, self.rules, seed=self.config.server.seed * 100_003 + number)
+        seed = self.config.server.seed * 100_003 + number
+        selected, probation = select_with_probation(eligible, available, self.rules, seed)
         plan = self.strategy.configure_train(self.config.training, number, self.pace.of(selected))
         self.round_state = RoundState(
             round=number,
@@ -187,6 +188,7 @@ class RoundEngine(EngineState):
             action=self.strategy.action(number),
             train=plan.shared.to_dict(),
             agent_train={agent: settings.to_dict() for agent, settings in plan.agents.items() if agent in selected},
+            probation=probation,
         )
         self.round_state.rejected.extend(self.orphan_rejections)
         self.round_state.revoked.extend(self.revoked_between_rounds)
@@ -209,21 +211,25 @@ class RoundEngine(EngineState):
         are not backed off stand in for them (``rounds.replace_missing``). Returns ``(excused, stand_ins)``."""
         rs = self.round_state
         assert rs is not None
-        for agent in rs.pending:
-            record = self.health.missed(agent, rs.round)
-            log.warning(
-                "agent missed the deadline agent=%s round=%d misses=%d not_selected_until_round=%d",
-                agent,
-                rs.round,
-                record.misses,
-                record.backed_off_until + 1,
-            )
+        self.health.back_off(rs.pending, rs.round, "missed the deadline")
         seed = self.config.server.seed * 100_003 + rs.round * 101 + rs.attempt
         candidates = self.ledger.affordable(self.health.available(eligible, rs.round))
-        excused, stand_ins = replace_missing(rs, candidates, seed)  # under privacy, only agents with budget
+        # under privacy, only agents with budget
+        excused, stand_ins = replace_missing(rs, candidates, seed, self.rules.quorum)
         if stand_ins:
             log.warning("round %d: %s stand in for %s", rs.round, ",".join(stand_ins), ",".join(excused))
         return excused, stand_ins
+
+    def gave_up(self, agent: str, round_number: int, why: str) -> bool:
+        """A pending agent that will not deliver in round ``round_number`` (its signed status says its training
+        failed, or its whole transfer was refused): not waited for, backed off. False if not pending there."""
+        rs = self.round_state
+        if rs is None or rs.round != round_number or agent not in rs.pending:
+            return False
+        rs.missed.append(agent)  # excused: a stand-in may replace it at the deadline, a late update is welcome
+        self.health.back_off([agent], round_number, why)
+        self.checkpoint()
+        return True
 
     def decide(self, now: float) -> str:
         if self.round_state is None:
@@ -321,6 +327,8 @@ class RoundEngine(EngineState):
         ``model_wire_bytes`` is the size of the published model the selected agents downloaded."""
         rs = self.round_state
         assert rs is not None
+        if now >= rs.deadline:  # closed on the quorum at the deadline: whoever it still waited for missed it
+            self.health.back_off(rs.waited_for, rs.round, "missed the deadline")
         ctx = RoundContext(
             state=rs,
             global_arrays=self.global_arrays,

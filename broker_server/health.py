@@ -2,16 +2,23 @@
 
 An agent's status is unauthenticated JSON (anyone who may publish on ``agent/<id>/status`` can make a
 switched-off agent look ready), so being *asked* rests on a forgeable claim; what counts here is only
-what the server saw itself: an authenticated update accepted, or a deadline passed without one. An
-agent that misses a round's deadline is backed off: not selected for 1, 2, 4 … (at most
+what the server saw itself: an authenticated update accepted, or a round it was selected for that it
+did not deliver, whatever its status said: a deadline passed without its update (also when the round
+closed on the quorum without it), its own signed status said its training failed or was declined, or
+its whole transfer was refused. Such an agent is backed off: not selected for 1, 2, 4 … (at most
 ``MAX_BACKOFF_ROUNDS``) rounds after each consecutive miss, and its first accepted update clears the
-record. So a forged "ready" costs at most one deadline, then ever fewer, and a broken device stops
-being waited for. Pure bookkeeping; the engine keeps it in the checkpoint.
+record. While backed off it is selected only to make up ``rounds.min_agents``, and then on probation:
+the round does not wait for it (``rounds.RoundState.probation``). So a forged "ready", a silent or
+broken device costs at most one deadline, then ever fewer. Pure bookkeeping; the engine keeps it in
+the checkpoint, so a restart forgets nothing.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
+
+log = logging.getLogger("skyfed.server")
 
 MAX_BACKOFF_ROUNDS = 32
 
@@ -31,6 +38,13 @@ class HealthBook:
         record.misses += 1
         record.backed_off_until = round_number + min(2 ** (record.misses - 1), MAX_BACKOFF_ROUNDS)
         return record
+
+    def back_off(self, agents: list[str], round_number: int, why: str) -> None:
+        """``missed`` for each of ``agents``, logged with ``why``."""
+        for agent in agents:
+            record = self.missed(agent, round_number)
+            log.warning("agent %s agent=%s round=%d misses=%d not_selected_until_round=%d",
+                        why, agent, round_number, record.misses, record.backed_off_until + 1)  # fmt: skip
 
     def delivered(self, agent: str) -> None:
         self.records.pop(agent, None)

@@ -53,6 +53,9 @@ class IgnoredAgents:
         if kind == "status-older":  # also what a restart's re-deliveries look like: not an alarm
             log.info("status ignored agent=%s reason=%s", agent, printable(reason))
             return
+        if kind == "status-stale-will":  # someone replays it: the agent's key is fine
+            log.warning("status ignored agent=%s reason=%s", agent, printable(reason))
+            return
         log.warning(
             "agent ignored agent=%s reason=%s; if its key was re-made, re-enrol this agent: %s",
             agent, printable(reason), self.enrol_command(f"{agent}.pub"),

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from broker_server.model_resend import RetainedModel
 from models.serialization import dumps
 from models.weights import NamedArrays
 from protocol.mqtt import MqttClient
 from protocol.topics import Topics
 from security.envelope import seal
-from security.keys import GroupKey, Identity
+from security.keys import GroupKey, Identity, PublicIdentity
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,15 @@ class ModelPublisher:
         self.group_key = group_key
         self.model = model
         self.current: PublishedModel | None = None
+        self.retained = RetainedModel()
+        self._data = b""  # the current model's plaintext, for sealing it to one agent
+
+    def seal_for(self, recipient: PublicIdentity) -> list[bytearray]:
+        """The current model sealed to one agent alone (its inbox): the same plaintext the task names."""
+        assert self.current is not None
+        _, chunks = seal(self._data, sender=self.identity, federation=self.topics.federation, kind="model",
+                         round=self.current.version, recipient=recipient)  # fmt: skip
+        return chunks
 
     def publish(self, version: int, arrays: NamedArrays) -> PublishedModel:
         data = dumps(arrays, metadata={"model": self.model, "version": str(version)})
@@ -46,6 +56,8 @@ class ModelPublisher:
         )
         for index, chunk in enumerate(chunks):
             self.mqtt.publish(self.topics.model_chunk(version, index), chunk, retain=True)
+        self._data = data
+        self.retained.published(version, chunks)
         previous = self.current
         if previous is not None and previous.version != version:
             for index in range(previous.chunks):

@@ -6,13 +6,29 @@ has seen from that agent: a replayed old "ready" is refused, and so is a status 
 clock went back; the same status delivered twice (as after a server restart) is a harmless duplicate.
 An agent is eligible only while its last accepted status arrived within ``status_timeout_s`` (agents
 republish every ``status_interval_s``), so a device that died is dropped even if its last words are
-replayed. ``offline`` (the agent's signed last will, made at connect time) is accepted whatever its
-time. What an agent *sends* is authenticated separately (``security.envelope``); who *delivers* is
-tracked by ``broker_server.health``.
+replayed. The first status seen from an agent (the broker's retained copy, at the server's start)
+counts as received when it was signed, if that is earlier: a switched-off agent's old "ready" makes
+it eligible for no longer than a live one's would.
+
+Freshness of the last will. ``offline`` is the agent's signed last will, made when it connects, so it
+is older than the statuses that follow it and cannot pass the "newer" test. Each connection is a
+*session*: the agent makes a new will for every (re)connection, stamps it with the session's time,
+and every status of that session carries that time in ``session``. An ``offline`` status is accepted
+only if it is not older than the newest session seen from that agent; a will captured from an
+earlier connection (or a clean stop's final status) is refused as ``status-stale-will``, so replaying
+it after each real status no longer takes the agent out of the fleet. (An agent from before sessions
+sends ``session`` 0: its wills are accepted as before.)
+
+Clock skew. A live status' ``updated_at`` is the agent's clock at signing, a fraction of a second
+before the server reads it: ``offset_s`` (its time minus the server's) measures the agent's clock.
+Crossing ``CLOCK_SKEW_TOLERANCE_S`` is logged once each way; the server's status lists the skewed agents.
+What an agent *sends* is authenticated separately (``security.envelope``); who *delivers* is tracked
+by ``broker_server.health``.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
@@ -29,11 +45,17 @@ class StatusRefused(Exception):
         self.reason = reason
 
 
+log = logging.getLogger("skyfed.server")
+CLOCK_SKEW_TOLERANCE_S = 30.0  # an agent clock further off than this from the server's is reported
+
+
 @dataclass
 class Seen:
     status: AgentStatus
     received_at: float  # server clock
     newest: float  # the newest ``updated_at`` accepted from this agent, offline included or not
+    session: float = 0.0  # the newest connection session an accepted status named
+    offset_s: float = 0.0  # the agent's clock minus the server's, from its last live status
 
 
 class AgentRegistry:
@@ -67,18 +89,37 @@ class AgentRegistry:
             raise StatusRefused(f"status-malformed: {exc}") from None
         if status.agent != agent:
             raise StatusRefused(f"status-mismatch: signed for {status.agent!r}, published as {agent!r}")
-        newest = before.newest if before is not None else float("-inf")
-        if before is not None and status == before.status:
+        if before is None:  # first sight, likely the retained copy: received no later than it was signed
+            self.seen[agent] = Seen(status, min(now, status.updated_at), status.updated_at, status.session)
+            return previous, status
+        if status == before.status:
             return previous, previous  # delivered twice (a persistent session and the retained copy)
-        if status.state != "offline":
-            if status.updated_at <= newest:
+        newest, session = before.newest, max(before.session, status.session)
+        if status.state == "offline":
+            if status.updated_at < before.session:
                 raise StatusRefused(
-                    f"status-older: not newer than one already seen from {agent} (a late re-delivery, a "
-                    "replay, or the device's clock went back)"
+                    f"status-stale-will: an offline status from an earlier connection of {agent} (a replay)"
                 )
+        elif status.updated_at <= newest:
+            raise StatusRefused(
+                f"status-older: not newer than one already seen from {agent} (a late re-delivery, a "
+                "replay, or the device's clock went back)"
+            )
+        else:
             newest = status.updated_at
-        self.seen[agent] = Seen(status, now, newest)
+        offset = status.updated_at - now if status.state != "offline" else before.offset_s
+        self.seen[agent] = Seen(status, now, newest, session, offset)
+        if (abs(offset) > CLOCK_SKEW_TOLERANCE_S) != (abs(before.offset_s) > CLOCK_SKEW_TOLERANCE_S):
+            if abs(offset) > CLOCK_SKEW_TOLERANCE_S:
+                log.warning("clock skew agent=%s offset_s=%+.1f: its clock is off the server's; fix its time sync "
+                            "(NTP)", agent, offset)  # fmt: skip
+            else:
+                log.info("clock skew gone agent=%s offset_s=%+.1f", agent, offset)
         return previous, status
+
+    def clock_offsets(self) -> dict[str, float]:
+        """Agents whose clocks are off by more than ``CLOCK_SKEW_TOLERANCE_S``: their offsets in seconds."""
+        return {a: s.offset_s for a, s in sorted(self.seen.items()) if abs(s.offset_s) > CLOCK_SKEW_TOLERANCE_S}
 
     def forget(self, agent: str) -> None:
         """An agent no longer enrolled: never selected again, whatever its last status said."""

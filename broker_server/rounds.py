@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,17 @@ def select_agents(eligible: list[str], rules: RoundRules, seed: int) -> list[str
     return sorted(random.Random(seed).sample(sorted(eligible), count))
 
 
+def select_with_probation(
+    eligible: list[str], available: list[str], rules: RoundRules, seed: int
+) -> tuple[list[str], list[str]]:
+    """``(selected, probation)``: ``select_agents`` of the ``available`` agents (eligible, not backed off);
+    where they are fewer than ``min_agents``, backed-off eligible agents make up the number, on probation."""
+    selected = select_agents(available, rules, seed)
+    backed_off, short = sorted(set(eligible) - set(available)), rules.min_agents - len(selected)
+    probation = sorted(random.Random(seed).sample(backed_off, min(short, len(backed_off)))) if short > 0 else []
+    return sorted(selected + probation), probation
+
+
 @dataclass
 class UpdateRecord:
     """An accepted update as the round remembers it (its bytes are in the update store)."""
@@ -77,12 +88,13 @@ class RoundState:
     updates: list[UpdateRecord] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)  # selected agents whose own update was refused
-    missed: list[str] = field(default_factory=list)  # selected agents excused after a deadline, replaced
+    missed: list[str] = field(default_factory=list)  # selected agents excused: missed a deadline, or gave up
     action: str = "average"  # what the strategy does with the round's updates (average, swap, local)
     inbox_bytes: int = 0  # models sealed to agents' inboxes for this round (swap partners' and others)
     train: dict = field(default_factory=dict)  # the round's shared TrainSettings, as the strategy planned them
     agent_train: dict[str, dict] = field(default_factory=dict)  # agent -> its own TrainSettings, where they differ
     revoked: list[str] = field(default_factory=list)  # agents revoked during the round: the task tells them
+    probation: list[str] = field(default_factory=list)  # backed-off agents selected only to make up min_agents
 
     @property
     def accepted(self) -> list[str]:
@@ -93,6 +105,11 @@ class RoundState:
         """Selected agents still waited for: not accepted, and not refused (they have no other update)."""
         done = set(self.accepted) | set(self.failed) | set(self.missed)
         return [a for a in self.selected if a not in done]
+
+    @property
+    def waited_for(self) -> list[str]:
+        """Pending agents the round waits for: all but those on probation (they may still send in time)."""
+        return [a for a in self.pending if a not in self.probation]
 
     @property
     def bytes_up(self) -> int:
@@ -106,9 +123,8 @@ class RoundState:
     def copy(self) -> RoundState:
         """A copy to put back if a change cannot be written (``broker_server.disk``): its lists are its own,
         the update records are shared."""
-        names = ("selected", "updates", "rejected", "failed", "missed", "revoked")
-        lists = {name: list(getattr(self, name)) for name in names}
-        return replace(self, **lists, train=dict(self.train), agent_train=dict(self.agent_train))
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(self, **{k: type(v)(v) for k, v in values.items() if isinstance(v, (list, dict))})
 
     @classmethod
     def from_dict(cls, data: dict) -> RoundState:
@@ -131,13 +147,17 @@ def per_agent_detail(state: RoundState) -> dict[str, dict[str, float]]:
     return detail
 
 
-def replace_missing(state: RoundState, candidates: list[str], seed: int) -> tuple[list[str], list[str]]:
+def replace_missing(
+    state: RoundState, candidates: list[str], seed: int, quorum: int = 0
+) -> tuple[list[str], list[str]]:
     """At a deadline without quorum: as many of ``candidates`` (eligible, not yet selected) as there are
-    pending agents join the round, drawn reproducibly, and as many pending agents are excused. Returns
-    ``(excused, stand_ins)``; with no candidate left the pending agents are simply asked again."""
+    pending agents, plus as many as the ``quorum`` lacks beyond them (agents excused earlier: refused,
+    or their training failed), join the round, drawn reproducibly, and that many pending agents are
+    excused. Returns ``(excused, stand_ins)``; with no candidate left the pending agents are asked again."""
     pending = state.pending
+    wanted = len(pending) + max(0, quorum - len(state.updates) - len(pending))
     available = sorted(set(candidates) - set(state.selected))
-    stand_ins = sorted(random.Random(seed).sample(available, min(len(pending), len(available))))
+    stand_ins = sorted(random.Random(seed).sample(available, min(wanted, len(available))))
     excused = pending[: len(stand_ins)]
     state.missed.extend(excused)
     state.selected.extend(stand_ins)
@@ -146,10 +166,11 @@ def replace_missing(state: RoundState, candidates: list[str], seed: int) -> tupl
 
 def decide(state: RoundState, rules: RoundRules, now: float, threshold: int = 0) -> str:
     """``"wait"``, ``"close"`` or ``"reannounce"`` for the round in progress: close as soon as nobody is
-    pending with the quorum met, as soon as ``threshold`` updates are in (SmartFed's static threshold,
-    0 = off), or at the deadline with the quorum met; otherwise re-announce then."""
+    waited for with the quorum met (a backed-off agent on probation is not), as soon as ``threshold``
+    updates are in (SmartFed's static threshold, 0 = off), or at the deadline with the quorum met;
+    otherwise re-announce then."""
     quorate = len(state.updates) >= rules.quorum
-    if (not state.pending and quorate) or (threshold > 0 and len(state.updates) >= threshold):
+    if (not state.waited_for and quorate) or (threshold > 0 and len(state.updates) >= threshold):
         return "close"
     if now < state.deadline:
         return "wait"

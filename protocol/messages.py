@@ -237,11 +237,14 @@ class AgentStatus(Message):
     start: str = ""  # what this round's training starts from: global, local or inbox
     privacy: dict[str, float] = field(default_factory=dict)  # local DP-SGD: this agent's own epsilon, delta, ...
     run_id: str = ""  # the server run of the task it holds (``round``): a server behind it catches up
+    session: float = 0.0  # when this connection's last will was made (broker_server.registry: will freshness)
+    clock_offset_s: float = 0.0  # this device's clock minus the server's, as measured on signed task times
 
     @classmethod
-    def offline(cls, agent: str) -> AgentStatus:
-        """The LWT payload: what subscribers see after the agent vanished."""
-        return cls(agent=agent, state="offline", round=0, samples=0, version=0, updated_at=time.time())
+    def offline(cls, agent: str, session: float | None = None) -> AgentStatus:
+        """The LWT payload: what subscribers see after the agent vanished; made at ``session`` (default now)."""
+        made = time.time() if session is None else session
+        return cls(agent=agent, state="offline", round=0, samples=0, version=0, updated_at=made, session=made)
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,7 @@ class MqttClient:
         client_id: str,
         settings: BrokerSettings,
         *,
-        will: Will | None = None,
+        will: Will | Callable[[], Will] | None = None,
         on_connect: Callable[[], None] | None = None,
         queue_size: int = 256,  # x ~1 MiB chunks: at most ~256 MiB waiting; a full queue slows the broker
         persistent: bool = True,
@@ -192,8 +192,8 @@ class MqttClient:
                 keyfile=settings.tls.keyfile,
                 tls_version=ssl.PROTOCOL_TLS_CLIENT,
             )
-        if will is not None:
-            self._client.will_set(will.topic, will.payload, qos=1, retain=will.retain)
+        self._will = will  # a callable makes a new will for every connection (after each connect, for the next)
+        self._set_will()
         self._client.reconnect_delay_set(int(settings.reconnect_min_s), int(settings.reconnect_max_s))
         self._client.on_connect = self._handle_connect
         self._client.on_connect_fail = self._handle_connect_fail
@@ -201,6 +201,11 @@ class MqttClient:
         self._client.on_message = self._handle_message
         self._client.on_subscribe = self._handle_subscribe
         self._client.on_publish = self._handle_publish
+
+    def _set_will(self) -> None:
+        will = self._will() if callable(self._will) else self._will
+        if will is not None:
+            self._client.will_set(will.topic, will.payload, qos=1, retain=will.retain)
 
     # lifecycle -------------------------------------------------------------------------------------
     def start(self, timeout_s: float | None = None) -> bool:
@@ -311,6 +316,8 @@ class MqttClient:
         self.connected.set()
         if self._on_connect_hook is not None:
             self._on_connect_hook()
+        if callable(self._will):
+            self._set_will()
 
     def _handle_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
         if self._stopping:

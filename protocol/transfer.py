@@ -68,12 +68,17 @@ class TransferLimits:
 
 
 class TransferRejected(Exception):
-    """A chunk or a whole transfer was refused; ``sender`` and a short ``reason`` say which and why."""
+    """A chunk or a whole transfer was refused; ``sender`` and a short ``reason`` say which and why.
 
-    def __init__(self, sender: str, reason: str) -> None:
+    ``whole_round`` is set when a signed manifest was verified and its whole transfer is refused (too
+    large, too many chunks, digest mismatch): the manifest's round, for which that sender sent nothing
+    usable, so a server need not wait for it."""
+
+    def __init__(self, sender: str, reason: str, whole_round: int | None = None) -> None:
         super().__init__(f"{sender}: {reason}")
         self.sender = sender
         self.reason = reason
+        self.whole_round = whole_round
 
 
 @dataclass(frozen=True)
@@ -178,9 +183,12 @@ class Reassembler:
     def _start(self, manifest: Manifest) -> _Partial:
         sender = manifest.sender
         if manifest.size > self.limits.max_bytes:
-            raise TransferRejected(sender, f"too-large: {manifest.size} > {self.limits.max_bytes} bytes")
+            too_large = f"too-large: {manifest.size} > {self.limits.max_bytes} bytes"
+            raise TransferRejected(sender, too_large, manifest.round)
         if manifest.n_chunks > self.limits.max_chunks:
-            raise TransferRejected(sender, f"too-many-chunks: {manifest.n_chunks} > {self.limits.max_chunks}")
+            raise TransferRejected(
+                sender, f"too-many-chunks: {manifest.n_chunks} > {self.limits.max_chunks}", manifest.round
+            )
         open_from_sender = sum(p.manifest.sender == sender for p in self._partials.values())
         if open_from_sender >= self.limits.max_partial_per_sender:
             raise TransferRejected(sender, "too-many-partial-transfers")
@@ -212,7 +220,7 @@ class Reassembler:
         self._drop(manifest.transfer_id)
         data = memoryview(partial.buffer)[: manifest.size]
         if manifest.needs_digest and hashlib.sha256(data).digest() != manifest.sha256:
-            raise TransferRejected(manifest.sender, "digest-mismatch")
+            raise TransferRejected(manifest.sender, "digest-mismatch", manifest.round)
         self.opener.replay.remember(manifest)
         log.debug("transfer complete sender=%s kind=%s bytes=%d", manifest.sender, manifest.kind, manifest.size)
         return Completed(manifest=manifest, data=data, wire_bytes=partial.wire_bytes)

@@ -14,6 +14,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 
+from common.untrusted_json import parse_untrusted_json
 from protocol.codecs import Codec, CodecError
 
 FORMAT = "skyfed.update/1"
@@ -100,13 +101,14 @@ def _optional_float(text: str | None) -> float | None:
 
 
 MAX_LOCAL_EVAL = 16
+MAX_LOCAL_EVAL_BYTES = 4096  # 16 short names and numbers need a fraction of this
 
 
 def _local_eval(text: str | None) -> dict[str, float]:
     """At most ``MAX_LOCAL_EVAL`` finite numbers by short name; anything else is a bad header."""
     if not text:
         return {}
-    values = json.loads(text)
+    values = parse_untrusted_json(text, max_bytes=MAX_LOCAL_EVAL_BYTES)  # UntrustedJsonError is a ValueError
     if not isinstance(values, dict) or len(values) > MAX_LOCAL_EVAL:
         raise ValueError(f"local_eval must be an object of at most {MAX_LOCAL_EVAL} numbers")
     out = {}

@@ -5,7 +5,7 @@ connection and client id, keys, state folder and durable progress — running it
 its own, except that its training runs in this process (``agent.runner.InProcessRunner``) instead of
 a training child: the hosted agents share one process and its PyTorch (about 370 MB of private
 memory per process; ``skyfed sim --agents-per-process K``). Experiments change an agent's trainer and nothing else:
-``--attacker CONFIG`` hosts an agent whose trainer attacks (``sim.attacks``), ``--slow CONFIG`` one
+``--attacker CONFIG`` hosts an agent whose trainer attacks, or that never sends (``sim.attacks``), ``--slow CONFIG`` one
 whose training takes ``--slowdown`` times as long (``sim.slow``). SIGTERM stops every agent cleanly
 (each publishes its final status); log lines carry the agent id as the thread name. Deployments run
 one agent per process (``skyfed agent run``). Not part of the ``skyfed`` command on purpose.
@@ -23,7 +23,7 @@ from agent.daemon import EdgeAgent
 from agent.runner import in_process_runner
 from common.lock import hold_state_dir
 from protocol.daemon import configure_logging, stop_on_signals
-from sim.attacks import SCOPES, Attack, AttackingTrainer
+from sim.attacks import SCOPES, Attack, AttackingTrainer, SilentAgent
 from sim.slow import SlowTrainer
 
 
@@ -35,8 +35,9 @@ def build_agents(args: argparse.Namespace) -> list[EdgeAgent]:
     for path, attacking in [(p, False) for p in args.config] + [(p, True) for p in args.attacker]:
         config = load_agent_config(Path(path))
         hold_state_dir(config.state_dir, "agent.state_dir")  # one daemon per folder, as `skyfed agent run`
-        agent = EdgeAgent(config, runner=in_process_runner(config))
-        if attacking:
+        silent = attacking and attack is not None and attack.kind == "silent"
+        agent = (SilentAgent if silent else EdgeAgent)(config, runner=in_process_runner(config))
+        if attacking and not silent:
             agent.runner.trainer = AttackingTrainer(agent.runner.trainer, attack, agent.id, args.scope)
         if Path(path).resolve() in slow:
             agent.runner.trainer = SlowTrainer(agent.runner.trainer, args.slowdown)
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.agent_host", description=__doc__)
     parser.add_argument("--config", action="append", default=[], help="an agent.toml (repeatable)")
     parser.add_argument("--attacker", action="append", default=[], help="an agent.toml whose agent attacks")
-    parser.add_argument("--attack", default="", help="sign-flip | scale:F | noise:SIGMA | samples:N")
+    parser.add_argument("--attack", default="", help="sign-flip | scale:F | noise:SIGMA | samples:N | silent")
     parser.add_argument("--scope", default="parameters", choices=SCOPES)
     parser.add_argument("--slow", action="append", default=[], help="a hosted agent.toml whose agent is slow")
     parser.add_argument("--slowdown", type=float, default=1.0, help="how many times slower the slow agents train")

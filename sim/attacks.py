@@ -6,7 +6,9 @@ honestly, then reports something else. KIND is one of
 * ``sign-flip`` — sends −delta (pushes the model away from where its data points);
 * ``scale:F`` — sends F x delta (model replacement / boosting);
 * ``noise:SIGMA`` — sends Gaussian noise N(0, SIGMA²) in place of the delta;
-* ``samples:N`` — sends its honest delta but claims N training samples.
+* ``samples:N`` — sends its honest delta but claims N training samples;
+* ``silent`` — trains, reports itself healthy (``done``), and never sends its update
+  (``SilentAgent``): an enrolled device that costs rounds their deadline unless the server backs it off.
 
 ``scope`` says what is attacked: ``parameters`` (default) changes only the trainable parameters — what
 the textbook attacks act on, as they are defined on gradients — and reports BatchNorm's running
@@ -21,12 +23,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from agent.daemon import EdgeAgent
 from agent.trainer import Trainer, TrainerWrapper, TrainResult
 from models.weights import NamedArrays, is_float
 from models.zoo import build_model
 from protocol.messages import RoundTask
 
-KINDS = ("sign-flip", "scale", "noise", "samples")
+KINDS = ("sign-flip", "scale", "noise", "samples", "silent")
+NO_VALUE = ("sign-flip", "silent")
 SCOPES = ("parameters", "all")
 
 
@@ -38,8 +42,8 @@ class Attack:
     @classmethod
     def parse(cls, spec: str) -> Attack:
         kind, _, value = spec.partition(":")
-        if kind not in KINDS or (kind == "sign-flip") != (value == ""):
-            raise ValueError(f"--attack {spec!r} must be sign-flip, scale:F, noise:SIGMA or samples:N")
+        if kind not in KINDS or (kind in NO_VALUE) != (value == ""):
+            raise ValueError(f"--attack {spec!r} must be sign-flip, scale:F, noise:SIGMA, samples:N or silent")
         try:
             attack = cls(kind, float(value) if value else 0.0)
         except ValueError:
@@ -49,7 +53,7 @@ class Attack:
         return attack
 
     def __str__(self) -> str:
-        return self.kind if self.kind == "sign-flip" else f"{self.kind}:{self.value:g}"
+        return self.kind if self.kind in NO_VALUE else f"{self.kind}:{self.value:g}"
 
 
 def poisoned(
@@ -95,3 +99,12 @@ class AttackingTrainer(TrainerWrapper):
         if self.scope == "parameters":
             targets = {name for name, _ in build_model(task.model, num_classes=task.num_classes).named_parameters()}
         return replace(honest, arrays=poisoned(honest.arrays, global_arrays, self.attack, rng, targets))
+
+
+class SilentAgent(EdgeAgent):
+    """An agent daemon that trains and says ``done`` but never sends its update (``--attack silent``)."""
+
+    def _send(self, task: RoundTask, data: bytes) -> None:
+        self.progress.sent_round, self.progress.sent_attempt = task.round, task.attempt  # as if acknowledged
+        self.store.save(self.progress)
+        self._set_state("done", publish=True)

@@ -206,7 +206,9 @@ def _add_sim_options(
     ldp.add_argument("--ldp-clip", type=float, metavar="C", help="per-sample gradient clip (default 1.0)")
     ldp.add_argument("--ldp-target-epsilon", type=float, metavar="E", help="an agent stops volunteering before E")
     parser.add_argument("--attackers", type=int, default=0, help="how many agents are malicious (real keys)")
-    parser.add_argument("--attack", default=None, help="sign-flip | scale:F | noise:SIGMA | samples:N")
+    parser.add_argument(
+        "--attack", default=None, help="sign-flip | scale:F | noise:SIGMA | samples:N | silent (trains, never sends)"
+    )
     parser.add_argument(
         "--attack-scope", default="parameters", choices=["parameters", "all"],
         help="attack the trainable parameters only (default) or every floating tensor (BatchNorm statistics too)",

@@ -108,7 +108,7 @@ class SimSettings:
         if self.slowdown < 1:
             raise ValueError(f"--slowdown must be >= 1 (how many times slower), got {self.slowdown}")
         if self.attackers and not self.attack:
-            raise ValueError("--attackers needs --attack KIND (sign-flip, scale:F, noise:SIGMA or samples:N)")
+            raise ValueError("--attackers needs --attack KIND (sign-flip, scale:F, noise:SIGMA, samples:N or silent)")
         if self.attack:
             Attack.parse(self.attack)
         if self.in_process and (self.attackers or self.slow_agents):

@@ -103,12 +103,13 @@ def override_toml(path: Path, **tables: dict) -> None:
 class ServerHarness:
     """An Aggregator thread plus a driver MQTT client that plays the agents."""
 
-    def __init__(self, root: Path, broker, *, agents: int = 2, rounds: int = 1, **overrides: dict) -> None:  # noqa: ANN001
+    def __init__(self, root: Path, broker, *, agents: int = 2, rounds: int = 1,  # noqa: ANN001
+                 round_rules: dict | None = None, **overrides: dict) -> None:  # fmt: skip
         settings = SimSettings(agents=agents, rounds=rounds, federation="t", deadline_s=30.0)
         self.layout = create_federation(root, settings, (broker.host, broker.port))
         # FedAvg unless a test says otherwise: its exact, sample-weighted result is what tests compare against
         overrides.setdefault("strategy", {"name": "fedavg"})
-        override_toml(self.layout.server_config, rounds={"quorum": agents}, **overrides)
+        override_toml(self.layout.server_config, rounds={"quorum": agents, **(round_rules or {})}, **overrides)
         self.config = load_server_config(self.layout.server_config)
         self.server = Aggregator(self.config)
         self.initial = {k: v.copy() for k, v in self.server.engine.global_arrays.items()}

@@ -172,6 +172,8 @@ def test_the_server_puts_back_a_model_someone_cleared_and_a_task_replaced_twice_
 
     monkeypatch.setattr(daemon, "MODEL_STALL_S", 2.0)
     fed = Federation(tmp_path, broker, rounds=1, agents=2)
+    for agent in fed.agents:  # round 1 stays open while the task is replaced (the model is back at once)
+        agent.runner.trainer = SlowInRound(agent.runner.trainer, round_number=1, delay_s=3.0)
     server = Aggregator(load_server_config(fed.layout.server_config))
     server_thread = threading.Thread(target=server.run, daemon=True)
     server_thread.start()

@@ -1,0 +1,43 @@
+"""This device's clock against the server's, measured on the signed times of round tasks.
+
+Every round task carries the server's signed ``issued_at``. When a task arrives the agent notes its own
+clock minus that time. A task delivered from the broker's retained store may be minutes old, so one
+sample cannot tell a skewed clock from an old task; a live task arrives within a second of being
+issued, so the smallest offset over the last few distinct tasks is the estimate, and it counts once
+two tasks gave one. A replayed task cannot shrink it: an older task is refused before it is measured,
+and only the server can sign a time in the future. Beyond ``TOLERANCE_S`` the agent logs "clock skew"
+once, reports the offset in its status (``clock_offset_s``) and judges task times on the server's
+clock (its own minus the offset): a device whose clock runs ahead trains instead of dropping every
+task as expired, and the operator is told to fix its time sync.
+"""
+
+from __future__ import annotations
+
+TOLERANCE_S = 30.0  # offsets within this are network delay and ordinary drift: not corrected
+SAMPLES_KEPT = 8
+
+
+class ClockSkew:
+    def __init__(self) -> None:
+        self.samples: dict[tuple[str, int, int], float] = {}  # (run, round, attempt) -> local minus issued_at
+
+    def observe(self, task_key: tuple[str, int, int], issued_at: float, now: float) -> bool:
+        """Note one task's offset; True when that changes whether the clock counts as skewed."""
+        before = self.skewed
+        self.samples.setdefault(task_key, now - issued_at)
+        while len(self.samples) > SAMPLES_KEPT:
+            del self.samples[next(iter(self.samples))]
+        return self.skewed != before
+
+    @property
+    def offset_s(self) -> float:
+        """This clock minus the server's (0 until two tasks were measured)."""
+        return min(self.samples.values()) if len(self.samples) >= 2 else 0.0
+
+    @property
+    def skewed(self) -> bool:
+        return abs(self.offset_s) > TOLERANCE_S
+
+    def server_time(self, now: float) -> float:
+        """``now`` on the server's clock, where this one is known to be off by more than the tolerance."""
+        return now - self.offset_s if self.skewed else now
