@@ -126,6 +126,7 @@ class EdgeAgent(RoundWork, MqttDaemon):
             self._on_transfer_chunk(payload, frozenset({"model"}), version)
 
     def tick(self) -> None:
+        self.inbox.expire()
         self._step()
         self._say_if_stuck()
         self._publish_status()

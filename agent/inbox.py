@@ -2,9 +2,10 @@
 
 Chunks arrive on the agent's inbox topic (group keys sealed to it, start models) and on the retained
 model topics (the global model, sealed with the group key); ``protocol.transfer.Reassembler`` checks
-and reassembles them. Only the newest global model is kept (or the one the current task names: a
-reset server starts again at 1), the last ``GROUP_KEYS_KEPT`` group keys, and start models by
-fingerprint (``agent.start_models``) until a task names one.
+and reassembles them, and frees a partial transfer that stopped arriving (``expire``, on every tick).
+Only the newest global model is kept (or the one the current task names: a reset server starts again
+at 1), the last ``GROUP_KEYS_KEPT`` group keys, and start models by fingerprint (``agent.start_models``)
+until a task names one.
 """
 
 from __future__ import annotations
@@ -65,6 +66,12 @@ class ServerInbox:
         else:
             self._on_model(completed, task)
         return kind
+
+    def expire(self) -> None:
+        """Free partial transfers that stopped arriving (a lost chunk, a broker restart, old chunks replayed):
+        each holds one of the few slots every later model needs."""
+        for rejection in self.reassembler.expire():
+            self.warn("transfer-timeout", "transfer expired reason=%s", rejection.reason)
 
     def _on_group_key(self, completed: Completed) -> None:
         key = GroupKey.from_bytes(bytes(completed.data))

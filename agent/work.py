@@ -67,6 +67,7 @@ class Upload:
     infos: list[paho.MQTTMessageInfo]
     size: int
     started: float
+    broken: bool = False  # the link broke after the broker acknowledged some chunks (which it may have lost)
 
 
 class RoundWork:
@@ -227,16 +228,23 @@ class RoundWork:
         self._set_state("uploading", publish=True)
 
     def _check_upload(self: EdgeAgent) -> None:
+        """An update the broker took without a break in the link answers every attempt of its round announced
+        by then (the server asked again while it trained or was offline, say): it is not sent twice. One whose
+        acknowledged chunks may have died with a broker that went away answers only its own attempt, so a
+        later one that lists this agent as pending gets it again."""
         upload = self.upload
         assert upload is not None
         if MqttClient.all_acknowledged(upload.infos):
             self.upload = None
-            self.progress.sent_round, self.progress.sent_attempt = upload.round, upload.attempt
+            asked = self.task.attempt if self.task is not None and self.task.round == upload.round else 0
+            attempt = upload.attempt if upload.broken else max(upload.attempt, asked)
+            self.progress.sent_round, self.progress.sent_attempt = upload.round, attempt
             self.store.save(self.progress)
             log.info("update sent round=%d chunks=%d bytes=%d", upload.round, len(upload.infos), upload.size)
             self._set_state("done", publish=True)
         elif not self.mqtt.connected.is_set():
             upload.started = time.monotonic()  # offline: paho holds the chunks; the timer counts connected time
+            upload.broken = upload.broken or any(MqttClient.all_acknowledged([info]) for info in upload.infos)
         elif time.monotonic() - upload.started > PUBLISH_TIMEOUT_S:
             self.upload = None  # paho keeps re-sending it; a later attempt that lists it pending re-sends it
             log.warning("update for round=%d not acknowledged after %.0f s", upload.round, PUBLISH_TIMEOUT_S)

@@ -27,6 +27,7 @@ from broker_server.ignored import IgnoredAgents
 from broker_server.metrics_log import log_round, log_run_finished
 from broker_server.model_resend import MODEL_STALL_S, ModelWaits
 from broker_server.publisher import ModelPublisher
+from broker_server.reconnects import Reconnects
 from broker_server.registry import AgentRegistry, StatusRefused
 from broker_server.round_task import round_task
 from broker_server.task_publisher import TaskPublisher
@@ -101,6 +102,7 @@ class Aggregator(FleetChanges, MqttDaemon):
         )
         self.tasks = TaskPublisher(self.mqtt, self.topics.round, self.identity)
         self.model_waits = ModelWaits()
+        self.reconnects = Reconnects()
         self._model_republished_at = 0.0
         self._last_status = 0.0
 
@@ -152,6 +154,7 @@ class Aggregator(FleetChanges, MqttDaemon):
             self._on_update_chunk(agent, payload)
 
     def tick(self) -> None:
+        self._resume(self.reconnects.due())
         for rejection in self.reassembler.expire():
             self._reject(rejection.sender, rejection.reason)
         now = self.clock()
@@ -205,8 +208,8 @@ class Aggregator(FleetChanges, MqttDaemon):
         return f"round {rs.round}{attempt}: collecting {len(rs.updates)}/{len(rs.selected)} updates{disk}"
 
     # rounds ------------------------------------------------------------------------------------------
-    def _announce(self, *, reannounce: bool) -> None:
-        rs = self.engine.announce(self.clock())
+    def _announce(self, *, reannounce: bool, keep_deadline: bool = False) -> None:
+        rs = self.engine.announce(self.clock(), keep_deadline=keep_deadline)
         assignments = self.engine.assignments
         self._publish_task()
         for agent in rs.pending:
@@ -380,6 +383,20 @@ class Aggregator(FleetChanges, MqttDaemon):
 
     def _on_connect(self) -> None:
         self._last_status = 0.0  # republish status promptly after a (re)connect
+        self.reconnects.connected()  # paho's thread: the loop resumes what the broker may have lost (``tick``)
+
+    def _resume(self, due: str) -> None:
+        """After a reconnect, what the broker may have lost (``broker_server.reconnects``): the model and task
+        at once if it lost our session, then the open round asked again of the agents it waits for."""
+        if due == "reconnected" and not self.mqtt.session_present:
+            self.publisher.publish(self.engine.version, self.engine.global_arrays)
+            if self.tasks.payload is not None:
+                self.mqtt.publish(self.topics.round, self.tasks.payload, retain=True)
+        rs = self.engine.round_state
+        if due == "ask-again" and rs is not None and rs.pending:
+            log.warning("broker connection back mid-round: round %d asked again of %s", rs.round, ",".join(rs.pending))
+            with self.disk.writing(self.clock(), self.engine.durably("round re-announcement")):
+                self._announce(reannounce=True, keep_deadline=True)
 
     def _status_json(self, state: str | None = None) -> bytes:
         rs = self.engine.round_state

@@ -197,12 +197,14 @@ class RoundEngine(EngineState):
         self.strategy.begin(self.global_vector, self.float_spec)
         return self.round_state
 
-    def announce(self, now: float) -> RoundState:
-        """Start (or restart) the open round's attempt: a new deadline, the pending agents asked again."""
+    def announce(self, now: float, *, keep_deadline: bool = False) -> RoundState:
+        """Start (or restart) the open round's attempt: the pending agents asked again, by a new deadline
+        (or by the one they had: a round resumed after the broker came back)."""
         rs = self.round_state
         assert rs is not None
         rs.attempt += 1
-        rs.deadline = now + self.rules.deadline_s
+        if not keep_deadline:
+            rs.deadline = now + self.rules.deadline_s
         self.checkpoint()
         return rs
 

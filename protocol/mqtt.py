@@ -166,6 +166,7 @@ class MqttClient:
         self.client_id = client_id
         self.settings = settings
         self.connected = threading.Event()
+        self.session_present = False  # as the broker's last CONNACK said: False after it lost our session
         self.inbox: queue.Queue[Received] = queue.Queue(maxsize=queue_size)
         self._subscriptions: dict[str, int] = {}
         self._on_connect_hook = on_connect
@@ -313,6 +314,7 @@ class MqttClient:
             self.settings.port,
             flags.session_present,
         )
+        self.session_present = bool(flags.session_present)
         self.connected.set()
         if self._on_connect_hook is not None:
             self._on_connect_hook()

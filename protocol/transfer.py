@@ -6,14 +6,21 @@ remembered and any later chunk of it is rejected as a replay. A chunk that fails
 its own: the signed manifest already names every chunk, so a forged chunk at some index (anyone can
 copy a manifest off the broker) cannot void an honest transfer, whose genuine chunk still fills it.
 
+A transfer's slot opens only for a chunk that authenticates: the first chunk of a new transfer is
+decrypted aside and copied in once its tag checks, so tampered copies of genuine chunks (whose signed
+manifests verify) open nothing. A new transfer supersedes the same sender's unfinished ones of the same
+kind signed earlier (a re-published model, an update re-sent after a broken link): old chunks replayed
+from the broker cannot hold slots a newer transfer needs. A partial transfer that received nothing for
+``partial_timeout_s`` is freed.
+
 Memory is bounded by what was *received*, not by what a manifest claims: a transfer's buffer is an
 anonymous mapping that the kernel commits as chunks are decrypted into it, and every chunk is charged
 against a per-sender and a global quota before it is written, for every commit unit it can touch that
 was not charged yet (never more than the mapping can hold). The mapping asks for transparent huge
 pages: a 12.8 MB update then costs 7 page faults instead of 3,125 (measured: 13 ms → 7 ms to
 reassemble it), so the commit unit is the huge-page size. A
-claimed size is also checked against ``max_bytes`` and ``max_chunks`` before anything is mapped, and
-partial transfers time out. Cryptography is ``security.envelope``'s job, MQTT the daemons'. This
+claimed size is also checked against ``max_bytes`` and ``max_chunks`` before anything is mapped.
+Cryptography is ``security.envelope``'s job, MQTT the daemons'. This
 module never raises anything but ``TransferRejected``.
 """
 
@@ -99,7 +106,7 @@ class _Partial:
     manifest: Manifest
     buffer: mmap.mmap
     missing: set[int]
-    started_at: float
+    last_chunk_at: float  # the time-out counts from here: a slow link that still delivers keeps its transfer
     units: set[int] = field(default_factory=set)  # commit units already charged
     held: int = 0
     wire_bytes: int = 0
@@ -134,7 +141,7 @@ class Reassembler:
         must match the signed sender; ``kinds`` are the manifest kinds this topic may carry; a topic that
         names a round or model version (``model/<version>/…``) must name the one the manifest signs.
         """
-        touched: list[_Partial] = []
+        places: list[_Partial | bytearray] = []
 
         def slot(manifest: Manifest, index: int) -> memoryview:
             """Called by the opener once the manifest is verified: check, charge, then hand out the place."""
@@ -146,41 +153,46 @@ class Reassembler:
                 raise TransferRejected(
                     topic_sender, f"topic-mismatch: signed for {manifest.round}, sent on {topic_round}"
                 )
-            partial = self._partials.get(manifest.transfer_id) or self._start(manifest)
+            partial = self._partials.get(manifest.transfer_id)
+            if partial is None:  # a new transfer: decrypted aside, opened only if this chunk authenticates
+                self._check_claim(manifest)
+                aside = bytearray(chunk_length(manifest, index))
+                places.append(aside)
+                return memoryview(aside)
             if index not in partial.missing:
                 raise _AlreadyHeld
-            start, length = index * manifest.chunk_size, chunk_length(manifest, index)
-            charge, units = partial.charge(start, length)
-            self._reserve(manifest.sender, charge)  # stays charged even if the chunk fails: its pages may be written
-            partial.held += charge
-            partial.units.update(units)
-            touched.append(partial)
-            return memoryview(partial.buffer)[start : start + length]
+            places.append(partial)
+            return self._place(partial, index)  # stays charged even if the chunk fails: its pages may be written
 
         try:
-            _, index = self.opener.open_chunk_into(payload, slot)
+            manifest, index = self.opener.open_chunk_into(payload, slot)
         except _AlreadyHeld:
             return None  # QoS 1 re-delivery of a chunk we already hold
         except InvalidEnvelope as exc:  # dropped on its own: the transfer stays open for the genuine chunk
             raise TransferRejected(topic_sender, exc.reason) from None
-        partial = touched[0]
+        partial = places[0]
+        if isinstance(partial, bytearray):
+            partial = self._open(manifest, first_chunk=partial, index=index)
         partial.missing.discard(index)
         partial.wire_bytes += len(payload)
+        partial.last_chunk_at = self.clock()
         if partial.missing:
             return None
         return self._finish(partial)
 
     def expire(self) -> list[TransferRejected]:
-        """Free partial transfers older than the time-out; return one rejection per freed transfer."""
+        """Free partial transfers idle longer than the time-out; return one rejection per freed transfer."""
         now = self.clock()
-        stale = [tid for tid, p in self._partials.items() if now - p.started_at > self.limits.partial_timeout_s]
+        timeout = self.limits.partial_timeout_s
+        stale = [tid for tid, p in self._partials.items() if now - p.last_chunk_at > timeout]
         return [TransferRejected(self._drop(tid).manifest.sender, "transfer-timeout") for tid in stale]
 
     def pending_bytes(self) -> int:
         """Bytes that received chunks of unfinished transfers can hold (what the quotas count)."""
         return sum(self._held_by_sender.values())
 
-    def _start(self, manifest: Manifest) -> _Partial:
+    def _check_claim(self, manifest: Manifest) -> None:
+        """What a manifest claims, checked before anything is decrypted or mapped."""
         sender = manifest.sender
         if manifest.size > self.limits.max_bytes:
             too_large = f"too-large: {manifest.size} > {self.limits.max_bytes} bytes"
@@ -189,6 +201,17 @@ class Reassembler:
             raise TransferRejected(
                 sender, f"too-many-chunks: {manifest.n_chunks} > {self.limits.max_chunks}", manifest.round
             )
+
+    def _open(self, manifest: Manifest, *, first_chunk: bytearray, index: int) -> _Partial:
+        """A slot for a transfer whose first chunk authenticated: supersede, check the cap, map, copy it in."""
+        sender = manifest.sender
+        for tid, old in list(self._partials.items()):
+            if old.manifest.sender == sender and old.manifest.kind == manifest.kind:
+                if old.manifest.created_at < manifest.created_at:
+                    self._drop(tid)
+                    log.info("transfer superseded sender=%s kind=%s round=%d by=%d received=%d/%d", sender,
+                             manifest.kind, old.manifest.round, manifest.round,
+                             old.manifest.n_chunks - len(old.missing), old.manifest.n_chunks)  # fmt: skip
         open_from_sender = sum(p.manifest.sender == sender for p in self._partials.values())
         if open_from_sender >= self.limits.max_partial_per_sender:
             raise TransferRejected(sender, "too-many-partial-transfers")
@@ -201,7 +224,22 @@ class Reassembler:
                 pass
         partial = _Partial(manifest, buffer, set(range(manifest.n_chunks)), self.clock())
         self._partials[manifest.transfer_id] = partial
+        try:
+            self._place(partial, index)[:] = first_chunk
+        except TransferRejected:
+            self._drop(manifest.transfer_id)
+            raise
         return partial
+
+    def _place(self, partial: _Partial, index: int) -> memoryview:
+        """Charge the quotas for chunk ``index`` of ``partial``, then return where its plaintext goes."""
+        manifest = partial.manifest
+        start, length = index * manifest.chunk_size, chunk_length(manifest, index)
+        charge, units = partial.charge(start, length)
+        self._reserve(manifest.sender, charge)
+        partial.held += charge
+        partial.units.update(units)
+        return memoryview(partial.buffer)[start : start + length]
 
     def _reserve(self, sender: str, charge: int) -> None:
         if self._held_by_sender[sender] + charge > self.limits.max_pending_bytes_per_sender:

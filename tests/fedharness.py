@@ -191,7 +191,14 @@ class ServerHarness:
         self.publish_update(agent, self.sealed(self.agents[agent], data, round_number=round_number))
 
     def sealed(
-        self, sender: Identity, data: bytes, *, federation: str = "t", round_number: int = 1, chunk_size: int = 1 << 20
+        self,
+        sender: Identity,
+        data: bytes,
+        *,
+        federation: str = "t",
+        round_number: int = 1,
+        chunk_size: int = 1 << 20,
+        age_s: float = 0.0,  # back-dates the signed manifest: an older transfer supersedes no unfinished one
     ) -> list[bytes]:
         _, chunks = seal(
             data,
@@ -201,6 +208,7 @@ class ServerHarness:
             round=round_number,
             recipient=self.server.identity.public,
             chunk_size=chunk_size,
+            now=time.time() - age_s,
         )
         return chunks
 

@@ -151,8 +151,8 @@ def test_flood_of_unfinished_transfers_is_bounded_and_expires(tmp_path, broker):
     with ServerHarness(tmp_path, broker, limits={"max_partial_per_agent": 2, "partial_timeout_s": 1.0}) as h:
         h.announce_agents()
         blob = h.update_bytes(h.random_delta(4))
-        for _ in range(6):  # first chunk only of six multi-chunk transfers
-            h.publish_update("agent-01", h.sealed(h.agents["agent-01"], blob, chunk_size=4096)[:1])
+        for age_s in range(1, 7):  # first chunk only of six multi-chunk transfers, each older: none supersedes
+            h.publish_update("agent-01", h.sealed(h.agents["agent-01"], blob, chunk_size=4096, age_s=age_s)[:1])
         wait_until(lambda: h.server.rejections["too-many-partial-transfers"] == 4, what="4 refused transfers")
         h.wait_rejection("transfer-timeout")
         assert h.server.reassembler.pending_bytes() == 0
