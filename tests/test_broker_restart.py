@@ -80,7 +80,7 @@ def test_a_broker_restart_while_agents_train_sends_each_update_once(tmp_path, fo
     broker = forgetful_broker
     fed = Federation(tmp_path / "fed", broker, rounds=2, agents=2, strategy={"name": "fedavg"})
     for agent in fed.agents:
-        agent.runner.trainer = SlowInRound(agent.runner.trainer, round_number=1, delay_s=8.0)
+        agent.runner.trainer = SlowInRound(agent.runner.trainer, round_number=1, delay_s=10.0)
     server, server_thread = fed.start_with_server()
     try:
         wait_until(lambda: all(a.state == "training" for a in fed.agents), 60, "both agents to train")
