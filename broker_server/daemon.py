@@ -15,8 +15,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-import paho.mqtt.client as paho
-
 from broker_server.config import ServerConfig
 from broker_server.disk import DiskWatch
 from broker_server.engine import RoundEngine
@@ -30,6 +28,7 @@ from broker_server.publisher import ModelPublisher
 from broker_server.reconnects import Reconnects
 from broker_server.registry import AgentRegistry, StatusRefused
 from broker_server.round_task import round_task
+from broker_server.status_report import StatusReport
 from broker_server.task_publisher import TaskPublisher
 from broker_server.trust import TrustKeeper
 from broker_server.validation import UpdateRejected, reason_kind
@@ -53,7 +52,7 @@ RE_ENROL = "not signed by the key enrolled for this agent: if its key was re-mad
 REJECTION_LOG_INTERVAL_S = 10.0
 
 
-class Aggregator(FleetChanges, MqttDaemon):
+class Aggregator(FleetChanges, StatusReport, MqttDaemon):
     """Runs rounds until ``server.rounds`` are done (or forever when it is 0, or with ``keep_running``)."""
 
     def __init__(
@@ -190,22 +189,6 @@ class Aggregator(FleetChanges, MqttDaemon):
             with self.disk.writing(now, self.engine.durably("round re-announcement")):
                 self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id, now))
                 self._announce(reannounce=True)
-
-    def publish_final_status(self) -> paho.MQTTMessageInfo | None:
-        return self._publish_status(force=True, state=self._end_state() or "stopped")
-
-    def systemd_status(self) -> str:
-        rs = self.engine.round_state
-        if self.engine.finished:
-            why = ": the privacy budget is spent" if self.engine.budget_exhausted else ""
-            return f"finished after round {self.engine.next_round - 1}{why}"
-        if rs is None:
-            eligible = self.registry.eligible(self.group_keys.key.key_id, self.clock())
-            needed = self.config.rounds.min_agents
-            return f"round {self.engine.next_round}: waiting for agents ({len(eligible)} eligible, {needed} needed)"
-        attempt = f" (attempt {rs.attempt})" if rs.attempt > 1 else ""
-        disk = f"; {self.disk.problem}" if self.disk.problem else ""
-        return f"round {rs.round}{attempt}: collecting {len(rs.updates)}/{len(rs.selected)} updates{disk}"
 
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool, keep_deadline: bool = False) -> None:
@@ -397,47 +380,3 @@ class Aggregator(FleetChanges, MqttDaemon):
             log.warning("broker connection back mid-round: round %d asked again of %s", rs.round, ",".join(rs.pending))
             with self.disk.writing(self.clock(), self.engine.durably("round re-announcement")):
                 self._announce(reannounce=True, keep_deadline=True)
-
-    def _status_json(self, state: str | None = None) -> bytes:
-        rs = self.engine.round_state
-        counters = [f"{k}={v}" for k, v in sorted(self.rejections.items())]
-        if self.disk.problem:  # the state cannot be written: the first thing an operator must know
-            counters.insert(0, self.disk.problem)
-        backed_off = self.engine.health.backed_off(self.engine.next_round)
-        if backed_off:  # agents that missed deadlines, with their consecutive misses
-            counters.append("backed_off=" + " ".join(f"{a}:{n}" for a, n in backed_off.items()))
-        if skewed := self.registry.clock_offsets():
-            counters.append("clock_skew=" + " ".join(f"{a}:{o:+.0f}s" for a, o in skewed.items()))
-        if self.engine.budget_exhausted:
-            counters.insert(0, f"privacy budget spent: too few agents can afford a round within epsilon "
-                               f"{self.config.privacy.target_epsilon:g}; the last model is final")  # fmt: skip
-        state, detail = self.connection_state(state or self._end_state() or "running", ", ".join(counters))
-        return ServerStatus(
-            state=state,
-            federation=self.topics.federation,
-            round=rs.round if rs is not None else self.engine.next_round - 1,
-            phase=self.phase,
-            strategy=self.engine.strategy.name,
-            model_version=self.engine.version,
-            agents_online=self.registry.online(),
-            updated_at=self.clock(),
-            detail=detail,
-            errors=self.errors,
-            action=rs.action if rs is not None else "",
-            best=self.engine.best.record,
-            privacy=self.engine.ledger.summary() if self.config.privacy.enabled else {},
-            eval=self.engine.last_eval,
-        ).to_json()
-
-    def _end_state(self) -> str:
-        """``budget_exhausted`` or ``finished`` once the run is over, else empty."""
-        if not self.engine.finished:
-            return ""
-        return "budget_exhausted" if self.engine.budget_exhausted else "finished"
-
-    def _publish_status(self, *, force: bool = False, state: str | None = None) -> paho.MQTTMessageInfo | None:
-        now = self.clock()
-        if not force and now - self._last_status < self.config.server.status_interval_s:
-            return None
-        self._last_status = now
-        return self.mqtt.publish(self.topics.server_status, self._status_json(state), retain=True)
