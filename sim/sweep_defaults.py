@@ -29,13 +29,15 @@ STRATEGIES = {
     "trimmed-mean β=0.2": {"name": "trimmed-mean", "beta": 0.2},
     "median": {"name": "median"},
     "centered-clip": {"name": "centered-clip"},
+    "centered-clip τ=0.5": {"name": "centered-clip", "tau_multiple": 0.5},
+    "centered-clip τ=0.25": {"name": "centered-clip", "tau_multiple": 0.25},
 }
 BASELINE = "fedavg"
 
 
-def cells(partitions: list[str], strategies: list[str], seeds: list[int]) -> list[tuple[str, str, str, int]]:
+def cells(partitions: list[str], conditions: list[str], strategies: list[str], seeds: list[int]) -> list[tuple]:
     """(partition, condition, strategy, seed) in the order the sweep runs them."""
-    return [(p, c, s, seed) for c in CONDITIONS for p in partitions for s in strategies for seed in seeds]
+    return [(p, c, s, seed) for c in conditions for p in partitions for s in strategies for seed in seeds]
 
 
 def clean_mean(rows: list[dict], partition: str, strategy: str) -> float | None:
@@ -53,7 +55,7 @@ def run_grid(out: Path, args: argparse.Namespace) -> list[dict]:
     log = out / "runs.jsonl"
     rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     done = {(r["partition"], r["condition"], r["strategy"], r["seed"]) for r in rows}
-    for partition, condition, strategy, seed in cells(args.partitions, args.strategies, args.seeds):
+    for partition, condition, strategy, seed in cells(args.partitions, args.conditions, args.strategies, args.seeds):
         if (partition, condition, strategy, seed) in done:
             continue
         if condition != "clean" and dropped(rows, partition, strategy, args.drop_below):
@@ -119,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/defaults")
     parser.add_argument("--partitions", nargs="+", default=list(PARTITIONS))
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES))
+    parser.add_argument("--conditions", nargs="+", default=list(CONDITIONS), choices=list(CONDITIONS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--agents", type=int, default=10)
     parser.add_argument("--attackers", type=int, default=2)
