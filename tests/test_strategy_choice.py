@@ -70,3 +70,20 @@ def test_the_server_says_it_once_at_start_and_runs_what_it_says(tmp_path, caplog
     said = [r for r in caplog.records if text in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == level, caplog.text
     assert engine.strategy.name == strategy.get("name", "centered-clip")  # the status's ``strategy`` field
+
+
+def test_the_default_grid_runs_every_clean_cell_first_and_drops_a_clear_clean_failure():
+    from sim.sweep_defaults import cells, dropped, table
+
+    order = cells(["iid", "shards"], ["clean", "sign-flip"], ["fedavg", "krum f=2"], [0, 1])
+    assert [c[1] for c in order] == ["clean"] * 8 + ["sign-flip"] * 8
+    rows = [
+        {"partition": "shards", "condition": "clean", "strategy": s, "seed": seed, "final_accuracy": a}
+        for s, accs in (("fedavg", (0.70, 0.74)), ("krum f=2", (0.60, 0.66)))
+        for seed, a in enumerate(accs)
+    ]
+    assert dropped(rows, "shards", "krum f=2", 5.0) and not dropped(rows, "shards", "krum f=2", 10.0)
+    assert not dropped(rows, "shards", "fedavg", 0.0) and not dropped(rows, "iid", "krum f=2", 0.0)
+    lines = table(rows, ["shards"], ["fedavg", "krum f=2"], 5.0).splitlines()
+    assert lines[2].startswith("| shards | fedavg | 72.0 ± 2.8 (+0.0 / +0.0, 2 seeds) | not run |")
+    assert lines[3].startswith("| shards | krum f=2 | 63.0 ± 4.2 (-9.0 / +0.0, 2 seeds) | dropped |")
