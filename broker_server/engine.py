@@ -37,6 +37,7 @@ from broker_server.pipeline import RoundContext, RoundRejected, run_pipeline
 from broker_server.round_steps import round_steps
 from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missing, select_with_probation
 from broker_server.strategies import build_strategy
+from broker_server.strategies.choice import strategy_notes
 from broker_server.validation import NotForThisRound, UpdateRejected
 from models.serialization import dumps, save_file
 from models.weights import NamedArrays, to_arrays, with_floats
@@ -46,6 +47,7 @@ from protocol.codecs import FP32, Codec, encode
 from protocol.messages import Rejection, RoundMetrics, TrainSettings, headline
 from protocol.transfer import Completed
 from protocol.update import MAX_LOCAL_EVAL, UpdateMeta
+from security.keys import Keyring
 from security.replay import ReplayGuard
 
 log = logging.getLogger("skyfed.server")
@@ -68,6 +70,8 @@ class RoundEngine(EngineState):
         self.codec = Codec.parse(config.server.codec)
         self.replay = replay
         self.strategy = build_strategy(config.strategy)
+        for note in strategy_notes(config.strategy, len(Keyring.load_dir(config.enrolled_dir).names()), config.rounds):
+            log.log(note.level, "%s", note.text)
         self.store = CheckpointStore(config.state_dir / "checkpoint")
         self.metrics_log = MetricsLog(config.state_dir / "metrics.jsonl")
         self.assignments: dict[str, Assignment] = {}

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, replace
 
 from broker_server.bounds import InfluencePolicy
+from broker_server.strategies.choice import DEFAULT_STRATEGY
 
 # Strategies whose model is computed from the plain average of the clipped updates (so the sum has
 # sensitivity S): FedAvg and FedProx publish it, the server optimizers step on it after the noise.
@@ -109,7 +110,7 @@ class PrivacyPolicy:
         """Refuse, naming the key, a configuration under which the noise would not give the guarantee."""
         if not self.enabled:
             return
-        name = strategy.get("name", "krum")
+        name = strategy.get("name", DEFAULT_STRATEGY)
         if name not in PRIVATE_STRATEGIES:
             raise ValueError(
                 f"privacy needs strategy.name = one of {', '.join(PRIVATE_STRATEGIES)}, not {name!r}, with "

@@ -180,8 +180,8 @@ def _add_sim_options(
     parser.add_argument("--deadline", type=float, default=60.0, help="round deadline in seconds")
     parser.add_argument(
         "--strategy",
-        help="krum (server default; fedavg with --task detect) | fedavg | fedprox | median | trimmed-mean "
-        "| centered-clip | fedavgm | fedadam "
+        help="centered-clip (server default; fedavg with --task detect) | krum | fedavg | fedprox | median "
+        "| trimmed-mean | fedavgm | fedadam "
         "| fedyogi | fedswap | simfedswap",
     )
     parser.add_argument(

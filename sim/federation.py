@@ -111,8 +111,8 @@ class SimSettings:
             raise ValueError("--attackers needs --attack KIND (sign-flip, scale:F, noise:SIGMA, samples:N or silent)")
         if self.attack:
             Attack.parse(self.attack)
-        if self.in_process and (self.attackers or self.slow_agents):
-            raise ValueError("--in-process runs honest agents at one speed: drop --attackers and --slow-agents")
+        if self.in_process and self.slow_agents:
+            raise ValueError("--in-process runs its agents at one speed (no deadlines): drop --slow-agents")
         if self.attack_scope not in SCOPES:
             raise ValueError(f"--attack-scope must be one of {', '.join(SCOPES)}, got {self.attack_scope!r}")
         if self.task == "detect":

@@ -6,7 +6,8 @@ What runs is the real code on both sides: the round engine (selection, the updat
 ``accept``, the bounds, the strategy, differential privacy's noise, adaptive clip and accountant,
 checkpoints, ``metrics.jsonl``) and each agent's trainer (``ClassifierTrainer``, with Opacus when the
 agents have local DP) and update encoding (the round's codec, with error feedback kept in each agent's
-state folder). What is left out is the transport: no broker, no daemons, no sealing; an update goes
+state folder). Attackers' trainers are wrapped as ``sim.agent_host`` wraps them
+(``sim.attacks``). What is left out is the transport: no broker, no daemons, no sealing; an update goes
 from the trainer to ``RoundEngine.accept`` as the plaintext the server would have opened, and every
 selected agent delivers (no deadlines, no stragglers). The output is ``skyfed sim``'s:
 ``metrics.jsonl``, ``curves.png`` and ``global_model.safetensors`` in ``--out``.
@@ -36,6 +37,7 @@ from protocol.messages import RoundTask
 from protocol.transfer import Completed
 from security.envelope import NO_DIGEST, Manifest
 from security.replay import ReplayGuard
+from sim.attacks import Attack, AttackingTrainer
 from sim.federation import SimSettings, create_federation
 from sim.run import SimResult, collect_results, format_round
 
@@ -48,11 +50,14 @@ class InProcessAgent:
     residual: Path  # the codec's error feedback (protocol.codecs), in the agent's state folder
 
 
-def _agents(configs: dict[str, Path]) -> list[InProcessAgent]:
+def _agents(configs: dict[str, Path], settings: SimSettings) -> list[InProcessAgent]:
+    attackers = settings.attacker_names()
     agents = []
     for name, path in configs.items():
         config = load_agent_config(path)
         trainer = build_trainer(config, torch_device(config.training.device))  # where the agent would train
+        if name in attackers:
+            trainer = AttackingTrainer(trainer, Attack.parse(settings.attack), name, settings.attack_scope)
         agents.append(InProcessAgent(name, trainer, trainer.budget, config.state_dir / RESIDUAL_FILE))
     return agents
 
@@ -81,7 +86,7 @@ def run_in_process(settings: SimSettings, out: Path, *, echo: Callable[[str], No
     layout = create_federation(work, settings, ("127.0.0.1", 1))  # the broker address is never used
     config = load_server_config(layout.server_config)
     engine = RoundEngine(config, replay=ReplayGuard(3600), evaluator=server_evaluator(config))
-    agents = {a.name: a for a in _agents(layout.agent_configs)}
+    agents = {a.name: a for a in _agents(layout.agent_configs, settings)}
     echo(f"in process: {len(agents)} agents, the round engine and their trainers (no broker, no daemons)")
     metrics = []
     while not engine.finished:
@@ -99,4 +104,5 @@ def run_in_process(settings: SimSettings, out: Path, *, echo: Callable[[str], No
                 _deliver(engine, agents[name], task)
         metrics.append(engine.close(time.time(), model_wire_bytes=0))
         echo(format_round(metrics[-1], time.monotonic() - started))
-    return collect_results(config.state_dir, out, {"in_process": True}, metrics, started)
+    extra = {"in_process": True, "attackers": settings.attacker_names(), "attack": settings.attack or None}
+    return collect_results(config.state_dir, out, extra, metrics, started)

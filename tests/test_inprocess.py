@@ -38,5 +38,16 @@ def test_an_in_process_federation_learns_spends_its_budget_and_stops_cleanly(tmp
 
 
 def test_in_process_refuses_what_it_does_not_simulate():
-    with pytest.raises(ValueError, match="--in-process runs honest agents at one speed"):
-        SimSettings(agents=4, attackers=1, attack="sign-flip", in_process=True)
+    with pytest.raises(ValueError, match="--in-process runs its agents at one speed"):
+        SimSettings(agents=4, slow_agents=1, in_process=True)
+
+
+def test_in_process_attackers_send_what_their_attack_says(tmp_path):
+    """The agent ``attacker_names`` draws attacks as the daemons' would: its claim of 10⁶ samples is the
+    one the server caps, and the metrics name it."""
+    settings = SimSettings(agents=3, rounds=1, model="mlp_digits", partition="iid", epochs=1, in_process=True,
+                           attackers=1, attack="samples:1000000", strategy={"name": "fedavg"})  # fmt: skip
+    run_sim(settings, tmp_path / "run", echo=lambda _line: None)
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["attackers"] == settings.attacker_names() and row["attack"] == "samples:1000000"
+    assert row["aggregation"]["capped"] == settings.attacker_names(), row["aggregation"]

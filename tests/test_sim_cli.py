@@ -195,7 +195,7 @@ def test_sim_with_central_dp_reports_epsilon_and_stops_when_the_budget_is_spent(
         (["--ldp-target-epsilon", "3"], "privacy.target_epsilon needs privacy.noise_multiplier > 0"),
         (["--ldp-noise", "1", "--ldp-clip", "0"], "privacy.max_grad_norm must be > 0"),
         (["--in-process", "--broker", "127.0.0.1:1883"], "--in-process uses no broker: drop --broker"),
-        (["--in-process", "--slow-agents", "1"], "--in-process runs honest agents at one speed"),
+        (["--in-process", "--slow-agents", "1"], "--in-process runs its agents at one speed"),
     ],
 )
 def test_sim_refuses_bad_arguments_with_a_message(args, message):

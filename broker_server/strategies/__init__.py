@@ -11,6 +11,7 @@ from typing import Any
 
 from broker_server.strategies.base import Contribution, RoundResult, Strategy
 from broker_server.strategies.centered_clip import CenteredClip
+from broker_server.strategies.choice import DEFAULT_STRATEGY
 from broker_server.strategies.fedavg import FedAvg
 from broker_server.strategies.fedprox import FedProx
 from broker_server.strategies.krum import MultiKrum
@@ -21,11 +22,6 @@ from broker_server.strategies.trimmed_mean import TrimmedMean
 
 _ALL = (FedAvg, FedProx, FedMedian, TrimmedMean, MultiKrum, CenteredClip, FedAvgM, FedAdam, FedYogi)
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (*_ALL, ModelSwapping, SimFedSwap)}
-
-
-# The default meets docs/results/robustness.md's target (2 of 10 attackers cost < 2 points); fedavg is
-# faster and exact but only bounds a sign-flipping minority's influence.
-DEFAULT_STRATEGY = "krum"
 
 
 def build_strategy(table: dict[str, Any]) -> Strategy:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from broker_server.strategies.base import Contribution, RoundResult, Strategy, column_blocks
+from broker_server.strategies.choice import krum_f_used
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class MultiKrum(Strategy):
 
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
         n = len(contributions)
-        f = min(self.options.f, max((n - 3) // 2, 0))
+        f = krum_f_used(self.options.f, n)
         gram = np.zeros((n, n))
         for _, _, block in column_blocks(contributions):
             gram += block.astype(np.float64) @ block.T.astype(np.float64)
