@@ -16,11 +16,9 @@ if TYPE_CHECKING:
 def load_checked_agent_config(path: Path) -> AgentConfig:
     """``agent.toml`` parsed and its state folder writable: everything checked before the heavy imports."""
     from agent.config import load_agent_config
-    from protocol.config_check import check_writable_dir
+    from protocol.config_check import load_checked
 
-    config = load_agent_config(path)
-    check_writable_dir(config.state_dir, "agent.state_dir", path)
-    return config
+    return load_checked(load_agent_config, path, "agent.state_dir")
 
 
 def run_agent(args: argparse.Namespace) -> int:
@@ -39,18 +37,15 @@ def run_agent(args: argparse.Namespace) -> int:
 
 def check_agent(args: argparse.Namespace) -> int:
     """``skyfed agent check``: exit 0 with ``ok: ...``, or 2 with the error naming the key and the fix."""
-    from protocol.config import ConfigError
+    from protocol.config_check import report_check
 
-    try:
-        config = load_checked_agent_config(Path(args.config))
-    except ConfigError as exc:
-        print(f"skyfed agent check: {exc}", file=sys.stderr)
-        return 2
-    a, b = config.agent, config.broker
-    print(f"ok: {args.config}: id={a.id} federation={a.federation} trainer={config.training.trainer} "
-          f"broker={b.host}:{b.port} tls={'yes' if b.tls else 'no'} state_dir={config.state_dir} "
-          f"data={config.data_path}")  # fmt: skip
-    return 0
+    def summary(config: AgentConfig) -> str:
+        a, b = config.agent, config.broker
+        return (f"{args.config}: id={a.id} federation={a.federation} trainer={config.training.trainer} "
+                f"broker={b.host}:{b.port} tls={'yes' if b.tls else 'no'} state_dir={config.state_dir} "
+                f"data={config.data_path}")  # fmt: skip
+
+    return report_check("skyfed agent check", lambda: load_checked_agent_config(Path(args.config)), summary)
 
 
 def infer_images(args: argparse.Namespace) -> int:

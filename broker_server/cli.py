@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,11 +15,9 @@ if TYPE_CHECKING:
 def load_checked_server_config(path: Path) -> ServerConfig:
     """``server.toml`` parsed and its state folder writable: everything checked before the heavy imports."""
     from broker_server.config import load_server_config
-    from protocol.config_check import check_writable_dir
+    from protocol.config_check import load_checked
 
-    config = load_server_config(path)
-    check_writable_dir(config.state_dir, "server.state_dir", path)
-    return config
+    return load_checked(load_server_config, path, "server.state_dir")
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -43,17 +40,10 @@ def run_server(args: argparse.Namespace) -> int:
 def check_server(args: argparse.Namespace) -> int:
     """``skyfed server check``: exit 0 with ``ok: ...`` (and any warnings), or 2 with the error naming the key."""
     from broker_server.config_summary import server_summary, server_warnings
-    from protocol.config import ConfigError
+    from protocol.config_check import report_check
 
-    try:
-        config = load_checked_server_config(Path(args.config))
-    except ConfigError as exc:
-        print(f"skyfed server check: {exc}", file=sys.stderr)
-        return 2
-    print(f"ok: {args.config}: {server_summary(config)}")
-    for warning in server_warnings(config):
-        print(f"warning: {warning}")
-    return 0
+    return report_check("skyfed server check", lambda: load_checked_server_config(Path(args.config)),
+                        lambda config: f"{args.config}: {server_summary(config)}", server_warnings)  # fmt: skip
 
 
 def run_monitor(args: argparse.Namespace) -> int:

@@ -5,9 +5,19 @@ writable. Runs before PyTorch and Ultralytics are imported, so a bad config fail
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from protocol.config import ConfigError
+
+
+class DaemonConfig(Protocol):
+    state_dir: Path
+
+
+C = TypeVar("C", bound=DaemonConfig)
 
 
 def check_writable_dir(path: Path, key: str, config: Path) -> None:
@@ -22,3 +32,26 @@ def check_writable_dir(path: Path, key: str, config: Path) -> None:
             f"{config}: {key} = {str(path)!r}: cannot write there ({exc.strerror or exc}): make it a folder the "
             f"service user can write (e.g. install -d -o skyfed {path}), or set {key} to one"
         ) from None
+
+
+def load_checked(load: Callable[[Path], C], path: Path, key: str) -> C:
+    """The config at ``path`` parsed and its state folder (``key``) writable: all that is checked before the
+    heavy imports, by ``skyfed server|agent run`` and ``check`` alike."""
+    config = load(path)
+    check_writable_dir(config.state_dir, key, path)
+    return config
+
+
+def report_check(command: str, load: Callable[[], C], summary: Callable[[C], str],
+                 warnings: Callable[[C], list[str]] = lambda _: []) -> int:  # fmt: skip
+    """``skyfed server|agent check``: ``ok: <summary>`` and any warnings, exit 0; or the error, which names
+    the key and the fix, on stderr, exit 2."""
+    try:
+        config = load()
+    except ConfigError as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return 2
+    print(f"ok: {summary(config)}")
+    for warning in warnings(config):
+        print(f"warning: {warning}")
+    return 0
