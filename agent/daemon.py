@@ -290,6 +290,8 @@ class EdgeAgent(RoundWork, MqttDaemon):
             state=state,
             round=task.round if task else 0,
             run_id=task.run_id if task else "",
+            task_version=task.model_version if task else 0,
+            receipt=task.receipt if task else "",
             samples=self.profile.samples,
             version=max(self.models, default=0),
             updated_at=time.time(),

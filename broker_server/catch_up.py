@@ -6,20 +6,23 @@ server that resumes from a state older than what it already published — a stat
 from a backup, or one that a second server on the same folder overwrote (``common.lock`` now refuses
 that) — would ask for rounds its agents hold as old, forever.
 
-The agents say what they hold in their signed status (``run_id``, ``round``, ``version``). When enough
-of them report a round of this run beyond the server's own, the server jumps past it: its next round and
-model version go one past what they hold, and every agent accepts the next task and model as newer.
+Each task carries the server's ``receipt``: its signature of (federation, run id, round, model version).
+Agents echo the receipt of the task they hold in their signed status (``run_id``, ``round``,
+``task_version``, ``receipt``). When an agent shows a receipt of this run for a round beyond the
+server's own, the server jumps past it: its next round goes one past that round, and its model version
+two past that task's (the round's commit published one more), so every agent takes the next task and
+model as newer.
 
-Why this cannot be abused: a status is signed by an enrolled agent, but an agent gone rogue could claim
-any round. The jump goes only as far as the ``agreeing``-th highest claim (``max(2, rounds.quorum)``
-agents, or every enrolled agent when there are fewer): fewer agents than that, whatever they claim,
-cannot move the server at all, and the claims of a few cannot push it past what that many agents
-agree they hold. A jump only skips round numbers; it changes no model, and it is logged.
+Why a rogue agent cannot abuse it: a claimed round counts only with the server's own signature over it,
+which the server made only for rounds it really issued; an agent can at most replay a genuine receipt,
+and jumping to a round the server did issue is the point. A jump only skips round numbers; it changes no
+model, and it is logged. A server whose identity key was re-made cannot check old receipts, and does not
+jump.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from protocol.messages import AgentStatus
@@ -30,7 +33,7 @@ class CatchUp:
     next_round: int  # the round the server opens next
     version: int  # the model version it publishes its (unchanged) model as
     agents: list[str]  # the agents ahead of it
-    held_round: int  # the round they agree they hold
+    held_round: int  # the newest round they prove they hold
 
     def describe(self, server_round: int, server_version: int) -> str:
         return (f"state behind the fleet: agents {','.join(self.agents)} hold round {self.held_round} of this run, "
@@ -39,19 +42,14 @@ class CatchUp:
                 f"{server_version}) so that they accept its tasks again")  # fmt: skip
 
 
-def agreeing_agents(quorum: int, enrolled: int) -> int:
-    """How many agents must report a newer round before the server believes it (at least 1)."""
-    return max(1, min(max(2, quorum), enrolled))
-
-
 def catch_up(statuses: Iterable[AgentStatus], *, run_id: str, held_round: int, version: int,
-             agreeing: int) -> CatchUp | None:  # fmt: skip
-    """What to jump to when ``agreeing`` agents hold a round of ``run_id`` above ``held_round`` (the server's
-    open round, or its last one), else None."""
+             proven: Callable[[AgentStatus], bool]) -> CatchUp | None:  # fmt: skip
+    """What to jump to when agents hold a round of ``run_id`` above ``held_round`` (the server's open round,
+    or its last one) and ``proven`` says the server's receipt for it verifies; else None."""
     ahead = [s for s in statuses if s.state != "offline" and s.run_id == run_id and s.round > held_round]
-    if len(ahead) < agreeing:
+    ahead = [s for s in ahead if proven(s)]
+    if not ahead:
         return None
-    rounds = sorted((s.round for s in ahead), reverse=True)
-    versions = sorted((s.version for s in ahead), reverse=True)
-    agreed_round, agreed_version = rounds[agreeing - 1], versions[agreeing - 1]
-    return CatchUp(agreed_round + 1, max(version, agreed_version + 1), sorted(s.agent for s in ahead), agreed_round)
+    newest = max(ahead, key=lambda s: (s.round, s.task_version))
+    agents = sorted(s.agent for s in ahead)
+    return CatchUp(newest.round + 1, max(version, newest.task_version + 2), agents, newest.round)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from broker_server.catch_up import agreeing_agents, catch_up
+from broker_server.catch_up import catch_up
+from protocol.messages import AgentStatus
+from security.signing import receipt_valid
 
 if TYPE_CHECKING:
     from broker_server.daemon import Aggregator
@@ -32,9 +34,13 @@ class FleetChanges:
 
     def _catch_up(self: Aggregator) -> None:
         """Agents hold newer rounds of this run than this state: jump past them (``broker_server.catch_up``)."""
-        engine, agreeing = self.engine, agreeing_agents(self.config.rounds.quorum, len(self.registry.keyring.names()))
+        engine, public, federation = self.engine, self.identity.public, self.topics.federation
+
+        def proven(s: AgentStatus) -> bool:  # the server's own signature over the round the agent holds
+            return receipt_valid(s.receipt, public, federation, s.run_id, s.round, s.task_version)
+
         jump = catch_up(self.registry.agents.values(), run_id=engine.run_id, held_round=engine.held_round,
-                        version=engine.version, agreeing=agreeing)  # fmt: skip
+                        version=engine.version, proven=proven)  # fmt: skip
         if jump is not None:
             with self.disk.writing(self.clock(), engine.durably("catch-up with the fleet")):
                 log.warning("%s", jump.describe(engine.held_round, engine.version))

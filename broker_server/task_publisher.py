@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from protocol.messages import MAX_JSON_BYTES, RoundTask
 from protocol.mqtt import MqttClient
 from security.keys import Identity
-from security.signing import signed_payload
+from security.signing import round_receipt, signed_payload
 
 log = logging.getLogger("skyfed.server")
 
@@ -25,7 +26,8 @@ class TaskPublisher:
         self._reassert_pending = False
 
     def publish(self, task: RoundTask) -> None:
-        self.payload = signed_payload(task.to_dict(), self.identity)
+        receipt = round_receipt(self.identity, task.federation, task.run_id, task.round, task.model_version)
+        self.payload = signed_payload(replace(task, receipt=receipt).to_dict(), self.identity)
         if len(self.payload) > MAX_JSON_BYTES:  # agents would refuse it: say why rounds stall
             log.error("round task is %d bytes, over the %d agents accept: select fewer agents per round "
                       "(rounds.fraction)", len(self.payload), MAX_JSON_BYTES)  # fmt: skip

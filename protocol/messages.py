@@ -183,6 +183,7 @@ class RoundTask(Message):
     share: str = "full"  # detectors: what is averaged (full, backbone or head); agents keep the rest local
     codec: str = "fp32"
     revoked: list[str] = field(default_factory=list)  # agents whose enrolment was withdrawn: each one stops
+    receipt: str = ""  # the server's signature of (run_id, round, model_version): agents echo it in their status
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "codec", str(Codec.parse(self.codec)))  # canonical, or CodecError (a ValueError)
@@ -237,6 +238,8 @@ class AgentStatus(Message):
     start: str = ""  # what this round's training starts from: global, local or inbox
     privacy: dict[str, float] = field(default_factory=dict)  # local DP-SGD: this agent's own epsilon, delta, ...
     run_id: str = ""  # the server run of the task it holds (``round``): a server behind it catches up
+    task_version: int = 0  # that task's ``model_version``
+    receipt: str = ""  # that task's ``receipt``: proof that the server issued it (broker_server.catch_up)
     session: float = 0.0  # when this connection's last will was made (broker_server.registry: will freshness)
     clock_offset_s: float = 0.0  # this device's clock minus the server's, as measured on signed task times
 

@@ -59,3 +59,25 @@ def verify_document(document: Any, trusted: Keyring | PublicIdentity) -> dict[st
     except (ValueError, InvalidSignature):
         raise InvalidDocument("bad-signature") from None
     return document["body"]
+
+
+def _receipt_body(federation: str, run_id: str, round_number: int, model_version: int) -> dict[str, Any]:
+    return {"receipt": "skyfed.round-held/1", "federation": federation, "run_id": run_id, "round": round_number,
+            "model_version": model_version}  # fmt: skip
+
+
+def round_receipt(identity: Identity, federation: str, run_id: str, round_number: int, model_version: int) -> str:
+    """The server's signature that it issued ``round_number`` of ``run_id`` against ``model_version``: agents
+    echo it in their status, so a server whose state went back in time can believe what they hold
+    (``broker_server.catch_up``) without trusting their word."""
+    return sign_document(_receipt_body(federation, run_id, round_number, model_version), identity)["sig"]
+
+
+def receipt_valid(receipt: str, public: PublicIdentity, federation: str, run_id: str, round_number: int,
+                  model_version: int) -> bool:  # fmt: skip
+    body = _receipt_body(federation, run_id, round_number, model_version)
+    try:
+        verify_document({"body": body, "signer": public.name, "sig": receipt}, public)
+    except InvalidDocument:
+        return False
+    return True
