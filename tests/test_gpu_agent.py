@@ -127,10 +127,10 @@ def test_in_process_sim_trains_on_the_agents_device(layout):
     original = {name: path.read_text() for name, path in configs.items()}
     try:
         override_toml(configs["agent-01"], training={"device": "cpu"})
-        assert all(agent.trainer.device == torch.device("cpu") for agent in _agents(configs))
+        assert all(agent.trainer.device == torch.device("cpu") for agent in _agents(configs, SimSettings()))
         override_toml(configs["agent-02"], training={"device": ABSENT})
         with pytest.raises(ValueError, match=f'"{ABSENT}" but PyTorch sees'):
-            _agents(configs)
+            _agents(configs, SimSettings())
     finally:
         for name, text in original.items():
             configs[name].write_text(text)
