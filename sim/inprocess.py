@@ -48,17 +48,20 @@ class InProcessAgent:
     trainer: Trainer
     budget: PrivacyBudget | None
     residual: Path  # the codec's error feedback (protocol.codecs), in the agent's state folder
+    silent: bool = False  # ``--attack silent``: trains, never delivers
 
 
 def _agents(configs: dict[str, Path], settings: SimSettings) -> list[InProcessAgent]:
     attackers = settings.attacker_names()
+    attack = Attack.parse(settings.attack) if settings.attack else None
     agents = []
     for name, path in configs.items():
         config = load_agent_config(path)
         trainer = build_trainer(config, torch_device(config.training.device))  # where the agent would train
-        if name in attackers:
-            trainer = AttackingTrainer(trainer, Attack.parse(settings.attack), name, settings.attack_scope)
-        agents.append(InProcessAgent(name, trainer, trainer.budget, config.state_dir / RESIDUAL_FILE))
+        silent = name in attackers and attack is not None and attack.kind == "silent"
+        if name in attackers and not silent:
+            trainer = AttackingTrainer(trainer, attack, name, settings.attack_scope)
+        agents.append(InProcessAgent(name, trainer, trainer.budget, config.state_dir / RESIDUAL_FILE, silent))
     return agents
 
 
@@ -100,8 +103,9 @@ def run_in_process(settings: SimSettings, out: Path, *, echo: Callable[[str], No
         global_model = PublishedModel(engine.version, "00" * 32, 1, 0)  # no broker: no digest, no chunks
         task = round_task(engine, global_model, federation=settings.federation, group_key_id="", now=time.time())
         for name in rs.selected:
-            if agents[name].budget is None or not agents[name].budget.refusal(task, name):
-                _deliver(engine, agents[name], task)
+            agent = agents[name]
+            if not agent.silent and (agent.budget is None or not agent.budget.refusal(task, name)):
+                _deliver(engine, agent, task)
         metrics.append(engine.close(time.time(), model_wire_bytes=0))
         echo(format_round(metrics[-1], time.monotonic() - started))
     extra = {"in_process": True, "attackers": settings.attacker_names(), "attack": settings.attack or None}

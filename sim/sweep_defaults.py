@@ -21,8 +21,10 @@ from sim.run import exit_on_sigterm, run_sim
 from sim.sweep import final_accuracy
 
 PARTITIONS = ("iid", "dirichlet:0.5", "dirichlet:0.1", "shards")  # shards: 2 label-sorted shards = 2 labels each
+# "attackers left out": the 2 attackers never deliver (``--attack silent``), so every strategy averages the
+# 8 honest agents alone: the most any defence can keep when it discards the attackers and their data with them
 CONDITIONS = {"clean": "", "sign-flip": "sign-flip", "scale x100": "scale:100", "noise σ=1": "noise:1",
-              "samples 10⁶": "samples:1000000"}  # fmt: skip
+              "samples 10⁶": "samples:1000000", "attackers left out": "silent"}  # fmt: skip
 STRATEGIES = {
     "fedavg": {"name": "fedavg"},
     "krum f=2": {"name": "krum", "f": 2},

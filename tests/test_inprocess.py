@@ -51,3 +51,15 @@ def test_in_process_attackers_send_what_their_attack_says(tmp_path):
     row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert row["attackers"] == settings.attacker_names() and row["attack"] == "samples:1000000"
     assert row["aggregation"]["capped"] == settings.attacker_names(), row["aggregation"]
+
+
+def test_in_process_silent_attackers_never_deliver(tmp_path):
+    """``--attack silent`` in process: the attacker trains but its update never reaches the engine (before,
+    it was sent honestly), so the round averages the others and the metrics say who was missing."""
+    settings = SimSettings(agents=3, rounds=1, model="mlp_digits", partition="iid", epochs=1, in_process=True,
+                           attackers=1, attack="silent", strategy={"name": "fedavg"})  # fmt: skip
+    run_sim(settings, tmp_path / "run", echo=lambda _line: None)
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    silent = settings.attacker_names()
+    assert row["outcome"] == "committed" and row["attack"] == "silent"
+    assert sorted(row["accepted"]) == sorted(set(row["participants"]) - set(silent)), row
