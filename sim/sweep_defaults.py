@@ -33,6 +33,7 @@ STRATEGIES = {
     "centered-clip": {"name": "centered-clip"},
     "centered-clip τ=0.5": {"name": "centered-clip", "tau_multiple": 0.5},
     "centered-clip τ=0.25": {"name": "centered-clip", "tau_multiple": 0.25},
+    "centered-clip s=2": {"name": "centered-clip", "bucket": 2},
 }
 BASELINE = "fedavg"
 

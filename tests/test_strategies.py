@@ -184,6 +184,33 @@ def test_centered_clip_by_hand_and_its_reference_moves_only_on_commit():
     np.testing.assert_allclose(first.global_vector, [(1.0 + 1.0 - 1.0) / 3, 0.0], atol=1e-6)  # v = 0: tau = 1
 
 
+def test_bucketed_centered_clip_clips_the_weighted_means_of_its_groups():
+    """``bucket = 2``: the updates are averaged in seeded pairs (weighted by samples), and the pair means are
+    what is clipped around the reference and averaged by their groups' weights."""
+    from broker_server.strategies.centered_clip import buckets
+
+    rng = np.random.default_rng(3)
+    deltas = [rng.normal(size=4).astype(np.float32) for _ in range(5)]
+    deltas[4] = -10 * deltas[0]  # one far off
+    samples = [10.0, 20.0, 30.0, 40.0, 50.0]
+    strategy = build_strategy({"name": "centered-clip", "bucket": 2})
+    result = strategy.aggregate(np.zeros(4, np.float32), contributions(deltas, samples=samples))
+    groups = buckets([f"a{i}" for i in range(5)], 2)
+    assert sorted(len(g) for g in groups) == [1, 2, 2] and sorted(i for g in groups for i in g) == list(range(5))
+    assert groups == buckets([f"a{i}" for i in reversed(range(5))], 2)  # seeded by the names, not their order
+    weights = np.array([sum(samples[i] for i in g) for g in groups])
+    means = np.array([sum(samples[i] * deltas[i] for i in g) / w for g, w in zip(groups, weights, strict=True)])
+    distances = np.linalg.norm(means, axis=1)  # the reference is zero in the first round
+    tau = np.sort(distances)[(len(distances) - 1) // 2]  # lower median
+    clip = np.minimum(1.0, tau / distances)
+    expected = (weights * clip) @ means / weights.sum()
+    np.testing.assert_allclose(result.global_vector, expected, rtol=1e-5, atol=1e-6)
+    group_of_far = next(g for g in groups if 4 in g)
+    assert set(result.detail["centered_clipped"]) >= {f"a{i}" for i in group_of_far}
+    with pytest.raises(ValueError, match="strategy.bucket"):
+        build_strategy({"name": "centered-clip", "bucket": 0})
+
+
 def test_centered_clip_never_extrapolates_running_statistics():
     """Last round's drop of a running variance, re-applied as a reference, would make it negative."""
     spec = (TensorSpec("conv.weight", "float32", (2,)), TensorSpec("bn.running_var", "float32", (1,)))
