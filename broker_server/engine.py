@@ -38,7 +38,7 @@ from broker_server.round_steps import round_steps
 from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missing, select_with_probation
 from broker_server.strategies import build_strategy
 from broker_server.strategies.choice import strategy_notes
-from broker_server.validation import NotForThisRound, UpdateRejected
+from broker_server.validation import NotForThisRound, UpdateRejected, reason_kind
 from models.serialization import dumps, save_file
 from models.weights import NamedArrays, to_arrays, with_floats
 from models.yolo import load_pt_weights
@@ -53,6 +53,7 @@ from security.replay import ReplayGuard
 log = logging.getLogger("skyfed.server")
 
 MAX_REJECTIONS_LISTED = 200
+MAX_REJECTIONS_PER_AGENT = 3  # distinct kinds of refusal listed per agent and round
 HEADER_SLACK = 64 << 10  # room for an update's safetensors header beyond the model's own
 
 
@@ -276,8 +277,9 @@ class RoundEngine(EngineState):
         except UpdateRejected:
             rs = self.round_state
             assert rs is not None  # the gates passed, so a round is open
-            rs.failed.append(completed.manifest.sender)
-            self.checkpoint()
+            if completed.manifest.sender not in rs.failed:  # once: a flood of junk costs no write per update
+                rs.failed.append(completed.manifest.sender)
+                self.checkpoint()
             raise
         if record.agent in self.round_state.failed:  # it sent a valid update after a refused one
             self.round_state.failed.remove(record.agent)
@@ -292,7 +294,11 @@ class RoundEngine(EngineState):
         agent and reason twice is listed once."""
         target = self.round_state.rejected if self.round_state is not None else self.orphan_rejections
         entry = Rejection(agent=agent, reason=reason).to_dict()
-        if len(target) < MAX_REJECTIONS_LISTED and entry not in target:
+        own = [e["reason"] for e in target if e["agent"] == agent]  # a rogue's own texts cannot crowd out others'
+        kind = reason_kind(reason)
+        if len(target) < MAX_REJECTIONS_LISTED and len(own) < MAX_REJECTIONS_PER_AGENT and all(
+            reason_kind(r) != kind for r in own
+        ):
             target.append(entry)
 
     def revoke(self, agent: str) -> bool:

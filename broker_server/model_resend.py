@@ -34,17 +34,18 @@ class ModelWaits:
         self.sent: deque[float] = deque()  # times of recent resends, all agents
 
     def note(self, agent: str, waiting: bool, now: float) -> None:
-        """An asked agent's latest status: waiting for the model or not (a delivery resets its pace)."""
+        """An asked agent's latest status: waiting for the model or not. Its pace (``interval``) lasts while
+        it is asked, so flipping its status between waiting and not does not start it over."""
         if waiting:
             self.since.setdefault(agent, now)
         else:
             self.since.pop(agent, None)
-            self.interval.pop(agent, None)
 
     def due(self, now: float, asked: list[str]) -> list[str]:
         """Agents to send the model now, of those still ``asked`` (pending); each is counted as sent."""
-        for agent in set(self.since) - set(asked):  # the round moved on, or it delivered: not waited for
-            self.note(agent, False, now)
+        for agent in (set(self.since) | set(self.interval)) - set(asked):  # the round moved on, or it delivered
+            self.since.pop(agent, None)
+            self.interval.pop(agent, None)
         while self.sent and now - self.sent[0] >= RESEND_WINDOW_S:
             self.sent.popleft()
         out = []

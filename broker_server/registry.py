@@ -47,6 +47,7 @@ class StatusRefused(Exception):
 
 log = logging.getLogger("skyfed.server")
 CLOCK_SKEW_TOLERANCE_S = 30.0  # an agent clock further off than this from the server's is reported
+CLOCK_SKEW_CLEARED_S = 15.0  # ... and no longer once back within this (hysteresis: no flapping across one line)
 
 
 @dataclass
@@ -56,6 +57,7 @@ class Seen:
     newest: float  # the newest ``updated_at`` accepted from this agent, offline included or not
     session: float = 0.0  # the newest connection session an accepted status named
     offset_s: float = 0.0  # the agent's clock minus the server's, from its last live status
+    skewed: bool = False  # reported as skewed (past the tolerance, not yet back within CLOCK_SKEW_CLEARED_S)
 
 
 class AgentRegistry:
@@ -108,9 +110,10 @@ class AgentRegistry:
         else:
             newest = status.updated_at
         offset = status.updated_at - now if status.state != "offline" else before.offset_s
-        self.seen[agent] = Seen(status, now, newest, session, offset)
-        if (abs(offset) > CLOCK_SKEW_TOLERANCE_S) != (abs(before.offset_s) > CLOCK_SKEW_TOLERANCE_S):
-            if abs(offset) > CLOCK_SKEW_TOLERANCE_S:
+        skewed = abs(offset) > (CLOCK_SKEW_CLEARED_S if before.skewed else CLOCK_SKEW_TOLERANCE_S)
+        self.seen[agent] = Seen(status, now, newest, session, offset, skewed)
+        if skewed != before.skewed:
+            if skewed:
                 log.warning("clock skew agent=%s offset_s=%+.1f: its clock is off the server's; fix its time sync "
                             "(NTP)", agent, offset)  # fmt: skip
             else:
@@ -118,8 +121,8 @@ class AgentRegistry:
         return previous, status
 
     def clock_offsets(self) -> dict[str, float]:
-        """Agents whose clocks are off by more than ``CLOCK_SKEW_TOLERANCE_S``: their offsets in seconds."""
-        return {a: s.offset_s for a, s in sorted(self.seen.items()) if abs(s.offset_s) > CLOCK_SKEW_TOLERANCE_S}
+        """Agents reported as skewed (``Seen.skewed``): their offsets in seconds."""
+        return {a: s.offset_s for a, s in sorted(self.seen.items()) if s.skewed}
 
     def forget(self, agent: str) -> None:
         """An agent no longer enrolled: never selected again, whatever its last status said."""

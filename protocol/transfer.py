@@ -187,6 +187,14 @@ class Reassembler:
         stale = [tid for tid, p in self._partials.items() if now - p.last_chunk_at > timeout]
         return [TransferRejected(self._drop(tid).manifest.sender, "transfer-timeout") for tid in stale]
 
+    def drop_sender(self, sender: str) -> int:
+        """Free every unfinished transfer of ``sender`` (revoked: none of them can be accepted now); return how
+        many were freed."""
+        gone = [tid for tid, p in self._partials.items() if p.manifest.sender == sender]
+        for tid in gone:
+            self._drop(tid)
+        return len(gone)
+
     def pending_bytes(self) -> int:
         """Bytes that received chunks of unfinished transfers can hold (what the quotas count)."""
         return sum(self._held_by_sender.values())

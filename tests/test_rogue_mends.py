@@ -1,0 +1,82 @@
+"""What a hostile review of issue 21's mechanisms found an enrolled agent gone rogue could do, each pinned:
+junk updates must not cost a state write each, its own refusal texts must not crowd out others', a
+clock flapping across the tolerance must not flood the log, flipping its status must not restart its
+model re-send pace, and a revoked agent's unfinished transfers are freed at once."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from broker_server.model_resend import MODEL_STALL_S, ModelWaits
+from broker_server.registry import AgentRegistry
+from protocol.messages import AgentStatus
+from security.keys import Identity, Keyring, revoke
+from security.signing import signed_payload
+from tests.fedharness import ServerHarness, wait_until
+
+
+def nan_update(h: ServerHarness, seed: int) -> bytes:
+    delta = h.random_delta(seed)
+    delta[next(iter(delta))].flat[0] = np.nan
+    return h.update_bytes(delta)
+
+
+def test_a_flood_of_refused_updates_is_one_failure_one_write_and_a_few_listed_reasons(tmp_path, broker):
+    with ServerHarness(tmp_path, broker) as h:
+        h.announce_agents()
+        engine = h.server.engine
+        rogue = h.agents["agent-01"]
+        h.publish_update("agent-01", h.sealed(rogue, nan_update(h, 1)))
+        wait_until(lambda: engine.round_state is not None and "agent-01" in engine.round_state.failed, 20, "refused")
+        writes = engine.writes
+        for seed in range(2, 42):  # 40 more junk updates, each a different transfer
+            h.publish_update("agent-01", h.sealed(rogue, nan_update(h, seed)))
+        h.publish_update("agent-01", h.sealed(Identity.generate("agent-01"), nan_update(h, 99)))  # another kind
+        wait_until(lambda: h.server.rejections["non-finite-values"] >= 41, 60, "every junk update refused")
+        rs = engine.round_state
+        assert rs.failed == ["agent-01"]  # listed once, not 41 times
+        assert engine.writes - writes <= 2  # not one checkpoint per refusal (41 before): nothing changed
+        own = [r for r in rs.rejected if r["agent"] == "agent-01"]
+        assert 1 <= len(own) <= 3 and len({r["reason"].split(":")[0] for r in own}) == len(own)
+
+
+def test_a_clock_flapping_across_the_tolerance_is_reported_once(caplog):
+    identity = Identity.generate("rogue")
+    registry = AgentRegistry(Keyring([identity.public]), status_timeout_s=60)
+    caplog.set_level(logging.INFO, logger="skyfed.server")
+    now = time.time()
+    for i in range(40):  # +30.5 s, +29.5 s, ... : crossing the 30 s line on every status
+        offset = 30.5 if i % 2 == 0 else 29.5
+        status = AgentStatus(agent="rogue", state="idle", round=0, samples=1, version=1,
+                             updated_at=now + 2 * i + offset)  # fmt: skip
+        registry.update("rogue", signed_payload(status.to_dict(), identity), now + 2 * i)
+    said = [r.getMessage() for r in caplog.records if "clock skew" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("clock skew agent=rogue offset_s=+30.5"), said
+    assert list(registry.clock_offsets()) == ["rogue"]
+    back = AgentStatus(agent="rogue", state="idle", round=0, samples=1, version=1, updated_at=now + 200)
+    registry.update("rogue", signed_payload(back.to_dict(), identity), now + 200)
+    assert registry.clock_offsets() == {} and "clock skew gone agent=rogue" in caplog.records[-1].getMessage()
+
+
+def test_flipping_its_status_does_not_restart_an_agents_model_resend_pace():
+    waits, now, sent = ModelWaits(), 0.0, 0
+    for step in range(600):  # 10 minutes: waiting-model, then training, then waiting-model again ...
+        now = float(step)
+        waits.note("rogue", waiting=step % 20 < 16, now=now)
+        sent += len(waits.due(now, ["rogue"]))
+    assert sent <= 6, sent  # 15 s, then 30, 60, 120, 240 s apart: not one every ~15 s (34 before)
+    assert MODEL_STALL_S == 15.0
+
+
+def test_revocation_frees_the_agents_unfinished_transfers(tmp_path, broker):
+    with ServerHarness(tmp_path, broker) as h:
+        h.announce_agents()
+        chunks = h.sealed(h.agents["agent-01"], h.update_bytes(h.random_delta(1)), chunk_size=4096)
+        h.publish_update("agent-01", chunks[:1])  # one chunk of many: an unfinished transfer
+        reassembler = h.server.reassembler
+        wait_until(lambda: reassembler.pending_bytes() > 0, 20, "the partial transfer held")
+        revoke(h.layout.server_config.parent / "enrolled", "agent-01")  # as `skyfed keys revoke` does
+        wait_until(lambda: reassembler.pending_bytes() == 0, 20, "its unfinished transfer freed at once")
