@@ -13,12 +13,12 @@ if TYPE_CHECKING:
     from protocol.daemon import MqttDaemon
 
 
-def load_checked_agent_config(path: Path) -> AgentConfig:
+def load_checked_agent_config(path: Path, *, create: bool = True) -> AgentConfig:
     """``agent.toml`` parsed and its state folder writable: everything checked before the heavy imports."""
     from agent.config import load_agent_config
     from protocol.config_check import load_checked
 
-    return load_checked(load_agent_config, path, "agent.state_dir")
+    return load_checked(load_agent_config, path, "agent.state_dir", create=create)
 
 
 def run_agent(args: argparse.Namespace) -> int:
@@ -45,7 +45,8 @@ def check_agent(args: argparse.Namespace) -> int:
                 f"broker={b.host}:{b.port} tls={'yes' if b.tls else 'no'} state_dir={config.state_dir} "
                 f"data={config.data_path}")  # fmt: skip
 
-    return report_check("skyfed agent check", lambda: load_checked_agent_config(Path(args.config)), summary)
+    return report_check("skyfed agent check", lambda: load_checked_agent_config(Path(args.config), create=False),
+                        summary)  # fmt: skip
 
 
 def infer_images(args: argparse.Namespace) -> int:

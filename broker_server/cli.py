@@ -12,12 +12,12 @@ if TYPE_CHECKING:
     from protocol.daemon import MqttDaemon
 
 
-def load_checked_server_config(path: Path) -> ServerConfig:
+def load_checked_server_config(path: Path, *, create: bool = True) -> ServerConfig:
     """``server.toml`` parsed and its state folder writable: everything checked before the heavy imports."""
     from broker_server.config import load_server_config
     from protocol.config_check import load_checked
 
-    return load_checked(load_server_config, path, "server.state_dir")
+    return load_checked(load_server_config, path, "server.state_dir", create=create)
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -42,7 +42,7 @@ def check_server(args: argparse.Namespace) -> int:
     from broker_server.config_summary import server_summary, server_warnings
     from protocol.config_check import report_check
 
-    return report_check("skyfed server check", lambda: load_checked_server_config(Path(args.config)),
+    return report_check("skyfed server check", lambda: load_checked_server_config(Path(args.config), create=False),
                         lambda config: f"{args.config}: {server_summary(config)}", server_warnings)  # fmt: skip
 
 

@@ -200,13 +200,14 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
                 self._send_start(agent)
         self.phase = "training"
         log.info(
-            "round %s round=%d attempt=%d action=%s selected=%s pending=%s deadline_s=%.0f",
+            "round %s round=%d attempt=%d action=%s selected=%s pending=%s probation=%s deadline_s=%.0f",
             "reannounced" if reannounce else "started",
             rs.round,
             rs.attempt,
             rs.action,
             ",".join(rs.selected),
             ",".join(rs.pending),
+            ",".join(rs.probation) or "-",
             self.config.rounds.deadline_s,
         )
         self._publish_status(force=True)

@@ -28,6 +28,7 @@ from broker_server.checkpoint import CheckpointStore, new_run_id
 from broker_server.config import ServerConfig
 from broker_server.disk import DiskError
 from broker_server.election import BestModel
+from broker_server.engine_fleet import FleetEvents
 from broker_server.engine_state import EngineState
 from broker_server.health import HealthBook
 from broker_server.metrics_log import MetricsLog, round_metrics
@@ -57,7 +58,7 @@ MAX_REJECTIONS_PER_AGENT = 3  # distinct kinds of refusal listed per agent and r
 HEADER_SLACK = 64 << 10  # room for an update's safetensors header beyond the model's own
 
 
-class RoundEngine(EngineState):
+class RoundEngine(EngineState, FleetEvents):
     def __init__(
         self,
         config: ServerConfig,
@@ -227,17 +228,6 @@ class RoundEngine(EngineState):
             log.warning("round %d: %s stand in for %s", rs.round, ",".join(stand_ins), ",".join(excused))
         return excused, stand_ins
 
-    def gave_up(self, agent: str, round_number: int, why: str) -> bool:
-        """A pending agent that will not deliver in round ``round_number`` (its signed status says its training
-        failed, or its whole transfer was refused): not waited for, backed off. False if not pending there."""
-        rs = self.round_state
-        if rs is None or rs.round != round_number or agent not in rs.pending:
-            return False
-        rs.missed.append(agent)  # excused: a stand-in may replace it at the deadline, a late update is welcome
-        self.health.back_off([agent], round_number, why)
-        self.checkpoint()
-        return True
-
     def decide(self, now: float) -> str:
         if self.round_state is None:
             return "idle"
@@ -301,38 +291,6 @@ class RoundEngine(EngineState):
         ):
             target.append(entry)
 
-    def revoke(self, agent: str) -> bool:
-        """``agent``'s enrolment was withdrawn: its part in the open round ends now — its update, if one was
-        accepted, is dropped, it is no longer waited for, the round's metrics list it as missed with a
-        ``revoked`` rejection, and the round's task names it (``revoked``) so it stops. Returns whether
-        the open round changed (its task must be issued again)."""
-        rs = self.round_state
-        if rs is None:
-            self.revoked_between_rounds.append(agent)
-            return False
-        if agent not in rs.selected and agent not in rs.accepted:
-            return False
-        if agent in rs.accepted:  # out of the average
-            rs.updates = [u for u in rs.updates if u.agent != agent]
-            self._unfold()
-        rs.missed.append(agent)
-        rs.revoked.append(agent)
-        self.reject(agent, "revoked: its enrolment was withdrawn during the round; its part ended")
-        self.checkpoint()
-        return True
-
-    @property
-    def held_round(self) -> int:
-        """The newest round this state has announced: the open one, else the last."""
-        return self.round_state.round if self.round_state is not None else self.next_round - 1
-
-    def jump(self, next_round: int, version: int) -> None:
-        """Agents hold newer rounds of this run than this state (``broker_server.catch_up``): the open round,
-        if any, is dropped (they would refuse its task), and the next round and model version go past theirs."""
-        self.round_state = None
-        self.next_round, self.version = max(self.next_round, next_round), max(self.version, version)
-        self.checkpoint()
-
     def close(self, now: float, *, model_wire_bytes: int) -> RoundMetrics:
         """Run the pipeline; commit the new model or roll the round back. Returns the round's metrics.
 
@@ -340,7 +298,9 @@ class RoundEngine(EngineState):
         rs = self.round_state
         assert rs is not None
         if now >= rs.deadline:  # closed on the quorum at the deadline: whoever it still waited for missed it
-            self.health.back_off(rs.waited_for, rs.round, "missed the deadline")
+            late = rs.waited_for
+            self.health.back_off(late, rs.round, "missed the deadline")
+            rs.missed.extend(a for a in late if a not in rs.missed)  # and the round's metrics say so
         ctx = RoundContext(
             state=rs,
             global_arrays=self.global_arrays,

@@ -30,6 +30,8 @@ def read_toml(path: Path) -> dict[str, Any]:
             return toml.load(handle)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file (pass --config PATH)") from None
+    except OSError as exc:  # a folder, unreadable, ...
+        raise ConfigError(f"{path}: cannot read this config file ({exc.strerror or exc}): pass --config FILE") from None
     except toml.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 

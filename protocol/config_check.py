@@ -4,6 +4,7 @@ writable. Runs before PyTorch and Ultralytics are imported, so a bad config fail
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -20,10 +21,18 @@ class DaemonConfig(Protocol):
 C = TypeVar("C", bound=DaemonConfig)
 
 
-def check_writable_dir(path: Path, key: str, config: Path) -> None:
-    """Create ``path`` if needed and write a probe file there; a failure names the key and the fix."""
+def check_writable_dir(path: Path, key: str, config: Path, *, create: bool = True) -> None:
+    """Write a probe file in ``path`` (made first when ``create``; else, while it does not exist, the folder
+    it would be made in must be writable); a failure names the key and the fix."""
     probe = path / f".skyfed-write-check-{os.getpid()}"
     try:
+        if not create and not path.exists():
+            parent = next(p for p in path.parents if p.exists())
+            if not parent.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(parent))
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(parent))
+            return
         path.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"")
         probe.unlink()
@@ -34,11 +43,11 @@ def check_writable_dir(path: Path, key: str, config: Path) -> None:
         ) from None
 
 
-def load_checked(load: Callable[[Path], C], path: Path, key: str) -> C:
+def load_checked(load: Callable[[Path], C], path: Path, key: str, *, create: bool = True) -> C:
     """The config at ``path`` parsed and its state folder (``key``) writable: all that is checked before the
-    heavy imports, by ``skyfed server|agent run`` and ``check`` alike."""
+    heavy imports, by ``skyfed server|agent run`` (which make the folder) and ``check`` (which makes nothing)."""
     config = load(path)
-    check_writable_dir(config.state_dir, key, path)
+    check_writable_dir(config.state_dir, key, path, create=create)
     return config
 
 

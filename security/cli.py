@@ -41,12 +41,19 @@ def new_key(args: argparse.Namespace) -> int:
 
 
 def enroll_key(args: argparse.Namespace) -> int:
+    """Enrol every named .pub; any unreadable one is refused before anything is enrolled."""
     try:
-        public = PublicIdentity.load(Path(args.pub))
+        publics = [PublicIdentity.load(Path(pub)) for pub in args.pub]
     except KeyFileError as exc:
         print(f"skyfed keys: {exc}", file=sys.stderr)
         return 2
-    existing = Path(args.enrolled) / f"{public.name}.pub"
+    for public in publics:
+        enroll_one(Path(args.enrolled), public)
+    return 0
+
+
+def enroll_one(enrolled: Path, public: PublicIdentity) -> None:
+    existing = enrolled / f"{public.name}.pub"
     if existing.exists():
         try:
             old = PublicIdentity.load(existing).fingerprint()
@@ -58,10 +65,9 @@ def enroll_key(args: argparse.Namespace) -> int:
                 f"{public.fingerprint()}: the old key will no longer be trusted",
                 file=sys.stderr,
             )
-    path = enroll(Path(args.enrolled), public)
+    path = enroll(enrolled, public)
     fingerprint = public.fingerprint()
     print(f"enrolled {public.name} (fingerprint {fingerprint}) as {path}; a running server trusts it within a second")
-    return 0
 
 
 def revoke_key(args: argparse.Namespace) -> int:
@@ -132,7 +138,7 @@ def add_keys_commands(commands: argparse._SubParsersAction) -> None:
     new.add_argument("--dir", required=True)
     new.set_defaults(handler=new_key)
     add = keys.add_parser("enroll", help="trust an agent: copy its .pub into the server's enrolled folder")
-    add.add_argument("pub", help="path to the agent's NAME.pub")
+    add.add_argument("pub", nargs="+", help="path to the agent's NAME.pub (several at once: each is enrolled)")
     add.add_argument("--enrolled", required=True, help="the server's keys.enrolled folder")
     add.set_defaults(handler=enroll_key)
     revoke_parser = keys.add_parser("revoke", help="stop trusting an agent: move its .pub to enrolled/revoked/")

@@ -24,8 +24,8 @@ def next_steps(out: Path, plan: Provisioning, new: list[str]) -> list[str]:
         f"  1. broker host: {copy}systemctl reload mosquitto",
         f"  2. server host: skyfed keys enroll {pubs} --enrolled {ETC}/enrolled (no restart needed)",
     ]
-    for name in new:
-        lines.append(f"  3. {name}: install {layout.agent(name)}/* in {ETC}/ (deploy/install-agent.sh), then "
+    for step, name in enumerate(new, start=3):
+        lines.append(f"  {step}. {name}: install {layout.agent(name)}/* in {ETC}/ (deploy/install-agent.sh), then "
                      f"skyfed agent check --config {ETC}/agent.toml && systemctl start skyfed-agent")  # fmt: skip
     return lines
 

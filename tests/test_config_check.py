@@ -80,3 +80,24 @@ def test_the_server_warns_at_start_when_nothing_evaluates_rounds(federation):
         proc.kill()
         proc.wait()
     assert "WARNING skyfed.server: server.eval_data is not set" in first
+
+
+def test_check_makes_nothing(federation, tmp_path, capsys):
+    """``check`` starts nothing and leaves no folder behind (as root it would otherwise make a state_dir the
+    service user cannot write); a state_dir that cannot be made is still refused."""
+    fresh = tmp_path / "not" / "yet"
+    override_toml(federation.server_config, server={"state_dir": str(fresh)})
+    override_toml(federation.agent_configs["agent-01"], agent={"state_dir": str(fresh)})
+    assert main(["server", "check", "--config", str(federation.server_config)]) == 0
+    assert main(["agent", "check", "--config", str(federation.agent_configs["agent-01"])]) == 0
+    assert not (tmp_path / "not").exists()
+    override_toml(federation.server_config, server={"state_dir": str(_file_in_the_way(tmp_path))})
+    assert main(["server", "check", "--config", str(federation.server_config)]) == 2
+    assert "server.state_dir" in capsys.readouterr().err
+
+
+def test_a_folder_as_config_is_an_error_not_a_traceback(tmp_path, capsys):
+    assert main(["server", "check", "--config", str(tmp_path)]) == 2
+    assert main(["agent", "check", "--config", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("cannot read this config file (Is a directory)") == 2, err

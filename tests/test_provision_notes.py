@@ -38,3 +38,17 @@ def test_a_provisioning_folder_inside_a_git_checkout_is_warned_about_and_ignored
     ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "fleet/ca/ca.crt.key", "fleet-pki/ca/ca.crt.key"],
                              capture_output=True, text=True)  # fmt: skip
     assert ignored.stdout.split() == ["fleet/ca/ca.crt.key", "fleet-pki/ca/ca.crt.key"]
+
+
+def test_the_enrol_step_it_prints_for_several_agents_runs_as_printed(tmp_path, capsys):
+    out = tmp_path / "pki"
+    assert _provision(out, "a1,a2") == 0
+    printed = capsys.readouterr().out
+    step = next(line for line in printed.splitlines() if "skyfed keys enroll" in line)
+    command = step[step.index("skyfed keys enroll") :].removesuffix(" (no restart needed)").split()
+    enrolled = tmp_path / "enrolled"
+    command[command.index("--enrolled") + 1] = str(enrolled)  # the server host's /etc/skyfed/enrolled
+    assert main(command[1:]) == 0
+    assert sorted(p.name for p in enrolled.glob("*.pub")) == ["a1.pub", "a2.pub"]
+    numbers = [line.split(".")[0].strip() for line in printed.splitlines() if line.startswith("  ")]
+    assert len(numbers) == len(set(numbers)), printed  # each step its own number
