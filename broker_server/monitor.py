@@ -25,6 +25,7 @@ from protocol.topics import ROOT, Topics
 ANY_SERVER_STATUS = f"{ROOT}/+/server/status"  # which federations a broker carries, asked when ours shows nothing
 DISCOVERY_S = 1.5  # retained status arrives at once; this is ample
 STOP_WAIT_S = 1.0  # paho's thread may be mid-reconnect: the monitor exits without it
+PIPE_WIDTH = 200  # columns of a --once snapshot into a file or pipe (rich would cut it at 80)
 
 
 @dataclass
@@ -154,7 +155,7 @@ def monitor(
 ) -> int:
     """Exit 0 after a snapshot (``once``) or Ctrl-C; 1 when the broker cannot be used or, with ``once``, when the
     federation shows nothing (the message names the federations the broker does carry)."""
-    console = console or Console()
+    console = console or Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)  # a pipe: no 80-column cut
     view = FederationView(Topics(federation))
     client = MqttClient(f"monitor-{uuid.uuid4().hex[:8]}", settings, persistent=False)
     for pattern in (view.topics.server_status, view.topics.server_metrics, view.topics.agent_status_wildcard):
