@@ -127,6 +127,9 @@ class RoundEngine(EngineState, FleetEvents):
             self.round_state.round if self.round_state else None,
             self.round_state.accepted if self.round_state else [],
         )
+        if self.finished:
+            log.warning("this run is already over (%d rounds done): to start a new run, move %s aside, or raise "
+                        "server.rounds to go on with this one", self.next_round - 1, self.config.state_dir)  # fmt: skip
 
     @property
     def last_eval(self) -> dict:

@@ -71,6 +71,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
 
 def run_sim_command(args: argparse.Namespace) -> int:
     from protocol.daemon import quiet_connection_logs
+    from protocol.mqtt import BrokerSettings
     from sim.run import exit_on_sigterm, run_sim
 
     quiet_connection_logs()
@@ -81,6 +82,8 @@ def run_sim_command(args: argparse.Namespace) -> int:
         settings = _settings(args)
         if settings.in_process and args.broker:
             raise ValueError("--in-process uses no broker: drop --broker")
+        if args.broker:
+            BrokerSettings.from_address(args.broker)  # a malformed --broker: one line now, not a traceback later
     except ValueError as exc:
         print(f"skyfed {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -88,7 +91,11 @@ def run_sim_command(args: argparse.Namespace) -> int:
         f"SkyFed {args.command}: {settings.agents} agents, {settings.rounds} rounds, model {settings.model}, "
         f"partition {settings.partition}, strategy {settings.strategy.get('name', 'default')}, seed {settings.seed}"
     )
-    result = run_sim(settings, Path(args.out), broker_address=args.broker)
+    try:
+        result = run_sim(settings, Path(args.out), broker_address=args.broker)
+    except (OSError, RuntimeError) as exc:  # --out not a folder we can make; no broker at --broker
+        print(f"skyfed {args.command}: {exc}", file=sys.stderr)
+        return 1
     final = headline(result.metrics[-1].eval) if result.metrics else None
     privacy = result.metrics[-1].privacy if result.metrics else {}
     if settings.privacy and len(result.metrics) < settings.rounds:

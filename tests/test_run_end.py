@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
@@ -39,3 +40,19 @@ def test_the_last_round_is_followed_by_a_final_line_and_the_agents_hear_of_it(tm
     for agent in agents:
         assert "run is over after round 1" in agent._status().detail
         assert agent.systemd_status().endswith("the server's run is over")
+
+
+def test_a_finished_run_restarted_says_it_is_over_and_how_to_start_a_new_one(tmp_path, broker, caplog):
+    layout = create_federation(tmp_path / "fed", SimSettings(agents=1, rounds=1, federation="fleet"),
+                               (broker.host, broker.port))  # fmt: skip
+    config = load_server_config(layout.server_config)
+    state = config.state_dir / "checkpoint" / "state.json"
+    Aggregator(config)  # a fresh run: initialised
+    data = json.loads(state.read_text())
+    data["next_round"] = 2  # its one round done
+    state.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING):
+        Aggregator(config)
+    said = [r.getMessage() for r in caplog.records if "already over" in r.getMessage()]
+    assert said == [f"this run is already over (1 rounds done): to start a new run, move {config.state_dir} aside, "
+                    "or raise server.rounds to go on with this one"]  # fmt: skip

@@ -196,11 +196,21 @@ def test_sim_with_central_dp_reports_epsilon_and_stops_when_the_budget_is_spent(
         (["--ldp-noise", "1", "--ldp-clip", "0"], "privacy.max_grad_norm must be > 0"),
         (["--in-process", "--broker", "127.0.0.1:1883"], "--in-process uses no broker: drop --broker"),
         (["--in-process", "--slow-agents", "1"], "--in-process runs its agents at one speed"),
+        (["--broker", "127.0.0.1:"], "skyfed sim: "),  # a malformed address: one line, not a traceback
     ],
 )
 def test_sim_refuses_bad_arguments_with_a_message(args, message):
     result = skyfed("sim", *args, timeout=60)
     assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_out_folder_that_cannot_be_made_is_one_line_not_a_traceback(tmp_path):
+    (tmp_path / "plainfile").write_text("")
+    out = tmp_path / "plainfile" / "run"
+    result = skyfed("sim", "--in-process", "--agents", "2", "--rounds", "1", "--out", str(out), timeout=120)
+    assert result.returncode == 1 and result.stderr.startswith("skyfed sim: "), result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_keys_new_refuses_to_overwrite_and_enroll_copies_the_public_key(tmp_path):
