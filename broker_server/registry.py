@@ -65,6 +65,8 @@ class AgentRegistry:
         self.keyring = keyring
         self.status_timeout_s = status_timeout_s
         self.seen: dict[str, Seen] = {}
+        self.cleared: dict[str, Seen] = {}  # what was seen of an agent before its status was cleared (no signature
+        # clears it: an empty retained payload), so that a replay just after a clear is still refused
 
     @property
     def agents(self) -> dict[str, AgentStatus]:
@@ -76,6 +78,8 @@ class AgentRegistry:
         before = self.seen.get(agent)
         previous = before.status if before is not None else None
         if not payload:
+            if before is not None:
+                self.cleared[agent] = before
             self.seen.pop(agent, None)
             return previous, None
         public = self.keyring.get(agent)
@@ -92,22 +96,18 @@ class AgentRegistry:
         if status.agent != agent:
             raise StatusRefused(f"status-mismatch: signed for {status.agent!r}, published as {agent!r}")
         if before is None:  # first sight, likely the retained copy: received no later than it was signed
-            self.seen[agent] = Seen(status, min(now, status.updated_at), status.updated_at, status.session)
+            floor = self.cleared.get(agent)
+            if floor is not None:  # seen before its status was cleared: as fresh as that must be
+                refuse_stale(agent, status, floor)
+                del self.cleared[agent]
+            session = max(status.session, floor.session if floor is not None else 0.0)
+            self.seen[agent] = Seen(status, min(now, status.updated_at), status.updated_at, session)
             return previous, status
         if status == before.status:
             return previous, previous  # delivered twice (a persistent session and the retained copy)
+        refuse_stale(agent, status, before)
         newest, session = before.newest, max(before.session, status.session)
-        if status.state == "offline":
-            if status.updated_at < before.session:
-                raise StatusRefused(
-                    f"status-stale-will: an offline status from an earlier connection of {agent} (a replay)"
-                )
-        elif status.updated_at <= newest:
-            raise StatusRefused(
-                f"status-older: not newer than one already seen from {agent} (a late re-delivery, a "
-                "replay, or the device's clock went back)"
-            )
-        else:
+        if status.state != "offline":
             newest = status.updated_at
         offset = status.updated_at - now if status.state != "offline" else before.offset_s
         skewed = abs(offset) > (CLOCK_SKEW_CLEARED_S if before.skewed else CLOCK_SKEW_TOLERANCE_S)
@@ -144,3 +144,18 @@ class AgentRegistry:
 
     def online(self) -> int:
         return len(self.online_agents())
+
+
+def refuse_stale(agent: str, status: AgentStatus, before: Seen) -> None:
+    """``StatusRefused`` for a status older than what ``before`` holds: a will from an earlier connection, or
+    a live status not newer than the newest seen."""
+    if status.state == "offline":
+        if status.updated_at < before.session:
+            raise StatusRefused(
+                f"status-stale-will: an offline status from an earlier connection of {agent} (a replay)"
+            )
+    elif status.updated_at <= before.newest:
+        raise StatusRefused(
+            f"status-older: not newer than one already seen from {agent} (a late re-delivery, a "
+            "replay, or the device's clock went back)"
+        )

@@ -9,9 +9,10 @@ import logging
 import time
 
 import numpy as np
+import pytest
 
 from broker_server.model_resend import MODEL_STALL_S, ModelWaits
-from broker_server.registry import AgentRegistry
+from broker_server.registry import AgentRegistry, StatusRefused
 from protocol.messages import AgentStatus
 from security.keys import Identity, Keyring, revoke
 from security.signing import signed_payload
@@ -80,3 +81,24 @@ def test_revocation_frees_the_agents_unfinished_transfers(tmp_path, broker):
         wait_until(lambda: reassembler.pending_bytes() > 0, 20, "the partial transfer held")
         revoke(h.layout.server_config.parent / "enrolled", "agent-01")  # as `skyfed keys revoke` does
         wait_until(lambda: reassembler.pending_bytes() == 0, 20, "its unfinished transfer freed at once")
+
+
+def test_clearing_a_status_does_not_reopen_it_to_replays():
+    """An empty retained payload (anyone the ACL lets publish there) clears an agent's status unsigned; a
+    replay of its old signed status or will right after must still be refused."""
+    identity = Identity.generate("agent")
+    registry = AgentRegistry(Keyring([identity.public]), status_timeout_s=60)
+    now = time.time()
+
+    def signed(state: str, at: float, session: float) -> bytes:
+        status = AgentStatus(agent="agent", state=state, round=0, samples=1, version=1, updated_at=at, session=session)
+        return signed_payload(status.to_dict(), identity)
+
+    old_ready, old_will = signed("idle", now - 50, now - 100), signed("offline", now - 100, now - 100)
+    registry.update("agent", old_ready, now - 50)
+    registry.update("agent", signed("idle", now, now - 10), now)  # a newer connection, a newer status
+    registry.update("agent", b"", now + 1)  # cleared
+    for replay in (old_ready, old_will, old_ready):
+        with pytest.raises(StatusRefused):
+            registry.update("agent", replay, now + 2)
+    registry.update("agent", signed("idle", now + 3, now - 10), now + 3)  # the agent's own next status is fine
