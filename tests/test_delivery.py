@@ -69,22 +69,24 @@ def test_a_backed_off_agent_needed_to_make_up_min_agents_is_on_probation_and_not
     assert engine.health.records["agent-03"].misses == 1  # not waited for on probation: no second miss
 
 
-def test_a_round_closed_early_by_a_threshold_backs_off_nobody(config):
+def two_of_three_delivered(config) -> RoundEngine:  # noqa: ANN001
+    """Round 1 open, with agent-01 and agent-02's updates accepted and agent-03 still pending."""
     engine = RoundEngine(config, replay=ReplayGuard(3600))
     engine.begin_round(AGENTS, now=0.0)
     engine.announce(now=0.0)
     for i, agent in enumerate(AGENTS[:2]):
         engine.accept(completed(engine, agent, seed=i), now=1.0)
+    return engine
+
+
+def test_a_round_closed_early_by_a_threshold_backs_off_nobody(config):
+    engine = two_of_three_delivered(config)
     engine.close(now=2.0, model_wire_bytes=0)  # before the deadline: agent-03 was slower, not absent
     assert engine.health.records == {}
 
 
 def test_an_agent_that_says_its_training_failed_is_not_waited_for_and_is_backed_off(config):
-    engine = RoundEngine(config, replay=ReplayGuard(3600))
-    engine.begin_round(AGENTS, now=0.0)
-    engine.announce(now=0.0)
-    for i, agent in enumerate(AGENTS[:2]):
-        engine.accept(completed(engine, agent, seed=i), now=1.0)
+    engine = two_of_three_delivered(config)
     assert not engine.gave_up("agent-03", 7, "reported its training failed")  # another round's status
     assert engine.gave_up("agent-03", 1, "reported its training failed")
     assert not engine.gave_up("agent-03", 1, "reported its training failed")  # counted once

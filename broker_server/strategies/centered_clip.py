@@ -71,10 +71,10 @@ class CenteredClip(Strategy):
             self.reference = np.zeros_like(global_vector, dtype=np.float32)
         weights = np.array([c.samples if self.options.weighting == "samples" else 1.0 for c in contributions])
         groups = buckets([c.agent for c in contributions], self.options.bucket)
-        mixing = bucket_means(groups, weights)  # (buckets, updates): each row a weighted mean of its group
+        mixing = bucket_means(groups, weights) if self.options.bucket > 1 else None  # None: each update alone
         squared = np.zeros(len(groups))
         for start, stop, block in column_blocks(contributions):
-            squared += ((mixing @ block - self.reference[start:stop]) ** 2).sum(axis=1, dtype=np.float64)
+            squared += ((grouped(mixing, block) - self.reference[start:stop]) ** 2).sum(axis=1, dtype=np.float64)
         distances = np.sqrt(squared)
         tau = self.options.tau_multiple * lower_median(distances)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -83,7 +83,7 @@ class CenteredClip(Strategy):
         coefficients = (group_weights * clip / group_weights.sum()).astype(np.float32)[:, None]
         change = self._change = self.reference.copy()
         for start, stop, block in column_blocks(contributions):
-            change[start:stop] += (coefficients * (mixing @ block - self.reference[start:stop])).sum(axis=0)
+            change[start:stop] += (coefficients * (grouped(mixing, block) - self.reference[start:stop])).sum(axis=0)
         clipped = sorted(contributions[i].agent for g, k in zip(groups, clip, strict=True) if k < 1 for i in g)
         return RoundResult(global_vector + change, {"tau": float(tau), "centered_clipped": clipped})
 
@@ -115,3 +115,9 @@ def bucket_means(groups: list[list[int]], weights: np.ndarray) -> np.ndarray:
     for row, members in enumerate(groups):
         mixing[row, members] = weights[members] / weights[members].sum()
     return mixing
+
+
+def grouped(mixing: np.ndarray | None, block: np.ndarray) -> np.ndarray:
+    """A column block of the updates as clipped: their group means, or the updates themselves (no bucketing:
+    no matrix product on the default path)."""
+    return block if mixing is None else mixing @ block
