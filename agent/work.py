@@ -131,8 +131,8 @@ class RoundWork:
             self._set_state(state)
         held = max(self.models, default=0)
         if self.onboard.wanted(self.task, held, self.server_time()) and self.task is not None:
-            self.onboard.started(held)
             self.export = self.runner.export(self.models[held], self.task, self.onboard.path)
+            self.onboard.started(held)  # after: whoever sees this version as started sees its job too
 
     def _check_export(self: EdgeAgent) -> None:
         assert self.export is not None
