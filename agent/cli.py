@@ -45,8 +45,14 @@ def check_agent(args: argparse.Namespace) -> int:
                 f"broker={b.host}:{b.port} tls={'yes' if b.tls else 'no'} state_dir={config.state_dir} "
                 f"data={config.data_path}")  # fmt: skip
 
-    return report_check("skyfed agent check", lambda: load_checked_agent_config(Path(args.config), create=False),
-                        summary)  # fmt: skip
+    def load() -> AgentConfig:
+        from agent.profile import read_start_files
+
+        config = load_checked_agent_config(Path(args.config), create=False)
+        read_start_files(config)  # the keys and the data, as `agent run` reads them
+        return config
+
+    return report_check("skyfed agent check", load, summary)
 
 
 def infer_images(args: argparse.Namespace) -> int:

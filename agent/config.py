@@ -25,6 +25,11 @@ class AgentSection:
     seed: int = 0
     status_interval_s: float = 10.0
 
+    def __post_init__(self) -> None:
+        if not self.status_interval_s > 0:
+            raise ValueError(f"agent.status_interval_s must be > 0 seconds (how often the agent says it is alive), "
+                             f"got {self.status_interval_s}")  # fmt: skip
+
 
 @dataclass(frozen=True)
 class KeysSection:

@@ -31,7 +31,7 @@ from agent.device import check_device_present
 from agent.echo import PublishEcho, dropped_text
 from agent.inbox import ServerInbox
 from agent.onboard import OnboardModel
-from agent.profile import data_profile, privacy_view
+from agent.profile import privacy_view, read_start_files
 from agent.run_end import RunEnd
 from agent.runner import ChildRunner, Job, Runner
 from agent.start_models import StartModels
@@ -45,7 +45,7 @@ from protocol.daemon import MqttDaemon, Throttle
 from protocol.messages import MAX_JSON_BYTES, AgentStatus, Gate, MessageError, RoundTask
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
-from security.keys import GroupKey, Identity, PublicIdentity
+from security.keys import GroupKey
 from security.signing import InvalidDocument, signed_payload, verify_document
 
 log = logging.getLogger("skyfed.agent")
@@ -57,11 +57,8 @@ class EdgeAgent(RoundWork, MqttDaemon):
         self.config = config
         self.id = config.agent.id
         self.topics = Topics(config.agent.federation)
-        self.identity = Identity.load(config.identity_path)
-        if self.identity.name != self.id:
-            raise ValueError(f"{config.path}: keys.identity holds the key of {self.identity.name!r}, not {self.id!r}")
-        self.server = PublicIdentity.load(config.server_key_path)
-        self.profile = data_profile(config)  # reads and checks the data file now: a bad one fails at start
+        files = read_start_files(config)  # keys and data read and checked now: a bad one fails at start
+        self.identity, self.server, self.profile = files.identity, files.server, files.profile
         self.privacy = privacy_view(config)
         if runner is None:  # the training child's PyTorch must see the GPU training.device names: say so now
             check_device_present(config.training.device)

@@ -16,7 +16,9 @@ from common.files import read_json
 from models.datasets import load_dataset
 from models.tasks import task_of
 from models.yolo_dataset import class_counts, load_data_yaml
+from protocol.config import ConfigError
 from protocol.messages import RoundTask
+from security.keys import Identity, PublicIdentity
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,41 @@ def data_profile(config: AgentConfig) -> DataProfile:
             raise ValueError(f"{config.data_path}: the train split holds no labelled objects; nothing to learn from")
         return DataProfile("detect", len(data.train), tuple(data.names))
     return DataProfile("classify", len(load_dataset(config.data_path)))
+
+
+@dataclass(frozen=True)
+class StartFiles:
+    """What the agent daemon reads from disk at start, besides its config."""
+
+    identity: Identity
+    server: PublicIdentity
+    profile: DataProfile
+
+
+def read_start_files(config: AgentConfig) -> StartFiles:
+    """The agent's keys and data, read and checked (by ``agent run`` and ``agent check``); an error is a
+    ``ConfigError`` naming the key and the fix: a public key given as ``keys.identity``, a private one as
+    ``keys.server``, another node's key, or a data file the trainer cannot read."""
+    where = f"{config.path}: "
+    try:
+        identity = Identity.load(config.identity_path)
+    except ValueError as exc:
+        raise ConfigError(f"{where}keys.identity = {config.keys.identity!r}: {exc}") from None
+    if identity.name != config.agent.id:
+        raise ConfigError(f"{where}keys.identity holds the key of {identity.name!r}, not agent.id {config.agent.id!r}: "
+                          f"give this agent's own key ({config.agent.id}.key from `skyfed keys new`)")  # fmt: skip
+    try:
+        server = PublicIdentity.load(config.server_key_path)
+    except ValueError as exc:
+        raise ConfigError(f"{where}keys.server = {config.keys.server!r}: {exc}") from None
+    try:
+        profile = data_profile(config)
+    except (OSError, ValueError, KeyError) as exc:
+        expected = ("a YOLO data.yaml" if config.training.trainer == "detector"
+                    else "an .npz file with arrays x and y (README: Agent data format)")  # fmt: skip
+        raise ConfigError(f"{where}agent.data = {config.agent.data!r}: {exc}; training.trainer = "
+                          f"{config.training.trainer!r} reads {expected}") from None  # fmt: skip
+    return StartFiles(identity, server, profile)
 
 
 class PrivacyView:

@@ -6,8 +6,11 @@ what the server saw itself: an authenticated update accepted, or a round it was 
 did not deliver, whatever its status said: a deadline passed without its update (also when the round
 closed on the quorum without it), its own signed status said its training failed or was declined, or
 its whole transfer was refused. Such an agent is backed off: not selected for 1, 2, 4 … (at most
-``MAX_BACKOFF_ROUNDS``) rounds after each consecutive miss, and its first accepted update clears the
-record. While backed off it is selected only to make up ``rounds.min_agents``, and then on probation:
+``MAX_BACKOFF_ROUNDS``) rounds after each miss since it was last trusted; an accepted update makes it
+selectable again at once, and ``TRUST_AFTER`` accepted updates in a row clear its misses, so an agent
+that alternates a miss and a delivery is backed off ever longer (1, 2, 4 … rounds) instead of costing
+every other round its deadline. While backed off it is selected only to make up ``rounds.min_agents``,
+and then on probation:
 the round does not wait for it (``rounds.RoundState.probation``). So a forged "ready", a silent or
 broken device costs at most one deadline, then ever fewer. Pure bookkeeping; the engine keeps it in
 the checkpoint, so a restart forgets nothing.
@@ -21,12 +24,14 @@ from dataclasses import asdict, dataclass
 log = logging.getLogger("skyfed.server")
 
 MAX_BACKOFF_ROUNDS = 32
+TRUST_AFTER = 3  # accepted updates in a row that clear an agent's record of misses
 
 
 @dataclass
 class AgentRecord:
-    misses: int = 0  # consecutive rounds in which the agent missed a deadline it was asked to meet
+    misses: int = 0  # rounds the agent missed since it was last trusted (``TRUST_AFTER`` deliveries in a row)
     backed_off_until: int = 0  # not selected in rounds up to and including this one
+    delivered: int = 0  # accepted updates since its last miss
 
 
 class HealthBook:
@@ -36,6 +41,7 @@ class HealthBook:
     def missed(self, agent: str, round_number: int) -> AgentRecord:
         record = self.records.setdefault(agent, AgentRecord())
         record.misses += 1
+        record.delivered = 0
         record.backed_off_until = round_number + min(2 ** (record.misses - 1), MAX_BACKOFF_ROUNDS)
         return record
 
@@ -47,14 +53,19 @@ class HealthBook:
                         why, agent, round_number, record.misses, record.backed_off_until + 1)  # fmt: skip
 
     def delivered(self, agent: str) -> None:
-        self.records.pop(agent, None)
+        record = self.records.get(agent)
+        if record is not None:  # it is alive now: selectable again, but its next miss backs it off longer
+            record.delivered += 1
+            record.backed_off_until = 0
+            if record.delivered >= TRUST_AFTER:
+                del self.records[agent]
 
     def available(self, agents: list[str], round_number: int) -> list[str]:
         """``agents`` minus the ones backed off for ``round_number``."""
         return [a for a in agents if round_number > self.records.get(a, AgentRecord()).backed_off_until]
 
     def backed_off(self, round_number: int) -> dict[str, int]:
-        """Agent → consecutive misses, for the agents not selectable in ``round_number``."""
+        """Agent → misses since last trusted, for the agents not selectable in ``round_number``."""
         return {a: r.misses for a, r in sorted(self.records.items()) if round_number <= r.backed_off_until}
 
     def to_dict(self) -> dict[str, dict[str, int]]:

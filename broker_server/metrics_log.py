@@ -85,7 +85,7 @@ def log_round(m: RoundMetrics) -> None:
     """One journal line per closed round."""
     log.info(
         "round closed round=%d outcome=%s accepted=%d/%d rejected=%d score=%s loss=%s aggregate_ms=%.2f "
-        "version=%d clipped=%s",
+        "version=%d clipped=%s%s",
         m.round,
         m.outcome,
         len(m.accepted),
@@ -96,7 +96,11 @@ def log_round(m: RoundMetrics) -> None:
         m.aggregate_s * 1e3,
         m.model_version,
         ",".join(m.aggregation.get("clipped", [])) or "-",
+        f" by={m.aggregation['chose']}" if "chose" in m.aggregation else "",
     )
+    if m.aggregation.get("decided"):
+        chose, why = m.aggregation["chose"], m.aggregation["why"]
+        log.info("aggregation auto chose %s from round %d on: %s", chose, m.round, why)
 
 
 def log_run_finished(*, rounds: int, version: int, evaluation: dict, best: dict, out: Path, why: str) -> None:

@@ -142,8 +142,10 @@ class AgentRegistry:
             and seen.status.group_key_id == group_key_id
         )
 
-    def online(self) -> int:
-        return len(self.online_agents())
+    def online(self, now: float) -> int:
+        """Agents whose last status is recent and not ``offline``: the ones the monitor shows as alive."""
+        fresh = (seen for seen in self.seen.values() if now - seen.received_at <= self.status_timeout_s)
+        return sum(seen.status.state != "offline" for seen in fresh)
 
 
 def refuse_stale(agent: str, status: AgentStatus, before: Seen) -> None:

@@ -53,10 +53,10 @@ class StatusReport:
             state=state,
             federation=self.topics.federation,
             round=rs.round if rs is not None else self.engine.next_round - 1,
-            phase=self.phase,
+            phase="finished" if self.engine.finished else self.phase,  # also right after a restart
             strategy=self.engine.strategy.name,
             model_version=self.engine.version,
-            agents_online=self.registry.online(),
+            agents_online=self.registry.online(self.clock()),
             updated_at=self.clock(),
             detail=detail,
             errors=self.errors,

@@ -187,9 +187,9 @@ def _add_sim_options(
     parser.add_argument("--deadline", type=float, default=60.0, help="round deadline in seconds")
     parser.add_argument(
         "--strategy",
-        help="centered-clip (server default; fedavg with --task detect) | krum | fedavg | fedprox | median "
-        "| trimmed-mean | fedavgm | fedadam "
-        "| fedyogi | fedswap | simfedswap",
+        help="auto (server default: krum or centered-clip by how alike the updates are; fedavg with --task detect) "
+        "| centered-clip | krum | fedavg | fedprox | median | trimmed-mean | fedavgm | fedadam | fedyogi | fedswap "
+        "| simfedswap",
     )
     parser.add_argument(
         "--strategy-option", action="append", default=[], metavar="KEY=VALUE", help="e.g. beta=0.2, f=2 (repeatable)"

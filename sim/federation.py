@@ -109,6 +109,8 @@ class SimSettings:
             raise ValueError(f"--slowdown must be >= 1 (how many times slower), got {self.slowdown}")
         if self.attackers and not self.attack:
             raise ValueError("--attackers needs --attack KIND (sign-flip, scale:F, noise:SIGMA, samples:N or silent)")
+        if self.attack and not self.attackers:
+            raise ValueError(f"--attack {self.attack} needs --attackers N: how many of the {self.agents} agents attack")
         if self.attack:
             Attack.parse(self.attack)
         if self.in_process and self.slow_agents:

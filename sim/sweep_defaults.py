@@ -34,6 +34,7 @@ STRATEGIES = {
     "centered-clip τ=0.5": {"name": "centered-clip", "tau_multiple": 0.5},
     "centered-clip τ=0.25": {"name": "centered-clip", "tau_multiple": 0.25},
     "centered-clip s=2": {"name": "centered-clip", "bucket": 2},
+    "auto": {"name": "auto"},  # the default since the sweep: Krum or centered-clip by measured agreement
 }
 BASELINE = "fedavg"
 
@@ -75,13 +76,20 @@ def run_grid(out: Path, args: argparse.Namespace) -> list[dict]:
             "final_accuracy": final_accuracy(out / "last"), "agents": args.agents, "rounds": len(result.metrics),
             "rolled_back": sum(m.outcome != "committed" for m in result.metrics),
             "seconds": round(result.seconds, 1), "attackers": settings.attacker_names(),
-            "in_process": args.in_process,
+            "in_process": args.in_process, **adaptive_choice(result.metrics),
         }  # fmt: skip
         print(json.dumps(row, ensure_ascii=False), flush=True)
         with open(log, "a") as handle:
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
         rows.append(row)
     return rows
+
+
+def adaptive_choice(metrics: list) -> dict:
+    """For the adaptive default (``strategies.auto``): which aggregations its rounds ran and the agreement."""
+    chose = sorted({m.aggregation["chose"] for m in metrics if "chose" in m.aggregation})
+    agreed = [m.aggregation["agreement"] for m in metrics if m.aggregation.get("agreement") is not None]
+    return {"chose": chose, "agreement": agreed[-1] if agreed else None} if chose else {}
 
 
 def accuracies(rows: list[dict], partition: str, condition: str, strategy: str) -> list[float]:

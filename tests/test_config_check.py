@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,28 @@ def test_a_folder_as_config_is_an_error_not_a_traceback(tmp_path, capsys):
     assert main(["agent", "check", "--config", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("cannot read this config file (Is a directory)") == 2, err
+
+
+def test_agent_check_reads_the_keys_and_the_data_as_the_daemon_does(federation, tmp_path, capsys):
+    """Found by the operator review: check said ok for a public key as keys.identity, a private key as
+    keys.server, a data file that is not an .npz, and a negative status interval; the agent then failed."""
+    config = federation.agent_configs["agent-01"]
+    original = config.read_text()
+    keys = tomllib.loads(original)["keys"]
+    identity, server = (config.parent / keys["identity"]).resolve(), (config.parent / keys["server"]).resolve()
+    (tmp_path / "data.csv").write_text("x,y\n1,2\n")
+    cases = [
+        ({"keys": {"identity": str(identity.with_suffix(".pub"))}}, "keys.identity = ", "is a public key"),
+        ({"keys": {"server": str(identity)}}, "keys.server = ", "is a PRIVATE key"),
+        ({"keys": {"identity": str(server)}}, "keys.identity = ", "is a public key"),
+        ({"agent": {"data": str(tmp_path / "data.csv")}}, "agent.data = ", "reads an .npz file with arrays x and y"),
+        ({"agent": {"status_interval_s": -5}}, "agent.status_interval_s must be > 0 seconds", ""),
+    ]
+    for change, key, fix in cases:
+        config.write_text(original)
+        override_toml(config, **change)
+        assert main(["agent", "check", "--config", str(config)]) == 2, change
+        err = capsys.readouterr().err
+        assert key in err and fix in err, err
+    config.write_text(original)
+    assert main(["agent", "check", "--config", str(config)]) == 0

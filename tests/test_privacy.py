@@ -92,7 +92,7 @@ def test_the_noise_step_adds_gaussian_noise_of_z_times_s_over_n_and_keeps_runnin
 @pytest.mark.parametrize(
     "strategy, bounds, message",
     [
-        ({}, InfluencePolicy(), "privacy needs strategy.name = one of fedavg, .* not 'centered-clip'"),
+        ({}, InfluencePolicy(), "privacy needs strategy.name = one of fedavg, .* not 'auto'"),
         ({"name": "median", "weighting": "uniform"}, InfluencePolicy(), "not 'median'"),
         ({"name": "fedswap", "weighting": "uniform"}, InfluencePolicy(), "not 'fedswap'"),
         ({"name": "fedavg"}, InfluencePolicy(), 'privacy needs strategy.weighting = "uniform"'),

@@ -102,3 +102,14 @@ def test_clearing_a_status_does_not_reopen_it_to_replays():
         with pytest.raises(StatusRefused):
             registry.update("agent", replay, now + 2)
     registry.update("agent", signed("idle", now + 3, now - 10), now + 3)  # the agent's own next status is fine
+
+
+def test_agents_online_counts_only_agents_whose_status_is_recent_and_not_offline():
+    """Found by the operator review: the monitor's "agents online" counted agents whose last status was
+    long gone (shown with an age of minutes), as long as that status was not "offline"."""
+    identity = Identity.generate("agent")
+    registry = AgentRegistry(Keyring([identity.public]), status_timeout_s=60)
+    now = time.time()
+    status = AgentStatus(agent="agent", state="idle", round=0, samples=1, version=1, updated_at=now)
+    registry.update("agent", signed_payload(status.to_dict(), identity), now)
+    assert registry.online(now + 30) == 1 and registry.online(now + 61) == 0

@@ -52,7 +52,9 @@ def test_a_finished_run_restarted_says_it_is_over_and_how_to_start_a_new_one(tmp
     data["next_round"] = 2  # its one round done
     state.write_text(json.dumps(data))
     with caplog.at_level(logging.WARNING):
-        Aggregator(config)
+        restarted = Aggregator(config)
+    status = json.loads(restarted._status_json())
+    assert (status["state"], status["phase"]) == ("finished", "finished")  # the review found phase=starting
     said = [r.getMessage() for r in caplog.records if "already over" in r.getMessage()]
     assert said == [f"this run is already over (1 rounds done): to start a new run, move {config.state_dir} aside, "
                     "or raise server.rounds to go on with this one"]  # fmt: skip

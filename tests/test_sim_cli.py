@@ -185,6 +185,7 @@ def test_sim_with_central_dp_reports_epsilon_and_stops_when_the_budget_is_spent(
         (["--strategy", "krum", "--strategy-option", "f=-1"], "strategy.f must be >= 0"),
         (["--strategy-option", "weighting"], "must look like KEY=VALUE"),
         (["--attackers", "1"], "--attackers needs --attack KIND"),
+        (["--attack", "sign-flip"], "--attack sign-flip needs --attackers N: how many of the 4 agents attack"),
         (["--attackers", "1", "--attack", "scale"], "--attack 'scale' must be sign-flip, scale:F"),
         (["--attackers", "4", "--attack", "sign-flip"], "--attackers must be between 0 and --agents - 1"),
         (["--agents-per-process", "0"], "--agents-per-process must be >= 1"),

@@ -11,7 +11,7 @@ import pytest
 from agent.trainer import TrainerWrapper
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
-from broker_server.health import HealthBook
+from broker_server.health import TRUST_AFTER, HealthBook
 from broker_server.registry import AgentRegistry, StatusRefused
 from broker_server.rounds import RoundRules, RoundState, UpdateRecord, decide, replace_missing
 from protocol.messages import AgentStatus
@@ -84,7 +84,7 @@ def test_stand_ins_replace_the_pending_agents_and_a_late_update_is_still_welcome
     assert replace_missing(nobody, ["a", "ghost"], seed=1) == ([], []) and nobody.pending == ["a", "ghost"]
 
 
-def test_back_off_doubles_per_consecutive_miss_is_capped_and_cleared_by_a_delivery():
+def test_back_off_doubles_per_miss_is_capped_and_cleared_by_deliveries_in_a_row():
     book = HealthBook()
     assert [book.missed("x", 10).backed_off_until for _ in range(3)] == [11, 12, 14]
     assert book.available(["x", "y"], 14) == ["y"] and book.available(["x", "y"], 15) == ["x", "y"]
@@ -92,5 +92,23 @@ def test_back_off_doubles_per_consecutive_miss_is_capped_and_cleared_by_a_delive
     for _ in range(20):
         book.missed("x", 10)
     assert book.records["x"].backed_off_until == 10 + 32
-    book.delivered("x")
+    for _ in range(TRUST_AFTER):
+        assert "x" in HealthBook.from_dict(book.to_dict()).records  # kept across a restart until trusted again
+        book.delivered("x")
     assert book.available(["x"], 11) == ["x"] and HealthBook.from_dict(book.to_dict()).records == {}
+    assert HealthBook.from_dict({"old": {"misses": 1, "backed_off_until": 3}}).records["old"].delivered == 0
+
+
+def test_an_agent_that_alternates_a_miss_and_a_delivery_is_backed_off_ever_longer():
+    """The first fix cleared the record at the first delivery: miss, deliver, miss … cost every other
+    round its deadline, for ever."""
+    book, missed_deadlines, misses_next = HealthBook(), [], True
+    for round_number in range(1, 41):
+        if book.available(["x"], round_number):  # selected: it misses, then delivers, then misses …
+            if misses_next:
+                book.missed("x", round_number)
+                missed_deadlines.append(round_number)
+            else:
+                book.delivered("x")
+            misses_next = not misses_next
+    assert missed_deadlines == [1, 4, 8, 14, 24]  # 5 deadlines in 40 rounds, where it cost 20

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker_server.strategies.auto import AutoDefault
 from broker_server.strategies.base import Contribution, RoundResult, Strategy
 from broker_server.strategies.centered_clip import CenteredClip
 from broker_server.strategies.choice import DEFAULT_STRATEGY
@@ -20,7 +21,7 @@ from broker_server.strategies.server_optimizers import FedAdam, FedAvgM, FedYogi
 from broker_server.strategies.swapping import ModelSwapping, SimFedSwap
 from broker_server.strategies.trimmed_mean import TrimmedMean
 
-_ALL = (FedAvg, FedProx, FedMedian, TrimmedMean, MultiKrum, CenteredClip, FedAvgM, FedAdam, FedYogi)
+_ALL = (AutoDefault, FedAvg, FedProx, FedMedian, TrimmedMean, MultiKrum, CenteredClip, FedAvgM, FedAdam, FedYogi)
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (*_ALL, ModelSwapping, SimFedSwap)}
 
 

@@ -87,6 +87,11 @@ class CenteredClip(Strategy):
         clipped = sorted(contributions[i].agent for g, k in zip(groups, clip, strict=True) if k < 1 for i in g)
         return RoundResult(global_vector + change, {"tau": float(tau), "centered_clipped": clipped})
 
+    def follow(self, change: np.ndarray) -> None:
+        """Take ``change`` (the step another aggregation made this round) as the round's change, so the next
+        reference is where training went whichever aggregation stepped (``strategies.auto``)."""
+        self._change = change
+
     def on_commit(self, result: RoundResult) -> None:
         self.reference = self._change
         for r in self.statistics:

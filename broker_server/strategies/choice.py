@@ -2,10 +2,11 @@
 
 The default was chosen by measurement (docs/results/robustness.md, "Choosing the default aggregation
 (issue 21)"): 10 agents, digits, 10 rounds, IID, Dirichlet 0.5, Dirichlet 0.1 and 2-label shards, with
-and without 2 attackers of every kind. ``centered-clip`` was the only candidate within 1 point of FedAvg
-with no attacker on every split — Krum, the median and the trimmed mean drop or outvote the agents whose
-data differs, which on skewed splits cost 5 to 25 points — and it needs no count of attackers, so it
-protects a fleet of 3 as it does one of 10 (Krum's f falls to 0 below 7 updates a round).
+and without 2 attackers of every kind. No single strategy met both targets, so the default adapts
+(``strategies.auto``): Krum where the fleet is big enough for its f and the agents' updates agree (data
+alike, where Krum holds against attackers and costs nothing clean), centered clipping otherwise (the only
+candidate within 1 point of FedAvg with no attacker on every split; it needs no count of attackers, so it
+protects a fleet of 3 as it does one of 10).
 """
 
 from __future__ import annotations
@@ -17,11 +18,7 @@ from typing import Any
 
 from broker_server.rounds import RoundRules
 
-DEFAULT_STRATEGY = "centered-clip"
-WHY_DEFAULT = (
-    "the only strategy measured within 1 point of FedAvg on IID, Dirichlet and 2-label splits with no attacker, "
-    "and it needs no count of attackers"
-)
+DEFAULT_STRATEGY = "auto"
 
 
 @dataclass(frozen=True)
@@ -47,9 +44,8 @@ def strategy_notes(table: dict[str, Any], enrolled: int, rules: RoundRules) -> l
     updates = updates_per_round(enrolled, rules)
     name = table.get("name")
     notes = []
-    if name is None:
-        notes.append(StrategyNote(logging.INFO, f"aggregation default: {DEFAULT_STRATEGY} ({enrolled} agents "
-                                                f"enrolled, {updates} updates a round; {WHY_DEFAULT})"))  # fmt: skip
+    if name in (None, "auto"):
+        notes.append(StrategyNote(logging.INFO, auto_plan(table, enrolled, updates)))
     if name == "krum":
         f = int(table.get("f", 2))
         used = krum_f_used(f, updates)
@@ -60,3 +56,17 @@ def strategy_notes(table: dict[str, Any], enrolled: int, rules: RoundRules) -> l
                 f"updates a round) f is lowered to {used}: {protection}. Enrol more agents, lower strategy.f, or "
                 f"remove strategy.name for the default ({DEFAULT_STRATEGY})")))  # fmt: skip
     return notes
+
+
+def auto_plan(table: dict[str, Any], enrolled: int, updates: int) -> str:
+    """What the adaptive default (``strategies.auto``) will do with this fleet, and why."""
+    f, threshold = int(table.get("f", 2)), float(table.get("agreement", 0.7))
+    default = "default: " if "name" not in table else ""
+    head = f"aggregation {default}auto ({enrolled} agents enrolled, {updates} updates a round)"
+    if updates < 2 * f + 3:
+        return (f"{head}: centered-clip every round while rounds bring fewer than {2 * f + 3} updates (Krum "
+                f"f={f}'s minimum); it needs no count of attackers and stays within 1 point of FedAvg on skewed "
+                f"data")  # fmt: skip
+    return (f"{head}: Krum f={f} if the agents' updates agree >= {threshold:g} in the first round of {2 * f + 3} "
+            f"or more (data alike: Krum holds against attackers there), else centered-clip (skewed data: Krum would "
+            f"drop honest agents with rare labels); the choice is logged when measured")  # fmt: skip

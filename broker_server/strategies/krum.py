@@ -40,6 +40,15 @@ def krum_scores(squared_distances: np.ndarray, f: int) -> np.ndarray:
     return others.sum(axis=1)
 
 
+def gram_matrix(contributions: list[Contribution]) -> np.ndarray:
+    """The n x n inner products of the clipped deltas (float64), one pass over the updates in column blocks."""
+    n = len(contributions)
+    gram = np.zeros((n, n))
+    for _, _, block in column_blocks(contributions):
+        gram += block.astype(np.float64) @ block.T.astype(np.float64)
+    return gram
+
+
 def squared_distances(gram: np.ndarray) -> np.ndarray:
     diag = np.diag(gram)
     return np.maximum(diag[:, None] + diag[None, :] - 2 * gram, 0.0)
@@ -51,11 +60,14 @@ class MultiKrum(Strategy):
     bounded_by_clip = True
 
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
+        return self.aggregate_with(global_vector, contributions, gram_matrix(contributions))
+
+    def aggregate_with(
+        self, global_vector: np.ndarray, contributions: list[Contribution], gram: np.ndarray
+    ) -> RoundResult:
+        """``aggregate`` given the clipped updates' ``gram_matrix`` (a caller that has it saves a pass)."""
         n = len(contributions)
         f = krum_f_used(self.options.f, n)
-        gram = np.zeros((n, n))
-        for _, _, block in column_blocks(contributions):
-            gram += block.astype(np.float64) @ block.T.astype(np.float64)
         scores = krum_scores(squared_distances(gram), f)
         keep = min(self.options.keep or n - f, n)
         chosen = np.sort(np.argsort(scores, kind="stable")[:keep])
