@@ -104,7 +104,9 @@ class AgentConfig:
 def load_agent_config(path: Path) -> AgentConfig:
     """Parse and check ``agent.toml``; raise ``ConfigError`` naming the key and the fix."""
     data = read_toml(path)
-    check_tables(path, data, {"agent", "broker", "keys", "training", "privacy", "gate", "telemetry"})
+    check_tables(path, data, {"agent": AgentSection, "broker": BrokerSettings, "keys": KeysSection,
+                              "training": TrainingSection, "privacy": LocalPrivacySection, "gate": GatePolicy,
+                              "telemetry": TelemetrySection})  # fmt: skip
     try:
         config = AgentConfig(
             path=path,

@@ -129,8 +129,10 @@ def load_server_config(path: Path) -> ServerConfig:
     from models.tasks import CLASSIFIERS, YOLO_YAMLS  # the zoo's names, without importing PyTorch
 
     data = read_toml(path)
-    check_tables(path, data, {"server", "broker", "keys", "rounds", "training", "strategy", "bounds", "limits",
-                                   "privacy"})  # fmt: skip
+    check_tables(path, data, {"server": ServerSection, "broker": BrokerSettings, "keys": KeysSection,
+                              "rounds": RoundRules, "training": TrainSettings, "strategy": None,
+                              "bounds": InfluencePolicy, "limits": LimitsSection,
+                              "privacy": PrivacyPolicy})  # fmt: skip
     try:
         config = ServerConfig(
             path=path,

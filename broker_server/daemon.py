@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from broker_server.accept import check_gates
 from broker_server.config import ServerConfig
 from broker_server.disk import DiskWatch
 from broker_server.engine import RoundEngine
@@ -31,7 +32,7 @@ from broker_server.round_task import round_task
 from broker_server.status_report import StatusReport
 from broker_server.task_publisher import TaskPublisher
 from broker_server.trust import TrustKeeper
-from broker_server.validation import UpdateRejected, reason_kind
+from broker_server.validation import NotForThisRound, UpdateRejected, reason_kind
 from common.text import printable
 from models.serialization import dumps
 from protocol.daemon import MqttDaemon, Throttle
@@ -42,7 +43,7 @@ from protocol.messages import (
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Completed, Reassembler, TransferRejected
-from security.envelope import Opener, seal
+from security.envelope import Manifest, Opener, seal
 from security.keys import GroupKey, Identity, Keyring
 
 log = logging.getLogger("skyfed.server")
@@ -248,7 +249,8 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
 
     def _on_update_chunk(self, agent: str, payload: bytes) -> None:
         try:
-            completed = self.reassembler.feed(payload, topic_sender=agent, kinds=frozenset({"update"}))
+            completed = self.reassembler.feed(payload, topic_sender=agent, kinds=frozenset({"update"}),
+                                              admit=self._expected_update)  # fmt: skip
         except TransferRejected as exc:
             self._reject(exc.sender, exc.reason)
             if exc.whole_round is not None:
@@ -256,6 +258,14 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
             return
         if completed is not None:
             self._accept(completed)
+
+    def _expected_update(self, manifest: Manifest) -> None:
+        """Memory for an update transfer only when the open round waits for it from its sender: an enrolled
+        agent gone rogue cannot hold reassembly memory with transfers nobody asked for."""
+        try:
+            check_gates(self.engine.round_state, manifest.sender, manifest.round, self.engine.next_round)
+        except NotForThisRound as exc:
+            raise TransferRejected(manifest.sender, exc.reason) from None
 
     def _accept(self, completed: Completed) -> None:
         sender, record = completed.manifest.sender, None
@@ -318,6 +328,7 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
         self._publish_if_new()
         self.mqtt.publish(self.topics.server_metrics, metrics.to_json())
         log_round(metrics)
+        self.reassembler.drop_where(lambda m: m.round <= metrics.round)  # unfinished updates for a closed round
         self.phase = "finished" if self.engine.finished else "waiting-for-agents"
         if self.engine.finished:
             self._log_finished()

@@ -24,7 +24,7 @@ class FleetChanges:
         """Its retained status goes (monitors stop listing it); its part in the open round ends now, and the
         round's task, issued again (same attempt and deadline), names it so that it stops."""
         self.mqtt.publish(self.topics.agent_status(agent), b"", retain=True)
-        self.reassembler.drop_sender(agent)  # its unfinished transfers hold memory for nothing now
+        self.reassembler.drop_where(lambda m: m.sender == agent)  # its unfinished transfers hold memory for nothing
         with self.disk.writing(self.clock(), self.engine.durably(f"revocation of {agent}")):
             if self.engine.revoke(agent):
                 rs = self.engine.round_state

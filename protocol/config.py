@@ -7,6 +7,7 @@ so a typo fails at start instead of being silently ignored.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -51,10 +52,20 @@ def table(path: Path, data: dict[str, Any], name: str, cls: type[T], *, required
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def check_tables(path: Path, data: dict[str, Any], known: set[str]) -> None:
-    unknown = sorted(set(data) - known)
+def check_tables(path: Path, data: dict[str, Any], known: dict[str, type | None]) -> None:
+    """Every table is one ``known`` names (with its dataclass, None for a free-form one), and a key given in
+    the wrong table but known to another one is named with the table it belongs in."""
+    unknown = sorted(set(data) - set(known))
     if unknown:
         raise ConfigError(f"{path}: unknown table [{unknown[0]}]; known tables: {', '.join(sorted(known))}")
+    keys = {name: {f.name for f in dataclasses.fields(cls)} for name, cls in known.items() if cls is not None}
+    for name, raw in data.items():
+        if name not in keys or not isinstance(raw, dict):
+            continue
+        for key in raw:
+            home = [other for other, fields in keys.items() if other != name and key in fields]
+            if key not in keys[name] and home:
+                raise ConfigError(f"{path}: {name}.{key} belongs in [{home[0]}]: move `{key} = …` there")
 
 
 def broker_settings(path: Path, data: dict[str, Any]) -> BrokerSettings:

@@ -11,7 +11,10 @@ decrypted aside and copied in once its tag checks, so tampered copies of genuine
 manifests verify) open nothing. A new transfer supersedes the same sender's unfinished ones of the same
 kind signed earlier (a re-published model, an update re-sent after a broken link): old chunks replayed
 from the broker cannot hold slots a newer transfer needs. A partial transfer that received nothing for
-``partial_timeout_s`` is freed.
+``partial_timeout_s`` is freed. A receiver that knows whose transfers it expects (the server: the open
+round's pending agents) passes ``admit``, asked before a new transfer opens; the chunks of a transfer it
+refused are then dropped quietly (one refusal per transfer, not one per chunk), and ``drop_where`` frees
+the transfers that can no longer be used (a closed round's).
 
 Memory is bounded by what was *received*, not by what a manifest claims: a transfer's buffer is an
 anonymous mapping that the kernel commits as chunks are decrypted into it, and every chunk is charged
@@ -30,7 +33,7 @@ import hashlib
 import logging
 import mmap
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,6 +43,7 @@ log = logging.getLogger("skyfed.transfer")
 
 MiB = 1 << 20
 PAGE = mmap.PAGESIZE
+MAX_REFUSED_REMEMBERED = 4096  # transfer ids whose later chunks are dropped without another refusal
 
 
 def _huge_page_size() -> int:
@@ -131,15 +135,23 @@ class Reassembler:
     clock: Callable[[], float] = time.monotonic
     _partials: dict[bytes, _Partial] = field(default_factory=dict)
     _held_by_sender: Counter[str] = field(default_factory=Counter)
+    _refused: OrderedDict[bytes, None] = field(default_factory=OrderedDict)  # transfers ``admit`` turned away
 
     def feed(
-        self, payload: bytes, *, topic_sender: str, kinds: frozenset[str], topic_round: int | None = None
+        self,
+        payload: bytes,
+        *,
+        topic_sender: str,
+        kinds: frozenset[str],
+        topic_round: int | None = None,
+        admit: Callable[[Manifest], None] | None = None,
     ) -> Completed | None:
         """Add one chunk; return the transfer when it is complete, None while it is not.
 
         ``topic_sender`` is the id in the topic the chunk came on (the broker ACL vouches for it) and
         must match the signed sender; ``kinds`` are the manifest kinds this topic may carry; a topic that
         names a round or model version (``model/<version>/…``) must name the one the manifest signs.
+        ``admit`` raises ``TransferRejected`` for a new transfer this receiver does not expect.
         """
         places: list[_Partial | bytearray] = []
 
@@ -155,6 +167,10 @@ class Reassembler:
                 )
             partial = self._partials.get(manifest.transfer_id)
             if partial is None:  # a new transfer: decrypted aside, opened only if this chunk authenticates
+                if manifest.transfer_id in self._refused:
+                    raise _AlreadyHeld  # refused once already: its other chunks are dropped quietly
+                if admit is not None:
+                    self._admit(admit, manifest)
                 self._check_claim(manifest)
                 aside = bytearray(chunk_length(manifest, index))
                 places.append(aside)
@@ -187,13 +203,21 @@ class Reassembler:
         stale = [tid for tid, p in self._partials.items() if now - p.last_chunk_at > timeout]
         return [TransferRejected(self._drop(tid).manifest.sender, "transfer-timeout") for tid in stale]
 
-    def drop_sender(self, sender: str) -> int:
-        """Free every unfinished transfer of ``sender`` (revoked: none of them can be accepted now); return how
-        many were freed."""
-        gone = [tid for tid, p in self._partials.items() if p.manifest.sender == sender]
+    def drop_where(self, useless: Callable[[Manifest], bool]) -> int:
+        """Free every unfinished transfer whose manifest is ``useless`` now; return how many were freed."""
+        gone = [tid for tid, p in self._partials.items() if useless(p.manifest)]
         for tid in gone:
             self._drop(tid)
         return len(gone)
+
+    def _admit(self, admit: Callable[[Manifest], None], manifest: Manifest) -> None:
+        try:
+            admit(manifest)
+        except TransferRejected:
+            self._refused[manifest.transfer_id] = None
+            if len(self._refused) > MAX_REFUSED_REMEMBERED:
+                self._refused.popitem(last=False)
+            raise
 
     def pending_bytes(self) -> int:
         """Bytes that received chunks of unfinished transfers can hold (what the quotas count)."""

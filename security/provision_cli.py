@@ -9,7 +9,7 @@ from pathlib import Path
 from common import toml
 from protocol.mqtt import BrokerSettings
 from security.provision import Layout, ProvisionError, Provisioning, load_plan, ownership_notes, provision, revoke_agent
-from security.provision_notes import checkout_warning, eval_data_note, next_steps
+from security.provision_notes import checkout_warning, defaults_notes, eval_data_note, next_steps
 
 DEFAULTS = {"broker": "broker.local:8883", "state_dir": "/var/lib/skyfed", "service_user": "skyfed",
             "broker_user": "mosquitto", "listen": ""}  # fmt: skip
@@ -92,6 +92,7 @@ def run_provision(args: argparse.Namespace) -> int:
             return 0
         if not args.federation or not args.agents:
             raise ProvisionError("skyfed provision needs --federation F and --agents a1,a2,... (and --out DIR)")
+        fresh = not Layout(out).plan.exists()
         plan = _plan(args, out)
         new = provision(out, plan, [a for a in args.agents.split(",") if a])
     except ProvisionError as exc:
@@ -103,6 +104,9 @@ def run_provision(args: argparse.Namespace) -> int:
     for line in next_steps(out, plan, new):
         print(line)
     notes = ownership_notes(plan)
+    if fresh:
+        given = {"broker_given": args.broker is not None, "broker_dir_given": args.broker_dir is not None}
+        notes += defaults_notes(plan, **given)
     if "eval_data" not in toml.loads((Layout(out).server / "server.toml").read_text()).get("server", {}):
         notes.append(eval_data_note(plan))
     for note in notes:

@@ -30,6 +30,20 @@ def next_steps(out: Path, plan: Provisioning, new: list[str]) -> list[str]:
     return lines
 
 
+def defaults_notes(plan: Provisioning, *, broker_given: bool, broker_dir_given: bool) -> list[str]:
+    """For a federation just provisioned: where a default names something only right on some machines."""
+    notes = []
+    if not broker_given:
+        notes.append(f"every node will connect to {plan.broker_host}:{plan.broker_port}, the default --broker, and the "
+                     f"broker's certificate is for that name: make it resolve to the broker host on every node "
+                     f"(DNS or /etc/hosts), or provision again into a new --out with --broker HOST:PORT")  # fmt: skip
+    if not broker_dir_given:
+        notes.append(f"mosquitto's skyfed.conf names {plan.broker_dir} (the default --broker-dir: this folder on "
+                     f"this machine): on another broker host install the broker folder at exactly that path, or "
+                     f"provision again into a new --out with --broker-dir /etc/mosquitto/skyfed")  # fmt: skip
+    return notes
+
+
 def eval_data_note(plan: Provisioning) -> str:
     return (
         f"server.toml has no server.eval_data, so no round is evaluated (no accuracy or mAP, no best model): put a "

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from sim.broker import free_port
 from sim.federation import SimSettings, create_federation
@@ -127,3 +127,13 @@ def test_agent_check_reads_the_keys_and_the_data_as_the_daemon_does(federation, 
         assert key in err and fix in err, err
     config.write_text(original)
     assert main(["agent", "check", "--config", str(config)]) == 0
+
+
+def test_a_key_in_the_wrong_table_is_named_with_the_table_it_belongs_in(federation, capsys):
+    override_toml(federation.agent_configs["agent-01"], agent={"worker": "warm"})
+    override_toml(federation.server_config, server={"deadline_s": 30})
+    assert main(["agent", "check", "--config", str(federation.agent_configs["agent-01"])]) == 2
+    assert main(["server", "check", "--config", str(federation.server_config)]) == 2
+    err = capsys.readouterr().err
+    assert "agent.worker belongs in [training]: move `worker = …` there" in err
+    assert "server.deadline_s belongs in [rounds]" in err

@@ -28,6 +28,19 @@ def test_adding_an_agent_says_to_reload_the_broker_and_enrol_its_key(tmp_path, c
     assert "server.toml has no server.eval_data" in printed.err
 
 
+def test_defaults_that_name_this_machine_are_said_once_at_the_first_provision(tmp_path, capsys):
+    """Found by the operator review: without --broker and --broker-dir the configs name broker.local and a
+    path on the provisioning machine, and nothing said so."""
+    out = tmp_path / "pki"
+    assert main(["provision", "--federation", "fleet", "--agents", "a1", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "every node will connect to broker.local:8883, the default --broker" in err
+    assert f"mosquitto's skyfed.conf names {out.absolute()}/broker (the default --broker-dir" in err
+    assert main(["provision", "--federation", "fleet", "--agents", "a1,a2", "--out", str(out)]) == 0
+    assert "the default --broker" not in capsys.readouterr().err  # said once, when the choice was made
+    assert _provision(tmp_path / "other", "a1") == 0 and "the default --broker," not in capsys.readouterr().err
+
+
 def test_a_provisioning_folder_inside_a_git_checkout_is_warned_about_and_ignored_here(tmp_path, capsys):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     assert _provision(tmp_path / "sub" / "pki", "a1") == 0

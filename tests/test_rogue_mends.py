@@ -113,3 +113,28 @@ def test_agents_online_counts_only_agents_whose_status_is_recent_and_not_offline
     status = AgentStatus(agent="agent", state="idle", round=0, samples=1, version=1, updated_at=now)
     registry.update("agent", signed_payload(status.to_dict(), identity), now)
     assert registry.online(now + 30) == 1 and registry.online(now + 61) == 0
+
+
+def test_reassembly_memory_goes_only_to_updates_the_open_round_waits_for(tmp_path, broker):
+    """Found by the hostile review: any enrolled agent could open update transfers for rounds that were not
+    open, trickle their chunks and hold the server's shared pending-transfer memory. Now a transfer opens
+    only for a pending agent of the open round, a refused transfer's other chunks cost nothing more, and
+    an unfinished update of a closed round is freed at the close, not after its time-out."""
+    with ServerHarness(tmp_path, broker, agents=3, strategy={"name": "fedavg", "threshold": 2}) as h:
+        h.announce_agents()
+        server = h.server
+        small = 4096  # many chunks per update
+        wrong = h.sealed(h.agents["agent-01"], h.update_bytes(h.random_delta(1), round_number=5), round_number=5,
+                         chunk_size=small)  # fmt: skip
+        h.publish_update("agent-01", wrong[:-1])  # every chunk but the last: on main, a slot held for 120 s
+        h.wait_rejection("wrong-round")
+        slow = h.sealed(h.agents["agent-03"], h.update_bytes(h.random_delta(3)), chunk_size=small)
+        h.publish_update("agent-03", slow[:-1])  # a pending agent's unfinished update: admitted
+        wait_until(lambda: server.reassembler.pending_bytes() > 0, 20, "agent-03's transfer opened")
+        h.send("agent-01", h.random_delta(11))
+        h.send("agent-02", h.random_delta(12))
+        metrics = h.wait_metrics(1)
+        assert sorted(metrics.accepted) == ["agent-01", "agent-02"]
+        wait_until(lambda: server.reassembler.pending_bytes() == 0, 10, "the closed round's transfer freed")
+        assert server.rejections["wrong-round"] == 1, server.rejections  # one refusal for the whole transfer
+        assert len(wrong) > 10

@@ -10,10 +10,11 @@ So this strategy measures how alike the agents' data is from their updates: the 
 median over agents of each agent's median cosine similarity to the other updates of a round (clipped
 deltas). Taken in the first round that brings Krum's 2f + 3 updates, from a fresh model it was 0.91-0.93
 on IID digits, 0.77-0.85 on Dirichlet 0.5, 0.46-0.66 on Dirichlet 0.1 and on 2 labels per agent, with or
-without 2 attackers in 10 (a median over agents moves little while attackers are a minority: at most 0.08 here). Measured
-once and kept (checkpointed): at or above ``agreement`` (0.7), every later round with at least 2f + 3
-updates runs Krum; below it, or in a round with fewer updates (Krum's f would fall), centered clipping.
-Centered clipping's reference follows every committed step, whichever aggregation made it.
+without 2 attackers in 10 (a median over agents moves little while attackers are a minority: at most
+0.08 here). Measured once and kept (checkpointed): at or above ``agreement`` (0.7), every later round
+with at least 2f + 3 updates runs Krum; below it, or in a round with fewer updates (Krum's f would
+fall), centered clipping. Centered clipping's reference follows every committed step, whichever
+aggregation made it.
 
 Where it can be wrong: the threshold was measured on the digits CNN from a fresh model; a model that
 starts trained has updates that agree less, and the fleet gets centered clipping, the choice that is
