@@ -1,4 +1,5 @@
-"""The agents' own models, for strategies that keep one per agent (model swapping, seed 004).
+"""The models the server keeps beside the global one, for strategies that keep them (model swapping, seed
+004; group models, seed 000).
 
 After a round, an agent's model is its start model plus its (clipped) delta, computed with
 ``models.weights.advanced`` exactly as the agent computes it, so both sides name it by the same
@@ -7,9 +8,10 @@ After a round, an agent's model is its start model plus its (clipped) delta, com
 the checkpoint that refers to it and read back memory-mapped. An ``Assignment`` says what an agent
 starts its next round from: its own model (``local``: the agent has it on disk) or a model the server
 seals to it (``inbox``: a swap partner's, or its own when the server clipped it, so it differs from
-the agent's copy). Agents without an assignment start from the global model. Disk: one model per
-agent that has an assignment, plus the models of the round being closed; files nothing refers to are
-deleted at the next checkpoint.
+the agent's copy, or a model that is not the agent's: a swap partner's, its group's). Agents without an
+assignment start from the global model. The strategy's ``plan_starts`` says who gets what
+(``strategies.base``). Disk: one model per assignment, plus the models of the round being closed; files
+nothing refers to are deleted at the next checkpoint.
 """
 
 from __future__ import annotations
@@ -50,33 +52,22 @@ class Assignment:
         return cls(source=data["source"], model=Holding(**data["model"]))
 
 
-def next_assignments(
-    action: str,
-    current: dict[str, Assignment],
-    asked: list[str],
-    kept: dict[str, Holding],
-    exact: set[str],
-    pairs: list[tuple[str, str]],
+def settle(
+    current: dict[str, Assignment], asked: list[str], kept: dict[str, Holding], planned: dict[str, Assignment] | None
 ) -> dict[str, Assignment]:
-    """Where every agent starts after a round that ``asked`` agents to train and ``kept`` the models of
-    those whose update counted (none when the round was rolled back).
+    """Where every agent starts after a round, given what the strategy ``planned`` (``None``: everyone from
+    the global model) for a committed round, or, for a round rolled back, ``kept = {}`` and ``planned = {}``.
 
-    ``average``: nobody keeps a model (all start from the new global one). ``local``: each agent in
-    ``kept`` goes on from its own model (``local`` if it is ``exact``ly the agent's copy, else sent to its
-    inbox). ``swap``: each pair exchanges models through the inbox; an unpaired agent goes on from its
-    own. An agent asked but not kept (refused, late, excused) may have replaced its own copy by training
-    anyway, so the model it keeps on the server is sent to its inbox; other agents keep their assignment.
-    """
-    if action == "average":
+    An agent ``asked`` to train whose model was not ``kept`` (refused, late, excused, or the round rolled
+    back) may have replaced its own copy by training anyway, so the model the server holds for it is sent
+    to its inbox; other agents the plan does not name keep their assignment."""
+    if planned is None:
         return {}
     out = dict(current)
     for agent in asked:
         if agent not in kept and agent in out:
             out[agent] = Assignment("inbox", out[agent].model)
-    for agent, holding in kept.items():
-        out[agent] = Assignment("local" if agent in exact else "inbox", holding)
-    for a, b in pairs:
-        out[a], out[b] = Assignment("inbox", kept[b]), Assignment("inbox", kept[a])
+    out.update(planned)
     return out
 
 

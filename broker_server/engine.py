@@ -23,7 +23,7 @@ import torch
 
 from broker_server.accept import RoundInputs, accept_update
 from broker_server.accountant import PrivacyLedger
-from broker_server.agent_models import Assignment, next_assignments
+from broker_server.agent_models import Assignment, settle
 from broker_server.checkpoint import CheckpointStore, new_run_id
 from broker_server.config import ServerConfig
 from broker_server.disk import DiskError
@@ -74,11 +74,14 @@ class RoundEngine(EngineState, FleetEvents):
         self.strategy = build_strategy(config.strategy)
         for note in strategy_notes(config.strategy, len(Keyring.load_dir(config.enrolled_dir).names()), config.rounds):
             log.log(note.level, "%s", note.text)
+        for warning in self.strategy.run_warnings(config.server.rounds):
+            log.warning("%s", warning)
         self.store = CheckpointStore(config.state_dir / "checkpoint")
         self.metrics_log = MetricsLog(config.state_dir / "metrics.jsonl")
         self.assignments: dict[str, Assignment] = {}
         self.steps = round_steps(config, self.strategy, self.policy, self.store.agents, self.base_vector,
-                                 self._pairing_rng, evaluator, lambda: self.ledger.clip)  # fmt: skip
+                                 lambda: self.assignments, self._round_rng, evaluator,
+                                 lambda: self.ledger.clip)  # fmt: skip
         self.ledger = PrivacyLedger(config.privacy)
         self.strategy.fold_on_accept = not config.privacy.enabled
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
@@ -148,7 +151,7 @@ class RoundEngine(EngineState, FleetEvents):
         """The whole model ``agent`` starts from (what its inbox gets when it is not the global one)."""
         return with_floats(self.global_arrays, self.base_vector(agent), self.float_spec)
 
-    def _pairing_rng(self) -> np.random.Generator:
+    def _round_rng(self) -> np.random.Generator:
         assert self.round_state is not None
         return np.random.default_rng([self.config.server.seed, self.round_state.round])
 
@@ -318,24 +321,24 @@ class RoundEngine(EngineState, FleetEvents):
         except RoundRejected as rejected:
             outcome, reason, offenders = "rolled-back", rejected.reason, rejected.offenders
             log.error("round rolled back round=%d reason=%s offenders=%s", rs.round, reason, ",".join(offenders))
-        if outcome == "committed":
+        committed = outcome == "committed"
+        published = committed and ctx.plan.publish
+        if committed:
             assert ctx.candidate is not None and ctx.result is not None
             self.strategy.on_commit(ctx.result)
-            if rs.action == "average":
+            if published:
                 self._set_model(ctx.candidate)
                 self.version += 1
-        committed = outcome == "committed"
-        if self.strategy.keeps_models and (committed or rs.action != "average"):
-            kept, pairs = (ctx.kept, ctx.pairs) if committed else ({}, [])
-            self.assignments = next_assignments(rs.action, self.assignments, rs.selected, kept, ctx.exact, pairs)
+        if self.strategy.keeps_models:
+            kept, planned = (ctx.kept, ctx.plan.starts) if committed else ({}, {})
+            self.assignments = settle(self.assignments, rs.selected, kept, planned)
         averaged = [c.agent for c in ctx.contributions] + rs.failed if ctx.result is not None else []
-        self.ledger.after_round(averaged, published=committed and rs.action == "average", next_clip=ctx.next_clip)
+        self.ledger.after_round(averaged, published=published, next_clip=ctx.next_clip)
         bytes_down = model_wire_bytes * global_starts + rs.inbox_bytes
         metrics = round_metrics(ctx, strategy=self.strategy.name, now=now, outcome=(outcome, reason, offenders),
                                 version=self.version, bytes_down=bytes_down)  # fmt: skip
         if self.config.privacy.enabled:
             metrics = self.ledger.public_metrics(metrics, ctx.noise_std)
-        published = committed and rs.action == "average"
         if published and self.strategy.elect_best:
             self.best.note(self.version, rs.round, ctx.evaluation, self.global_arrays)
         self.round_state, self.next_round = None, rs.round + 1

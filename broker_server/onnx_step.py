@@ -28,7 +28,7 @@ class ExportOnnx(Step):
     name: str = "export-onnx"
 
     def run(self, ctx: RoundContext) -> None:
-        if ctx.candidate is None or ctx.state.action != "average":
+        if ctx.candidate is None or not ctx.plan.publish:
             return
         ctx.step_detail["onnx"] = self.export(ctx.candidate, f"round={ctx.state.round}")
 

@@ -1,6 +1,6 @@
 """The close-of-round pipeline: small steps over one ``RoundContext``, each separately testable.
 
-    bound influence → [keep agents' models] → aggregate → check the model → evaluate   (then commit)
+    bound influence → [keep agents' models] → aggregate → plan starts → check the model → evaluate   (then commit)
 
 (``broker_server.round_steps`` says which steps a configuration gets, differential privacy's among them.)
 
@@ -21,11 +21,10 @@ from typing import Any
 import numpy as np
 from scipy.linalg.blas import sdot
 
-from broker_server.agent_models import Holding, ModelBank
+from broker_server.agent_models import Assignment, Holding, ModelBank
 from broker_server.bounds import Influence, InfluencePolicy, bound_influence, lower_median
 from broker_server.rounds import RoundState
-from broker_server.strategies.base import Contribution, RoundResult, Strategy
-from broker_server.strategies.swapping import ModelSwapping
+from broker_server.strategies.base import Contribution, KeptModels, RoundResult, StartPlan, Strategy
 from broker_server.validation import UpdateRejected, check_invariants, positive_ranges
 from models.weights import (
     NamedArrays,
@@ -65,7 +64,7 @@ class RoundContext:
     aggregate_s: float = 0.0
     kept: dict[str, Holding] = field(default_factory=dict)  # each agent's model after the round
     exact: set[str] = field(default_factory=set)  # agents whose kept model is bit for bit their own copy
-    pairs: list[tuple[str, str]] = field(default_factory=list)
+    plan: StartPlan = field(default_factory=StartPlan)  # what every agent starts the next round from
     step_detail: dict[str, Any] = field(default_factory=dict)  # what steps add to metrics.aggregation (pairs, …)
     noise_std: float = 0.0  # differential privacy's noise on the new model (0: none was added)
     next_clip: float = 0.0  # differential privacy's adaptive clip for the next round (0: unchanged)
@@ -126,17 +125,15 @@ class BoundInfluence(Step):
 class KeepAgentModels(Step):
     """For model-keeping strategies: each agent's model after the round is its start model plus its
     clipped delta (``models.weights.advanced``, as the agent computes it), kept in the bank; the
-    strategy then sees those models, and in a ``swap`` round says who exchanges with whom.
+    strategy then sees those models (``Contribution.model``, and in ``plan_starts``).
 
     The clip bounds one round's step, not how far an agent's model drifts from the global one over the
     rounds between averages, and a drifted model is handed to a swap partner and averaged. So, unless
     ``bounds.clip = "off"``, a model further than ``clip_multiple`` × the lower median drift from the
     global model is pulled back to that distance (the agent then gets the server's copy, not its own)."""
 
-    strategy: ModelSwapping
     bank: ModelBank
     base_of: Callable[[str], np.ndarray]
-    rng: Callable[[], np.random.Generator]
     policy: InfluencePolicy
     name: str = "keep-models"
 
@@ -158,19 +155,46 @@ class KeepAgentModels(Step):
                 ctx.exact.discard(agent)
             ctx.step_detail.update(drift_bound=round(bound, 6), drift_capped=[agent for agent, _ in capped])
         ctx.contributions = [replace(c, model=self.bank.vector(ctx.kept[c.agent])) for c in ctx.contributions]
-        if ctx.state.action == "swap":
-            agents = [c.agent for c in ctx.contributions]
-            models = [unflatten(c.model, ctx.float_spec) for c in ctx.contributions if c.model is not None]
-            ctx.pairs, pairing = self.strategy.pairs(agents, models, self.rng())
-            ctx.step_detail.update(pairing)
 
     def _keep(self, ctx: RoundContext, agent: str, model: NamedArrays) -> float:
         """Write ``agent``'s model to the bank; returns its distance from the global model."""
-        vector = flatten(float_part(model), ctx.float_spec)
-        ctx.kept[agent] = Holding(ctx.state.round, agent, fingerprint(model))
-        self.bank.put(ctx.kept[agent], vector, ctx.float_spec)
-        drift = vector - ctx.global_vector
+        ctx.kept[agent] = keep_model(self.bank, ctx, agent, model)
+        drift = self.bank.vector(ctx.kept[agent]) - ctx.global_vector
         return math.sqrt(float(sdot(drift, drift)))
+
+
+def keep_model(bank: ModelBank, ctx: RoundContext, owner: str, model: NamedArrays) -> Holding:
+    """Write ``model``'s floats to the bank as ``owner``'s model after this round, named by the fingerprint
+    of the whole model (what the agent that gets it computes)."""
+    holding = Holding(ctx.state.round, owner, fingerprint(model))
+    bank.put(holding, flatten(float_part(model), ctx.float_spec), ctx.float_spec)
+    return holding
+
+
+@dataclass
+class PlanStarts(Step):
+    """The strategy's ``plan_starts``: whether the round's result is published, and what every agent starts
+    the next round from; model-keeping strategies see the round's kept models and may keep new ones."""
+
+    strategy: Strategy
+    bank: ModelBank
+    current: Callable[[], dict[str, Assignment]]
+    rng: Callable[[], np.random.Generator]
+    name: str = "plan-starts"
+
+    def run(self, ctx: RoundContext) -> None:
+        models = None
+        if self.strategy.keeps_models:
+            models = KeptModels(
+                round=ctx.state.round, action=ctx.state.action, agents=[c.agent for c in ctx.contributions],
+                kept=ctx.kept, exact=ctx.exact, current=self.current(), spec=ctx.float_spec,
+                vector=self.bank.vector,
+                put=lambda name, vector: keep_model(self.bank, ctx, f"+{name}", with_floats(ctx.global_arrays, vector,
+                                                                                           ctx.float_spec)),
+                rng=self.rng,
+            )  # fmt: skip
+        ctx.plan = self.strategy.plan_starts(models)
+        ctx.step_detail.update(ctx.plan.detail)
 
 
 @dataclass
@@ -236,7 +260,7 @@ class CheckModel(Step):
             limits.append(self.policy.max_change_norm)
         if self.bounded_by_clip and math.isfinite(ctx.influence.clip_bound):
             limits.append(ctx.influence.clip_bound * (1 + 1e-3))
-        published = ctx.state.action == "average"  # else the mean is only evaluated; kept models have their bound
+        published = ctx.plan.publish  # else the result is only evaluated; kept models have their own bound
         if published and limits and norm > min(limits):
             raise RoundRejected(f"change-too-large: {norm:.4g} > {min(limits):.4g}", offenders(ctx.contributions))
         ctx.candidate = with_floats(ctx.global_arrays, ctx.result.global_vector, ctx.float_spec)

@@ -1,7 +1,7 @@
 """Which steps close a round, in order, for a given configuration (``broker_server.pipeline``).
 
-    bound influence → [keep agents' models] → aggregate → check → [add DP noise → [adapt the clip]
-    → [server step]] → [evaluate → export ONNX | agents' evaluation (partial aggregation)]
+    bound influence → [keep agents' models] → aggregate → plan starts → check → [add DP noise
+    → [adapt the clip] → [server step]] → [evaluate → export ONNX | agents' evaluation (partial aggregation)]
 
 Model-keeping strategies add ``KeepAgentModels``. ``[privacy]`` adds ``AddNoise`` after the check of the
 clipped average, so the evaluation and everything published see only the noisy model; a server
@@ -10,13 +10,12 @@ optimizer then steps on the noisy average (``ServerStep``), and ``adaptive_clip`
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import numpy as np
 
 from broker_server.adaptive_clip import AdaptClip
-from broker_server.agent_models import ModelBank
+from broker_server.agent_models import Assignment, ModelBank
 from broker_server.bounds import InfluencePolicy
 from broker_server.config import ServerConfig
 from broker_server.noise import AddNoise
@@ -28,14 +27,12 @@ from broker_server.pipeline import (
     CheckModel,
     Evaluate,
     KeepAgentModels,
+    PlanStarts,
     ServerStep,
     Step,
 )
 from broker_server.strategies.base import Strategy
-from broker_server.strategies.swapping import ModelSwapping
 from models.weights import NamedArrays
-
-log = logging.getLogger("skyfed.server")
 
 
 def round_steps(
@@ -44,21 +41,23 @@ def round_steps(
     policy: InfluencePolicy,
     bank: ModelBank,
     base_of: Callable[[str], np.ndarray],
-    pairing_rng: Callable[[], np.random.Generator],
+    current: Callable[[], dict[str, Assignment]],
+    round_rng: Callable[[], np.random.Generator],
     evaluator: Callable[[NamedArrays], dict[str, float]] | None,
     current_clip: Callable[[], float],
 ) -> list[Step]:
-    """``current_clip`` says differential privacy's clip for the round being closed."""
+    """``base_of`` says the float vector an agent started the round from, ``current`` what every agent
+    started from, ``round_rng`` a generator seeded for the round; ``current_clip`` says differential
+    privacy's clip for the round being closed."""
     private = config.privacy.enabled
     steps: list[Step] = [BoundInfluence(policy, current_clip if private else None)]
-    if isinstance(strategy, ModelSwapping):
-        steps.append(KeepAgentModels(strategy, bank, base_of, pairing_rng, policy))
-        cycle = strategy.options.h1 * strategy.options.h2
-        if config.server.rounds % cycle:
-            log.warning("server.rounds = %d is not a multiple of h1*h2 = %d: the last %d rounds' training never "
-                        "reaches the final global model", config.server.rounds, cycle,
-                        config.server.rounds % cycle)  # fmt: skip
-    steps += [Aggregate(strategy, average_only=private), CheckModel(policy, strategy.bounded_by_clip, private=private)]
+    if strategy.keeps_models:
+        steps.append(KeepAgentModels(bank, base_of, policy))
+    steps += [
+        Aggregate(strategy, average_only=private),
+        PlanStarts(strategy, bank, current, round_rng),
+        CheckModel(policy, strategy.bounded_by_clip, private=private),
+    ]
     if private:
         steps.append(AddNoise(config.privacy))
         if config.privacy.adaptive_clip:

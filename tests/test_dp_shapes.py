@@ -123,6 +123,7 @@ def test_a_server_optimizer_steps_on_the_noisy_average_not_the_clean_one(tmp_pat
     assert [s.name for s in engine.steps] == [
         "bound",
         "aggregate",
+        "plan-starts",
         "check",
         "add-noise",
         "server-step",

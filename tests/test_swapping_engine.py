@@ -8,13 +8,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-from broker_server.agent_models import Assignment, Holding, next_assignments
+from broker_server.agent_models import Assignment, Holding, settle
 from broker_server.bounds import InfluencePolicy
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
+from broker_server.strategies import build_strategy
+from broker_server.strategies.base import KeptModels
 from broker_server.validation import UpdateRejected
 from models.serialization import dumps
-from models.weights import advanced, fingerprint, float_part
+from models.weights import TensorSpec, advanced, fingerprint, float_part
 from protocol.transfer import Completed
 from protocol.update import UpdateMeta
 from security.envelope import NO_DIGEST, Manifest
@@ -105,19 +107,36 @@ def test_swap_round_keeps_models_pairs_them_and_the_next_round_checks_each_agent
     assert not any((config.state_dir / "checkpoint" / "agents").iterdir())  # kept models no one needs: deleted
 
 
-def test_next_assignments_by_action():
+def test_fedswap_plans_starts_by_action_and_settle_keeps_the_rest():
+    """The strategy hook (``plan_starts``) decides each agent's start; ``settle`` adds the engine's part:
+    agents asked whose update did not count get the server's copy of their model, the others keep theirs."""
     kept = {x: Holding(4, x, x * 2) for x in "abc"}
     current = {"d": Assignment("local", Holding(2, "d", "dd")), "e": Assignment("local", Holding(3, "e", "ee"))}
     asked = [*"abc", "e"]  # e was asked to train but its update did not count (refused, late or excused)
-    assert next_assignments("average", current, asked, kept, set("abc"), []) == {}
-    local = next_assignments("local", current, asked, kept, {"a", "b"}, [])
-    assert local["a"].source == "local" and local["c"] == Assignment("inbox", kept["c"])  # c was clipped
+    spec = (TensorSpec("w", "float32", (2,)),)
+
+    def models(action: str, exact: set[str]) -> KeptModels:
+        return KeptModels(round=4, action=action, agents=list("abc"), kept=kept, exact=exact, current=current,
+                          spec=spec, vector=lambda h: np.full(2, ord(h.owner), np.float32),
+                          put=lambda owner, vector: Holding(4, owner, "x"),
+                          rng=lambda: np.random.default_rng(7))  # fmt: skip
+
+    strategy = build_strategy({"name": "fedswap"})
+    average = strategy.plan_starts(models("average", set("abc")))
+    assert average.publish and settle(current, asked, kept, average.starts) == {}
+    local_plan = strategy.plan_starts(models("local", {"a", "b"}))
+    local = settle(current, asked, kept, local_plan.starts)
+    assert not local_plan.publish and local["a"].source == "local"
+    assert local["c"] == Assignment("inbox", kept["c"])  # c was clipped: the server's copy differs from its own
     assert local["d"] == current["d"]  # not asked: unchanged
     assert local["e"] == Assignment("inbox", current["e"].model)  # it may have overwritten its own copy
-    swap = next_assignments("swap", current, asked, kept, set("abc"), [("a", "c")])
-    assert swap["a"] == Assignment("inbox", kept["c"]) and swap["c"] == Assignment("inbox", kept["a"])
-    assert swap["b"] == Assignment("local", kept["b"])  # unpaired
-    rolled_back = next_assignments("swap", current, ["d"], {}, set(), [])
+    swap_plan = strategy.plan_starts(models("swap", set("abc")))
+    ((a, b),) = swap_plan.detail["pairs"]  # 3 agents: one pair, one left over
+    swap = settle(current, asked, kept, swap_plan.starts)
+    assert swap[a] == Assignment("inbox", kept[b]) and swap[b] == Assignment("inbox", kept[a])
+    (left,) = set("abc") - {a, b}
+    assert swap[left] == Assignment("local", kept[left])  # unpaired
+    rolled_back = settle(current, ["d"], {}, {})
     assert rolled_back["d"] == Assignment("inbox", current["d"].model) and rolled_back["e"] == current["e"]
 
 

@@ -1,10 +1,13 @@
 """The strategy interface the round engine drives.
 
 A round is ``action`` and ``configure_train`` (what the round task asks of each agent) → ``begin`` →
-(per accepted update, for streaming strategies) ``fold_plan`` → ``aggregate``. A strategy that needs
-every update of the round (median, Krum) overrides ``aggregate`` alone: the buffering is the update
-store's. Model-swapping strategies (``keeps_models``) derive from ``strategies.swapping.ModelSwapping``
-and override ``pairs`` alone.
+(per accepted update, for streaming strategies) ``fold_plan`` → ``aggregate`` → ``plan_starts``. A
+strategy that needs every update of the round (median, Krum) overrides ``aggregate`` alone: the
+buffering is the update store's. ``plan_starts`` decides, after the round, what every agent starts the
+next one from and whether the round's result is published as the global model: by default it is, and
+everyone starts from it. Strategies that keep per-agent or per-group models (``keeps_models``: model
+swapping, DemLearn) override it; the server keeps their models on disk (``broker_server.agent_models``)
+and seals each agent's start model to it alone.
 Updates arrive validated and with their influence bounded (``broker_server.bounds``): a strategy sees
 ``Contribution``s — a read-only float32 delta over the global model's floating tensors, the capped
 sample count and the clip scale — and returns the next global vector. Every accepted update stays in
@@ -19,12 +22,13 @@ round's result was accepted, and ``state``/``restore`` carry it through the chec
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 
+from broker_server.agent_models import Assignment, Holding
 from broker_server.bounds import Tentative
 from broker_server.onepass import Fold
 from models.weights import TensorSpec
@@ -62,6 +66,38 @@ class TrainPlan:
 
     shared: TrainSettings
     agents: dict[str, TrainSettings] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """After a round: whether its result is ``publish``ed as the new global model, and ``starts``: what an
+    agent starts its next round from (an agent absent starts from the global model; ``None``: everyone
+    does). ``detail`` goes to ``metrics.aggregation``."""
+
+    publish: bool = True
+    starts: dict[str, Assignment] | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class KeptModels:
+    """What ``plan_starts`` of a model-keeping strategy sees: the models agents hold after this round, read
+    from and written to the server's model store."""
+
+    round: int
+    action: str
+    agents: list[str]  # whose update counted this round, in the order of the contributions
+    kept: dict[str, Holding]  # each of them: its model after the round
+    exact: set[str]  # agents whose kept model is bit for bit the agent's own copy (it needs no download)
+    current: dict[str, Assignment]  # what every agent started this round from
+    spec: tuple[TensorSpec, ...]  # layout of the float vectors
+    vector: Callable[[Holding], np.ndarray]  # a kept model's float vector (read-only, memory-mapped)
+    put: Callable[[str, np.ndarray], Holding]  # keep a new model (a group's, say): owner "+name", never an agent id
+    rng: Callable[[], np.random.Generator]  # seeded per round: the same after a restart
+
+    def own(self, agent: str) -> Assignment:
+        """``agent`` goes on from its own kept model: no download if the server's copy is its own, bit for bit."""
+        return Assignment("local" if agent in self.exact else "inbox", self.kept[agent])
 
 
 @dataclass(frozen=True)
@@ -126,6 +162,15 @@ class Strategy(ABC):
     def server_step(self, global_vector: np.ndarray, averaged: RoundResult) -> RoundResult:
         """The server optimizer's step from ``global_vector`` given the round's ``average`` (none here)."""
         return averaged
+
+    def run_warnings(self, rounds: int) -> list[str]:
+        """What the server should warn about at start when this strategy runs ``rounds`` rounds."""
+        return []
+
+    def plan_starts(self, models: KeptModels | None) -> StartPlan:
+        """What every agent starts the next round from, and whether this round's result is published
+        (``models`` is None for strategies that keep no models). Default: published, all start from it."""
+        return StartPlan()
 
     def on_commit(self, result: RoundResult) -> None:  # noqa: B027 - optional hook
         """The round's result became the global model: update what lasts across rounds now (never in

@@ -31,11 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from broker_server.agent_models import Assignment
 from broker_server.onepass import axpy
 from broker_server.pairing import PAIRINGS, fedswap_action, pair_agents
 from broker_server.similarity import METRICS, similarity_matrix, weight_layers
-from broker_server.strategies.base import Contribution, RoundResult, Strategy
+from broker_server.strategies.base import Contribution, KeptModels, RoundResult, StartPlan, Strategy
 from broker_server.strategies.fedavg import WEIGHTINGS
+from models.weights import unflatten
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ class SimSwapOptions(SwapOptions):
 
 class ModelSwapping(Strategy):
     """Base of the strategies that keep every agent's model: the schedule, the weighted mean of the
-    agents' models, and ``pairs`` (FedSwap's random pairs; subclasses may pair otherwise)."""
+    agents' models, where each agent starts from (``plan_starts``), and ``pairs`` (FedSwap's random
+    pairs; subclasses may pair otherwise)."""
 
     name = "fedswap"
     Options = SwapOptions
@@ -77,6 +80,13 @@ class ModelSwapping(Strategy):
 
     def action(self, round_number: int) -> str:
         return fedswap_action(round_number, self.options.h1, self.options.h2)
+
+    def run_warnings(self, rounds: int) -> list[str]:
+        cycle = self.options.h1 * self.options.h2
+        if rounds % cycle == 0:
+            return []
+        return [f"server.rounds = {rounds} is not a multiple of h1*h2 = {cycle}: the last {rounds % cycle} rounds' "
+                f"training never reaches the final global model"]  # fmt: skip
 
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
         """Σ wₖ·modelₖ / Σ wₖ over the round's models (FedSwap's WeightedAvg, wₖ = capped samples or 1)."""
@@ -87,6 +97,22 @@ class ModelSwapping(Strategy):
             assert c.model is not None
             axpy(c.model, mean, float(w / total))
         return RoundResult(mean)
+
+    def plan_starts(self, models: KeptModels | None) -> StartPlan:
+        """``average``: the mean is published and everyone starts from it; ``local``: each agent whose update
+        counted goes on from its own model; ``swap``: pairs of them exchange models (an unpaired one goes on
+        from its own). Agents whose update did not count keep what they had (``agent_models.settle``)."""
+        assert models is not None  # keeps_models
+        if models.action == "average":
+            return StartPlan()
+        starts = {agent: models.own(agent) for agent in models.agents}
+        if models.action != "swap":
+            return StartPlan(publish=False, starts=starts)
+        named = [unflatten(models.vector(models.kept[a]), models.spec) for a in models.agents]
+        pairs, detail = self.pairs(models.agents, named, models.rng())
+        for a, b in pairs:
+            starts[a], starts[b] = Assignment("inbox", models.kept[b]), Assignment("inbox", models.kept[a])
+        return StartPlan(publish=False, starts=starts, detail=detail)
 
     def pairs(
         self, agents: list[str], models: list[Mapping[str, np.ndarray]], rng: np.random.Generator

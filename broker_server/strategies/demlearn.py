@@ -1,0 +1,196 @@
+"""DemLearn: self-organizing democratized learning (seed 000; Nguyen et al., "Self-organizing Democratized
+Learning: Towards Large-scale Distributed Learning Systems", arXiv:2007.03278; the authors' code is
+``nhatminh/Dem-AI``).
+
+Every round the server clusters the agents' models (agglomerative, Euclidean or cosine distance) into a
+binary hierarchy cut to ``levels`` group levels under the root, every ``tau`` rounds (and whenever the
+agents whose update counted are not the tree's). Group models are built bottom-up as member-weighted
+means of the level below — at level k that is the plain mean of the agents under the group — then mixed
+top-down, w⁽ᵏ⁾ ← α·w⁽ᵏ⁺¹⁾ + (1 − α)·w⁽ᵏ⁾ (the thesis's eq. 10). Each agent starts the next round from its
+level-1 group model, sealed to it alone, and trains with the proximal term (μ/2)·‖w − w⁽¹⁾‖² (the PLP,
+eq. 8; FedProx's ``prox_mu`` toward the start model). The root, the mean of every agent's model, is
+published as the global model.
+
+Unrolled, a level-1 group model is Σₖ cₖ·mₖ over its ancestors' member means mₖ (c = (1 − α)·αᵏ⁻¹ for the
+group levels, α^levels for the root), so ``group_mixing`` gives it as one weight per agent and the models
+are read once, in column blocks, from the server's model store (RAM: one vector per level-1 group).
+
+Choices where the thesis leaves room (docs/strategies.md): distances between whole models are average
+linkage (UPGMA) on the pairwise distance matrix (the thesis calls its rule "average linkage" but defines
+a centroid distance; the authors' code uses SciPy's hierarchy); cosine distance is 1 − cos; a branch
+that ends above the cut goes on as a single-member chain; the optional amplification (×1.15 in the first
+5 rounds in the thesis, which scales "the update") scales the change of each level-1 group model — what
+agents start from — from the round's global model, w ← g + a·(w − g), so it never scales BatchNorm
+statistics or weights themselves, and the published root stays the plain mean; members are counted as
+agents (not samples), as in eq. 9.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+import numpy as np
+from scipy.cluster.hierarchy import linkage, to_tree
+from scipy.spatial.distance import squareform
+
+from broker_server.agent_models import Assignment
+from broker_server.strategies.base import (
+    Contribution,
+    KeptModels,
+    NamedArrays,
+    RoundResult,
+    StartPlan,
+    Strategy,
+    TrainPlan,
+    column_blocks,
+)
+from broker_server.strategies.krum import gram_matrix
+from protocol.messages import TrainSettings
+
+DISTANCES = ("euclidean", "cosine")
+
+
+@dataclass(frozen=True)
+class DemLearnOptions:
+    levels: int = 3  # group levels under the root (the authors' K_Levels; the paper's K counts the root too)
+    tau: int = 1  # re-cluster every tau rounds
+    alpha: float = 0.6  # weight of the parent in the top-down pass (the authors' MNIST setting)
+    mu: float = 0.002  # proximal weight toward the level-1 group model (the authors' PARAMS_mu)
+    distance: str = "euclidean"
+    amplify: float = 1.0  # the thesis's 1.15 for the first amplify_rounds rounds; 1.0 = off
+    amplify_rounds: int = 5
+
+    def __post_init__(self) -> None:
+        if self.levels < 1:
+            raise ValueError(f"strategy.levels must be >= 1 (group levels under the root), got {self.levels}")
+        if self.tau < 1:
+            raise ValueError(f"strategy.tau must be >= 1 (rounds between re-clusterings), got {self.tau}")
+        if not 0 <= self.alpha <= 1:
+            raise ValueError(f"strategy.alpha must be in [0, 1] (the parent's weight top-down), got {self.alpha}")
+        if self.mu < 0:
+            raise ValueError(f"strategy.mu must be >= 0 (0: no proximal term), got {self.mu}")
+        if self.distance not in DISTANCES:
+            raise ValueError(f"strategy.distance {self.distance!r} must be one of {', '.join(DISTANCES)}")
+        if not 0 < self.amplify <= 2:
+            raise ValueError(f"strategy.amplify must be in (0, 2] (1: off; the thesis uses 1.15), got {self.amplify}")
+        if self.amplify_rounds < 0:
+            raise ValueError(f"strategy.amplify_rounds must be >= 0, got {self.amplify_rounds}")
+
+
+def distance_matrix(gram: np.ndarray, distance: str) -> np.ndarray:
+    """Pairwise distances between models from their inner products (``gram``)."""
+    diag = np.diag(gram)
+    if distance == "cosine":
+        norms = np.sqrt(np.maximum(diag, 0.0))
+        outer = np.outer(norms, norms)
+        cosine = np.divide(gram, outer, out=np.zeros_like(gram), where=outer > 0)
+        out = 1.0 - cosine
+    else:
+        out = np.sqrt(np.maximum(diag[:, None] + diag[None, :] - 2 * gram, 0.0))
+    np.fill_diagonal(out, 0.0)
+    return (out + out.T) / 2  # exactly symmetric, as squareform requires
+
+
+def cluster_paths(distances: np.ndarray, levels: int) -> list[tuple[int, ...]]:
+    """Each model's path of ``levels`` branch choices from the root of the average-linkage dendrogram
+    (0 once its branch has ended: a single-member chain)."""
+    n = len(distances)
+    if n == 1:
+        return [(0,) * levels]
+    root = to_tree(linkage(squareform(distances, checks=False), method="average"))
+    paths: list[tuple[int, ...]] = [()] * n
+    stack = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        if node.is_leaf() or len(path) == levels:
+            for leaf in node.pre_order():
+                paths[leaf] = path + (0,) * (levels - len(path))
+            continue
+        stack += [(node.get_left(), (*path, 0)), (node.get_right(), (*path, 1))]
+    return paths
+
+
+def group_mixing(paths: list[tuple[int, ...]], alpha: float) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """The level-1 groups (their paths) and, per group, the weight of each agent's model in the group's
+    model after the bottom-up means and the top-down α-mix: rows sum to 1."""
+    levels = len(paths[0])
+    groups = sorted(set(paths))
+    mixing = np.zeros((len(groups), len(paths)))
+    for row, group in enumerate(groups):
+        for k in range(1, levels + 2):  # k = 1 … levels: group levels; levels + 1: the root
+            prefix = group[: levels - k + 1] if k <= levels else ()
+            coefficient = (1 - alpha) * alpha ** (k - 1) if k <= levels else alpha**levels
+            members = [j for j, p in enumerate(paths) if p[: len(prefix)] == prefix]
+            mixing[row, members] += coefficient / len(members)
+    return groups, mixing
+
+
+class DemLearn(Strategy):
+    name = "demlearn"
+    Options = DemLearnOptions
+    keeps_models = True
+
+    def __init__(self, options: DemLearnOptions | None = None) -> None:
+        super().__init__(options)
+        self.tree: dict[str, list[int]] = {}  # agent → path, as last clustered (kept in the checkpoint)
+        self._pending: dict[str, list[int]] | None = None  # a new clustering, until its round is committed
+        self.start_vector = np.zeros(0, np.float32)
+
+    def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
+        return TrainPlan(replace(settings, prox_mu=self.options.mu))
+
+    def action(self, round_number: int) -> str:
+        return "group"
+
+    def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
+        """The root, published as the global model: the mean of every agent's model (eq. 9 up to the top)."""
+        self.start_vector = global_vector
+        mean = np.zeros_like(global_vector, dtype=np.float64)
+        for c in contributions:
+            assert c.model is not None
+            mean += c.model
+        return RoundResult((mean / len(contributions)).astype(np.float32))
+
+    def plan_starts(self, models: KeptModels | None) -> StartPlan:
+        assert models is not None  # keeps_models
+        agents = models.agents
+        views = [Contribution(a, models.vector(models.kept[a]), 1.0, 1.0, 0.0) for a in agents]
+        due = (models.round - 1) % self.options.tau == 0 or set(self.tree) != set(agents)
+        if due:
+            paths = cluster_paths(distance_matrix(gram_matrix(views), self.options.distance), self.options.levels)
+            tree = self._pending = {a: list(p) for a, p in zip(agents, paths, strict=True)}
+        else:
+            tree = self.tree
+        groups, mixing = group_mixing([tuple(tree[a]) for a in agents], self.options.alpha)
+        a = self.options.amplify if models.round <= self.options.amplify_rounds else 1.0
+        out = np.zeros((len(groups), len(self.start_vector)), np.float32)
+        for start, stop, block in column_blocks(views):
+            out[:, start:stop] = mixing @ block
+        out = a * out + (1 - a) * self.start_vector  # Σ weights = 1: amplifies each mean's change
+        holdings = {g: models.put(f"group-{''.join(map(str, g))}", out[row]) for row, g in enumerate(groups)}
+        starts = {agent: Assignment("inbox", holdings[tuple(tree[agent])]) for agent in agents}
+        detail = {"groups": group_report(tree, self.options.levels), "reclustered": due}
+        return StartPlan(publish=True, starts=starts, detail=detail)
+
+    def on_commit(self, result: RoundResult) -> None:
+        if self._pending is not None:
+            self.tree, self._pending = self._pending, None
+
+    def state(self) -> NamedArrays:
+        return {"tree": np.frombuffer(json.dumps(self.tree).encode(), np.uint8).copy()}  # arrays only: JSON bytes
+
+    def restore(self, state: NamedArrays) -> None:
+        if "tree" in state:
+            self.tree = json.loads(bytes(np.asarray(state["tree"], np.uint8)).decode())
+
+
+def group_report(tree: dict[str, list[int]], levels: int) -> list[dict]:
+    """``[{"level": k, "members": [...]}, …]`` for every group of every level, for ``metrics.aggregation``."""
+    report = []
+    for k in range(levels, 0, -1):
+        prefixes = sorted({tuple(p[: levels - k + 1]) for p in tree.values()})
+        for prefix in prefixes:
+            members = sorted(a for a, p in tree.items() if tuple(p[: len(prefix)]) == prefix)
+            report.append({"level": k, "group": "".join(map(str, prefix)), "members": members})
+    return report
