@@ -1,12 +1,13 @@
 """``make bench``: run every benchmark and print one JSON line per result (copy them into the README)."""
 
-from benchmarks import agent_memory, aggregation, swapping, transport
+from benchmarks import agent_memory, aggregation, kept_models, swapping, transport
 
 
 def main() -> None:
     aggregation.main()
     transport.main()
     swapping.main()
+    kept_models.main()
     agent_memory.main()
 
 

@@ -13,7 +13,7 @@ published as the global model.
 
 Unrolled, a level-1 group model is Σₖ cₖ·mₖ over its ancestors' member means mₖ (c = (1 − α)·αᵏ⁻¹ for the
 group levels, α^levels for the root), so ``group_mixing`` gives it as one weight per agent and the models
-are read once, in column blocks, from the server's model store (RAM: one vector per level-1 group).
+are read in column blocks from the server's model store (``mixed_models``: 256 MB of results at a time).
 
 Choices where the thesis leaves room (docs/strategies.md): distances between whole models are average
 linkage (UPGMA) on the pairwise distance matrix (the thesis calls its rule "average linkage" but defines
@@ -43,7 +43,8 @@ from broker_server.strategies.base import (
     StartPlan,
     Strategy,
     TrainPlan,
-    column_blocks,
+    mean_of_models,
+    mixed_models,
 )
 from broker_server.strategies.krum import gram_matrix
 from protocol.messages import TrainSettings
@@ -146,11 +147,7 @@ class DemLearn(Strategy):
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
         """The root, published as the global model: the mean of every agent's model (eq. 9 up to the top)."""
         self.start_vector = global_vector
-        mean = np.zeros_like(global_vector, dtype=np.float64)
-        for c in contributions:
-            assert c.model is not None
-            mean += c.model
-        return RoundResult((mean / len(contributions)).astype(np.float32))
+        return RoundResult(mean_of_models(global_vector, contributions, np.ones(len(contributions))))
 
     def plan_starts(self, models: KeptModels | None) -> StartPlan:
         assert models is not None  # keeps_models
@@ -164,11 +161,10 @@ class DemLearn(Strategy):
             tree = self.tree
         groups, mixing = group_mixing([tuple(tree[a]) for a in agents], self.options.alpha)
         a = self.options.amplify if models.round <= self.options.amplify_rounds else 1.0
-        out = np.zeros((len(groups), len(self.start_vector)), np.float32)
-        for start, stop, block in column_blocks(views):
-            out[:, start:stop] = mixing @ block
-        out = a * out + (1 - a) * self.start_vector  # Σ weights = 1: amplifies each mean's change
-        holdings = {g: models.put(f"group-{''.join(map(str, g))}", out[row]) for row, g in enumerate(groups)}
+        holdings = {}
+        for row, vector in mixed_models(views, mixing):  # Σ weights = 1, so this amplifies each model's change
+            amplified = vector if a == 1.0 else a * vector + (1 - a) * self.start_vector
+            holdings[groups[row]] = models.put(f"group-{''.join(map(str, groups[row]))}", amplified)
         starts = {agent: Assignment("inbox", holdings[tuple(tree[agent])]) for agent in agents}
         detail = {"groups": group_report(tree, self.options.levels), "reclustered": due}
         return StartPlan(publish=True, starts=starts, detail=detail)

@@ -32,10 +32,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from broker_server.agent_models import Assignment
-from broker_server.onepass import axpy
 from broker_server.pairing import PAIRINGS, fedswap_action, pair_agents
 from broker_server.similarity import METRICS, similarity_matrix, weight_layers
-from broker_server.strategies.base import Contribution, KeptModels, RoundResult, StartPlan, Strategy
+from broker_server.strategies.base import (
+    Contribution,
+    KeptModels,
+    RoundResult,
+    StartPlan,
+    Strategy,
+    mean_of_models,
+)
 from broker_server.strategies.fedavg import WEIGHTINGS
 from models.weights import unflatten
 
@@ -91,12 +97,7 @@ class ModelSwapping(Strategy):
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
         """Σ wₖ·modelₖ / Σ wₖ over the round's models (FedSwap's WeightedAvg, wₖ = capped samples or 1)."""
         weights = np.array([c.samples if self.options.weighting == "samples" else 1.0 for c in contributions])
-        total = float(weights.sum())
-        mean = np.zeros_like(global_vector, dtype=np.float32)
-        for c, w in zip(contributions, weights, strict=True):
-            assert c.model is not None
-            axpy(c.model, mean, float(w / total))
-        return RoundResult(mean)
+        return RoundResult(mean_of_models(global_vector, contributions, weights))
 
     def plan_starts(self, models: KeptModels | None) -> StartPlan:
         """``average``: the mean is published and everyone starts from it; ``local``: each agent whose update

@@ -1,0 +1,97 @@
+"""Per-agent models at the server (issue 22): DemLearn's and FedAMP's end of round for 100 agents of a
+3.2M-value model, whose models live in the server's model store on disk (1.28 GB).
+
+Target: the strategies' own memory (numpy allocations, tracemalloc; the models themselves are
+memory-mapped files the kernel may drop) stays far under the 1.3 GB that holding every model in RAM
+would take — at most 0.4 GB. Time is reported as a ratio to the floor measured in the same run: one pass
+that reads every kept model once (a sum in column blocks).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import report
+from broker_server.agent_models import Holding, ModelBank
+from broker_server.strategies import build_strategy
+from broker_server.strategies.base import Contribution, KeptModels, column_blocks
+from models.weights import TensorSpec
+
+AGENTS = 100
+PARAMS = 3_200_000
+SPEC = (TensorSpec("backbone.weight", "float32", (2_400_000,)), TensorSpec("head.weight", "float32", (800_000,)))
+LIMIT_BYTES = 400 << 20
+
+
+def kept_models(bank: ModelBank) -> dict[str, Holding]:
+    """Four kinds of agents (so the clustering has something to find), each model written to the bank."""
+    rng = np.random.default_rng(0)
+    kinds = [rng.standard_normal(PARAMS, dtype=np.float32) for _ in range(4)]
+    kept = {}
+    for i in range(AGENTS):
+        agent = f"agent-{i:03d}"
+        kept[agent] = Holding(1, agent, f"{i:064x}")
+        bank.put(kept[agent], kinds[i % 4] + 0.1 * rng.standard_normal(PARAMS, dtype=np.float32), SPEC)
+    return kept
+
+
+def views(bank: ModelBank, kept: dict[str, Holding]) -> list[Contribution]:
+    return [Contribution(a, bank.vector(h), 1.0, 1.0, 0.0, model=bank.vector(h)) for a, h in kept.items()]
+
+
+def end_of_round(name: str, bank: ModelBank, kept: dict[str, Holding]) -> tuple[float, int, int]:
+    """Seconds, peak numpy bytes and models kept for ``name``'s aggregate + plan_starts."""
+    strategy = build_strategy({"name": name})
+    written = []
+
+    def put(owner: str, vector: np.ndarray) -> Holding:
+        holding = Holding(1, f"+{owner}", f"{len(written):064x}")
+        bank.put(holding, vector, SPEC)
+        written.append(holding)
+        return holding
+
+    models = KeptModels(round=1, action=strategy.action(1), agents=list(kept), kept=kept, exact=set(kept),
+                        current={}, spec=SPEC, vector=bank.vector, put=put,
+                        rng=lambda: np.random.default_rng(1))  # fmt: skip
+    tracemalloc.start()
+    started = time.perf_counter()
+    strategy.aggregate(np.zeros(PARAMS, np.float32), views(bank, kept))
+    strategy.plan_starts(models)
+    seconds = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return seconds, peak, len(written)
+
+
+def read_floor(bank: ModelBank, kept: dict[str, Holding]) -> float:
+    started = time.perf_counter()
+    total = 0.0
+    for _, _, block in column_blocks(views(bank, kept)):
+        total += float(block.sum(dtype=np.float64))
+    return time.perf_counter() - started
+
+
+def main() -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="skyfed-kept-") as folder:
+        bank = ModelBank(Path(folder))
+        kept = kept_models(bank)
+        floor = read_floor(bank, kept)
+        for name in ("demlearn", "fedamp"):
+            seconds, peak, written = end_of_round(name, bank, kept)
+            rows.append(report(
+                f"kept_models_{name}", target=f"peak numpy memory <= {LIMIT_BYTES >> 20} MB for {AGENTS} agents x "
+                f"{PARAMS:,} values (all models in RAM: {AGENTS * PARAMS * 4 >> 20} MB)", ok=peak <= LIMIT_BYTES,
+                agents=AGENTS, params=PARAMS, seconds=round(seconds, 2), read_once_s=round(floor, 2),
+                ratio_to_read_once=round(seconds / floor, 1), peak_mb=round(peak / 2**20, 1), models_written=written,
+            ))  # fmt: skip
+    return rows
+
+
+if __name__ == "__main__":
+    main()
