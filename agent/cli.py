@@ -43,7 +43,8 @@ def check_agent(args: argparse.Namespace) -> int:
         a, b = config.agent, config.broker
         return (f"{args.config}: id={a.id} federation={a.federation} trainer={config.training.trainer} "
                 f"broker={b.host}:{b.port} tls={'yes' if b.tls else 'no'} state_dir={config.state_dir} "
-                f"data={config.data_path}")  # fmt: skip
+                f"data={config.data_path}"
+                + (f" test_data={config.test_data_path}" if config.test_data_path else ""))  # fmt: skip
 
     def load() -> AgentConfig:
         from agent.profile import read_start_files

@@ -22,6 +22,7 @@ class AgentSection:
     federation: str
     state_dir: str
     data: str
+    test_data: str = ""  # classifier: the local test split (.npz, never trained on); "" = none
     seed: int = 0
     status_interval_s: float = 10.0
 
@@ -93,6 +94,13 @@ class AgentConfig:
         return existing_path(self.path, "agent.data", self.agent.data, "training data")
 
     @property
+    def test_data_path(self) -> Path | None:
+        """The local test split, or None when ``agent.test_data`` is unset."""
+        if not self.agent.test_data:
+            return None
+        return existing_path(self.path, "agent.test_data", self.agent.test_data, "local test split")
+
+    @property
     def identity_path(self) -> Path:
         return existing_path(self.path, "keys.identity", self.keys.identity, "agent key file")
 
@@ -120,6 +128,9 @@ def load_agent_config(path: Path) -> AgentConfig:
         )
         check_gate_sources(config.gate, config.telemetry)
         check_level("agent.id", config.agent.id)
+        if config.training.trainer == "detector" and config.agent.test_data:
+            raise ValueError('agent.test_data (a local test split .npz) is for training.trainer = "classifier"; '
+                             "a detector's data.yaml names its own val split: remove it")  # fmt: skip
         if config.training.trainer == "detector" and config.privacy.enabled:
             raise ValueError('[privacy] (local DP-SGD) works with training.trainer = "classifier" only; remove it')
         check_level("agent.federation", config.agent.federation)
@@ -127,5 +138,5 @@ def load_agent_config(path: Path) -> AgentConfig:
         raise
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    config.data_path, config.identity_path, config.server_key_path  # noqa: B018 - fail now, not mid-run
+    config.data_path, config.test_data_path, config.identity_path, config.server_key_path  # noqa: B018 - fail now
     return config

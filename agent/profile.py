@@ -59,7 +59,7 @@ class StartFiles:
 def read_start_files(config: AgentConfig) -> StartFiles:
     """The agent's keys and data, read and checked (by ``agent run`` and ``agent check``); an error is a
     ``ConfigError`` naming the key and the fix: a public key given as ``keys.identity``, a private one as
-    ``keys.server``, another node's key, or a data file the trainer cannot read."""
+    ``keys.server``, another node's key, or a data file (``agent.data``, ``agent.test_data``) that cannot be read."""
     where = f"{config.path}: "
     try:
         identity = Identity.load(config.identity_path)
@@ -79,6 +79,12 @@ def read_start_files(config: AgentConfig) -> StartFiles:
                     else "an .npz file with arrays x and y (README: Agent data format)")  # fmt: skip
         raise ConfigError(f"{where}agent.data = {config.agent.data!r}: {exc}; training.trainer = "
                           f"{config.training.trainer!r} reads {expected}") from None  # fmt: skip
+    if config.test_data_path is not None:
+        try:
+            load_dataset(config.test_data_path)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{where}agent.test_data = {config.agent.test_data!r}: {exc}; the local test split "
+                              "is an .npz file with arrays x and y like agent.data") from None  # fmt: skip
     return StartFiles(identity, server, profile)
 
 

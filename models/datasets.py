@@ -1,8 +1,9 @@
 """Datasets: scikit-learn's bundled digits (offline) and the agents' on-disk format.
 
 An agent's data is one ``.npz`` file (or a folder holding ``data.npz``) with two arrays:
-``x`` — images ``(N, C, H, W)`` or ``(N, H, W)`` (single channel), uint8 (scaled by 1/255) or float —
-and ``y`` — integer class labels ``(N,)``. It is read with ``allow_pickle=False``.
+``x`` — images ``(N, C, H, W)`` or ``(N, H, W)`` (single channel), or 1-D signals ``(N, L)`` (single
+channel, read as ``(N, 1, L)``), uint8 (scaled by 1/255) or float — and ``y`` — integer class labels
+``(N,)``. It is read with ``allow_pickle=False``. An agent's local test split is a second such file.
 """
 
 from __future__ import annotations
@@ -55,9 +56,12 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dat
 
 
 def save_npz(path: Path, data: Dataset) -> None:
-    """Write the agent data format (float32 ``x``, int64 ``y``), atomically."""
+    """Write the agent data format (float32 ``x``, int64 ``y``), atomically; single-channel signals
+    ``(N, 1, L)`` as ``(N, L)``, which ``load_npz`` reads back as they were."""
+    if data.x.ndim == 3 and data.x.shape[1] != 1:
+        raise ValueError(f"signals of {data.x.shape[1]} channels have no .npz form here; x must be (N, 1, L)")
     buffer = io.BytesIO()
-    np.savez(buffer, x=data.x, y=data.y)
+    np.savez(buffer, x=data.x[:, 0] if data.x.ndim == 3 else data.x, y=data.y)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(buffer.getvalue())
     tmp.replace(path)
@@ -65,7 +69,7 @@ def save_npz(path: Path, data: Dataset) -> None:
 
 def load_npz(path: Path) -> Dataset:
     """Read the agent data format; errors name the file and what is expected."""
-    expected = "expected arrays x (N,C,H,W) or (N,H,W) and y (N,)"
+    expected = "expected arrays x (N,C,H,W), (N,H,W) or (N,L) and y (N,)"
     try:
         with np.load(path, allow_pickle=False) as archive:
             missing = [k for k in ("x", "y") if k not in archive.files]
@@ -76,8 +80,8 @@ def load_npz(path: Path) -> Dataset:
         if str(path) in str(exc):
             raise
         raise ValueError(f"data file {path} cannot be read as .npz ({exc}); {expected}") from None
-    if x.ndim == 3:
-        x = x[:, None, :, :]
+    if x.ndim in (2, 3):  # single-channel signals (N, L) or images (N, H, W)
+        x = x[:, None]
     x = x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x.astype(np.float32)
     if not np.issubdtype(y.dtype, np.integer):
         raise ValueError(f"data file {path}: y must hold integer labels, got {y.dtype}; {expected}")

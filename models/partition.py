@@ -5,6 +5,7 @@
   ``n_clients * shards_per_client`` equal shards, give each client ``shards_per_client`` of them.
 - ``dirichlet``: per class, proportions drawn from Dirichlet(α) (Hsu et al. 2019, arXiv:1909.06335);
   small α gives each client few classes, large α approaches IID.
+``shards`` is ``shards:2``. ``holdout`` then cuts a client's local test split off its share.
 Pure numpy: labels in, index arrays out.
 """
 
@@ -68,6 +69,24 @@ def parse(spec: str) -> Partitioner:
     except ValueError:
         pass
     raise ValueError(f"partition {spec!r} is not understood; use {FORMS}")
+
+
+def holdout(labels: np.ndarray, fraction: float, seed: int | tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, held out) positions into ``labels``: round(fraction·N) held out, stratified by label. Each label
+    gives floor(fraction·n) of its n samples, and the remainders go one each to the labels with the largest
+    fractional parts, so the total is exact and no label is more than one sample off its share."""
+    if not 0 <= fraction < 1:
+        raise ValueError(f"holdout fraction must be in [0, 1), got {fraction}")
+    rng = np.random.default_rng(seed)
+    classes, counts = np.unique(labels, return_counts=True)
+    quotas = fraction * counts
+    take = np.floor(quotas).astype(int)
+    short = round(fraction * len(labels)) - int(take.sum())
+    order = np.lexsort((rng.permutation(len(classes)), -(quotas - take)))  # largest remainder, ties drawn
+    take[order[:short]] += 1
+    held = [rng.permutation(np.flatnonzero(labels == c))[:k] for c, k in zip(classes, take, strict=True)]
+    held_out = np.sort(np.concatenate([np.zeros(0, np.int64), *held]))
+    return np.setdiff1d(np.arange(len(labels)), held_out), held_out
 
 
 def label_histogram(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:

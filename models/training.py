@@ -17,7 +17,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from models.datasets import Dataset, to_loader
-from models.weights import NamedArrays
+from models.weights import NamedArrays, load_arrays
+from models.zoo import build_model
 
 # wraps the model, optimizer and loader before the first step (DP-SGD: agent.local_dp.dp_sgd)
 Prepare = Callable[[nn.Module, torch.optim.Optimizer, DataLoader], tuple[nn.Module, torch.optim.Optimizer, DataLoader]]
@@ -123,3 +124,13 @@ def evaluate(model: nn.Module, data: Dataset, device: torch.device, batch_size: 
         correct += int((logits.argmax(dim=1) == y).sum())
     n = max(len(data), 1)
     return {"accuracy": correct / n, "loss": total_loss / n}
+
+
+def evaluate_arrays(
+    model_name: str, arrays: NamedArrays, data: Dataset, device: torch.device, num_classes: int = 10
+) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of zoo model ``model_name`` holding ``arrays`` on ``data``: e.g. the
+    model an agent starts a round from, on its local test split (``agent.test_data``)."""
+    model = build_model(model_name, num_classes=num_classes)
+    load_arrays(model, arrays)
+    return evaluate(model, data, device)

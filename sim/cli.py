@@ -60,6 +60,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         slowdown=args.slowdown,
         in_process=args.in_process,
         task=args.task,
+        dataset=args.dataset or "",
         image_size=args.image_size,
         images_per_agent=args.images_per_agent,
         density_skew=args.density_skew,
@@ -88,7 +89,8 @@ def run_sim_command(args: argparse.Namespace) -> int:
         print(f"skyfed {args.command}: {exc}", file=sys.stderr)
         return 2
     print(
-        f"SkyFed {args.command}: {settings.agents} agents, {settings.rounds} rounds, model {settings.model}, "
+        f"SkyFed {args.command}: {settings.agents} agents, {settings.rounds} rounds, "
+        f"{f'dataset {settings.dataset}, ' if settings.dataset else ''}model {settings.model}, "
         f"partition {settings.partition}, strategy {settings.strategy.get('name', 'default')}, seed {settings.seed}"
     )
     try:
@@ -154,9 +156,12 @@ def _add_sim_options(
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--task", default="classify", choices=["classify", "detect"],
-                        help="classify: digits CNN; detect: YOLO on synthetic aerial images")  # fmt: skip
+                        help="classify: a CNN on --dataset; detect: YOLO on synthetic aerial images")  # fmt: skip
+    parser.add_argument("--dataset", default=None, metavar="digits|mnist1d",
+                        help="classify: scikit-learn's 8x8 digits (default) or MNIST-1D (1-D signals, generated "
+                        "offline); each agent holds out 20 %% of its share as its local test split")  # fmt: skip
     parser.add_argument("--partition", default=partition,
-                        help=f"classify: iid | shards | shards:K | dirichlet:ALPHA (default "
+                        help=f"classify: iid | shards (= shards:2) | shards:K | dirichlet:ALPHA (default "
                         f"{partition or 'dirichlet:0.5'}); detect: iid | class-skew:D (default "
                         "class-skew:0.7)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
@@ -164,7 +169,8 @@ def _add_sim_options(
                         "(a relative one is under the current folder)")  # fmt: skip
     parser.add_argument("--broker", default=None, help="HOST:PORT of an existing broker (default: start one)")
     parser.add_argument("--federation", default=federation)
-    parser.add_argument("--model", default=None, help="default: digits_cnn (classify), yolo11n (detect)")
+    parser.add_argument("--model", default=None,
+                        help="default: the dataset's (digits_cnn, mnist1d_cnn), yolo11n (detect)")  # fmt: skip
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=None, help="default: 32 (classify), 16 (detect)")
     parser.add_argument("--lr", type=float, default=None, help="default: 0.05 (classify), 0.01 (detect)")

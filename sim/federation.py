@@ -3,7 +3,7 @@
 The same files a real deployment has (deploy/examples/), generated for N agents in one folder:
 
     <root>/server/server.toml, server.key, enrolled/<agent>.pub, test.npz (detect: eval/data.yaml)
-    <root>/<agent>/agent.toml, <agent>.key, server.pub, data.npz (detect: data/data.yaml)
+    <root>/<agent>/agent.toml, <agent>.key, server.pub, data.npz, test.npz (detect: data/data.yaml)
 
 so ``skyfed server run --config <root>/server/server.toml`` works on it exactly as in production.
 """
@@ -18,10 +18,12 @@ from typing import Any
 import numpy as np
 
 from models import partition
-from models.datasets import load_digits, save_npz
+from models.classify_data import classify_data
+from models.datasets import save_npz
 from protocol.config import write_toml
 from security.keys import Identity, enroll
 
+LOCAL_TEST_FRACTION = 0.2  # of each classify agent's share: its local test split, never trained on
 # what an unset model, partition, batch size or learning rate means for each task
 TASK_DEFAULTS = {
     "classify": {"model": "digits_cnn", "partition": "dirichlet:0.5", "batch_size": 32, "lr": 0.05},
@@ -56,7 +58,8 @@ class SimSettings:
     slow_agents: int = 0  # how many honest agents train ``slowdown`` times slower (sim.slow)
     slowdown: float = 4.0
     in_process: bool = False  # no broker, no daemons: the round engine and trainers in one process (sim.inprocess)
-    task: str = "classify"  # classify: digits; detect: YOLO on synthetic aerial images (sim.detection_data)
+    task: str = "classify"  # classify: ``dataset``; detect: YOLO on synthetic aerial images (sim.detection_data)
+    dataset: str = ""  # classify: digits (""), mnist1d (models.classify_data); its model unless ``model`` is set
     image_size: int = 160  # detect: image and model input size in pixels
     images_per_agent: int = 96  # detect: training images per agent
     density_skew: float = 0.0  # detect: agents' objects per image spread over 6·(1 ± S) (sim.detection_data)
@@ -74,6 +77,7 @@ class SimSettings:
         from broker_server.privacy import PrivacyPolicy
         from broker_server.strategies import build_strategy
         from models.tasks import task_of
+        from models.zoo import input_shape
         from protocol.codecs import Codec, CodecError
         from protocol.typed import build
         from sim.attacks import SCOPES, Attack
@@ -81,6 +85,11 @@ class SimSettings:
 
         if self.task not in TASK_DEFAULTS:
             raise ValueError(f"--task must be one of {', '.join(TASK_DEFAULTS)}, got {self.task!r}")
+        if self.task == "classify":
+            self._default_dataset_and_model()
+        elif self.dataset:
+            raise ValueError(f"--dataset {self.dataset} is for --task classify; --task detect trains on synthetic "
+                             "aerial images: drop --dataset")  # fmt: skip
         for key, value in TASK_DEFAULTS[self.task].items():
             if not getattr(self, key):
                 object.__setattr__(self, key, value)
@@ -88,6 +97,9 @@ class SimSettings:
             object.__setattr__(self, "strategy", {"name": "fedavg", **self.strategy})
         if task_of(self.model) != self.task:
             raise ValueError(f"--model {self.model} is not a {self.task} model (--task {self.task})")
+        if self.task == "classify" and input_shape(self.model) != (data := classify_data(self.dataset)).sample_shape:
+            raise ValueError(f"--model {self.model} takes samples of shape {input_shape(self.model)}, --dataset "
+                             f"{self.dataset} has {data.sample_shape}: use --model {data.model}")  # fmt: skip
         if self.agents < 1:
             raise ValueError(f"--agents must be >= 1, got {self.agents}")
         if self.worker not in (*WORKERS, "deployed"):
@@ -139,6 +151,12 @@ class SimSettings:
         build(PrivacyPolicy, self.privacy, where="privacy", strict=True).check_compatible(self.strategy, bounds)
         build(LocalPrivacySection, self.local_privacy, where="local_privacy", strict=True)
 
+    def _default_dataset_and_model(self) -> None:
+        """An unset dataset is digits, an unset model the dataset's own."""
+        data = classify_data(self.dataset or "digits")
+        object.__setattr__(self, "dataset", data.name)
+        object.__setattr__(self, "model", self.model or data.model)
+
     def attacker_names(self) -> list[str]:
         """Which agents attack: a reproducible draw from the seed."""
         return sorted(random.Random(self.seed).sample(agent_names(self.agents), self.attackers))
@@ -161,17 +179,27 @@ def agent_names(count: int) -> list[str]:
     return [f"agent-{i:02d}" for i in range(1, count + 1)]
 
 
-def write_digits_data(root: Path, names: list[str], partition_spec: str, seed: int) -> np.ndarray:
-    """scikit-learn's digits split into ``root/server/test.npz`` (the server's evaluation set, 20 %) and
-    ``root/<name>/data.npz`` per agent (the rest, partitioned); returns the label histogram per agent."""
-    train, test = load_digits(test_fraction=0.2, seed=seed)
-    parts = partition.parse(partition_spec)(train.y, len(names), seed)
+def write_classify_data(
+    root: Path, names: list[str], partition_spec: str, seed: int, dataset: str = "digits"
+) -> tuple[np.ndarray, np.ndarray]:
+    """``dataset`` (``models.classify_data``) laid out for a federation: its evaluation set as
+    ``root/server/test.npz`` (the server's ``eval_data``) and its pool partitioned across ``names``; each
+    agent's share cut into ``root/<name>/data.npz`` (its ``agent.data``) and ``root/<name>/test.npz`` (its
+    ``agent.test_data``: LOCAL_TEST_FRACTION of it, stratified by label, never trained on). Returns the label
+    histograms per agent of the training files and of the local test splits."""
+    pool, evaluation = classify_data(dataset).load(seed)
+    parts = partition.parse(partition_spec)(pool.y, len(names), seed)
     (root / "server").mkdir(parents=True, exist_ok=True)
-    save_npz(root / "server" / "test.npz", test)
-    for name, indices in zip(names, parts, strict=True):
+    save_npz(root / "server" / "test.npz", evaluation)
+    trains, tests = [], []
+    for index, (name, share) in enumerate(zip(names, parts, strict=True)):
+        kept, held = partition.holdout(pool.y[share], LOCAL_TEST_FRACTION, seed=(seed, index))
+        trains.append(share[kept])
+        tests.append(share[held])
         (root / name).mkdir(parents=True, exist_ok=True)
-        save_npz(root / name / "data.npz", train.subset(indices))
-    return partition.label_histogram(train.y, parts, num_classes=10)
+        save_npz(root / name / "data.npz", pool.subset(share[kept]))
+        save_npz(root / name / "test.npz", pool.subset(share[held]))
+    return partition.label_histogram(pool.y, trains, 10), partition.label_histogram(pool.y, tests, 10)
 
 
 def node_names(settings: SimSettings) -> list[str]:
@@ -204,8 +232,9 @@ def write_data(root: Path, settings: SimSettings) -> tuple[dict, dict, list[str]
             pool([root / "pool" / n / "data" / "data.yaml" for n in names], root / node_names(settings)[0] / "data")
             description = [f"{node_names(settings)[0]}: the union of " + "; ".join(description)]
         return server, {"data": "data/data.yaml"}, description
-    histogram = write_digits_data(root, names, settings.partition, settings.seed)
-    return {"eval_data": "test.npz"}, {"data": "data.npz"}, describe_partition(histogram, names)
+    train, test = write_classify_data(root, names, settings.partition, settings.seed, settings.dataset)
+    agent = {"data": "data.npz", "test_data": "test.npz"}
+    return {"eval_data": "test.npz"}, agent, describe_partition(train, test, names)
 
 
 def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]) -> FederationLayout:
@@ -281,10 +310,10 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
     return FederationLayout(root, server_dir / "server.toml", agent_configs, description)
 
 
-def describe_partition(histogram: np.ndarray, names: list[str]) -> list[str]:
-    """One line per agent: its sample count and the labels it holds (for the sim's header)."""
+def describe_partition(train: np.ndarray, test: np.ndarray, names: list[str]) -> list[str]:
+    """One line per agent: its training sample count, the labels it holds and its local test split's size."""
     lines = []
-    for name, counts in zip(names, histogram, strict=True):
-        labels = ",".join(str(label) for label in np.flatnonzero(counts))
-        lines.append(f"{name}: {int(counts.sum())} samples, labels {labels}")
+    for name, counts, held in zip(names, train, test, strict=True):
+        labels = ",".join(str(label) for label in np.flatnonzero(counts + held))
+        lines.append(f"{name}: {int(counts.sum())} samples, labels {labels}; {int(held.sum())} held out to test")
     return lines

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from agent.echo import PublishEcho
-from sim.federation import write_digits_data
+from sim.federation import write_classify_data
 from tests.fedharness import hosted_agent, override_toml, wait_until
 from tests.test_provision import provision, provisioned, workdir  # noqa: F401 - fixtures
 
@@ -16,7 +16,7 @@ DROPPED = "the broker drops what this agent publishes"
 def test_an_agent_missing_from_the_loaded_acl_says_its_publishes_are_dropped(provisioned):  # noqa: F811
     out, state, broker, port = provisioned
     provision(out, "a1,a2,a3,a4", port, state)  # a4 added; the running broker still holds the old ACL
-    write_digits_data(state, ["a1", "a4"], "iid", seed=0)
+    write_classify_data(state, ["a1", "a4"], "iid", seed=0)
     agents = {}
     for name in ("a1", "a4"):
         config = out / "agents" / name / "agent.toml"

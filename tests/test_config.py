@@ -58,6 +58,8 @@ def test_bad_server_config_names_the_key(tmp_path, layout, tables, message):
     [
         ({"agent": {"id": "bad id"}}, "agent.id 'bad id' is not a valid name"),
         ({"agent": {"data": "missing.npz"}}, "agent.data = 'missing.npz': training data not found"),
+        ({"agent": {"test_data": "gone.npz"}}, "agent.test_data = 'gone.npz': local test split not found"),
+        ({"training": {"trainer": "detector"}}, 'agent.test_data (a local test split .npz) is for training.trainer'),
         ({"training": {"device": "tpu"}}, 'training.device must be "auto", "cpu", "cuda" or "cuda:N"'),
         ({"broker": {"protocol": "4"}}, 'broker.protocol must be "3.1.1" or "5"'),
     ],
@@ -66,7 +68,7 @@ def test_bad_agent_config_names_the_key(tmp_path, layout, tables, message):
     source = layout.agent_configs["agent-01"]
     path = tmp_path / "agent.toml"
     path.write_text(source.read_text())
-    for name in ("agent-01.key", "server.pub", "data.npz"):
+    for name in ("agent-01.key", "server.pub", "data.npz", "test.npz"):
         (tmp_path / name).symlink_to(source.parent / name)
     override_toml(path, **tables)
     with pytest.raises(ConfigError) as err:

@@ -30,7 +30,7 @@ from security.envelope import InvalidEnvelope, Opener
 from security.keys import GroupKey, Identity, Keyring, PublicIdentity
 from security.pki import Issued, issue
 from sim.broker import free_port, start_broker
-from sim.federation import write_digits_data
+from sim.federation import write_classify_data
 from skyfed import main
 from tests.fedharness import hosted_agent, override_toml, wait_until
 
@@ -241,7 +241,7 @@ def test_the_generated_acl_confines_agents_and_monitors(provisioned):
 def _fast(out: Path, state: Path) -> None:
     """Operator edits for a quick test run: data where the configs expect it, short rounds."""
     names = ["a1", "a2", "a3"]
-    write_digits_data(state, names, "iid", seed=0)
+    write_classify_data(state, names, "iid", seed=0)
     override_toml(
         out / "server" / "server.toml",
         server={"rounds": 5, "eval_data": str(state / "server" / "test.npz"), "status_interval_s": 1.0},

@@ -181,8 +181,8 @@ def test_cli_bad_input_exits_2_with_one_line(visdrone, tmp_path, capsys):
 
 
 def test_the_older_data_spelling_means_data_digits():
-    from sim.data_cli import run_digits
+    from sim.data_cli import run_classify_data
 
     args = skyfed.build_parser().parse_args(skyfed.legacy_spelling(["data", "drone-01", "drone-02", "--out", "x"]))
-    assert args.handler is run_digits and args.agents == ["drone-01", "drone-02"]
+    assert args.handler is run_classify_data and args.dataset == "digits" and args.agents == ["drone-01", "drone-02"]
     assert skyfed.legacy_spelling(["data", "partition", "d.yaml"]) == ["data", "partition", "d.yaml"]
