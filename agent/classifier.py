@@ -1,4 +1,7 @@
-"""The classifier trainer: SGD (optionally DP-SGD through Opacus) of a PyTorch CNN or MLP on an ``.npz``."""
+"""The classifier trainer: SGD (optionally DP-SGD through Opacus) of a PyTorch CNN or MLP on an ``.npz``.
+
+With a local test split (``agent.test_data``) it first evaluates the model it starts from on it: that is
+the agent's C-SPE (its start model on its own test data), reported with its update."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from agent.local_dp import PrivacyBudget, dp_sgd
 from agent.momentum import MomentumStore
 from agent.trainer import TrainingDeclined, TrainResult
 from models.datasets import Dataset
-from models.training import train_sgd
+from models.training import evaluate, train_sgd
 from models.weights import NamedArrays, load_arrays, to_arrays
 from models.zoo import build_model
 from protocol.messages import RoundTask
@@ -29,8 +32,10 @@ class ClassifierTrainer:
         work_dir: Path,
         seed: int = 0,
         budget: PrivacyBudget | None = None,
+        test_data: Dataset | None = None,
     ) -> None:
         self.data = data
+        self.test_data = test_data  # the local test split (agent.test_data): never trained on
         self.momentum = MomentumStore(work_dir)
         self.device = device
         self.agent_id = agent_id
@@ -42,6 +47,7 @@ class ClassifierTrainer:
             raise TrainingDeclined(refusal)
         model = build_model(task.model, num_classes=task.num_classes)
         load_arrays(model, global_arrays)
+        start_eval = evaluate(model, self.test_data, self.device) if self.test_data is not None else {}  # C-SPE
         torch.manual_seed(self.seed_base + task.round)
         settings = task.train_of(self.agent_id)
         prepare, spent = dp_sgd(self.budget.policy) if self.budget is not None else (None, None)
@@ -64,4 +70,5 @@ class ClassifierTrainer:
         if self.budget is not None and spent is not None:
             self.budget.spend(spent(), settings)
             epsilon = self.budget.epsilon
-        return TrainResult(arrays=to_arrays(model), samples=outcome.samples, loss=outcome.loss, epsilon=epsilon)
+        return TrainResult(arrays=to_arrays(model), samples=outcome.samples, loss=outcome.loss, epsilon=epsilon,
+                           start_eval=start_eval)

@@ -37,6 +37,7 @@ class TrainResult:
     epsilon: float | None = None  # this agent's own DP-SGD epsilon after the round (local DP only)
     weight: int = 0  # what the server weighs the update by (0: ``samples``); detectors: annotated objects
     local_eval: dict[str, float] = field(default_factory=dict)  # the trainer's own validation, e.g. map50
+    start_eval: dict[str, float] = field(default_factory=dict)  # the start model on the local test split (C-SPE)
 
 
 class TrainingDeclined(Exception):
@@ -75,8 +76,9 @@ def build_trainer(config: AgentConfig, device: torch.device) -> Trainer:
 
     data = load_dataset(config.data_path)
     budget = budget_for(config.privacy, config.state_dir, len(data))
+    test = load_dataset(path) if (path := config.test_data_path) is not None else None
     return ClassifierTrainer(data, device=device, agent_id=config.agent.id, work_dir=config.state_dir,
-                             seed=config.agent.seed, budget=budget)  # fmt: skip
+                             seed=config.agent.seed, budget=budget, test_data=test)  # fmt: skip
 
 
 def encode_update(
@@ -97,5 +99,5 @@ def encode_update(
     epsilon = result.epsilon if result.epsilon is not None and math.isfinite(result.epsilon) else None
     meta = UpdateMeta(round=task.round, base_version=task.model_version, samples=result.samples, loss=result.loss,
                       base_sha256=base_sha256, local_epsilon=epsilon, local_delta=local_delta, weight=result.weight,
-                      local_eval=result.local_eval, codec=str(codec))  # fmt: skip
+                      local_eval=result.local_eval, start_eval=result.start_eval, codec=str(codec))  # fmt: skip
     return dumps(out.payload, metadata=meta.to_metadata()), out.sent

@@ -112,6 +112,7 @@ def accept_update(
         folded=folded,
         local_epsilon=parsed.meta.local_epsilon,
         local_eval=parsed.meta.local_eval,
+        start_eval=parsed.meta.start_eval,
     )
     state.updates.append(record)
     return record

@@ -34,6 +34,7 @@ from broker_server.health import HealthBook
 from broker_server.metrics_log import MetricsLog, round_metrics
 from broker_server.onnx_step import ExportOnnx
 from broker_server.pace import PaceBook
+from broker_server.personal import GLOBAL, StartScores
 from broker_server.pipeline import RoundContext, RoundRejected, run_pipeline
 from broker_server.round_steps import round_steps
 from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missing, select_with_probation
@@ -67,6 +68,7 @@ class RoundEngine(EngineState, FleetEvents):
         evaluator: Callable[[NamedArrays], dict[str, float]] | None = None,
     ) -> None:
         self.config = config
+        self.start_scores = StartScores(evaluator)  # C-GEN of the models agents start from
         self.rules = config.rounds
         self.policy = config.privacy.bounds(config.bounds)
         self.codec = Codec.parse(config.server.codec)
@@ -316,6 +318,8 @@ class RoundEngine(EngineState, FleetEvents):
         )
         outcome, reason, offenders = "committed", "", []
         global_starts = sum(agent not in self.assignments for agent in rs.selected)
+        starts = {u.agent: self._start_key(u.agent) for u in rs.updates}  # before the assignments move on
+        personal = self.start_scores.personal(rs.updates, starts, self.start_model)
         try:
             run_pipeline(self.steps, ctx)
         except RoundRejected as rejected:
@@ -336,7 +340,9 @@ class RoundEngine(EngineState, FleetEvents):
         self.ledger.after_round(averaged, published=published, next_clip=ctx.next_clip)
         bytes_down = model_wire_bytes * global_starts + rs.inbox_bytes
         metrics = round_metrics(ctx, strategy=self.strategy.name, now=now, outcome=(outcome, reason, offenders),
-                                version=self.version, bytes_down=bytes_down)  # fmt: skip
+                                version=self.version, bytes_down=bytes_down, personal=personal)  # fmt: skip
+        if published and ctx.evaluation:  # the next round's agents start from this model: evaluated already
+            self.start_scores.known(f"{GLOBAL}-v{self.version}", ctx.evaluation)
         if self.config.privacy.enabled:
             metrics = self.ledger.public_metrics(metrics, ctx.noise_std)
         if published and self.strategy.elect_best:
@@ -350,6 +356,11 @@ class RoundEngine(EngineState, FleetEvents):
             with suppress(DiskError), self.durably("the best model's election"):  # else elected at the next start
                 self._elect_best()
         return metrics
+
+    def _start_key(self, agent: str) -> str:
+        """Names the model ``agent`` starts this round from: the global model's version, or its assignment's."""
+        assignment = self.assignments.get(agent)
+        return f"{GLOBAL}-v{self.version}" if assignment is None else assignment.model.sha256
 
     def _elect_best(self) -> None:
         """The run ended: the best-evaluated version becomes the final global model (``election``)."""

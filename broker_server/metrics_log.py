@@ -51,7 +51,14 @@ class MetricsLog:
 
 
 def round_metrics(
-    ctx: RoundContext, *, strategy: str, now: float, outcome: tuple[str, str, list[str]], version: int, bytes_down: int
+    ctx: RoundContext,
+    *,
+    strategy: str,
+    now: float,
+    outcome: tuple[str, str, list[str]],
+    version: int,
+    bytes_down: int,
+    personal: dict | None = None,
 ) -> RoundMetrics:
     """A closed round's metrics line; ``outcome`` is (committed | rolled-back, reason, offenders)."""
     rs = ctx.state
@@ -78,6 +85,7 @@ def round_metrics(
         aggregation=aggregation,
         missed=rs.missed,
         action=rs.action,
+        personal=personal or {},
     )
 
 

@@ -85,7 +85,8 @@ class FederationView:
                 + _cells(f"{now - a.updated_at:.0f}", a.detail)
             )
         rounds = Table(show_header=True)
-        for col in ("round", "accepted", "rejected", "accuracy/mAP50", "loss", "seconds", "MB up", "MB down"):
+        for col in ("round", "accepted", "rejected", "accuracy/mAP50", "C-SPE", "C-GEN", "loss", "seconds", "MB up",
+                    "MB down"):  # fmt: skip
             rounds.add_column(col)
         for m in self.metrics:
             outcome = "" if m.outcome == "committed" else f" ({m.outcome}: {m.reason})"
@@ -96,6 +97,8 @@ class FederationView:
                     f"{len(m.accepted)}/{len(m.participants)}",
                     len(m.rejected),
                     _fmt(headline(m.eval)),
+                    _fmt(m.personal.get("c_spe")),
+                    _fmt(m.personal.get("c_gen")),
                     _fmt(m.eval.get("loss")),
                     f"{m.duration_s:.1f}",
                     f"{m.bytes_up / 1e6:.2f}",
@@ -138,7 +141,8 @@ def _agent_line(name: str, a: AgentStatus) -> str:
 def _metrics_line(m: RoundMetrics) -> str:
     return _line("round", round=m.round, outcome=m.outcome, reason=m.reason,
                  accepted=f"{len(m.accepted)}/{len(m.participants)}", rejected=len(m.rejected),
-                 metric=_fmt(headline(m.eval)), seconds=f"{m.duration_s:.1f}")  # fmt: skip
+                 metric=_fmt(headline(m.eval)), c_spe=_fmt(m.personal.get("c_spe")),
+                 c_gen=_fmt(m.personal.get("c_gen")), seconds=f"{m.duration_s:.1f}")  # fmt: skip
 
 
 def _fmt(value: object) -> str:

@@ -74,6 +74,7 @@ class UpdateRecord:
     folded: float = 0.0  # coefficient a streaming strategy folded in while checking it (0: not folded)
     local_epsilon: float | None = None  # the agent's own DP-SGD epsilon, as its update's metadata says
     local_eval: dict[str, float] = field(default_factory=dict)  # the agent's own validation of its model
+    start_eval: dict[str, float] = field(default_factory=dict)  # its start model on its local test split (C-SPE)
 
 
 @dataclass

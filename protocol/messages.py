@@ -321,3 +321,4 @@ class RoundMetrics(Message):
     missed: list[str] = field(default_factory=list)  # selected agents replaced after a deadline, or revoked
     action: str = "average"  # average (a new global model), swap or local (agents keep their own models)
     privacy: dict = field(default_factory=dict)  # differential privacy: epsilon, delta, … spent so far (worst agent)
+    personal: dict = field(default_factory=dict)  # C-SPE and C-GEN of the models agents trained from (personal.py)

@@ -5,7 +5,8 @@ floating tensors, or their encoding by ``codec`` (``protocol.codecs``: the round
 decodes before any check); its ``__metadata__`` (string to string, as safetensors requires) carries this
 header. ``weight`` is what strategies weigh the update by: its training samples for classifiers, its
 annotated objects for detectors (seed 001's FedAvg weighting); ``samples`` stays the image count.
-``local_eval`` is the agent's own validation of its trained model (e.g. ``map50``), reported, never trusted.
+``local_eval`` is the agent's own validation of its trained model (e.g. ``map50``), and ``start_eval`` its
+evaluation of the model it started from on its local test split (C-SPE): reported, never trusted.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class UpdateMeta:
     local_delta: float | None = None
     weight: int = 0  # 0: the same as ``samples``
     local_eval: dict[str, float] = field(default_factory=dict)
+    start_eval: dict[str, float] = field(default_factory=dict)  # the start model on the agent's local test split
 
     def __post_init__(self) -> None:
         if self.weight == 0:
@@ -55,6 +57,7 @@ class UpdateMeta:
             **({} if self.local_delta is None else {"local_delta": repr(self.local_delta)}),
             "weight": str(self.weight),
             **({"local_eval": json.dumps(self.local_eval)} if self.local_eval else {}),
+            **({"start_eval": json.dumps(self.start_eval)} if self.start_eval else {}),
         }
 
     @classmethod
@@ -73,6 +76,7 @@ class UpdateMeta:
                 local_delta=_optional_float(metadata.get("local_delta")),
                 weight=int(metadata.get("weight", "0")),
                 local_eval=_local_eval(metadata.get("local_eval")),
+                start_eval=_local_eval(metadata.get("start_eval")),
             )
         except (KeyError, ValueError, TypeError) as exc:
             raise UpdateMetaError(f"bad-metadata: {exc}") from None

@@ -16,9 +16,13 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
     rounds = [r["round"] for r in rows]
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(10, 4))
     detect = any("map50" in r["eval"] for r in rows)
-    ax_acc.plot(rounds, [r["eval"].get("map50" if detect else "accuracy") for r in rows], marker="o")
+    ax_acc.plot(rounds, [r["eval"].get("map50" if detect else "accuracy") for r in rows], marker="o", label="global")
+    for key, name in (("c_spe", "C-SPE (start model, own test split)"), ("c_gen", "C-GEN (start model, server set)")):
+        if any(key in r.get("personal", {}) for r in rows):  # issue 22: the models agents trained from
+            ax_acc.plot(rounds, [r.get("personal", {}).get(key) for r in rows], marker=".", label=name)
     label = "mAP@.5" if detect else "test accuracy"
     ax_acc.set(xlabel="round", ylabel=label, title=f"Global model {label}")
+    ax_acc.legend(fontsize="small")
     ax_acc.grid(True, alpha=0.3)
     ax_loss.plot(rounds, [r["eval"].get("loss") for r in rows], marker="o", color="tab:red")
     ax_loss.set(xlabel="round", ylabel="test loss", title="Global model loss")

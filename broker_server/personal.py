@@ -1,0 +1,68 @@
+"""Personalization metrics of a round (issue 22): how the model each agent started the round from scores
+on the agent's own test split — C-SPE, which the agent measures before training and reports in its
+update header (``start_eval``) — and on the server's evaluation set with every class — C-GEN.
+
+Under FedAvg every agent starts from the global model, so both are the global model's and methods compare
+on one scale; under DemLearn an agent starts from its group's model, under FedAMP from its own cloud
+model, under swapping from its own or its partner's. A round's row describes the models trained from in
+that round, i.e. what the previous round gave each agent: the agent can only score a model once it has
+it. Averages are plain means over the agents that reported (the seeds average over agents). Reported
+numbers are an agent's claim, shown, never used to decide anything.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+from broker_server.rounds import UpdateRecord
+from models.weights import NamedArrays
+from protocol.messages import headline
+
+GLOBAL = "global"  # the start key of agents that start from the global model
+
+
+def personal_metrics(c_spe: dict[str, dict], start_of: dict[str, str], c_gen_of: dict[str, dict]) -> dict:
+    """``{"c_spe": mean, "c_gen": mean, "agents": {agent: {"c_spe": …, "c_gen": …}}}`` from each agent's
+    report (``c_spe``: its start model on its test split), which model it started from (``start_of``:
+    agent → key) and the server's evaluation of each such model (``c_gen_of``: key → evaluation)."""
+    agents: dict[str, dict[str, float]] = {}
+    for agent, key in sorted(start_of.items()):
+        entry = {}
+        if (spe := headline(c_spe.get(agent, {}))) is not None:
+            entry["c_spe"] = round(float(spe), 6)
+        if (gen := headline(c_gen_of.get(key, {}))) is not None:
+            entry["c_gen"] = round(float(gen), 6)
+        if entry:
+            agents[agent] = entry
+    if not agents:
+        return {}
+    means = {}
+    for name in ("c_spe", "c_gen"):
+        values = [entry[name] for entry in agents.values() if name in entry]
+        if values:
+            means[name] = round(statistics.fmean(values), 6)
+    return {**means, "agents": agents}
+
+
+class StartScores:
+    """The server's evaluation (C-GEN) of each model agents start a round from, computed once per model:
+    under FedAvg that is the model the previous round published, already evaluated then (``known``)."""
+
+    def __init__(self, evaluator: Callable[[NamedArrays], dict[str, float]] | None) -> None:
+        self.evaluator = evaluator
+        self._scores: dict[str, dict] = {}
+
+    def known(self, key: str, evaluation: dict) -> None:
+        self._scores[key] = evaluation
+
+    def personal(self, updates: list[UpdateRecord], start_of: dict[str, str],
+                 start_model: Callable[[str], NamedArrays]) -> dict:  # fmt: skip
+        """``personal_metrics`` of a round whose counted ``updates`` came from agents that started from
+        ``start_of`` (agent → model key; ``start_model`` gives an agent's whole start model)."""
+        scores = {}
+        if self.evaluator is not None:
+            for key, agent in {key: agent for agent, key in start_of.items()}.items():
+                scores[key] = self._scores.get(key) or self.evaluator(start_model(agent))
+        self._scores = scores  # only what this round's agents started from: the cache never grows
+        return personal_metrics({u.agent: u.start_eval for u in updates}, start_of, scores)
