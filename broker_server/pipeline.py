@@ -180,6 +180,7 @@ class PlanStarts(Step):
     bank: ModelBank
     current: Callable[[], dict[str, Assignment]]
     rng: Callable[[], np.random.Generator]
+    evaluator: Callable[[NamedArrays], dict[str, float]] | None = None
     name: str = "plan-starts"
 
     def run(self, ctx: RoundContext) -> None:
@@ -191,7 +192,8 @@ class PlanStarts(Step):
                 vector=self.bank.vector,
                 put=lambda name, vector: keep_model(self.bank, ctx, f"+{name}", with_floats(ctx.global_arrays, vector,
                                                                                            ctx.float_spec)),
-                rng=self.rng,
+                rng=self.rng, evaluate=None if self.evaluator is None else (
+                    lambda vector: self.evaluator(with_floats(ctx.global_arrays, vector, ctx.float_spec))),
             )  # fmt: skip
         ctx.plan = self.strategy.plan_starts(models)
         ctx.step_detail.update(ctx.plan.detail)

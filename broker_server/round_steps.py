@@ -55,7 +55,7 @@ def round_steps(
         steps.append(KeepAgentModels(bank, base_of, policy))
     steps += [
         Aggregate(strategy, average_only=private),
-        PlanStarts(strategy, bank, current, round_rng),
+        PlanStarts(strategy, bank, current, round_rng, evaluator),
         CheckModel(policy, strategy.bounded_by_clip, private=private),
     ]
     if private:

@@ -51,6 +51,11 @@ def test_every_round_reports_c_spe_and_c_gen_of_the_models_agents_started_from(t
         assert gens == {first["eval"]["accuracy"]}
     else:  # each agent from its group's model: two groups, two scores (the seed's levels = 3 gives ≥ 2 here)
         assert len(gens) >= 2
+        groups = first["aggregation"]["groups"]
+        assert {g["level"] for g in groups} == {1, 2, 3} and all(0 <= g["g_gen"] <= 1 for g in groups)
+        for group in (g for g in groups if g["level"] == 1):  # round 2 started from them: the same score
+            for member in group["members"]:
+                assert second["personal"]["agents"][member]["c_gen"] == group["g_gen"]
 
 
 def test_the_monitor_shows_c_spe_and_c_gen_of_a_round(tmp_path):

@@ -95,6 +95,7 @@ class KeptModels:
     vector: Callable[[Holding], np.ndarray]  # a kept model's float vector (read-only, memory-mapped)
     put: Callable[[str, np.ndarray], Holding]  # keep a new model (a group's, say): owner "+name", never an agent id
     rng: Callable[[], np.random.Generator]  # seeded per round: the same after a restart
+    evaluate: Callable[[np.ndarray], dict[str, float]] | None = None  # a float vector on the server's eval set
 
     def own(self, agent: str) -> Assignment:
         """``agent`` goes on from its own kept model: no download if the server's copy is its own, bit for bit."""

@@ -47,7 +47,7 @@ from broker_server.strategies.base import (
     mixed_models,
 )
 from broker_server.strategies.krum import gram_matrix
-from protocol.messages import TrainSettings
+from protocol.messages import TrainSettings, headline
 
 DISTANCES = ("euclidean", "cosine")
 
@@ -112,16 +112,18 @@ def cluster_paths(distances: np.ndarray, levels: int) -> list[tuple[int, ...]]:
     return paths
 
 
-def group_mixing(paths: list[tuple[int, ...]], alpha: float) -> tuple[list[tuple[int, ...]], np.ndarray]:
-    """The level-1 groups (their paths) and, per group, the weight of each agent's model in the group's
-    model after the bottom-up means and the top-down α-mix: rows sum to 1."""
-    levels = len(paths[0])
-    groups = sorted(set(paths))
+def group_mixing(
+    paths: list[tuple[int, ...]], alpha: float, level: int = 1
+) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """The groups of ``level`` (their paths from the root) and, per group, the weight of each agent's model
+    in the group's model after the bottom-up means and the top-down α-mix: rows sum to 1."""
+    depth = len(paths[0]) - level + 1  # a level-k group is named by the first depth choices of its members' paths
+    groups = sorted({p[:depth] for p in paths})
     mixing = np.zeros((len(groups), len(paths)))
     for row, group in enumerate(groups):
-        for k in range(1, levels + 2):  # k = 1 … levels: group levels; levels + 1: the root
-            prefix = group[: levels - k + 1] if k <= levels else ()
-            coefficient = (1 - alpha) * alpha ** (k - 1) if k <= levels else alpha**levels
+        for up in range(depth + 1):  # 0: the group itself, 1: its parent, …, depth: the root
+            prefix = group[: depth - up]
+            coefficient = (1 - alpha) * alpha**up if up < depth else alpha**depth
             members = [j for j, p in enumerate(paths) if p[: len(prefix)] == prefix]
             mixing[row, members] += coefficient / len(members)
     return groups, mixing
@@ -159,15 +161,25 @@ class DemLearn(Strategy):
             tree = self._pending = {a: list(p) for a, p in zip(agents, paths, strict=True)}
         else:
             tree = self.tree
-        groups, mixing = group_mixing([tuple(tree[a]) for a in agents], self.options.alpha)
+        paths = [tuple(tree[a]) for a in agents]
+        by_level = {k: group_mixing(paths, self.options.alpha, k) for k in range(1, self.options.levels + 1)}
+        rows = [(k, group) for k, (groups, _) in by_level.items() for group in groups]
+        mixing = np.vstack([weights for _, weights in by_level.values()])  # every group of every level
         a = self.options.amplify if models.round <= self.options.amplify_rounds else 1.0
-        holdings = {}
+        holdings, report = {}, []
         for row, vector in mixed_models(views, mixing):  # Σ weights = 1, so this amplifies each model's change
-            amplified = vector if a == 1.0 else a * vector + (1 - a) * self.start_vector
-            holdings[groups[row]] = models.put(f"group-{''.join(map(str, groups[row]))}", amplified)
+            level, group = rows[row]
+            members = sorted(agent for agent, path in zip(agents, paths, strict=True) if path[: len(group)] == group)
+            entry = {"level": level, "group": "".join(map(str, group)), "members": members}
+            if level == 1:  # what the members start from: kept, sealed to each
+                vector = vector if a == 1.0 else a * vector + (1 - a) * self.start_vector
+                holdings[group] = models.put(f"group-{entry['group']}", vector)
+            if models.evaluate is not None and (score := headline(models.evaluate(vector))) is not None:
+                entry["g_gen"] = round(float(score), 6)  # the group model on the server's evaluation set
+            report.append(entry)
         starts = {agent: Assignment("inbox", holdings[tuple(tree[agent])]) for agent in agents}
-        detail = {"groups": group_report(tree, self.options.levels), "reclustered": due}
-        return StartPlan(publish=True, starts=starts, detail=detail)
+        report.sort(key=lambda e: (-e["level"], e["group"]))
+        return StartPlan(publish=True, starts=starts, detail={"groups": report, "reclustered": due})
 
     def on_commit(self, result: RoundResult) -> None:
         if self._pending is not None:
@@ -179,14 +191,3 @@ class DemLearn(Strategy):
     def restore(self, state: NamedArrays) -> None:
         if "tree" in state:
             self.tree = json.loads(bytes(np.asarray(state["tree"], np.uint8)).decode())
-
-
-def group_report(tree: dict[str, list[int]], levels: int) -> list[dict]:
-    """``[{"level": k, "members": [...]}, …]`` for every group of every level, for ``metrics.aggregation``."""
-    report = []
-    for k in range(levels, 0, -1):
-        prefixes = sorted({tuple(p[: levels - k + 1]) for p in tree.values()})
-        for prefix in prefixes:
-            members = sorted(a for a, p in tree.items() if tuple(p[: len(prefix)]) == prefix)
-            report.append({"level": k, "group": "".join(map(str, prefix)), "members": members})
-    return report
