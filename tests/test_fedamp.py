@@ -12,7 +12,7 @@ from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
 from broker_server.strategies import build_strategy
 from broker_server.strategies.fedamp import FedAMPOptions, attention_weights
-from models.weights import advanced, flatten, float_part
+from models.weights import advanced, fingerprint, flatten, float_part
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import override_toml
@@ -66,3 +66,43 @@ def test_each_agent_gets_its_own_cloud_model_sealed_to_it(tmp_path):
     assert len({engine.assignments[a].model.sha256 for a in AGENTS}) == 3  # three personal models
     with pytest.raises(ValueError, match="strategy.attention 'dot' must be one of distance, cosine"):
         build_strategy({"name": "fedamp", "attention": "dot"})
+
+
+@pytest.mark.timeout(300)
+def test_over_a_real_broker_each_cloud_model_opens_only_for_its_agent(tmp_path, broker):
+    """A hostile enrolled agent reads every inbox on the broker: it can open none of the others' cloud models,
+    and each agent trains round 2 from a model of its own (the agent checks the task's SHA-256 of it)."""
+    from broker_server.daemon import Aggregator
+    from security.envelope import InvalidEnvelope, Opener
+    from security.keys import Identity, Keyring, PublicIdentity
+    from tests.fedharness import Federation
+    from tests.test_federation import Sniffer
+    from tests.test_swapping import Recording
+
+    fed = Federation(tmp_path, broker, rounds=2, agents=3, partition="shards")
+    override_toml(fed.layout.server_config, rounds={"quorum": 3}, strategy={"name": "fedamp", "sigma": 50.0})
+    for agent in fed.agents:
+        agent.runner.trainer = Recording(agent.runner.trainer)
+    sniffer = Sniffer(broker)
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    try:
+        fed.run(server, timeout_s=180)
+    finally:
+        sniffer.close()
+    assert [len(m.accepted) for m in fed.metrics()] == [3, 3]
+    assignments = server.engine.assignments  # after round 2; round 2's starts are gone, so check the sha256s
+    assert {a.model.owner for a in assignments.values()} == {f"+cloud-{a.id}" for a in fed.agents}
+    identities = {a.id: Identity.load(a.config.identity_path) for a in fed.agents}
+    server_public = PublicIdentity.load(fed.agents[0].config.server_key_path)
+    starts = [(t.split("/")[3], p) for t, p in sniffer.payloads if t.endswith("/inbox") and p and b"start" in p[:200]]
+    assert {owner for owner, _ in starts} == set(identities)  # everyone got its own cloud model for round 2
+    for owner, payload in starts:
+        for name, identity in identities.items():
+            opener = Opener(identity=identity, federation="it", senders=Keyring([server_public]))
+            if name == owner:
+                opener.open_chunk(payload)
+            else:
+                with pytest.raises(InvalidEnvelope):
+                    opener.open_chunk(payload)
+    bases = [a.runner.trainer.bases[2] for a in fed.agents]
+    assert len({fingerprint(b) for b in bases}) == 3  # three personal start models
