@@ -73,11 +73,10 @@ def test_over_a_real_broker_each_cloud_model_opens_only_for_its_agent(tmp_path, 
     """A hostile enrolled agent reads every inbox on the broker: it can open none of the others' cloud models,
     and each agent trains round 2 from a model of its own (the agent checks the task's SHA-256 of it)."""
     from broker_server.daemon import Aggregator
-    from security.envelope import InvalidEnvelope, Opener
-    from security.keys import Identity, Keyring, PublicIdentity
+    from security.keys import Identity, PublicIdentity
     from tests.fedharness import Federation
     from tests.test_federation import Sniffer
-    from tests.test_swapping import Recording
+    from tests.test_swapping import Recording, assert_each_opens_only_for_its_owner
 
     fed = Federation(tmp_path, broker, rounds=2, agents=3, partition="shards")
     override_toml(fed.layout.server_config, rounds={"quorum": 3}, strategy={"name": "fedamp", "sigma": 50.0})
@@ -96,13 +95,6 @@ def test_over_a_real_broker_each_cloud_model_opens_only_for_its_agent(tmp_path, 
     server_public = PublicIdentity.load(fed.agents[0].config.server_key_path)
     starts = [(t.split("/")[3], p) for t, p in sniffer.payloads if t.endswith("/inbox") and p and b"start" in p[:200]]
     assert {owner for owner, _ in starts} == set(identities)  # everyone got its own cloud model for round 2
-    for owner, payload in starts:
-        for name, identity in identities.items():
-            opener = Opener(identity=identity, federation="it", senders=Keyring([server_public]))
-            if name == owner:
-                opener.open_chunk(payload)
-            else:
-                with pytest.raises(InvalidEnvelope):
-                    opener.open_chunk(payload)
+    assert_each_opens_only_for_its_owner(starts, identities, server_public)
     bases = [a.runner.trainer.bases[2] for a in fed.agents]
     assert len({fingerprint(b) for b in bases}) == 3  # three personal start models

@@ -117,7 +117,7 @@ def test_column_blocks_cover_every_value_once_for_many_agents():
 @pytest.mark.parametrize(
     "table, message",
     [
-        ({"name": "fedmagic"}, "strategy.name 'fedmagic' is unknown; choose one of auto, centered-clip, fedadam"),
+        ({"name": "fedmagic"}, "strategy.name 'fedmagic' is unknown; choose one of auto, centered-clip, demlearn"),
         ({"name": "fedavg", "weighting": "loud"}, "strategy.weighting"),
         ({"name": "trimmed-mean", "beta": 0.5}, r"strategy.beta must be in \[0, 0.5\)"),
         ({"name": "krum", "f": -1}, "strategy.f must be >= 0"),

@@ -49,6 +49,19 @@ def _record_local_models(agent) -> list[NamedArrays]:  # noqa: ANN001
     return saved
 
 
+def assert_each_opens_only_for_its_owner(starts: list[tuple[str, bytes]], identities: dict[str, Identity],
+                                         server: PublicIdentity) -> None:  # fmt: skip
+    """Every sealed inbox payload ``(owner, payload)`` opens for its owner and for no other agent."""
+    for owner, payload in starts:
+        for name, identity in identities.items():
+            opener = Opener(identity=identity, federation="it", senders=Keyring([server]))
+            if name == owner:
+                opener.open_chunk(payload)
+            else:
+                with pytest.raises(InvalidEnvelope):
+                    opener.open_chunk(payload)
+
+
 def _identical(a: NamedArrays, b: NamedArrays) -> bool:
     return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
 
@@ -105,13 +118,6 @@ def test_swap_hands_each_agent_its_partners_model_sealed_to_it_and_survives_kill
     inbox = [(t.split("/")[3], p) for t, p in sniffer.payloads if t.endswith("/inbox") and p]
     starts = [(owner, p) for owner, p in inbox if b"start" in p[:200]]
     assert {owner for owner, _ in starts} == set(identities)
-    for owner, payload in starts:
-        for name, identity in identities.items():
-            opener = Opener(identity=identity, federation="it", senders=Keyring([server_public]))
-            if name == owner:
-                opener.open_chunk(payload)
-            else:
-                with pytest.raises(InvalidEnvelope):
-                    opener.open_chunk(payload)
+    assert_each_opens_only_for_its_owner(starts, identities, server_public)
     windows = set().union(*(_float_windows(locals_by_agent[a][0]) for a in identities))
     assert not any(_leaks(p, windows) for _, p in starts)
