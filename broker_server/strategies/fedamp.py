@@ -65,6 +65,8 @@ class FedAMPOptions:
 def attention_weights(gram: np.ndarray, options: FedAMPOptions) -> np.ndarray:
     """ξ: row i holds the weights of every agent's model in agent i's cloud model (rows sum to 1)."""
     n = len(gram)
+    if n == 1:
+        return np.ones((1, 1))
     others = ~np.eye(n, dtype=bool)
     if options.attention == "cosine":
         logits = np.where(others, options.sigma * (1 - distance_matrix(gram, "cosine")), -np.inf)
@@ -74,8 +76,6 @@ def attention_weights(gram: np.ndarray, options: FedAMPOptions) -> np.ndarray:
         xi = np.where(others, options.alpha_k * np.exp(-squared_distances(gram) / options.sigma) / options.sigma, 0)
         total = xi.sum(axis=1, keepdims=True)
         xi = np.where(total > 1, xi / np.maximum(total, 1e-300), xi)
-    if n == 1:
-        return np.ones((1, 1))
     return xi + np.diag(1 - xi.sum(axis=1))
 
 
