@@ -12,7 +12,6 @@ numbers are an agent's claim, shown, never used to decide anything.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 
 from broker_server.rounds import UpdateRecord
@@ -40,8 +39,8 @@ def personal_metrics(c_spe: dict[str, dict], start_of: dict[str, str], c_gen_of:
     means = {}
     for name in ("c_spe", "c_gen"):
         values = [entry[name] for entry in agents.values() if name in entry]
-        if values:
-            means[name] = round(statistics.fmean(values), 6)
+        if values:  # each scaled first: claimed values are finite but may be huge, and their sum could overflow
+            means[name] = round(sum(v / len(values) for v in values), 6)
     return {**means, "agents": agents}
 
 

@@ -24,6 +24,14 @@ def test_personal_metrics_by_hand():
     assert personal_metrics({}, {"a": "global-v1"}, {}) == {}  # nothing measured: nothing said
 
 
+def test_huge_claimed_start_evaluations_do_not_stop_the_round_from_closing(tmp_path):
+    """Two rogue agents claim C-SPE 1e308 (finite, so the header takes it): the mean must not overflow, or
+    every close of the round raises, and again after a restart (the updates are checkpointed)."""
+    huge = {"accuracy": 1e308}
+    means = personal_metrics({"a": huge, "b": huge}, {"a": "global-v1", "b": "global-v1"}, {})
+    assert means["c_spe"] == pytest.approx(1e308) and means["agents"]["a"]["c_spe"] == 1e308
+
+
 def test_the_start_evaluation_travels_in_the_update_header_and_is_checked_like_local_eval():
     meta = UpdateMeta(round=3, base_version=2, samples=10, loss=0.5, start_eval={"accuracy": 0.75, "loss": 0.6})
     assert UpdateMeta.from_metadata(meta.to_metadata()).start_eval == {"accuracy": 0.75, "loss": 0.6}
