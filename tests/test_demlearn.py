@@ -3,6 +3,8 @@ group models by hand, the engine's per-agent starts and a restart, and a real fe
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -123,3 +125,24 @@ def test_over_a_real_broker_each_agent_trains_round_2_from_its_group_model(tmp_p
             np.testing.assert_allclose(floats(bases[agent]), expected, rtol=1e-5, atol=1e-6)
         assert all(_identical(bases[members[0]], bases[m]) for m in members)  # one group model, bit for bit
     assert not _identical(bases[groups[0][0]], bases[groups[1][0]])
+
+
+def test_a_rolled_back_rounds_clustering_is_never_installed(config):
+    """tau = 2: round 3 re-clusters but is rolled back after ``plan_starts`` (its evaluation is not finite);
+    round 4 is not due and keeps round 1's tree, which must stay the tree it commits."""
+    failing = {"now": False}
+    config = dataclasses.replace(config, server=dataclasses.replace(config.server, rounds=4))
+    engine = RoundEngine(config, replay=ReplayGuard(3600),
+                         evaluator=lambda _arrays: {"accuracy": float("nan") if failing["now"] else 0.5})
+    for number in (1, 2, 3, 4):
+        failing["now"] = number == 3
+        engine.begin_round(AGENTS, now=0.0)
+        engine.announce(now=0.0)
+        for i, agent in enumerate(AGENTS):  # round 3 alone would group the agents the other way
+            engine.accept(update(engine, agent, seed=i // 2 if number == 3 else i % 2, scale=1 + 0.1 * (i // 2))[0])
+        metrics = engine.close(now=1.0, model_wire_bytes=1000)
+        assert metrics.outcome == ("rolled-back" if number == 3 else "committed")
+        if number == 1:
+            tree = dict(engine.strategy.tree)
+    assert metrics.aggregation["reclustered"] is False
+    assert engine.strategy.tree == tree

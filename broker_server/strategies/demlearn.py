@@ -159,8 +159,8 @@ class DemLearn(Strategy):
         if due:
             paths = cluster_paths(distance_matrix(gram_matrix(views), self.options.distance), self.options.levels)
             tree = self._pending = {a: list(p) for a, p in zip(agents, paths, strict=True)}
-        else:
-            tree = self.tree
+        else:  # and no clustering of a rolled-back round is left pending to be installed at the next commit
+            tree, self._pending = self.tree, None
         paths = [tuple(tree[a]) for a in agents]
         by_level = {k: group_mixing(paths, self.options.alpha, k) for k in range(1, self.options.levels + 1)}
         rows = [(k, group) for k, (groups, _) in by_level.items() for group in groups]
