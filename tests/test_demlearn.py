@@ -146,3 +146,32 @@ def test_a_rolled_back_rounds_clustering_is_never_installed(config):
             tree = dict(engine.strategy.tree)
     assert metrics.aggregation["reclustered"] is False
     assert engine.strategy.tree == tree
+
+
+def test_amplification_leaves_the_batchnorm_statistics_alone(tmp_path):
+    """×1.15 extrapolates each group model's change from the global model: a running variance that fell from
+    1 to 0.05 in the round would start the next at 1 − 1.15·0.95 < 0, and the agents' BatchNorm give NaN."""
+    layout = create_federation(tmp_path, SimSettings(agents=4, rounds=3, federation="e"), ("127.0.0.1", 1))
+    override_toml(layout.server_config, rounds={"min_agents": 4, "quorum": 4}, bounds={"clip": "off"},
+                  strategy={"name": "demlearn", "levels": 1, "amplify": 1.15})  # fmt: skip
+    engine = RoundEngine(load_server_config(layout.server_config), replay=ReplayGuard(3600))
+    names = [s.name for s in engine.float_spec if s.name.endswith("running_var")]
+    assert names and all((engine.global_arrays[n] == 1).all() for n in names)  # BatchNorm's initial variance
+    engine.begin_round(AGENTS, now=0.0)
+    engine.announce(now=0.0)
+    held = {}
+    for i, agent in enumerate(AGENTS):
+        done, delta = update(engine, agent, seed=i, fill={name: -0.95 for name in names})
+        held[agent] = advanced(engine.start_model(agent), delta)
+        engine.accept(done)
+    weight = next(s.name for s in engine.float_spec if s.name.endswith("weight"))
+    before = engine.global_arrays[weight].copy()
+    metrics = engine.close(now=1.0, model_wire_bytes=1000)
+    mean = lambda agents: np.mean([held[a][weight] for a in agents], axis=0)  # noqa: E731
+    for members in (g["members"] for g in metrics.aggregation["groups"]):
+        mixed = 0.4 * mean(members) + 0.6 * mean(AGENTS)  # α = 0.6 toward the root
+        for agent in members:
+            start = engine.start_model(agent)
+            np.testing.assert_allclose(start[weight], before + 1.15 * (mixed - before), rtol=1e-4, atol=1e-6)
+            for name in names:
+                np.testing.assert_allclose(start[name], 0.05, rtol=1e-5)  # the members' mean, not extrapolated

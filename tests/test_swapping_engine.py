@@ -40,11 +40,14 @@ def config(tmp_path):
 
 
 def update(engine: RoundEngine, agent: str, seed: int, *, base_sha256: str | None = None, samples: int = 100,
-           scale: float = 1.0):  # fmt: skip
-    """A random delta as ``agent`` would send it, claiming the base the engine assigned unless told."""
+           scale: float = 1.0, fill: dict[str, float] | None = None):  # fmt: skip
+    """A random delta as ``agent`` would send it, claiming the base the engine assigned unless told; the
+    tensors named in ``fill`` change by that constant instead."""
     rng = np.random.default_rng(seed)
     floats = float_part(engine.global_arrays)
     delta = {k: (0.01 * scale * rng.standard_normal(floats[k].shape)).astype(np.float32) for k in sorted(floats)}
+    for name, value in (fill or {}).items():
+        delta[name][...] = value
     assigned = engine.assignments.get(agent)
     claimed = base_sha256 if base_sha256 is not None else (assigned.model.sha256 if assigned else "")
     meta = UpdateMeta(engine.round_state.round, engine.version, samples, 0.3, base_sha256=claimed)

@@ -20,9 +20,9 @@ linkage (UPGMA) on the pairwise distance matrix (the thesis calls its rule "aver
 a centroid distance; the authors' code uses SciPy's hierarchy); cosine distance is 1 − cos; a branch
 that ends above the cut goes on as a single-member chain; the optional amplification (×1.15 in the first
 5 rounds in the thesis, which scales "the update") scales the change of each level-1 group model — what
-agents start from — from the round's global model, w ← g + a·(w − g), so it never scales BatchNorm
-statistics or weights themselves, and the published root stays the plain mean; members are counted as
-agents (not samples), as in eq. 9.
+agents start from — from the round's global model, w ← g + a·(w − g), except the BatchNorm statistics
+(extrapolated, a running variance could go negative), so it never scales weights themselves, and the
+published root stays the plain mean; members are counted as agents (not samples), as in eq. 9.
 """
 
 from __future__ import annotations
@@ -47,9 +47,11 @@ from broker_server.strategies.base import (
     mixed_models,
 )
 from broker_server.strategies.krum import gram_matrix
+from models.weights import ranges_of
 from protocol.messages import TrainSettings, headline
 
 DISTANCES = ("euclidean", "cosine")
+BATCHNORM_STATISTICS = ("running_mean", "running_var")  # never amplified
 
 
 @dataclass(frozen=True)
@@ -172,7 +174,7 @@ class DemLearn(Strategy):
             members = sorted(agent for agent, path in zip(agents, paths, strict=True) if path[: len(group)] == group)
             entry = {"level": level, "group": "".join(map(str, group)), "members": members}
             if level == 1:  # what the members start from: kept, sealed to each
-                vector = vector if a == 1.0 else a * vector + (1 - a) * self.start_vector
+                vector = vector if a == 1.0 else self._amplified(vector, a, models)
                 holdings[group] = models.put(f"group-{entry['group']}", vector)
             if models.evaluate is not None and (score := headline(models.evaluate(vector))) is not None:
                 entry["g_gen"] = round(float(score), 6)  # the group model on the server's evaluation set
@@ -180,6 +182,14 @@ class DemLearn(Strategy):
         starts = {agent: Assignment("inbox", holdings[tuple(tree[agent])]) for agent in agents}
         report.sort(key=lambda e: (-e["level"], e["group"]))
         return StartPlan(publish=True, starts=starts, detail={"groups": report, "reclustered": due})
+
+    def _amplified(self, vector: np.ndarray, a: float, models: KeptModels) -> np.ndarray:
+        """``g + a·(w − g)`` but for the BatchNorm statistics, which stay the group's mean: extrapolated, a
+        running variance that fell below (1 − 1/a) of the global model's (13 % at ×1.15) would go negative."""
+        out = a * vector + (1 - a) * self.start_vector
+        for r in ranges_of(models.spec, BATCHNORM_STATISTICS):
+            out[r.start : r.stop] = vector[r.start : r.stop]
+        return out
 
     def on_commit(self, result: RoundResult) -> None:
         if self._pending is not None:
