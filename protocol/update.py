@@ -56,8 +56,8 @@ class UpdateMeta:
             **({} if self.local_epsilon is None else {"local_epsilon": repr(self.local_epsilon)}),
             **({} if self.local_delta is None else {"local_delta": repr(self.local_delta)}),
             "weight": str(self.weight),
-            **({"local_eval": json.dumps(self.local_eval)} if self.local_eval else {}),
-            **({"start_eval": json.dumps(self.start_eval)} if self.start_eval else {}),
+            **({"local_eval": json.dumps(local_eval)} if (local_eval := _finite(self.local_eval)) else {}),
+            **({"start_eval": json.dumps(start_eval)} if (start_eval := _finite(self.start_eval)) else {}),
         }
 
     @classmethod
@@ -90,6 +90,12 @@ class UpdateMeta:
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise UpdateMetaError("bad-metadata: local privacy values must be finite and >= 0")
         return replace(meta, codec=_codec(meta.codec))
+
+
+def _finite(values: dict[str, float]) -> dict[str, float]:
+    """An evaluation without its non-finite numbers (a start model whose loss is NaN still says its accuracy):
+    the server refuses a header carrying one, and with it the whole update."""
+    return {name: value for name, value in values.items() if math.isfinite(value)}
 
 
 def _codec(text: str) -> str:

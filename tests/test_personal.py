@@ -4,6 +4,7 @@ and C-GEN, the same model on the server's evaluation set, in every round's metri
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -38,6 +39,8 @@ def test_the_start_evaluation_travels_in_the_update_header_and_is_checked_like_l
     bad = {**meta.to_metadata(), "start_eval": json.dumps({"accuracy": float("inf")})}
     with pytest.raises(UpdateMetaError, match="bad-metadata"):
         UpdateMeta.from_metadata(bad)
+    nan_loss = UpdateMeta(round=3, base_version=2, samples=10, loss=0.5, start_eval={"accuracy": 0.1, "loss": math.nan})
+    assert UpdateMeta.from_metadata(nan_loss.to_metadata()).start_eval == {"accuracy": 0.1}  # the update still counts
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "demlearn"])
