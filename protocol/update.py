@@ -76,7 +76,7 @@ class UpdateMeta:
                 local_delta=_optional_float(metadata.get("local_delta")),
                 weight=int(metadata.get("weight", "0")),
                 local_eval=_local_eval(metadata.get("local_eval")),
-                start_eval=_local_eval(metadata.get("start_eval")),
+                start_eval=_local_eval(metadata.get("start_eval"), "start_eval"),
             )
         except (KeyError, ValueError, TypeError) as exc:
             raise UpdateMetaError(f"bad-metadata: {exc}") from None
@@ -114,16 +114,16 @@ MAX_LOCAL_EVAL = 16
 MAX_LOCAL_EVAL_BYTES = 4096  # 16 short names and numbers need a fraction of this
 
 
-def _local_eval(text: str | None) -> dict[str, float]:
-    """At most ``MAX_LOCAL_EVAL`` finite numbers by short name; anything else is a bad header."""
+def _local_eval(text: str | None, key: str = "local_eval") -> dict[str, float]:
+    """At most ``MAX_LOCAL_EVAL`` finite numbers by short name; anything else is a bad header (``key`` names it)."""
     if not text:
         return {}
     values = parse_untrusted_json(text, max_bytes=MAX_LOCAL_EVAL_BYTES)  # UntrustedJsonError is a ValueError
     if not isinstance(values, dict) or len(values) > MAX_LOCAL_EVAL:
-        raise ValueError(f"local_eval must be an object of at most {MAX_LOCAL_EVAL} numbers")
+        raise ValueError(f"{key} must be an object of at most {MAX_LOCAL_EVAL} numbers")
     out = {}
     for name, value in values.items():
         if len(name) > 32 or isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ValueError("local_eval values must be finite numbers under names of at most 32 characters")
+            raise ValueError(f"{key} values must be finite numbers under names of at most 32 characters")
         out[name] = float(value)
     return out

@@ -29,7 +29,8 @@ def test_distance_attention_for_three_agents_by_hand():
     np.testing.assert_allclose(xi[2], [e(4), e(5), 1 - e(4) - e(5)])
     np.testing.assert_allclose(xi.sum(axis=1), 1.0)
     close = attention_weights(np.zeros((3, 3)), FedAMPOptions(alpha_k=1.0, sigma=0.5))  # others' weights 2 each
-    np.testing.assert_allclose(close, [[0, 0.5, 0.5], [0.5, 0, 0.5], [0.5, 0.5, 0]])  # scaled to stay an average
+    # scaled so the agent's own model keeps self_weight (0.5): the first version gave it 0, the others all
+    np.testing.assert_allclose(close, [[0.5, 0.25, 0.25], [0.25, 0.5, 0.25], [0.25, 0.25, 0.5]])
 
 
 def test_cosine_attention_keeps_its_self_weight_and_prefers_the_aligned_model():

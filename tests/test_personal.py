@@ -39,6 +39,9 @@ def test_the_start_evaluation_travels_in_the_update_header_and_is_checked_like_l
     bad = {**meta.to_metadata(), "start_eval": json.dumps({"accuracy": float("inf")})}
     with pytest.raises(UpdateMetaError, match="bad-metadata"):
         UpdateMeta.from_metadata(bad)
+    huge = {**meta.to_metadata(), "start_eval": json.dumps({"a" * 40: 0.5})}
+    with pytest.raises(UpdateMetaError, match="bad-metadata: start_eval values must be finite numbers under names"):
+        UpdateMeta.from_metadata(huge)
     nan_loss = UpdateMeta(round=3, base_version=2, samples=10, loss=0.5, start_eval={"accuracy": 0.1, "loss": math.nan})
     assert UpdateMeta.from_metadata(nan_loss.to_metadata()).start_eval == {"accuracy": 0.1}  # the update still counts
 

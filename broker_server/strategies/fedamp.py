@@ -13,8 +13,10 @@ client step argmin Fᵢ(w) + λ/(2αₖ)·‖w − uᵢ‖²; FedProx's ``prox_m
 rest by a softmax of σ·cos(wᵢ, wⱼ). The mean of the agents' models is published as the global model, so
 FedAMP's curves share FedAvg's scale (seed 003 reports global accuracy too).
 
-Choice where the paper leaves room: if the distance weights of the others sum past 1 (models far closer
-than σ), they are scaled to sum to 1 and ξᵢᵢ = 0, so uᵢ stays an average of models. Memory: the Gram
+Choice where the paper leaves room: if the distance weights of the others sum past 1 − ``self_weight``
+(models far closer than σ: with the defaults, MNIST-1D CNNs are), they are scaled to sum to that, so uᵢ
+stays an average of models and keeps at least ``self_weight`` of the agent's own (the first version
+scaled them to 1: every agent then started from the mean of the others', never its own). Memory: the Gram
 matrix (8·n² bytes) and 256 MB of cloud models at a time (``mixed_models``); the models stay on disk.
 """
 
@@ -48,7 +50,7 @@ class FedAMPOptions:
     lam: float = 1.0  # λ: the agent's proximal weight toward its cloud model is λ/αₖ
     sigma: float = 1.0  # σ: the attention's scale
     attention: str = "distance"
-    self_weight: float = 0.5  # cosine attention: ξᵢᵢ
+    self_weight: float = 0.5  # cosine attention: ξᵢᵢ; distance attention: the least ξᵢᵢ
 
     def __post_init__(self) -> None:
         for key in ("alpha_k", "sigma"):
@@ -74,9 +76,9 @@ def attention_weights(gram: np.ndarray, options: FedAMPOptions) -> np.ndarray:
         xi = (1 - options.self_weight) * weights / weights.sum(axis=1, keepdims=True)
     else:
         xi = np.where(others, options.alpha_k * np.exp(-squared_distances(gram) / options.sigma) / options.sigma, 0)
-        total = xi.sum(axis=1, keepdims=True)
-        xi = np.where(total > 1, xi / np.maximum(total, 1e-300), xi)
-    return xi + np.diag(1 - xi.sum(axis=1))
+        total, room = xi.sum(axis=1, keepdims=True), 1 - options.self_weight
+        xi = np.where(total > room, xi * (room / np.maximum(total, 1e-300)), xi)  # the own model keeps self_weight
+    return xi + np.diag(1 - xi.sum(axis=1)) + 0.0  # + 0.0: no -0.0 in the metrics
 
 
 class FedAMP(Strategy):
