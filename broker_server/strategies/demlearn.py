@@ -159,7 +159,9 @@ class DemLearn(Strategy):
         views = [Contribution(a, models.vector(models.kept[a]), 1.0, 1.0, 0.0) for a in agents]
         due = (models.round - 1) % self.options.tau == 0 or set(self.tree) != set(agents)
         if due:
-            paths = cluster_paths(distance_matrix(gram_matrix(views), self.options.distance), self.options.levels)
+            center = self.start_vector if self.options.distance == "euclidean" else None  # cosine: of the models
+            gram = gram_matrix(views, center=center, dtype=np.float32)
+            paths = cluster_paths(distance_matrix(gram, self.options.distance), self.options.levels)
             tree = self._pending = {a: list(p) for a, p in zip(agents, paths, strict=True)}
         else:  # and no clustering of a rolled-back round is left pending to be installed at the next commit
             tree, self._pending = self.tree, None

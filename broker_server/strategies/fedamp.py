@@ -92,14 +92,20 @@ class FedAMP(Strategy):
     def action(self, round_number: int) -> str:
         return "personal"
 
+    def __init__(self, options: FedAMPOptions | None = None) -> None:
+        super().__init__(options)
+        self.start_vector = np.zeros(0, np.float32)
+
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
         """The mean of the agents' models, published for the global curve (FedAMP itself needs none)."""
+        self.start_vector = global_vector  # distances are taken between models centered on it
         return RoundResult(mean_of_models(global_vector, contributions, np.ones(len(contributions))))
 
     def plan_starts(self, models: KeptModels | None) -> StartPlan:
         assert models is not None  # keeps_models
         views = [Contribution(a, models.vector(models.kept[a]), 1.0, 1.0, 0.0) for a in models.agents]
-        xi = attention_weights(gram_matrix(views), self.options)
+        center = self.start_vector if self.options.attention == "distance" else None  # cosine: of the models
+        xi = attention_weights(gram_matrix(views, center=center, dtype=np.float32), self.options)
         starts = {}
         for row, cloud in mixed_models(views, xi):
             agent = models.agents[row]

@@ -40,12 +40,18 @@ def krum_scores(squared_distances: np.ndarray, f: int) -> np.ndarray:
     return others.sum(axis=1)
 
 
-def gram_matrix(contributions: list[Contribution]) -> np.ndarray:
-    """The n x n inner products of the clipped deltas (float64), one pass over the updates in column blocks."""
+def gram_matrix(
+    contributions: list[Contribution], *, center: np.ndarray | None = None, dtype: type = np.float64
+) -> np.ndarray:
+    """The n x n inner products of the clipped deltas (of ``delta − center`` when given), one pass over the
+    updates in column blocks. Products in ``dtype`` (float32 is about 6x faster on 540 models), summed in
+    float64 across blocks: whole models whose distances matter are centered first, so the float32 rounding
+    is relative to the distances, not to the models' norms."""
     n = len(contributions)
     gram = np.zeros((n, n))
-    for _, _, block in column_blocks(contributions):
-        gram += block.astype(np.float64) @ block.T.astype(np.float64)
+    for start, stop, block in column_blocks(contributions):
+        values = (block if center is None else block - center[start:stop]).astype(dtype, copy=False)
+        gram += values @ values.T
     return gram
 
 
