@@ -275,3 +275,28 @@ def test_a_finished_experiment_is_summarised_again_from_its_metrics_with_the_cur
     rows = run_experiment(experiment, tmp_path, echo=lambda _line: None)
     assert rows[0]["rounds_to_target"] == 3 and rows[0]["seconds_to_target"] == 30.0
     assert "| c | m | 96.0 ± 0.0 | 3.0 ± 0.0 | 30.0 ± 0.0 |" in (tmp_path / "results.md").read_text()
+
+
+def test_experiment_reports_final_c_spe_c_gen_and_rounds_until_c_gen_reached_its_target(tmp_path):
+    """Issue 22: a row's ``personal`` describes the models the previous round produced, so C-GEN reaching
+    the target in row 3 counts as 2 rounds; the last row gives the final C-SPE and C-GEN."""
+    from sim.experiment import Experiment, run_experiment
+
+    (tmp_path / "metrics").mkdir()
+    rounds = [{"round": r, "action": "average", "outcome": "committed", "eval": {"accuracy": acc},
+               "finished_at": 10.0 * r, "duration_s": 10.0, "aggregate_s": 0.002, "bytes_up": 100, "bytes_down": 50,
+               "personal": {"c_spe": spe, "c_gen": gen, "agents": {}}}
+              for r, acc, spe, gen in ((1, 0.5, 0.1, 0.1), (2, 0.6, 0.7, 0.5), (3, 0.7, 0.9, 0.65),
+                                       (4, 0.72, 0.95, 0.6))]  # fmt: skip
+    (tmp_path / "metrics" / "c-m-0.jsonl").write_text("\n".join(json.dumps(r) for r in rounds) + "\n")
+    row = {"condition": "c", "method": "m", "seed": 0, "final_accuracy": 0.72, "rounds": 4, "seconds": 40.0}
+    (tmp_path / "runs.jsonl").write_text(json.dumps(row) + "\n")
+    experiment = Experiment(title="t", seeds=[0], target=0.9, personal_target=0.6, conditions={"c": {}},
+                            methods={"m": {}})  # fmt: skip
+    [summary] = run_experiment(experiment, tmp_path, echo=lambda _line: None)
+    assert (summary["final_c_spe"], summary["final_c_gen"], summary["rounds_to_c_gen"]) == (0.95, 0.6, 2)
+    assert summary["aggregate_ms_per_round"] == 2.0
+    results = (tmp_path / "results.md").read_text()
+    assert "| final C-SPE % | final C-GEN % | rounds to C-GEN 60% |" in results
+    assert results.rstrip().endswith("| – | 95.0 ± 0.0 | 60.0 ± 0.0 | 2.0 ± 0.0 |"), results
+    assert (tmp_path / "curves-c.png").stat().st_size > 0
