@@ -9,7 +9,7 @@ An experiment file names ``seeds``, a ``target`` accuracy, the ``[sim]`` setting
 accuracy per round.
 
 Measured per run: the final accuracy of the published global model; rounds and seconds until a
-*published* model (an ``average`` round, for swapping strategies) first reached ``target``; bytes per
+*published* model (not a swapping strategy's local or swap round) first reached ``target``; bytes per
 round, up and down; the server's aggregation time per round. Where rounds carry ``personal`` metrics
 (issue 22): the last row's mean C-SPE and C-GEN and the rounds of training until the mean C-GEN first
 reached ``personal_target`` (default ``target``). A row describes the models agents started it from, i.e.
@@ -77,7 +77,7 @@ def load_experiment(path: Path) -> Experiment:
 def summarise(metrics: list[dict], target: float, personal_target: float | None = None) -> dict[str, Any]:
     """Rounds and seconds to ``target`` (published models only), bytes and aggregation time per round, and
     the personal metrics (C-SPE, C-GEN; ``None`` where rounds carry none)."""
-    published = [m for m in metrics if m.get("action", "average") == "average" and m["outcome"] == "committed"]
+    published = _published(metrics)
     reached = next((m for m in published if (headline(m["eval"]) or 0.0) >= target), None)
     start = metrics[0]["finished_at"] - metrics[0]["duration_s"]
     return {
@@ -90,6 +90,18 @@ def summarise(metrics: list[dict], target: float, personal_target: float | None 
         "epsilon": _epsilon(metrics),
         **_personal(metrics, target if personal_target is None else personal_target),
     }
+
+
+def _published(metrics: list[dict]) -> list[dict]:
+    """The rounds whose model was published: ``average`` rounds, and any round that moved the model version
+    on (DemLearn's and FedAMP's rounds publish the mean under their own action names; a swap round does not)."""
+    published, version = [], 1  # a simulation's server starts at version 1
+    for m in metrics:
+        moved = m.get("model_version", version) > version
+        if m["outcome"] == "committed" and (m.get("action", "average") == "average" or moved):
+            published.append(m)
+        version = max(version, m.get("model_version", version))
+    return published
 
 
 def _personal(metrics: list[dict], target: float) -> dict[str, Any]:

@@ -255,6 +255,9 @@ def test_experiment_summary_counts_only_published_models_towards_the_target():
     metrics = [line(1, "local", 0.95), line(2, "swap", 0.96), line(3, "average", 0.8), line(4, "average", 0.91)]
     summary = summarise(metrics, target=0.9)
     assert summary["rounds_to_target"] == 4 and summary["seconds_to_target"] == 40.0
+    # DemLearn ("group") and FedAMP publish the mean every round under their own action: the version moves on
+    grouped = [{**line(r, "group", acc), "model_version": r + 1} for r, acc in ((1, 0.5), (2, 0.92), (3, 0.95))]
+    assert summarise(grouped, target=0.9)["rounds_to_target"] == 2
     assert summary["bytes_up_per_round"] == 100 and summary["bytes_down_per_round"] == 50
 
 
