@@ -227,7 +227,7 @@ def plot(experiment: Experiment, rows: list[dict], out: Path) -> None:
                 ax.plot(range(first, first + length), mean, label=method)
             if line is not None:
                 ax.axhline(line, color="grey", linestyle=":", linewidth=1)
-            ax.set(xlabel="round", ylabel=f"{name} (mean over seeds)", title=name)
+            ax.set(xlabel="round", ylabel="mean over seeds", title=name)
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)
         fig.suptitle(f"{experiment.title}: {condition}")
