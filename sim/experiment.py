@@ -9,8 +9,11 @@ An experiment file names ``seeds``, a ``target`` accuracy, the ``[sim]`` setting
 accuracy per round.
 
 Measured per run: the final accuracy of the published global model; rounds and seconds until a
-*published* model (an ``average`` round, for swapping strategies) first reached ``target``; bytes per
-round, up and down.
+*published* model (not a swapping strategy's local or swap round) first reached ``target``; bytes per
+round, up and down; the server's aggregation time per round. Where rounds carry ``personal`` metrics
+(issue 22): the last row's mean C-SPE and C-GEN and the rounds of training until the mean C-GEN first
+reached ``personal_target`` (default ``target``). A row describes the models agents started it from, i.e.
+what the previous round produced, so row r counts as r − 1 rounds: FedAvg's count equals its global model's.
 """
 
 from __future__ import annotations
@@ -35,9 +38,14 @@ class Experiment:
     title: str
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     target: float = 0.9
+    personal_target: float | None = None  # C-GEN's target (default: target)
     sim: dict = field(default_factory=dict)
     conditions: dict = field(default_factory=lambda: {"default": {}})
     methods: dict = field(default_factory=lambda: {"default": {}})
+
+    @property
+    def c_gen_target(self) -> float:
+        return self.target if self.personal_target is None else self.personal_target
 
     @property
     def score(self) -> str:
@@ -66,9 +74,10 @@ def load_experiment(path: Path) -> Experiment:
     return experiment
 
 
-def summarise(metrics: list[dict], target: float) -> dict[str, Any]:
-    """Rounds and seconds to ``target`` (published models only), and bytes per round."""
-    published = [m for m in metrics if m.get("action", "average") == "average" and m["outcome"] == "committed"]
+def summarise(metrics: list[dict], target: float, personal_target: float | None = None) -> dict[str, Any]:
+    """Rounds and seconds to ``target`` (published models only), bytes and aggregation time per round, and
+    the personal metrics (C-SPE, C-GEN; ``None`` where rounds carry none)."""
+    published = _published(metrics)
     reached = next((m for m in published if (headline(m["eval"]) or 0.0) >= target), None)
     start = metrics[0]["finished_at"] - metrics[0]["duration_s"]
     return {
@@ -76,9 +85,32 @@ def summarise(metrics: list[dict], target: float) -> dict[str, Any]:
         "seconds_to_target": round(reached["finished_at"] - start, 1) if reached else None,
         "bytes_up_per_round": round(statistics.mean(m["bytes_up"] for m in metrics)),
         "bytes_down_per_round": round(statistics.mean(m["bytes_down"] for m in metrics)),
+        "aggregate_ms_per_round": round(statistics.mean(m.get("aggregate_s", 0.0) for m in metrics) * 1e3, 3),
         "accuracy_by_round": [headline(m["eval"]) for m in metrics],
         "epsilon": _epsilon(metrics),
+        **_personal(metrics, target if personal_target is None else personal_target),
     }
+
+
+def _published(metrics: list[dict]) -> list[dict]:
+    """The rounds whose model was published: ``average`` rounds, and any round that moved the model version
+    on (DemLearn's and FedAMP's rounds publish the mean under their own action names; a swap round does not)."""
+    published, version = [], 1  # a simulation's server starts at version 1
+    for m in metrics:
+        moved = m.get("model_version", version) > version
+        if m["outcome"] == "committed" and (m.get("action", "average") == "average" or moved):
+            published.append(m)
+        version = max(version, m.get("model_version", version))
+    return published
+
+
+def _personal(metrics: list[dict], target: float) -> dict[str, Any]:
+    """Final mean C-SPE and C-GEN, rounds until C-GEN reached ``target``, and both per round (row r → r − 1)."""
+    c_spe = [m.get("personal", {}).get("c_spe") for m in metrics]
+    c_gen = [m.get("personal", {}).get("c_gen") for m in metrics]
+    reached = next((m["round"] - 1 for m, gen in zip(metrics, c_gen, strict=True) if (gen or 0.0) >= target), None)
+    return {"final_c_spe": c_spe[-1], "final_c_gen": c_gen[-1], "rounds_to_c_gen": reached,
+            "c_spe_by_round": c_spe, "c_gen_by_round": c_gen}  # fmt: skip
 
 
 def _epsilon(metrics: list[dict]) -> float | None:
@@ -105,12 +137,13 @@ def run_experiment(experiment: Experiment, out: Path, echo=print) -> list[dict]:
                 metrics = [json.loads(m.to_json()) for m in result.metrics]
                 row = {"condition": condition, "method": method, "seed": seed,
                        "final_accuracy": final_accuracy(out / "last"), "rounds": len(metrics),
-                       "seconds": round(result.seconds, 1), **summarise(metrics, experiment.target)}  # fmt: skip
-                echo(json.dumps({k: v for k, v in row.items() if k != "accuracy_by_round"}))
+                       "seconds": round(result.seconds, 1), **summarise(metrics, experiment.target,
+                                                                          experiment.c_gen_target)}  # fmt: skip
+                echo(json.dumps({k: v for k, v in row.items() if not k.endswith("_by_round")}))
                 with open(log, "a") as handle:
                     handle.write(json.dumps(row) + "\n")
                 rows.append(row)
-    rows = [_resummarised(row, out, experiment.target) for row in rows]
+    rows = [_resummarised(row, out, experiment) for row in rows]
     (out / "results.md").write_text(table(experiment, rows) + "\n")
     plot(experiment, rows, out)
     return rows
@@ -120,13 +153,14 @@ def _metrics_path(out: Path, condition: str, method: str, seed: int) -> Path:
     return out / "metrics" / (f"{condition}-{method}-{seed}".replace(" ", "_").replace("/", "_") + ".jsonl")
 
 
-def _resummarised(row: dict, out: Path, target: float) -> dict:
-    """``row`` with its summary recomputed from the run's stored metrics, so a changed ``target`` applies
-    to runs already done."""
+def _resummarised(row: dict, out: Path, experiment: Experiment) -> dict:
+    """``row`` with its summary recomputed from the run's stored metrics, so a changed ``target`` (or a
+    measure added since) applies to runs already done."""
     path = _metrics_path(out, row["condition"], row["method"], row["seed"])
     if not path.exists():
         return row
-    return {**row, **summarise([json.loads(line) for line in path.read_text().splitlines() if line], target)}
+    metrics = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return {**row, **summarise(metrics, experiment.target, experiment.c_gen_target)}
 
 
 def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
@@ -139,48 +173,64 @@ def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
 def table(experiment: Experiment, rows: list[dict]) -> str:
     """Markdown, one line per condition and method: mean ± sd over seeds."""
     target = f"{experiment.target:.0%}"
+    personal = any(r.get("final_c_gen") is not None or r.get("final_c_spe") is not None for r in rows)
+    extra = f" final C-SPE % | final C-GEN % | rounds to C-GEN {experiment.c_gen_target:.0%} |" if personal else ""
     lines = [
         f"| condition | method | final {experiment.score} % | rounds to {target} | seconds to {target} | kB up / round "
-        "| kB down / round | epsilon |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| kB down / round | epsilon |{extra}",
+        "|---|---|---|---|---|---|---|---|" + "---|" * (3 if personal else 0),
     ]
     for condition in experiment.conditions:
         for method in experiment.methods:
             runs = [r for r in rows if (r["condition"], r["method"]) == (condition, method)]
             if not runs:
                 continue
-            reached = [r for r in runs if r["rounds_to_target"] is not None]
-            rounds = _mean_sd([r["rounds_to_target"] for r in reached]) if reached else "never"
-            seconds = _mean_sd([r["seconds_to_target"] for r in reached]) if reached else "never"
-            if reached and len(reached) < len(runs):
-                share = f" ({len(reached)}/{len(runs)} seeds)"
-                rounds, seconds = rounds + share, seconds + share
+            rounds, seconds = (_reached(runs, key) for key in ("rounds_to_target", "seconds_to_target"))
+            if personal:
+                spe, gen = ([r[key] for r in runs if r.get(key) is not None] for key in ("final_c_spe", "final_c_gen"))
+                extra = f" {_mean_sd(spe, 100)} | {_mean_sd(gen, 100)} | {_reached(runs, 'rounds_to_c_gen')} |"
             lines.append(
                 f"| {condition} | {method} | {_mean_sd([r['final_accuracy'] for r in runs], 100)} | {rounds} | "
                 f"{seconds} | {_mean_sd([r['bytes_up_per_round'] for r in runs], 1e-3, 0)} | "
                 f"{_mean_sd([r['bytes_down_per_round'] for r in runs], 1e-3, 0)} | "
-                f"{_mean_sd([r['epsilon'] for r in runs if r.get('epsilon') is not None], digits=2)} |"
+                f"{_mean_sd([r['epsilon'] for r in runs if r.get('epsilon') is not None], digits=2)} |{extra}"
             )
     return "\n".join(lines)
 
 
+def _reached(runs: list[dict], key: str) -> str:
+    """Mean ± sd of ``key`` over the seeds that reached the target, how many did, or "never"."""
+    reached = [r[key] for r in runs if r.get(key) is not None]
+    if not reached:
+        return "never"
+    return _mean_sd(reached) + (f" ({len(reached)}/{len(runs)} seeds)" if len(reached) < len(runs) else "")
+
+
 def plot(experiment: Experiment, rows: list[dict], out: Path) -> None:
-    """``curves-<condition>.png``: accuracy per round, mean over seeds, one line per method."""
+    """``curves-<condition>.png``: accuracy per round, mean over seeds, one line per method; beside it mean
+    C-SPE and C-GEN per round where the runs have them (plotted at the round that produced the models)."""
     from sim.plots import plt
 
+    panels = [("accuracy_by_round", f"global model {experiment.score}", 1, experiment.target)]
+    if any(r.get("final_c_gen") is not None or r.get("final_c_spe") is not None for r in rows):
+        panels += [("c_spe_by_round", "C-SPE (start model, own test split)", 0, None),
+                   ("c_gen_by_round", "C-GEN (start model, evaluation set)", 0, experiment.c_gen_target)]  # fmt: skip
     for condition in experiment.conditions:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for method in experiment.methods:
-            curves = [r["accuracy_by_round"] for r in rows if (r["condition"], r["method"]) == (condition, method)]
-            if not curves:
-                continue
-            length = min(map(len, curves))
-            mean = [statistics.mean(c[i] or 0.0 for c in curves) for i in range(length)]
-            ax.plot(range(1, length + 1), mean, label=method)
-        ax.axhline(experiment.target, color="grey", linestyle=":", linewidth=1)
-        ax.set(xlabel="round", ylabel=f"{experiment.score} (mean over seeds)", title=f"{experiment.title}: {condition}")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+        for ax, (key, name, first, line) in zip(axes[0], panels, strict=True):
+            for method in experiment.methods:
+                curves = [r[key] for r in rows if (r["condition"], r["method"]) == (condition, method) and key in r]
+                if not curves:
+                    continue
+                length = min(map(len, curves))
+                mean = [statistics.mean(c[i] or 0.0 for c in curves) for i in range(length)]
+                ax.plot(range(first, first + length), mean, label=method)
+            if line is not None:
+                ax.axhline(line, color="grey", linestyle=":", linewidth=1)
+            ax.set(xlabel="round", ylabel="mean over seeds", title=name)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"{experiment.title}: {condition}")
         fig.tight_layout()
         fig.savefig(out / f"curves-{condition.replace(' ', '_').replace('/', '_')}.png", dpi=100)
         plt.close(fig)

@@ -255,6 +255,9 @@ def test_experiment_summary_counts_only_published_models_towards_the_target():
     metrics = [line(1, "local", 0.95), line(2, "swap", 0.96), line(3, "average", 0.8), line(4, "average", 0.91)]
     summary = summarise(metrics, target=0.9)
     assert summary["rounds_to_target"] == 4 and summary["seconds_to_target"] == 40.0
+    # DemLearn ("group") and FedAMP publish the mean every round under their own action: the version moves on
+    grouped = [{**line(r, "group", acc), "model_version": r + 1} for r, acc in ((1, 0.5), (2, 0.92), (3, 0.95))]
+    assert summarise(grouped, target=0.9)["rounds_to_target"] == 2
     assert summary["bytes_up_per_round"] == 100 and summary["bytes_down_per_round"] == 50
 
 
@@ -275,3 +278,28 @@ def test_a_finished_experiment_is_summarised_again_from_its_metrics_with_the_cur
     rows = run_experiment(experiment, tmp_path, echo=lambda _line: None)
     assert rows[0]["rounds_to_target"] == 3 and rows[0]["seconds_to_target"] == 30.0
     assert "| c | m | 96.0 ± 0.0 | 3.0 ± 0.0 | 30.0 ± 0.0 |" in (tmp_path / "results.md").read_text()
+
+
+def test_experiment_reports_final_c_spe_c_gen_and_rounds_until_c_gen_reached_its_target(tmp_path):
+    """Issue 22: a row's ``personal`` describes the models the previous round produced, so C-GEN reaching
+    the target in row 3 counts as 2 rounds; the last row gives the final C-SPE and C-GEN."""
+    from sim.experiment import Experiment, run_experiment
+
+    (tmp_path / "metrics").mkdir()
+    rounds = [{"round": r, "action": "average", "outcome": "committed", "eval": {"accuracy": acc},
+               "finished_at": 10.0 * r, "duration_s": 10.0, "aggregate_s": 0.002, "bytes_up": 100, "bytes_down": 50,
+               "personal": {"c_spe": spe, "c_gen": gen, "agents": {}}}
+              for r, acc, spe, gen in ((1, 0.5, 0.1, 0.1), (2, 0.6, 0.7, 0.5), (3, 0.7, 0.9, 0.65),
+                                       (4, 0.72, 0.95, 0.6))]  # fmt: skip
+    (tmp_path / "metrics" / "c-m-0.jsonl").write_text("\n".join(json.dumps(r) for r in rounds) + "\n")
+    row = {"condition": "c", "method": "m", "seed": 0, "final_accuracy": 0.72, "rounds": 4, "seconds": 40.0}
+    (tmp_path / "runs.jsonl").write_text(json.dumps(row) + "\n")
+    experiment = Experiment(title="t", seeds=[0], target=0.9, personal_target=0.6, conditions={"c": {}},
+                            methods={"m": {}})  # fmt: skip
+    [summary] = run_experiment(experiment, tmp_path, echo=lambda _line: None)
+    assert (summary["final_c_spe"], summary["final_c_gen"], summary["rounds_to_c_gen"]) == (0.95, 0.6, 2)
+    assert summary["aggregate_ms_per_round"] == 2.0
+    results = (tmp_path / "results.md").read_text()
+    assert "| final C-SPE % | final C-GEN % | rounds to C-GEN 60% |" in results
+    assert results.rstrip().endswith("| – | 95.0 ± 0.0 | 60.0 ± 0.0 | 2.0 ± 0.0 |"), results
+    assert (tmp_path / "curves-c.png").stat().st_size > 0

@@ -1,0 +1,84 @@
+"""Server time of DemLearn's clustering and FedAMP's attention at the end of a round (issue 22 targets:
+50 agents under 10 ms per round, 540 agents of the digits CNN under 2 s).
+
+``aggregate_s`` in metrics.jsonl times only ``Strategy.aggregate`` (the mean), not ``plan_starts``, where
+the clustering / attention and the per-agent models are built; this times both, as ``benchmarks.kept_models``
+does, on the real model sizes: every agent's model written to the server's model store on disk (four kinds
+of agents plus noise), median of 5 end-of-round passes after a warm-up.
+Run: PYTHONPATH=. python experiments/personalization_cost.py
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import median_seconds, report
+from broker_server.agent_models import Holding, ModelBank
+from broker_server.strategies import build_strategy
+from broker_server.strategies.base import Contribution, KeptModels
+from broker_server.strategies.demlearn import DemLearnOptions, cluster_paths, distance_matrix
+from broker_server.strategies.fedamp import FedAMPOptions, attention_weights
+from broker_server.strategies.krum import gram_matrix
+from models.weights import TensorSpec
+from models.zoo import build_model
+
+CASES = (("mnist1d_cnn", 20), ("mnist1d_cnn", 50), ("digits_cnn", 540))
+
+
+def decision(name: str, views: list[Contribution]) -> object:
+    """What the strategy decides from the models: DemLearn's tree, FedAMP's attention weights."""
+    gram = gram_matrix(views)
+    if name == "demlearn":
+        return cluster_paths(distance_matrix(gram, DemLearnOptions().distance), DemLearnOptions().levels)
+    return attention_weights(gram, FedAMPOptions())
+
+
+def end_of_round_seconds(name: str, agents: int, params: int) -> tuple[float, float]:
+    """Median seconds of ``name``'s aggregate + plan_starts (the per-agent models built and written to the
+    store included), and of its decision alone (Gram matrix and clustering or attention weights)."""
+    spec = (TensorSpec("w", "float32", (params,)),)
+    rng = np.random.default_rng(0)
+    kinds = [rng.standard_normal(params, dtype=np.float32) for _ in range(4)]
+    with tempfile.TemporaryDirectory(prefix="skyfed-cost-") as folder:
+        bank = ModelBank(Path(folder))
+        kept = {}
+        for i in range(agents):
+            kept[f"agent-{i:03d}"] = Holding(1, f"agent-{i:03d}", f"{i:064x}")
+            bank.put(kept[f"agent-{i:03d}"], kinds[i % 4] + 0.1 * rng.standard_normal(params, dtype=np.float32), spec)
+        views = [Contribution(a, bank.vector(h), 1.0, 1.0, 0.0, model=bank.vector(h)) for a, h in kept.items()]
+        written = iter(range(10**9))
+
+        def put(owner: str, vector: np.ndarray) -> Holding:
+            holding = Holding(1, f"+{owner}", f"{next(written) + agents:064x}")
+            bank.put(holding, vector, spec)
+            return holding
+
+        def one_round() -> None:
+            strategy = build_strategy({"name": name})
+            models = KeptModels(round=1, action=strategy.action(1), agents=list(kept), kept=kept, exact=set(kept),
+                                current={}, spec=spec, vector=bank.vector, put=put,
+                                rng=lambda: np.random.default_rng(1))  # fmt: skip
+            strategy.aggregate(np.zeros(params, np.float32), views)
+            strategy.plan_starts(models)
+
+        return median_seconds(one_round, 5), median_seconds(lambda: decision(name, views), 5)
+
+
+def main() -> None:
+    for model, agents in CASES:
+        params = sum(p.numel() for p in build_model(model).parameters())
+        for name in ("demlearn", "fedamp"):
+            started = time.perf_counter()
+            seconds, decide = end_of_round_seconds(name, agents, params)
+            limit = 0.010 if agents <= 50 else 2.0
+            report(f"{name}_{model}_{agents}", target=f"clustering/attention < {limit * 1e3:g} ms", ok=decide < limit,
+                   agents=agents, params=params, decision_ms=round(decide * 1e3, 2),
+                   end_of_round_ms=round(seconds * 1e3, 2), wall_s=round(time.perf_counter() - started, 1))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
