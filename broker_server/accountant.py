@@ -118,7 +118,8 @@ class PrivacyLedger:
     def public_metrics(self, metrics: RoundMetrics, noise_std: float) -> RoundMetrics:
         """A round's metrics as they may be published under privacy: nothing measured on un-noised
         updates (norms, who was clipped, the numbers in refusal reasons, which agents dominated a
-        roll-back, how long aggregating took), plus the noise and the budget spent so far."""
+        roll-back, how long aggregating took) or on an agent's own data outside the accounting (its
+        C-SPE: only the server's C-GEN of the published model is kept), plus the noise and the budget."""
         detail = {k: v for k, v in {**metrics.aggregation, "noise_std": noise_std}.items() if k in PUBLIC_DETAIL}
         return replace(
             metrics,
@@ -128,6 +129,7 @@ class PrivacyLedger:
             offenders=[],
             aggregate_s=0.0,
             privacy=self.summary(),
+            personal={"c_gen": metrics.personal["c_gen"]} if "c_gen" in metrics.personal else {},
         )
 
     def to_dict(self) -> dict:
