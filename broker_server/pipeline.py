@@ -195,7 +195,9 @@ class PlanStarts(Step):
                 rng=self.rng, evaluate=None if self.evaluator is None else (
                     lambda vector: self.evaluator(with_floats(ctx.global_arrays, vector, ctx.float_spec))),
             )  # fmt: skip
+        started = time.perf_counter()
         ctx.plan = self.strategy.plan_starts(models)
+        ctx.aggregate_s += time.perf_counter() - started  # the strategy's time: DemLearn's clustering, say
         ctx.step_detail.update(ctx.plan.detail)
 
 

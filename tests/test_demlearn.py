@@ -175,3 +175,26 @@ def test_amplification_leaves_the_batchnorm_statistics_alone(tmp_path):
             np.testing.assert_allclose(start[weight], before + 1.15 * (mixed - before), rtol=1e-4, atol=1e-6)
             for name in names:
                 np.testing.assert_allclose(start[name], 0.05, rtol=1e-5)  # the members' mean, not extrapolated
+
+
+def test_the_rounds_aggregate_time_includes_the_clustering(tmp_path, monkeypatch):
+    """``aggregate_s`` is the strategy's time at the close: DemLearn's clustering runs in ``plan_starts``."""
+    import time as clock
+
+    from broker_server.strategies.demlearn import DemLearn
+
+    plan = DemLearn.plan_starts
+
+    def slow(self, models):  # noqa: ANN001, ANN202
+        clock.sleep(0.2)
+        return plan(self, models)
+
+    monkeypatch.setattr(DemLearn, "plan_starts", slow)
+    layout = create_federation(tmp_path, SimSettings(agents=2, rounds=1, federation="e"), ("127.0.0.1", 1))
+    override_toml(layout.server_config, rounds={"min_agents": 2, "quorum": 2}, strategy={"name": "demlearn"})
+    engine = RoundEngine(load_server_config(layout.server_config), replay=ReplayGuard(3600))
+    engine.begin_round(AGENTS[:2], now=0.0)
+    engine.announce(now=0.0)
+    for i, agent in enumerate(AGENTS[:2]):
+        engine.accept(update(engine, agent, seed=i)[0])
+    assert engine.close(now=1.0, model_wire_bytes=0).aggregate_s >= 0.2
