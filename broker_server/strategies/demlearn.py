@@ -47,11 +47,10 @@ from broker_server.strategies.base import (
     mixed_models,
 )
 from broker_server.strategies.krum import gram_matrix
-from models.weights import ranges_of
+from models.weights import RUNNING_STATISTICS, ranges_of
 from protocol.messages import TrainSettings, headline
 
 DISTANCES = ("euclidean", "cosine")
-BATCHNORM_STATISTICS = ("running_mean", "running_var")  # never amplified
 
 
 @dataclass(frozen=True)
@@ -189,7 +188,7 @@ class DemLearn(Strategy):
         """``g + a·(w − g)`` but for the BatchNorm statistics, which stay the group's mean: extrapolated, a
         running variance that fell below (1 − 1/a) of the global model's (13 % at ×1.15) would go negative."""
         out = a * vector + (1 - a) * self.start_vector
-        for r in ranges_of(models.spec, BATCHNORM_STATISTICS):
+        for r in ranges_of(models.spec, RUNNING_STATISTICS):
             out[r.start : r.stop] = vector[r.start : r.stop]
         return out
 
