@@ -56,6 +56,9 @@ def test_peers_and_global_equal_to_own_give_own_back_with_its_integer_buffers(tm
     own = to_arrays(model)
     own["features.1.num_batches_tracked"] = np.array(7, np.int64)
     w_att, report = start(model, own, stack([own] * 3), float_part(own), noise_data((1, 8, 8)), tmp_path / "t", 1)
+    untouched = to_arrays(model)
+    assert all(np.array_equal(untouched[n], a) for n, a in own.items() if n != "features.1.num_batches_tracked")
+    assert untouched["features.1.num_batches_tracked"] == 0  # meta-training changed nothing in the base network
     assert report.steps == 3 and math.isfinite(report.loss)
     assert report.peer_weights == pytest.approx([1 / 3] * 3) and sum(report.peer_weights) == pytest.approx(1)
     assert 0 <= report.global_weight <= 1
