@@ -1,23 +1,31 @@
 """The classifier trainer: SGD (optionally DP-SGD through Opacus) of a PyTorch CNN or MLP on an ``.npz``.
 
 With a local test split (``agent.test_data``) it first evaluates the model it starts from on it: that is
-the agent's C-SPE (its start model on its own test data), reported with its update."""
+the agent's C-SPE (its start model on its own test data), reported with its update. Under FedAMN (a
+``PeerContext``) the attention meta-network (``agent.meta_attention``) is trained next, on the agent's own
+data, and the base network trains from its output (seed 003's alternating training)."""
 
 from __future__ import annotations
 
+import logging
+import time
 import zlib
 from pathlib import Path
 
 import torch
 
 from agent.local_dp import PrivacyBudget, dp_sgd
+from agent.meta_attention import attention_start
 from agent.momentum import MomentumStore
-from agent.trainer import TrainingDeclined, TrainResult
+from agent.trainer import PeerContext, TrainingDeclined, TrainResult
 from models.datasets import Dataset
 from models.training import evaluate, train_sgd
 from models.weights import NamedArrays, load_arrays, to_arrays
 from models.zoo import build_model
 from protocol.messages import RoundTask
+
+META_STATE_FILE = "meta_attention.safetensors"
+log = logging.getLogger("skyfed.agent")
 
 
 class ClassifierTrainer:
@@ -41,15 +49,21 @@ class ClassifierTrainer:
         self.agent_id = agent_id
         self.seed_base = seed * 1_000_003 + zlib.crc32(agent_id.encode())
         self.budget = budget  # DP-SGD (agent.local_dp) when given
+        self.meta_state = work_dir / META_STATE_FILE  # FedAMN's meta-network parameters, kept across rounds
 
-    def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
+    def train(self, global_arrays: NamedArrays, task: RoundTask, context: PeerContext | None = None) -> TrainResult:
         if self.budget is not None and (refusal := self.budget.refusal(task, self.agent_id)):
             raise TrainingDeclined(refusal)
+        if self.budget is not None and context is not None:
+            raise TrainingDeclined("local DP-SGD does not cover FedAMN's attention meta-network, which also "
+                                   "trains on this agent's data: run fedamn without [privacy] local DP")  # fmt: skip
         model = build_model(task.model, num_classes=task.num_classes)
         load_arrays(model, global_arrays)
         start_eval = evaluate(model, self.test_data, self.device) if self.test_data is not None else {}  # C-SPE
         torch.manual_seed(self.seed_base + task.round)
         settings = task.train_of(self.agent_id)
+        if context is not None:
+            self._attend(model, global_arrays, context, task)
         prepare, spent = dp_sgd(self.budget.policy) if self.budget is not None else (None, None)
         outcome = train_sgd(
             model,
@@ -72,3 +86,16 @@ class ClassifierTrainer:
             epsilon = self.budget.epsilon
         return TrainResult(arrays=to_arrays(model), samples=outcome.samples, loss=outcome.loss, epsilon=epsilon,
                            start_eval=start_eval)
+
+    def _attend(self, model: torch.nn.Module, own: NamedArrays, context: PeerContext, task: RoundTask) -> None:
+        """FedAMN's meta-network step: train it on this agent's data, then load its output into ``model``."""
+        settings = task.train_of(self.agent_id)
+        started = time.perf_counter()
+        arrays, report = attention_start(model, own, context.peers, context.global_model, self.data,
+                                         epochs=settings.meta_epochs, lr=settings.meta_lr,
+                                         batch_size=settings.batch_size, seed=self.seed_base + task.round,
+                                         device=self.device, state_path=self.meta_state)  # fmt: skip
+        load_arrays(model, arrays)
+        log.info("attention round=%d peers=%d top_peer_weight=%.3f global_weight=%.3f meta_loss=%.4f seconds=%.2f",
+                 task.round, len(report.peer_weights), max(report.peer_weights), report.global_weight, report.loss,
+                 time.perf_counter() - started)  # fmt: skip

@@ -110,7 +110,7 @@ class EdgeAgent(RoundWork, MqttDaemon):
         if topic == self.topics.round:
             self._on_task(payload)
         elif topic == self.topics.agent_inbox(self.id):
-            self._on_transfer_chunk(payload, frozenset({"groupkey", "start", "model"}))  # model: resent to it
+            self._on_transfer_chunk(payload, frozenset({"groupkey", "start", "peers", "model"}))  # model: resent to it
         elif topic == self.topics.agent_status(self.id):
             if self.echo.came_back(payload):
                 log.info("the broker delivers this agent's messages again")

@@ -41,7 +41,7 @@ import torch
 
 from agent.amp import MixedPrecision, ScalerStore
 from agent.momentum import MomentumStore
-from agent.trainer import TrainResult
+from agent.trainer import PeerContext, TrainingDeclined, TrainResult
 from models.serialization import load_file, save_file
 from models.training import collect_momentum, restore_momentum
 from models.weights import NamedArrays, load_arrays, to_arrays
@@ -82,7 +82,9 @@ class DetectorTrainer:
         self.amp = amp
         self.scaler = ScalerStore(work_dir)
 
-    def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
+    def train(self, global_arrays: NamedArrays, task: RoundTask, context: PeerContext | None = None) -> TrainResult:
+        if context is not None:
+            raise TrainingDeclined("the detector trainer has no attention meta-network (FedAMN): classifiers only")
         from ultralytics.models.yolo.detect import DetectionTrainer
 
         model = build_model(task.model, num_classes=len(task.classes))

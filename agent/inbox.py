@@ -15,8 +15,9 @@ import logging
 from collections.abc import Callable
 
 from agent.start_models import StartModelRefused, StartModels
+from agent.trainer import PeerContext
 from models.serialization import SerializationError, loads
-from models.weights import NamedArrays
+from models.weights import NamedArrays, float_part
 from protocol.messages import AgentStart, RoundTask
 from protocol.transfer import Completed, Reassembler, TransferLimits, TransferRejected
 from security.envelope import Opener
@@ -45,7 +46,8 @@ class ServerInbox:
         self.warn = warn
 
     def feed(self, payload: bytes, kinds: frozenset[str], topic_round: int | None, task: RoundTask | None) -> str:
-        """One chunk; the kind of transfer it completed (``groupkey``, ``start``, ``model``), ``key-mismatch``
+        """One chunk; the kind of transfer it completed (``groupkey``, ``start``, ``peers``, ``model``),
+        ``key-mismatch``
         for a group key sealed to a key this agent no longer has, else ``""``."""
         try:
             completed = self.reassembler.feed(payload, topic_sender=self.server.name, kinds=kinds,
@@ -61,7 +63,7 @@ class ServerInbox:
         kind = completed.manifest.kind
         if kind == "groupkey":
             self._on_group_key(completed)
-        elif kind == "start":
+        elif kind in ("start", "peers"):
             self._on_start_model(completed, task)
         else:
             self._on_model(completed, task)
@@ -101,18 +103,28 @@ class ServerInbox:
         log.info("model received version=%d bytes=%d", version, completed.manifest.size)
 
     def _on_start_model(self, completed: Completed, task: RoundTask | None) -> None:
-        """A model sealed to this agent alone (a swap partner's, say), kept until a task names it."""
-        current = task.round if task is not None else 0
+        """A model (or FedAMN's bundle of models) sealed to this agent alone, kept until a task names it."""
+        current, kind = task.round if task is not None else 0, completed.manifest.kind
+        slot = "peers" if kind == "peers" else "inbox"
         try:
-            sha256 = self.start_models.receive(completed.data, completed.manifest.round, current)
+            sha256 = self.start_models.receive(completed.data, completed.manifest.round, current, slot)
         except StartModelRefused as exc:
-            self.warn(f"start-{exc.reason}", "start model ignored round=%d reason=%s", completed.manifest.round, exc)
+            round_number = completed.manifest.round
+            self.warn(f"{kind}-{exc.reason}", "%s model ignored round=%d reason=%s", kind, round_number, exc)
             return
-        log.info("start model received round=%d sha256=%s", completed.manifest.round, sha256[:12])
+        log.info("%s model received round=%d sha256=%s", kind, completed.manifest.round, sha256[:12])
 
     def start_model(self, task: RoundTask, start: AgentStart) -> NamedArrays | None:
         """The model this round starts from, if this agent has it (the global one, or by fingerprint)."""
         if start.source == "global":
-            arrays = self.models.get(task.model_version)
-            return arrays if arrays is not None and self.model_sha256 == task.model_sha256 else None
+            return self._global_model(task)
         return self.start_models.find(start.sha256)
+
+    def peer_context(self, task: RoundTask, start: AgentStart) -> PeerContext | None:
+        """FedAMN's models beside the start model (its cluster's, and the global one), once both are here."""
+        peers, global_model = self.start_models.find(start.peers_sha256), self._global_model(task)
+        return None if peers is None or global_model is None else PeerContext(peers, float_part(global_model))
+
+    def _global_model(self, task: RoundTask) -> NamedArrays | None:
+        arrays = self.models.get(task.model_version)
+        return arrays if arrays is not None and self.model_sha256 == task.model_sha256 else None

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Union
 
-from agent.trainer import Trainer, TrainingDeclined, TrainResult
+from agent.trainer import PeerContext, Trainer, TrainingDeclined, TrainResult
 from models.serialization import load_file, save_file
 from models.weights import NamedArrays
 from protocol.messages import RoundTask
@@ -79,9 +79,11 @@ class Job(Protocol):
 
 
 class Runner(Protocol):
-    def train(self, base: NamedArrays, task: RoundTask, export_to: Path | None = None) -> Job:
-        """Train ``task`` from ``base``; with ``export_to``, also export ``base`` (the global model) to ONNX
-        afterwards, in the same child: a per-round child then starts once per round, not twice."""
+    def train(
+        self, base: NamedArrays, task: RoundTask, export_to: Path | None = None, context: PeerContext | None = None
+    ) -> Job:
+        """Train ``task`` from ``base`` (with FedAMN's ``context``); with ``export_to``, also export ``base`` (the
+        global model) to ONNX afterwards, in the same child: a per-round child then starts once per round."""
 
     def export(self, arrays: NamedArrays, task: RoundTask, path: Path) -> Job: ...
 
@@ -122,8 +124,10 @@ class InProcessRunner:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
 
-    def train(self, base: NamedArrays, task: RoundTask, export_to: Path | None = None) -> Job:
-        return ThreadJob("train", lambda: train_and_export(self.trainer, base, task, export_to))
+    def train(
+        self, base: NamedArrays, task: RoundTask, export_to: Path | None = None, context: PeerContext | None = None
+    ) -> Job:
+        return ThreadJob("train", lambda: train_and_export(self.trainer, base, task, export_to, context))
 
     def export(self, arrays: NamedArrays, task: RoundTask, path: Path) -> Job:
         return ThreadJob("export", lambda: export_onnx(arrays, task, path))
@@ -162,8 +166,10 @@ def run_guarded(work: Callable[[], Outcome]) -> Outcome:
         return Failed(f"{type(exc).__name__}: {exc}")
 
 
-def train_and_export(trainer: Trainer, base: NamedArrays, task: RoundTask, export_to: Path | None) -> Outcome:
-    trained = run_guarded(lambda: Trained(trainer.train(base, task)))
+def train_and_export(
+    trainer: Trainer, base: NamedArrays, task: RoundTask, export_to: Path | None, context: PeerContext | None = None
+) -> Outcome:
+    trained = run_guarded(lambda: Trained(trainer.train(base, task, context)))
     if export_to is None or not isinstance(trained, Trained):
         return trained
     return Trained(trained.result, run_guarded(lambda: export_onnx(base, task, export_to)))
@@ -182,6 +188,7 @@ def export_onnx(arrays: NamedArrays, task: RoundTask, path: Path) -> Outcome:
 
 # -- in a child process (the deployed agent) -----------------------------------------------------------
 RESULT_FILE = "result.safetensors"
+CONTEXT_FILE = "context.safetensors"  # FedAMN's other models (``PeerContext``), beside the start model
 EXIT_GRACE_S = 10.0  # a per-round child that answered but has not exited by then is killed
 
 
@@ -375,9 +382,13 @@ class ChildRunner:
         directory.mkdir(parents=True, mode=0o700)
         return directory
 
-    def train(self, base: NamedArrays, task: RoundTask, export_to: Path | None = None) -> Job:
+    def train(
+        self, base: NamedArrays, task: RoundTask, export_to: Path | None = None, context: PeerContext | None = None
+    ) -> Job:
         directory = self._fresh_dir("train")
         save_file(directory / "base.safetensors", base)
+        if context is not None:
+            save_file(directory / CONTEXT_FILE, context.to_arrays())
         request = {"dir": str(directory), "task": task.to_dict()}
         return self._start("train", request | ({"path": str(export_to)} if export_to else {}))
 

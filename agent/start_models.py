@@ -1,7 +1,8 @@
 """The models an agent may start a round from besides the global one (model swapping).
 
 ``local`` is this agent's own model after its last round, ``inbox`` the newest model the server
-sealed to it alone (a swap partner's, say). Both are kept on disk (``agent.state.ProgressStore``), so a
+sealed to it alone (a swap partner's, say), ``peers`` the newest bundle of models it sealed to it for
+the trainer to attend over (FedAMN). Both are kept on disk (``agent.state.ProgressStore``), so a
 restart needs neither again, and are found by ``models.weights.fingerprint``: the signed round task
 names the exact model to start from, and where it came from does not matter.
 """
@@ -35,17 +36,19 @@ class StartModels:
         self._held[slot] = (fingerprint(arrays), arrays, round_number)
         return self._held[slot][0]
 
-    def receive(self, data: bytes | bytearray | memoryview, round_number: int, task_round: int) -> str:
-        """Keep an inbox model sealed for ``round_number``; return its fingerprint. One for a round older
-        than the current task's or than the inbox model held is a replay, refused: it would evict the
-        model a task names."""
-        if round_number < max(task_round, self.round_of("inbox")):
+    def receive(
+        self, data: bytes | bytearray | memoryview, round_number: int, task_round: int, slot: str = "inbox"
+    ) -> str:
+        """Keep a model (or ``peers`` bundle) sealed for ``round_number`` in ``slot``; return its fingerprint.
+        One for a round older than the current task's or than the one held is a replay, refused: it would
+        evict the model a task names."""
+        if round_number < max(task_round, self.round_of(slot)):
             raise StartModelRefused("stale", "older-than-held")
         try:
             arrays, _ = loads(data)
         except SerializationError as exc:
             raise StartModelRefused("malformed", str(exc)) from None
-        return self.keep("inbox", {name: a.copy() for name, a in arrays.items()}, round_number)
+        return self.keep(slot, {name: a.copy() for name, a in arrays.items()}, round_number)
 
     def round_of(self, slot: str) -> int:
         """The round the model in ``slot`` was kept for (0 when empty)."""

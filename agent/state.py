@@ -8,6 +8,8 @@ round task the agent accepted: after a restart a replayed older task is still re
 For strategies that keep each agent's model (model swapping), ``local.safetensors`` is this agent's
 model after its last round and ``inbox.safetensors`` the newest model the server sealed to it (a swap
 partner's): a round task names the one to start from by fingerprint, and both survive a restart.
+``peers.safetensors`` is the newest bundle of models the server sealed to it for its trainer to attend
+over (FedAMN), named by fingerprint the same way.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from common.files import atomic_write, read_json, write_json
 from models.serialization import dumps, load_file
 from models.weights import NamedArrays
 
-MODEL_SLOTS = ("local", "inbox")
+MODEL_SLOTS = ("local", "inbox", "peers")
 RESIDUAL_FILE = "residual.safetensors"  # in the state dir: what top-k has not sent yet (protocol.codecs)
 
 
@@ -73,7 +75,8 @@ class ProgressStore:
         return path.read_bytes() if path.exists() else None
 
     def save_model(self, slot: str, arrays: NamedArrays, round_number: int) -> None:
-        """Keep a start model durably: ``local`` (this agent's after its round) or ``inbox`` (the server's)."""
+        """Keep a start model durably: ``local`` (this agent's after its round), ``inbox`` (the server's) or
+        ``peers`` (a bundle of models, FedAMN)."""
         assert slot in MODEL_SLOTS
         atomic_write(self.directory / f"{slot}.safetensors", dumps(arrays, {"round": str(round_number)}), mode=0o600)
 

@@ -40,6 +40,29 @@ class TrainResult:
     start_eval: dict[str, float] = field(default_factory=dict)  # the start model on the local test split (C-SPE)
 
 
+@dataclass(frozen=True)
+class PeerContext:
+    """What a trainer gets besides its start model under FedAMN (seed 003): its cluster's models (``peers``:
+    each float tensor stacked over the models, ``broker_server.agent_models.peer_bundle``) and the global
+    model's float tensors, for the attention meta-network (``agent.meta_attention``)."""
+
+    peers: NamedArrays
+    global_model: NamedArrays
+
+    def to_arrays(self) -> NamedArrays:
+        """One flat set of named arrays (a file for the training child): ``peers.<name>``, ``global.<name>``."""
+        peers = {f"peers.{name}": array for name, array in self.peers.items()}
+        return peers | {f"global.{name}": array for name, array in self.global_model.items()}
+
+    @classmethod
+    def from_arrays(cls, arrays: NamedArrays) -> PeerContext:
+        parts: dict[str, NamedArrays] = {"peers": {}, "global": {}}
+        for name, array in arrays.items():
+            part, _, tensor = name.partition(".")
+            parts[part][tensor] = array
+        return cls(parts["peers"], parts["global"])
+
+
 class TrainingDeclined(Exception):
     """The trainer will not train this round (local DP: it would pass the agent's epsilon budget)."""
 
@@ -47,7 +70,8 @@ class TrainingDeclined(Exception):
 class Trainer(Protocol):
     budget: PrivacyBudget | None
 
-    def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult: ...
+    def train(self, global_arrays: NamedArrays, task: RoundTask, context: PeerContext | None = None) -> TrainResult:
+        """Train ``task`` from ``global_arrays`` (the start model); ``context``: FedAMN's other models."""
 
 
 class TrainerWrapper:
@@ -61,8 +85,8 @@ class TrainerWrapper:
     def budget(self) -> PrivacyBudget | None:
         return self.inner.budget
 
-    def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
-        return self.inner.train(global_arrays, task)
+    def train(self, global_arrays: NamedArrays, task: RoundTask, context: PeerContext | None = None) -> TrainResult:
+        return self.inner.train(global_arrays, task, context)
 
 
 def build_trainer(config: AgentConfig, device: torch.device) -> Trainer:

@@ -1,7 +1,8 @@
 """``python -m agent.training_child --config agent.toml``: the agent's training child (``agent.runner``).
 
 Reads one JSON request per line on stdin (``{"kind": "train" | "export", "dir": …, "task": {…},
-"path": …}``: the start model is ``<dir>/base.safetensors``; ``path``, where to export it to ONNX),
+"path": …}``: the start model is ``<dir>/base.safetensors``, FedAMN's other models
+``<dir>/context.safetensors``; ``path``, where to export it to ONNX),
 does it with PyTorch, and answers one JSON line: ``{"ok": true, "export": {…}}`` (a train job's result
 is in ``<dir>/result.safetensors``), ``{"exported": detail}``, ``{"declined": reason}`` or
 ``{"failed": reason}`` (``agent.runner.as_reply``).
@@ -22,8 +23,17 @@ import threading
 from pathlib import Path
 
 from agent.config import load_agent_config
-from agent.runner import Trained, as_reply, export_onnx, in_process_runner, run_guarded, train_and_export, write_result
-from agent.trainer import Trainer
+from agent.runner import (
+    CONTEXT_FILE,
+    Trained,
+    as_reply,
+    export_onnx,
+    in_process_runner,
+    run_guarded,
+    train_and_export,
+    write_result,
+)
+from agent.trainer import PeerContext, Trainer
 from models.serialization import load_file
 from models.yolo import ultralytics_offline
 from protocol.daemon import configure_logging
@@ -56,7 +66,8 @@ class Worker:
             return as_reply(run_guarded(lambda: export_onnx(arrays, task, export_to)))
         if self.trainer is None:
             self.trainer = in_process_runner(self.config).trainer
-        outcome = train_and_export(self.trainer, arrays, task, export_to)
+        context = PeerContext.from_arrays(load_file(path)[0]) if (path := directory / CONTEXT_FILE).exists() else None
+        outcome = train_and_export(self.trainer, arrays, task, export_to, context)
         if isinstance(outcome, Trained):
             write_result(directory, outcome.result)
         return as_reply(outcome)

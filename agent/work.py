@@ -110,13 +110,15 @@ class RoundWork:
         self.runner.prepare((task.run_id, task.round, task.attempt))  # its start-up overlaps the model's download
         start = task.start_of(self.id)
         base = self.inbox.start_model(task, start)
-        if base is None:
+        context = self.inbox.peer_context(task, start) if start.peers_sha256 else None
+        if base is None or (start.peers_sha256 and context is None):
             return self._idle("waiting-model")
         export_to = None
         if start.source == "global" and self.onboard.wanted(task, task.model_version, self.server_time()):
             self.onboard.started(task.model_version)
             export_to = self.onboard.path  # the global model rides along with the training job
-        self.training = Training(task, base, start, self.runner.train(base, task, export_to), time.perf_counter())
+        job = self.runner.train(base, task, export_to, context)
+        self.training = Training(task, base, start, job, time.perf_counter())
         self._set_state("training", publish=True)
         return None
 

@@ -26,6 +26,7 @@ AGENTS = 100
 PARAMS = 3_200_000
 SPEC = (TensorSpec("backbone.weight", "float32", (2_400_000,)), TensorSpec("head.weight", "float32", (800_000,)))
 LIMIT_BYTES = 400 << 20
+STRATEGIES = {"demlearn": {}, "fedamp": {}, "fedamn": {"after": 1}}  # FedAMN's clusters from round 1 on
 
 
 def kept_models(bank: ModelBank) -> dict[str, Holding]:
@@ -46,7 +47,7 @@ def views(bank: ModelBank, kept: dict[str, Holding]) -> list[Contribution]:
 
 def end_of_round(name: str, bank: ModelBank, kept: dict[str, Holding]) -> tuple[float, int, int]:
     """Seconds, peak numpy bytes and models kept for ``name``'s aggregate + plan_starts."""
-    strategy = build_strategy({"name": name})
+    strategy = build_strategy({"name": name, **STRATEGIES[name]})
     written = []
 
     def put(owner: str, vector: np.ndarray) -> Holding:
@@ -57,6 +58,7 @@ def end_of_round(name: str, bank: ModelBank, kept: dict[str, Holding]) -> tuple[
 
     models = KeptModels(round=1, action=strategy.action(1), agents=list(kept), kept=kept, exact=set(kept),
                         current={}, spec=SPEC, vector=bank.vector, put=put,
+                        peers=lambda holdings: bank.peers(holdings, SPEC),
                         rng=lambda: np.random.default_rng(1))  # fmt: skip
     tracemalloc.start()
     started = time.perf_counter()
@@ -82,7 +84,7 @@ def main() -> list[dict]:
         bank = ModelBank(Path(folder))
         kept = kept_models(bank)
         floor = read_floor(bank, kept)
-        for name in ("demlearn", "fedamp"):
+        for name in STRATEGIES:
             seconds, peak, written = end_of_round(name, bank, kept)
             rows.append(report(
                 f"kept_models_{name}", target=f"peak numpy memory <= {LIMIT_BYTES >> 20} MB for {AGENTS} agents x "

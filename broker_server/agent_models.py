@@ -9,7 +9,10 @@ the checkpoint that refers to it and read back memory-mapped. An ``Assignment`` 
 starts its next round from: its own model (``local``: the agent has it on disk) or a model the server
 seals to it (``inbox``: a swap partner's, or its own when the server clipped it, so it differs from
 the agent's copy, or a model that is not the agent's: a swap partner's, its group's). Agents without an
-assignment start from the global model. The strategy's ``plan_starts`` says who gets what
+assignment start from the global model. An assignment may also name ``Peers``: kept models the agent's
+trainer attends over besides its start (FedAMN: its cluster's), sealed to it as one bundle
+(``peer_bundle``: each float tensor stacked over the models, rows anonymous) and named in its round task
+by the bundle's fingerprint. The strategy's ``plan_starts`` says who gets what
 (``strategies.base``). Disk: one model per assignment, plus the models of the round being closed; files
 nothing refers to are deleted at the next checkpoint.
 """
@@ -25,7 +28,7 @@ import numpy as np
 
 from common.files import atomic_write
 from models.serialization import dumps, float32_region
-from models.weights import TensorSpec, unflatten
+from models.weights import NamedArrays, TensorSpec, fingerprint, unflatten
 
 
 @dataclass(frozen=True)
@@ -38,18 +41,41 @@ class Holding:
 
 
 @dataclass(frozen=True)
+class Peers:
+    """Kept models an agent receives beside its start model, in bundle row order, and the bundle's fingerprint."""
+
+    models: tuple[Holding, ...]
+    sha256: str
+
+
+@dataclass(frozen=True)
 class Assignment:
-    """What one agent starts its next round from: ``source`` is ``local`` or ``inbox``."""
+    """What one agent starts its next round from: ``source`` is ``local`` or ``inbox``; ``peers``, what
+    its trainer attends over (none for most strategies)."""
 
     source: str
     model: Holding
+    peers: Peers | None = None
+
+    def holdings(self) -> set[Holding]:
+        """Every kept model this assignment needs on disk."""
+        return {self.model, *(self.peers.models if self.peers is not None else ())}
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> Assignment:
-        return cls(source=data["source"], model=Holding(**data["model"]))
+        peers = data.get("peers")
+        return cls(source=data["source"], model=Holding(**data["model"]),
+                   peers=None if peers is None else Peers(tuple(Holding(**h) for h in peers["models"]),
+                                                          peers["sha256"]))  # fmt: skip
+
+
+def peer_bundle(vectors: list[np.ndarray], spec: tuple[TensorSpec, ...]) -> NamedArrays:
+    """The bundle of ``Peers``: every float tensor of ``spec`` as one (models, *shape) float32 array."""
+    rows = [unflatten(v, spec) for v in vectors]
+    return {s.name: np.stack([row[s.name] for row in rows]) for s in spec}
 
 
 def settle(
@@ -87,6 +113,13 @@ class ModelBank:
         with open(self.path(holding), "rb") as handle:
             mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         return float32_region(mapped)[0]
+
+    def peers(self, models: tuple[Holding, ...], spec: tuple[TensorSpec, ...]) -> Peers:
+        """``models`` as a bundle named by its fingerprint (what the agent computes on receiving it)."""
+        return Peers(models, fingerprint(self.bundle(models, spec)))
+
+    def bundle(self, models: tuple[Holding, ...], spec: tuple[TensorSpec, ...]) -> NamedArrays:
+        return peer_bundle([self.vector(h) for h in models], spec)
 
     def keep_only(self, holdings: set[Holding]) -> None:
         """Delete every kept model but ``holdings`` (and rounds' folders left empty)."""

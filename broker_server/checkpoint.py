@@ -119,7 +119,8 @@ class CheckpointStore:
             if path.name not in keep and not path.name.startswith("."):
                 path.unlink(missing_ok=True)
         self.updates.keep_only(rs.round if rs is not None else None)
-        self.agents.keep_only({Assignment.from_dict(a).model for a in checkpoint.assignments.values()})
+        assignments = [Assignment.from_dict(a) for a in checkpoint.assignments.values()]
+        self.agents.keep_only(set().union(*(a.holdings() for a in assignments)))
 
     def load(self) -> Checkpoint | None:
         state_path = self.directory / STATE_FILE

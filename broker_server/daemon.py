@@ -194,11 +194,9 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool, keep_deadline: bool = False) -> None:
         rs = self.engine.announce(self.clock(), keep_deadline=keep_deadline)
-        assignments = self.engine.assignments
         self._publish_task()
         for agent in rs.pending:
-            if agent in assignments and assignments[agent].source == "inbox":
-                self._send_start(agent)
+            self._send_start(agent)
         self.phase = "training"
         log.info(
             "round %s round=%d attempt=%d action=%s selected=%s pending=%s probation=%s deadline_s=%.0f",
@@ -240,9 +238,8 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
         rs = self.engine.round_state
         for agent in self.model_waits.due(now, rs.pending if rs is not None else []):
             public = self.registry.keyring.get(agent)
-            if agent in self.engine.assignments:  # its own start model: sent again
-                self._send_start(agent)
-            elif public is not None and self.publisher.current is not None:
+            self._send_start(agent)  # what it starts from, if not the global model: sent again
+            if self.engine.needs_global(agent) and public is not None and self.publisher.current is not None:
                 self._send_inbox(agent, self.publisher.seal_for(public))
             log.warning("agent %s waits for its model; sent it to its inbox again (version %d)", agent,
                         self.engine.version)  # fmt: skip
@@ -360,21 +357,22 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
             self.mqtt.publish(self.topics.agent_inbox(agent), chunk)
 
     def _send_start(self, agent: str) -> None:
-        """Seal the model ``agent`` starts this round from to that agent alone, on its inbox."""
+        """Seal what ``agent`` starts this round from to that agent alone, on its inbox: its start model when
+        it does not hold it (``inbox``), and the models its trainer attends over (``peers``, FedAMN)."""
         rs, public = self.engine.round_state, self.registry.keyring.get(agent)
-        if rs is None or public is None:
+        assignment = self.engine.assignments.get(agent)
+        if rs is None or public is None or assignment is None:
             return
-        _, chunks = seal(
-            dumps(self.engine.start_model(agent)),
-            sender=self.identity,
-            federation=self.topics.federation,
-            kind="start",
-            round=rs.round,
-            recipient=public,
-        )
-        self._send_inbox(agent, chunks)
-        rs.inbox_bytes += sum(map(len, chunks))
-        log.info("start model sent round=%d agent=%s chunks=%d", rs.round, agent, len(chunks))
+        parts = [("start", lambda: self.engine.start_model(agent))] if assignment.source == "inbox" else []
+        if assignment.peers is not None:
+            parts.append(("peers", lambda: self.engine.peer_bundle(agent)))
+        for kind, arrays in parts:
+            _, chunks = seal(dumps(arrays()), sender=self.identity, federation=self.topics.federation, kind=kind,
+                             round=rs.round, recipient=public)  # fmt: skip
+            self._send_inbox(agent, chunks)
+            rs.inbox_bytes += sum(map(len, chunks))
+            log.info("%s model%s sent round=%d agent=%s chunks=%d", kind, "s" if kind == "peers" else "", rs.round,
+                     agent, len(chunks))  # fmt: skip
 
     def _on_connect(self) -> None:
         self._last_status = 0.0  # republish status promptly after a (re)connect

@@ -153,6 +153,18 @@ class RoundEngine(EngineState, FleetEvents):
         """The whole model ``agent`` starts from (what its inbox gets when it is not the global one)."""
         return with_floats(self.global_arrays, self.base_vector(agent), self.float_spec)
 
+    def needs_global(self, agent: str) -> bool:
+        """Whether ``agent`` trains with the global model this round: it starts from it, or attends over it."""
+        assignment = self.assignments.get(agent)
+        return assignment is None or assignment.peers is not None
+
+    def peer_bundle(self, agent: str) -> NamedArrays | None:
+        """The models ``agent``'s trainer attends over this round (``agent_models.Peers``), if it has any."""
+        assignment = self.assignments.get(agent)
+        if assignment is None or assignment.peers is None:
+            return None
+        return self.store.agents.bundle(assignment.peers.models, self.float_spec)
+
     def _round_rng(self) -> np.random.Generator:
         assert self.round_state is not None
         return np.random.default_rng([self.config.server.seed, self.round_state.round])
@@ -317,7 +329,7 @@ class RoundEngine(EngineState, FleetEvents):
             open_delta=lambda agent: self.store.updates.delta(rs.round, agent),
         )
         outcome, reason, offenders = "committed", "", []
-        global_starts = sum(agent not in self.assignments for agent in rs.selected)
+        global_starts = sum(self.needs_global(agent) for agent in rs.selected)
         starts = {u.agent: self._start_key(u.agent) for u in rs.updates}  # before the assignments move on
         personal = self.start_scores.personal(rs.updates, starts, self.start_model)
         try:

@@ -192,6 +192,7 @@ class PlanStarts(Step):
                 vector=self.bank.vector,
                 put=lambda name, vector: keep_model(self.bank, ctx, f"+{name}", with_floats(ctx.global_arrays, vector,
                                                                                            ctx.float_spec)),
+                peers=lambda holdings: self.bank.peers(holdings, ctx.float_spec),
                 rng=self.rng, evaluate=None if self.evaluator is None else (
                     lambda vector: self.evaluator(with_floats(ctx.global_arrays, vector, ctx.float_spec))),
             )  # fmt: skip

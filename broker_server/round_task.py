@@ -3,11 +3,17 @@ daemon (which signs and publishes it) and the in-process sim (which hands it to 
 
 from __future__ import annotations
 
+from broker_server.agent_models import Assignment
 from broker_server.engine import RoundEngine
 from broker_server.publisher import PublishedModel
 from protocol.messages import AgentStart, AgentTrain, RoundTask, TrainSettings
 
 TASK_GRACE_S = 300.0  # a task stays valid this long past its deadline (clock skew); then agents ignore it
+
+
+def agent_start(agent: str, assignment: Assignment) -> AgentStart:
+    peers = assignment.peers.sha256 if assignment.peers is not None else ""
+    return AgentStart(agent, assignment.source, assignment.model.sha256, peers_sha256=peers)
 
 
 def round_task(
@@ -36,11 +42,7 @@ def round_task(
         run_id=engine.run_id,
         expires_at=rs.deadline + TASK_GRACE_S,
         action=rs.action,
-        starts=[
-            AgentStart(agent, assignments[agent].source, assignments[agent].model.sha256)
-            for agent in rs.selected
-            if agent in assignments
-        ],
+        starts=[agent_start(agent, assignments[agent]) for agent in rs.selected if agent in assignments],
         agent_train=[AgentTrain(agent, TrainSettings.from_dict(train)) for agent, train in rs.agent_train.items()],
         classes=list(engine.config.server.classes),
         share=engine.config.server.share,

@@ -1,10 +1,10 @@
-"""Server time of DemLearn's clustering and FedAMP's attention at the end of a round (issue 22 targets:
-50 agents under 10 ms per round, 540 agents of the digits CNN under 2 s).
+"""Server time of DemLearn's clustering, FedAMP's attention and FedAMN's k-means at the end of a round (issue
+22 targets: 50 agents under 10 ms per round, 540 agents of the digits CNN under 2 s).
 
-``aggregate_s`` in metrics.jsonl times only ``Strategy.aggregate`` (the mean), not ``plan_starts``, where
-the clustering / attention and the per-agent models are built; this times both, as ``benchmarks.kept_models``
-does, on the real model sizes: every agent's model written to the server's model store on disk (four kinds
-of agents plus noise), median of 5 end-of-round passes after a warm-up.
+The decision alone (Gram matrix and clustering or attention weights), and ``Strategy.aggregate`` plus
+``plan_starts`` (where the per-agent models or bundles are built: ``aggregate_s`` in metrics.jsonl) as
+``benchmarks.kept_models`` does, on the real model sizes: every agent's model written to the server's model
+store on disk (four kinds of agents plus noise), median of 5 end-of-round passes after a warm-up.
 Run: PYTHONPATH=. python experiments/personalization_cost.py
 """
 
@@ -21,6 +21,7 @@ from broker_server.agent_models import Holding, ModelBank
 from broker_server.strategies import build_strategy
 from broker_server.strategies.base import Contribution, KeptModels
 from broker_server.strategies.demlearn import DemLearnOptions, cluster_paths, distance_matrix
+from broker_server.strategies.fedamn import FedAMNOptions, clusters_within, principal_coordinates
 from broker_server.strategies.fedamp import FedAMPOptions, attention_weights
 from broker_server.strategies.krum import gram_matrix
 from models.weights import TensorSpec
@@ -30,10 +31,13 @@ CASES = (("mnist1d_cnn", 20), ("mnist1d_cnn", 50), ("digits_cnn", 540))
 
 
 def decision(name: str, views: list[Contribution]) -> object:
-    """What the strategy decides from the models: DemLearn's tree, FedAMP's attention weights."""
+    """What the strategy decides from the models: DemLearn's tree, FedAMP's attention weights, FedAMN's clusters."""
     gram = gram_matrix(views)
     if name == "demlearn":
         return cluster_paths(distance_matrix(gram, DemLearnOptions().distance), DemLearnOptions().levels)
+    if name == "fedamn":
+        centered = gram_matrix(views, center=np.mean([v.delta for v in views], axis=0), dtype=np.float32)
+        return clusters_within(principal_coordinates(centered), FedAMNOptions().max_peers, np.random.default_rng(1))
     return attention_weights(gram, FedAMPOptions())
 
 
@@ -58,9 +62,10 @@ def end_of_round_seconds(name: str, agents: int, params: int) -> tuple[float, fl
             return holding
 
         def one_round() -> None:
-            strategy = build_strategy({"name": name})
+            strategy = build_strategy({"name": name, **({"after": 1} if name == "fedamn" else {})})
             models = KeptModels(round=1, action=strategy.action(1), agents=list(kept), kept=kept, exact=set(kept),
                                 current={}, spec=spec, vector=bank.vector, put=put,
+                                peers=lambda holdings: bank.peers(holdings, spec),
                                 rng=lambda: np.random.default_rng(1))  # fmt: skip
             strategy.aggregate(np.zeros(params, np.float32), views)
             strategy.plan_starts(models)
@@ -71,7 +76,7 @@ def end_of_round_seconds(name: str, agents: int, params: int) -> tuple[float, fl
 def main() -> None:
     for model, agents in CASES:
         params = sum(p.numel() for p in build_model(model).parameters())
-        for name in ("demlearn", "fedamp"):
+        for name in ("demlearn", "fedamp", "fedamn"):
             started = time.perf_counter()
             seconds, decide = end_of_round_seconds(name, agents, params)
             limit = 0.010 if agents <= 50 else 2.0

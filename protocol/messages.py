@@ -112,10 +112,14 @@ class TrainSettings(Message):
     work: float = 1.0  # share of the epochs' mini-batches to run (FedProx's partial work); set by the strategy
     image_size: int = 640  # detectors: the square input size in pixels (a multiple of 32); classifiers ignore it
     keep_momentum: bool = False  # agents carry their SGD momentum across rounds (agent.momentum) instead of zeroing it
+    meta_epochs: int = 0  # FedAMN: the attention meta-network's epochs (agent.meta_attention), when peers are given
+    meta_lr: float = 0.01  # FedAMN: its Adam learning rate; both set by the strategy
 
     def __post_init__(self) -> None:
         if not 0 < self.work <= 1:
             raise ValueError(f"work must be in (0, 1] (the share of the local epochs to run), got {self.work}")
+        if self.meta_epochs < 0 or not self.meta_lr > 0:
+            raise ValueError(f"meta_epochs must be >= 0 and meta_lr > 0, got {self.meta_epochs} and {self.meta_lr}")
         if self.image_size < 32 or self.image_size % 32:
             raise ValueError(f"training.image_size must be a multiple of 32 (YOLO's stride), got {self.image_size}")
 
@@ -136,12 +140,14 @@ class AgentStart:
     ``source`` is ``local`` (the agent's own model after its last round, which it keeps on disk) or
     ``inbox`` (a model the server seals to this agent alone, e.g. its swap partner's). Either way the
     agent trains only from a model whose ``models.weights.fingerprint`` is ``sha256``; whatever the
-    source, the signed task names the exact bits.
+    source, the signed task names the exact bits. ``peers_sha256`` (FedAMN) names the bundle of models its
+    trainer attends over, sealed to it on its inbox (``broker_server.agent_models.Peers``); "" for none.
     """
 
     agent: str
     source: str
     sha256: str
+    peers_sha256: str = ""
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from agent.daemon import EdgeAgent
-from agent.trainer import Trainer, TrainerWrapper, TrainResult
+from agent.trainer import PeerContext, Trainer, TrainerWrapper, TrainResult
 from models.weights import NamedArrays, is_float
 from models.zoo import build_model
 from protocol.messages import RoundTask
@@ -90,8 +90,8 @@ class AttackingTrainer(TrainerWrapper):
         self.scope = scope
         self.seed = zlib.crc32(agent_id.encode())
 
-    def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
-        honest = self.inner.train(global_arrays, task)
+    def train(self, global_arrays: NamedArrays, task: RoundTask, context: PeerContext | None = None) -> TrainResult:
+        honest = self.inner.train(global_arrays, task, context)
         if self.attack.kind == "samples":
             return replace(honest, samples=int(self.attack.value))
         rng = np.random.default_rng([self.seed, task.round])

@@ -9,7 +9,8 @@ agents have local DP) and update encoding (the round's codec, with error feedbac
 state folder). Attackers' trainers are wrapped as ``sim.agent_host`` wraps them
 (``sim.attacks``). What is left out is the transport: no broker, no daemons, no sealing; an update goes
 from the trainer to ``RoundEngine.accept`` as the plaintext the server would have opened, and every
-selected agent delivers (no deadlines, no stragglers). The output is ``skyfed sim``'s:
+selected agent delivers (no deadlines, no stragglers). ``bytes_down`` counts the models' plaintext (the
+daemons' counts add the sealing's few bytes per chunk). The output is ``skyfed sim``'s:
 ``metrics.jsonl``, ``curves.png`` and ``global_model.safetensors`` in ``--out``.
 """
 
@@ -27,12 +28,14 @@ from agent.config import load_agent_config
 from agent.device import torch_device
 from agent.local_dp import PrivacyBudget
 from agent.state import RESIDUAL_FILE
-from agent.trainer import Trainer, build_trainer, encode_update
+from agent.trainer import PeerContext, Trainer, build_trainer, encode_update
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
 from broker_server.evaluation import server_evaluator
 from broker_server.publisher import PublishedModel
 from broker_server.round_task import round_task
+from models.serialization import dumps
+from models.weights import float_part
 from protocol.messages import RoundTask
 from protocol.transfer import Completed
 from security.envelope import NO_DIGEST, Manifest
@@ -66,10 +69,14 @@ def _agents(configs: dict[str, Path], settings: SimSettings) -> list[InProcessAg
 
 
 def _deliver(engine: RoundEngine, agent: InProcessAgent, task: RoundTask) -> None:
-    """``agent`` trains from its start model and its update, in the round's codec, goes through the
-    server's acceptance."""
-    base, start = engine.start_model(agent.name), task.start_of(agent.name)
-    result = agent.trainer.train(base, task)
+    """``agent`` trains from its start model (and FedAMN's other models) and its update, in the round's
+    codec, goes through the server's acceptance."""
+    base, start, bundle = engine.start_model(agent.name), task.start_of(agent.name), engine.peer_bundle(agent.name)
+    context = None if bundle is None else PeerContext(bundle, float_part(engine.global_arrays))
+    rs = engine.round_state
+    assert rs is not None
+    rs.inbox_bytes += (len(dumps(base)) if start.source == "inbox" else 0) + (len(dumps(bundle)) if bundle else 0)
+    result = agent.trainer.train(base, task, context)
     local_delta = agent.budget.policy.delta if agent.budget is not None else None
     base_sha256 = "" if start.source == "global" else start.sha256
     data, _ = encode_update(task, base, result, residual=agent.residual, base_sha256=base_sha256,
@@ -106,7 +113,7 @@ def run_in_process(settings: SimSettings, out: Path, *, echo: Callable[[str], No
             agent = agents[name]
             if not agent.silent and (agent.budget is None or not agent.budget.refusal(task, name)):
                 _deliver(engine, agent, task)
-        metrics.append(engine.close(time.time(), model_wire_bytes=0))
+        metrics.append(engine.close(time.time(), model_wire_bytes=len(dumps(engine.global_arrays))))
         echo(format_round(metrics[-1], time.monotonic() - started))
     extra = {"in_process": True, "attackers": settings.attacker_names(), "attack": settings.attack or None}
     return collect_results(config.state_dir, out, extra, metrics, started)

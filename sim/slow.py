@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from agent.trainer import Trainer, TrainerWrapper, TrainResult
+from agent.trainer import PeerContext, Trainer, TrainerWrapper, TrainResult
 from models.weights import NamedArrays
 from protocol.messages import RoundTask
 
@@ -27,17 +27,19 @@ class SlowTrainer(TrainerWrapper):
         self.slowdown = slowdown
         self.warm = False
 
-    def train(self, global_arrays: NamedArrays, task: RoundTask) -> TrainResult:
-        result, seconds = self._timed(global_arrays, task)
+    def train(self, global_arrays: NamedArrays, task: RoundTask, context: PeerContext | None = None) -> TrainResult:
+        result, seconds = self._timed(global_arrays, task, context)
         if not self.warm:
             self.warm = True
-            _, seconds = self._timed(global_arrays, task)
+            _, seconds = self._timed(global_arrays, task, context)
             time.sleep(max(0.0, (self.slowdown - 2) * seconds))  # the warm run itself was the first extra share
             return result
         time.sleep((self.slowdown - 1) * seconds)
         return result
 
-    def _timed(self, global_arrays: NamedArrays, task: RoundTask) -> tuple[TrainResult, float]:
+    def _timed(
+        self, global_arrays: NamedArrays, task: RoundTask, context: PeerContext | None
+    ) -> tuple[TrainResult, float]:
         started = time.monotonic()
-        result = self.inner.train(global_arrays, task)
+        result = self.inner.train(global_arrays, task, context)
         return result, time.monotonic() - started

@@ -142,7 +142,7 @@ class SlowInRound(TrainerWrapper):
         super().__init__(inner)
         self.round_number, self.delay_s = round_number, delay_s
 
-    def train(self, global_arrays, task):  # noqa: ANN001, ANN201
+    def train(self, global_arrays, task, context=None):  # noqa: ANN001, ANN201
         if task.round == self.round_number:
             time.sleep(self.delay_s)
         return self.inner.train(global_arrays, task)
@@ -226,7 +226,7 @@ class CountingTrainer(TrainerWrapper):
         super().__init__(inner)
         self.rounds = []
 
-    def train(self, global_arrays, task):  # noqa: ANN001, ANN201
+    def train(self, global_arrays, task, context=None):  # noqa: ANN001, ANN201
         self.rounds.append(task.round)
         return self.inner.train(global_arrays, task)
 

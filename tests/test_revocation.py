@@ -30,7 +30,7 @@ class HeldUp(TrainerWrapper):
 
     release = threading.Event()
 
-    def train(self, global_arrays, task):  # noqa: ANN001, ANN201
+    def train(self, global_arrays, task, context=None):  # noqa: ANN001, ANN201
         self.release.wait(60)
         return self.inner.train(global_arrays, task)
 

@@ -23,7 +23,7 @@ from tests.fedharness import Federation, override_toml, wait_until
 class NeverDelivers(TrainerWrapper):
     """A trainer that fails every time: the agent looks healthy (fresh signed status) but never sends."""
 
-    def train(self, global_arrays, task):  # noqa: ANN001, ANN201
+    def train(self, global_arrays, task, context=None):  # noqa: ANN001, ANN201
         raise RuntimeError("camera driver crashed")
 
 

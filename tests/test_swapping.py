@@ -25,15 +25,17 @@ from tests.test_federation import SlowInRound, Sniffer, _float_windows, _leaks, 
 
 
 class Recording(TrainerWrapper):
-    """Keeps a copy of every start model a trainer is given, by round."""
+    """Keeps a copy of every start model (and FedAMN context) a trainer is given, by round."""
 
     def __init__(self, inner) -> None:  # noqa: ANN001
         super().__init__(inner)
         self.bases = {}
+        self.contexts = {}
 
-    def train(self, base, task):  # noqa: ANN001, ANN201
+    def train(self, base, task, context=None):  # noqa: ANN001, ANN201
         self.bases[task.round] = {k: v.copy() for k, v in base.items()}
-        return self.inner.train(base, task)
+        self.contexts[task.round] = context
+        return self.inner.train(base, task, context)
 
 
 def _record_local_models(agent) -> list[NamedArrays]:  # noqa: ANN001

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from broker_server.agent_models import Assignment, Holding, settle
+from broker_server.agent_models import Assignment, Holding, Peers, settle
 from broker_server.bounds import InfluencePolicy
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
@@ -121,7 +121,7 @@ def test_fedswap_plans_starts_by_action_and_settle_keeps_the_rest():
     def models(action: str, exact: set[str]) -> KeptModels:
         return KeptModels(round=4, action=action, agents=list("abc"), kept=kept, exact=exact, current=current,
                           spec=spec, vector=lambda h: np.full(2, ord(h.owner), np.float32),
-                          put=lambda owner, vector: Holding(4, owner, "x"),
+                          put=lambda owner, vector: Holding(4, owner, "x"), peers=lambda models: Peers(models, "p"),
                           rng=lambda: np.random.default_rng(7))  # fmt: skip
 
     strategy = build_strategy({"name": "fedswap"})

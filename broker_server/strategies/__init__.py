@@ -14,6 +14,7 @@ from broker_server.strategies.base import Contribution, RoundResult, Strategy
 from broker_server.strategies.centered_clip import CenteredClip
 from broker_server.strategies.choice import DEFAULT_STRATEGY
 from broker_server.strategies.demlearn import DemLearn
+from broker_server.strategies.fedamn import FedAMN
 from broker_server.strategies.fedamp import FedAMP
 from broker_server.strategies.fedavg import FedAvg
 from broker_server.strategies.fedprox import FedProx
@@ -24,7 +25,8 @@ from broker_server.strategies.swapping import ModelSwapping, SimFedSwap
 from broker_server.strategies.trimmed_mean import TrimmedMean
 
 _ALL = (AutoDefault, FedAvg, FedProx, FedMedian, TrimmedMean, MultiKrum, CenteredClip, FedAvgM, FedAdam, FedYogi)
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (*_ALL, ModelSwapping, SimFedSwap, DemLearn, FedAMP)}
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (*_ALL, ModelSwapping, SimFedSwap, DemLearn, FedAMP,
+                                                                      FedAMN)}
 
 
 def build_strategy(table: dict[str, Any]) -> Strategy:

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from broker_server.agent_models import Assignment, Holding
+from broker_server.agent_models import Assignment, Holding, Peers
 from broker_server.bounds import Tentative
 from broker_server.onepass import Fold, axpy
 from models.weights import TensorSpec
@@ -94,6 +94,7 @@ class KeptModels:
     spec: tuple[TensorSpec, ...]  # layout of the float vectors
     vector: Callable[[Holding], np.ndarray]  # a kept model's float vector (read-only, memory-mapped)
     put: Callable[[str, np.ndarray], Holding]  # keep a new model (a group's, say): owner "+name", never an agent id
+    peers: Callable[[tuple[Holding, ...]], Peers]  # kept models as a bundle an agent attends over (FedAMN)
     rng: Callable[[], np.random.Generator]  # seeded per round: the same after a restart
     evaluate: Callable[[np.ndarray], dict[str, float]] | None = None  # a float vector on the server's eval set
 

@@ -1,0 +1,144 @@
+"""FedAMN (seed 003) on the start-model hook, the server's half: k-means within the traffic limit, the
+progressive switch, each agent's cluster bundle (its own model one of the rows), a restart that keeps them,
+and over a real broker each bundle sealed to its agent alone and the attention trained from it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from broker_server.config import load_server_config
+from broker_server.engine import RoundEngine
+from broker_server.strategies import build_strategy
+from broker_server.strategies.fedamn import clusters_within, principal_coordinates
+from models.weights import advanced, fingerprint, flatten, float_part
+from security.replay import ReplayGuard
+from sim.federation import SimSettings, create_federation
+from tests.fedharness import override_toml
+from tests.test_swapping_engine import update
+
+AGENTS = [f"agent-{i:02d}" for i in range(1, 6)]
+
+
+def test_principal_coordinates_keep_the_distances_and_clusters_fit_the_limit():
+    rng = np.random.default_rng(3)
+    centers = 10 * rng.standard_normal((3, 40))
+    models = np.concatenate([c + rng.standard_normal((4, 40)) for c in centers])  # three blobs of four
+    centered = models - models.mean(axis=0)
+    points = principal_coordinates(centered @ centered.T)
+    distances = np.linalg.norm(models[:, None] - models[None], axis=2)
+    np.testing.assert_allclose(np.linalg.norm(points[:, None] - points[None], axis=2), distances, atol=1e-8)
+    labels = clusters_within(points, 4, np.random.default_rng(0))
+    assert sorted(sorted(np.flatnonzero(labels == k)) for k in np.unique(labels)) == [
+        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # fmt: skip
+    assert (clusters_within(points, 12, np.random.default_rng(0)) == 0).all()  # k = 1: no partition
+    assert np.bincount(clusters_within(points, 3, np.random.default_rng(0))).max() <= 3
+    assert sorted(clusters_within(points, 1, np.random.default_rng(0))) == list(range(12))
+
+
+def test_fedavg_until_round_p_then_each_agent_gets_its_cluster_and_a_restart_keeps_them(tmp_path):
+    layout = create_federation(tmp_path, SimSettings(agents=5, rounds=3, federation="e"), ("127.0.0.1", 1))
+    override_toml(layout.server_config, rounds={"min_agents": 5, "quorum": 5}, bounds={"clip": "off"},
+                  strategy={"name": "fedamn", "after": 3, "max_peers": 2, "meta_epochs": 2})  # fmt: skip
+    config = load_server_config(layout.server_config)
+    engine = RoundEngine(config, replay=ReplayGuard(3600))
+    largest = max(engine.float_spec, key=lambda s: np.prod(s.shape)).name
+    for round_number in (1, 2):
+        engine.begin_round(AGENTS, now=0.0)
+        engine.announce(now=0.0)
+        assert engine.round_state.train["meta_epochs"] == 2 and engine.round_state.train["meta_lr"] == 0.01
+        held = {}
+        for i, agent in enumerate(AGENTS):
+            done, delta = update(engine, agent, seed=10 * round_number + i, samples=100 * (i + 1),
+                                 fill={largest: 0.05 if i % 2 else -0.05})  # two kinds of agents  # fmt: skip
+            held[agent] = advanced(engine.start_model(agent), delta)
+            engine.accept(done)
+        metrics = engine.close(now=1.0, model_wire_bytes=1000)
+        assert metrics.outcome == "committed"
+    assert round_number == 2 and "clusters" in metrics.aggregation  # round 3 = p: the plan after round 2
+    vectors = {a: flatten(float_part(m), engine.float_spec) for a, m in held.items()}
+    weights = np.arange(1, 6, dtype=float)
+    expected = sum(w * vectors[a] for w, a in zip(weights, AGENTS, strict=True)) / weights.sum()  # FedAvg of the models
+    np.testing.assert_allclose(engine.global_vector, expected, rtol=1e-5, atol=1e-6)
+    clusters = metrics.aggregation["clusters"]
+    assert sorted(a for c in clusters for a in c) == AGENTS and max(map(len, clusters)) <= 3
+    assert clusters == [["agent-01", "agent-03", "agent-05"], ["agent-02", "agent-04"]]  # by their kind
+    assert metrics.bytes_down == 5 * 1000  # round 2: everyone downloaded the global model alone
+    for cluster in clusters:
+        for agent in cluster:
+            assignment = engine.assignments[agent]
+            assert assignment.source == "local" and assignment.model.owner == agent  # its own model
+            bundle = engine.peer_bundle(agent)
+            assert fingerprint(bundle) == assignment.peers.sha256
+            rows = [flatten({k: bundle[k][r] for k in bundle}, engine.float_spec) for r in range(len(cluster) - 1)]
+            owners = [next(a for a in AGENTS if np.array_equal(vectors[a], row)) for row in rows]
+            assert sorted(owners) == [a for a in cluster if a != agent]  # its cluster mates' models, bit for bit
+
+    resumed = RoundEngine(config, replay=ReplayGuard(3600))  # a server restart keeps every bundle
+    assert resumed.assignments == engine.assignments
+    assert all(fingerprint(resumed.peer_bundle(a)) == engine.assignments[a].peers.sha256 for a in AGENTS)
+    resumed.begin_round(AGENTS, now=2.0)
+    resumed.announce(now=2.0)
+    assert all(resumed.needs_global(a) for a in AGENTS)  # the meta-network attends over the global model too
+
+
+def test_bad_options_name_the_key_and_a_run_shorter_than_p_is_warned():
+    with pytest.raises(ValueError, match="strategy.max_peers must be >= 1"):
+        build_strategy({"name": "fedamn", "max_peers": 0})
+    with pytest.raises(ValueError, match="strategy.meta_lr must be > 0"):
+        build_strategy({"name": "fedamn", "meta_lr": 0})
+    warning = build_strategy({"name": "fedamn", "after": 10}).run_warnings(5)
+    assert warning and "never joins" in warning[0]
+
+
+@pytest.mark.timeout(300)
+def test_over_a_real_broker_each_agent_attends_over_its_cluster_sealed_to_it_alone(tmp_path, broker):
+    """Round 1 is FedAvg; from round 2 (p) each agent trains from its own model, bit for bit, with its cluster
+    mate's model and the global model; a hostile enrolled agent reading every inbox on the broker can open no
+    bundle but its own."""
+    from broker_server.daemon import Aggregator
+    from security.keys import Identity, PublicIdentity
+    from tests.fedharness import Federation
+    from tests.test_federation import Sniffer
+    from tests.test_swapping import Recording, _identical, _record_local_models, assert_each_opens_only_for_its_owner
+
+    fed = Federation(tmp_path, broker, rounds=3, agents=4, partition="shards")
+    override_toml(fed.layout.server_config, rounds={"quorum": 4},
+                  strategy={"name": "fedamn", "after": 2, "max_peers": 1})  # fmt: skip
+    locals_by_agent = {}
+    for agent in fed.agents:
+        agent.runner.trainer = Recording(agent.runner.trainer)
+        locals_by_agent[agent.id] = _record_local_models(agent)
+    sniffer = Sniffer(broker)
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    try:
+        fed.run(server, timeout_s=200)
+    finally:
+        sniffer.close()
+    metrics = fed.metrics()
+    assert [len(m.accepted) for m in metrics] == [4, 4, 4]
+    cluster_of = {r: {a: c for c in metrics[r - 2].aggregation["clusters"] for a in c} for r in (2, 3)}  # plans
+    assert all(len(c) <= 2 for plans in cluster_of.values() for c in plans.values())  # max_peers + 1
+    for agent in fed.agents:
+        recorded = agent.runner.trainer
+        assert recorded.contexts[1] is None  # FedAvg before p
+        for round_number in (2, 3):
+            own = locals_by_agent[agent.id][round_number - 2]  # its model after the round before
+            assert _identical(recorded.bases[round_number], own)
+            context, cluster = recorded.contexts[round_number], cluster_of[round_number][agent.id]
+            if len(cluster) == 1:  # alone: nobody's model, it trains on from its own
+                assert context is None
+                continue
+            (mate,) = set(cluster) - {agent.id}  # its mate's model after the round before, bit for bit
+            assert all(v.shape[0] == 1 for v in context.peers.values())
+            assert _identical({k: v[0] for k, v in context.peers.items()},
+                              float_part(locals_by_agent[mate][round_number - 2]))  # fmt: skip
+            assert context.global_model.keys() == context.peers.keys()
+    identities = {a.id: Identity.load(a.config.identity_path) for a in fed.agents}
+    server_public = PublicIdentity.load(fed.agents[0].config.server_key_path)
+    bundles = [(t.split("/")[3], p) for t, p in sniffer.payloads if t.endswith("/inbox") and p and b"peers" in p[:200]]
+    paired = {a for plans in cluster_of.values() for a, c in plans.items() if len(c) > 1}
+    assert paired and {owner for owner, _ in bundles} == paired
+    assert_each_opens_only_for_its_owner(bundles, identities, server_public)
+    for agent in fed.agents:  # Θ kept across rounds by the agents that attended
+        assert (agent.config.state_dir / "meta_attention.safetensors").exists() == (agent.id in paired)
