@@ -10,6 +10,7 @@ so ``skyfed server run --config <root>/server/server.toml`` works on it exactly 
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,6 +243,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
     server_data, agent_data, description = write_data(root, settings)
     trainer = "detector" if settings.task == "detect" else "classifier"
     broker_table = {"host": broker[0], "port": broker[1]}
+    selected = max(1, math.ceil(settings.fraction * len(node_names(settings))))  # a round's agents
 
     server_dir = root / "server"
     (server_dir / "enrolled").mkdir(parents=True, exist_ok=True)
@@ -264,8 +266,8 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
             "keys": {"identity": "server.key", "enrolled": "enrolled"},
             "rounds": {
                 "fraction": settings.fraction,
-                "min_agents": len(node_names(settings)),
-                "quorum": max(1, len(node_names(settings)) // 2),
+                "min_agents": selected,  # all of them unless --fraction: the run starts once they are online
+                "quorum": max(1, selected // 2),
                 "deadline_s": settings.deadline_s,
             },
             "training": {
