@@ -4,6 +4,8 @@ and over a real broker each bundle sealed to its agent alone and the attention t
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
 from broker_server.strategies import build_strategy
 from broker_server.strategies.fedamn import clusters_within, principal_coordinates
+from models.serialization import loads
 from models.weights import advanced, fingerprint, flatten, float_part
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
@@ -142,3 +145,49 @@ def test_over_a_real_broker_each_agent_attends_over_its_cluster_sealed_to_it_alo
     assert_each_opens_only_for_its_owner(bundles, identities, server_public)
     for agent in fed.agents:  # Θ kept across rounds by the agents that attended
         assert (agent.config.state_dir / "meta_attention.safetensors").exists() == (agent.id in paired)
+
+
+def test_an_agent_waiting_for_its_start_gets_its_own_model_its_bundle_and_the_global_one(tmp_path, broker, monkeypatch):
+    """An asked agent whose status keeps saying ``waiting-model`` lacks one of what the task names: its own model
+    (a ``local`` start: its copy lost), its bundle or the global model. The server's resend gives it all three;
+    on the branch tip a ``local`` start was never sent again (the agent waited to its deadline, every round)."""
+    from broker_server import model_resend
+    from protocol.messages import AgentStatus
+    from protocol.mqtt import BrokerSettings, MqttClient
+    from protocol.transfer import Reassembler
+    from security.envelope import Opener
+    from security.keys import Keyring
+    from security.signing import signed_payload
+    from tests.fedharness import ServerHarness, wait_until
+
+    monkeypatch.setattr(model_resend, "MODEL_STALL_S", 0.5)
+    with ServerHarness(tmp_path, broker, agents=2, rounds=2, bounds={"clip": "off"},
+                       strategy={"name": "fedamn", "after": 1, "max_peers": 1}) as h:  # fmt: skip
+        h.announce_agents()
+        for i, agent in enumerate(h.agents):
+            h.send(agent, h.random_delta(i))
+        h.wait_metrics(1)
+        task = wait_until(lambda: h.tasks[-1].round == 2 and h.tasks[-1], what="round 2's task")
+        start = task.start_of("agent-01")
+        assert start.source == "local" and start.peers_sha256
+        watcher = MqttClient("watcher", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+        watcher.subscribe(h.topics.agent_inbox("agent-01"))
+        assert watcher.start(timeout_s=5)
+        opener = Opener(identity=h.agents["agent-01"], federation="t", senders=Keyring([h.server.identity.public]))
+        reassembler, received = Reassembler(opener), {}
+        try:
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end and len(received) < 3:
+                status = AgentStatus(agent="agent-01", state="waiting-model", round=2, samples=100, version=1,
+                                     updated_at=time.time(), group_key_id=h.server.group_keys.key.key_id)  # fmt: skip
+                h.driver.publish(h.topics.agent_status("agent-01"), signed_payload(status.to_dict(),
+                                                                                    h.agents["agent-01"]), retain=True)
+                while (message := watcher.poll(0.2)) is not None:
+                    done = reassembler.feed(message[1], topic_sender="server",
+                                            kinds=frozenset({"start", "peers", "model"}))  # fmt: skip
+                    if done is not None and done.manifest.round == 2:
+                        received[done.manifest.kind] = loads(done.data)[0]
+        finally:
+            watcher.stop()
+    assert set(received) == {"start", "peers", "model"}, sorted(received)
+    assert fingerprint(received["start"]) == start.sha256 and fingerprint(received["peers"]) == start.peers_sha256
