@@ -191,3 +191,15 @@ def test_an_agent_waiting_for_its_start_gets_its_own_model_its_bundle_and_the_gl
             watcher.stop()
     assert set(received) == {"start", "peers", "model"}, sorted(received)
     assert fingerprint(received["start"]) == start.sha256 and fingerprint(received["peers"]) == start.peers_sha256
+
+
+def test_an_agent_whose_update_did_not_count_keeps_its_bundle_with_its_own_model_on_its_inbox():
+    """Refused, late, or the round rolled back: the agent may have replaced its own copy, so its model goes to its
+    inbox; its cluster's bundle still stands (the tip dropped it, and the agent trained without attention)."""
+    from broker_server.agent_models import Assignment, Holding, Peers, settle
+
+    own, mate = Holding(3, "agent-01", "a" * 64), Holding(3, "agent-02", "b" * 64)
+    current = {"agent-01": Assignment("local", own, Peers((mate,), "c" * 64))}
+    for kept, planned in (({}, {}), ({"agent-02": mate}, {})):  # rolled back; committed without it
+        assert settle(current, ["agent-01"], kept, planned) == {"agent-01": Assignment("inbox", own, current[
+            "agent-01"].peers)}  # fmt: skip
