@@ -203,3 +203,14 @@ def test_an_agent_whose_update_did_not_count_keeps_its_bundle_with_its_own_model
     for kept, planned in (({}, {}), ({"agent-02": mate}, {})):  # rolled back; committed without it
         assert settle(current, ["agent-01"], kept, planned) == {"agent-01": Assignment("inbox", own, current[
             "agent-01"].peers)}  # fmt: skip
+
+
+def test_fedamn_with_a_detector_model_fails_at_start_naming_the_strategy(tmp_path):
+    """The detector trainer has no meta-network: its agents would decline every round from p on (the tip
+    started such a federation, and its rounds then went without agents)."""
+    from broker_server.config import ConfigError
+
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="d"), ("127.0.0.1", 1))
+    override_toml(layout.server_config, server={"model": "yolov8n", "classes": ["car"]}, strategy={"name": "fedamn"})
+    with pytest.raises(ConfigError, match="strategy fedamn needs the attention meta-network"):
+        load_server_config(layout.server_config)
