@@ -214,3 +214,10 @@ def test_fedamn_with_a_detector_model_fails_at_start_naming_the_strategy(tmp_pat
     override_toml(layout.server_config, server={"model": "yolov8n", "classes": ["car"]}, strategy={"name": "fedamn"})
     with pytest.raises(ConfigError, match="strategy fedamn needs the attention meta-network"):
         load_server_config(layout.server_config)
+
+
+def test_a_sim_of_fedamn_with_local_dp_fails_at_start():
+    """Every agent would decline from round p on; in process the tip crashed there (TrainingDeclined uncaught)."""
+    with pytest.raises(ValueError, match="--strategy fedamn with local DP"):
+        SimSettings(agents=2, rounds=2, strategy={"name": "fedamn"}, local_privacy={"noise_multiplier": 1.0})
+    SimSettings(agents=2, rounds=2, strategy={"name": "fedamn"}, local_privacy={"noise_multiplier": 0.0})  # off
