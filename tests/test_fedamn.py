@@ -13,7 +13,7 @@ from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
 from broker_server.strategies import build_strategy
 from broker_server.strategies.fedamn import clusters_within, principal_coordinates
-from models.serialization import loads
+from models.serialization import dumps, loads
 from models.weights import advanced, fingerprint, flatten, float_part
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
@@ -221,3 +221,32 @@ def test_a_sim_of_fedamn_with_local_dp_fails_at_start():
     with pytest.raises(ValueError, match="--strategy fedamn with local DP"):
         SimSettings(agents=2, rounds=2, strategy={"name": "fedamn"}, local_privacy={"noise_multiplier": 1.0})
     SimSettings(agents=2, rounds=2, strategy={"name": "fedamn"}, local_privacy={"noise_multiplier": 0.0})  # off
+
+
+def test_after_a_server_reset_the_new_runs_bundle_is_kept_though_the_old_run_held_a_later_round(tmp_path):
+    """A server whose state was reset starts a new run at round 1; the agent's slots still hold the old run's
+    round 40. The tip refused every bundle of the new run below round 40 as a replay (stale), so the agent
+    waited for its model until its deadline, every round, through round 40; also across an agent restart."""
+    from security.envelope import seal
+    from security.keys import Identity
+    from tests.fedharness import hosted_agent
+    from tests.test_agent_resilience import _signed_task
+
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it"), ("127.0.0.1", 1))
+    server = Identity.load(layout.server_config.parent / "server.key")
+    agent = hosted_agent(layout.agent_configs["agent-01"])
+    old = {"w": np.ones((2, 3), np.float32)}
+    agent.start_models.keep("peers", old, 40)
+    now = time.time()
+    agent._on_task(_signed_task(server, round=40, issued_at=now))
+    agent._on_task(_signed_task(server, round=12, run_id="run-b", issued_at=now + 10))  # the server was reset
+    assert agent.task.run_id == "run-b"
+    bundle = {"w": np.full((2, 3), 2.0, np.float32)}
+    _, chunks = seal(dumps(bundle), sender=server, federation="it", kind="peers", round=12,
+                     recipient=agent.identity.public)  # fmt: skip
+    kinds = frozenset({"peers"})
+    assert [agent.inbox.feed(bytes(c), kinds, None, agent.task) for c in chunks][-1] == "peers"
+    assert agent.start_models.find(fingerprint(bundle)) is not None
+    restarted = hosted_agent(layout.agent_configs["agent-01"])
+    assert restarted.start_models.find(fingerprint(bundle)) is not None
+    assert restarted.start_models.find(fingerprint(old)) is None  # the old run's bundle is gone
