@@ -250,3 +250,16 @@ def test_after_a_server_reset_the_new_runs_bundle_is_kept_though_the_old_run_hel
     restarted = hosted_agent(layout.agent_configs["agent-01"])
     assert restarted.start_models.find(fingerprint(bundle)) is not None
     assert restarted.start_models.find(fingerprint(old)) is None  # the old run's bundle is gone
+
+
+def test_the_round_closed_line_says_how_the_agents_were_clustered(caplog):
+    """The operator's journal: how many clusters, the largest, how many agents train alone (the tip said none)."""
+    from broker_server.metrics_log import log_round
+    from protocol.messages import RoundMetrics
+
+    m = RoundMetrics(round=4, strategy="fedamn", participants=["a", "b", "c"], accepted=["a", "b", "c"], rejected=[],
+                     duration_s=1.0, aggregate_s=0.01, bytes_up=0, bytes_down=0, eval={}, model_version=5,
+                     finished_at=0.0, aggregation={"clusters": [["a", "b"], ["c"]]}, action="personal")  # fmt: skip
+    with caplog.at_level("INFO", logger="skyfed.server"):
+        log_round(m)
+    assert caplog.messages[-1].endswith(" clusters=2 largest=2 alone=1")
