@@ -263,3 +263,23 @@ def test_the_round_closed_line_says_how_the_agents_were_clustered(caplog):
     with caplog.at_level("INFO", logger="skyfed.server"):
         log_round(m)
     assert caplog.messages[-1].endswith(" clusters=2 largest=2 alone=1")
+
+
+def test_an_agent_that_declines_says_why_in_its_signed_status(tmp_path):
+    """A local-DP agent declines FedAMN's rounds; the operator's ``skyfed monitor`` shows its status detail,
+    which the tip left empty (the reason was only in the agent's own journal)."""
+    from agent.runner import Declined, ThreadJob
+    from agent.work import Training
+    from tests.fedharness import hosted_agent
+    from tests.fedharness import round_task as a_task
+
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it"), ("127.0.0.1", 1))
+    agent = hosted_agent(layout.agent_configs["agent-01"])
+    agent.task = a_task(selected=["agent-01"], pending=["agent-01"])
+    job = ThreadJob("train", lambda: Declined("local DP-SGD does not cover FedAMN's attention meta-network"))
+    agent.training = Training(agent.task, {}, agent.task.start_of("agent-01"), job, time.perf_counter())
+    while job.poll() is None:
+        time.sleep(0.01)
+    agent._check_training()
+    status = agent._status()
+    assert status.state == "declined" and "FedAMN's attention meta-network" in status.detail
