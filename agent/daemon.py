@@ -210,6 +210,7 @@ class EdgeAgent(RoundWork, MqttDaemon):
             )
             self.progress = AgentProgress(run_id=task.run_id)
             self.store.save(self.progress)
+            self.start_models.new_run()
         self.task = task
         self._note_revocation(task)
         if persist:

@@ -13,6 +13,8 @@ from agent.state import MODEL_SLOTS, ProgressStore
 from models.serialization import SerializationError, loads
 from models.weights import NamedArrays, fingerprint
 
+SERVER_SLOTS = ("inbox", "peers")  # what the server sealed to this agent (``local`` is its own model)
+
 
 class StartModelRefused(ValueError):
     def __init__(self, reason: str, detail: str) -> None:
@@ -49,6 +51,13 @@ class StartModels:
         except SerializationError as exc:
             raise StartModelRefused("malformed", str(exc)) from None
         return self.keep(slot, {name: a.copy() for name, a in arrays.items()}, round_number)
+
+    def new_run(self) -> None:
+        """The server started a new run (its state was reset) at round 1: what it sealed to this agent before
+        is of no use to it, and its rounds would refuse the new run's as replays."""
+        for slot in SERVER_SLOTS:
+            self.store.drop_model(slot)
+            self._held.pop(slot, None)
 
     def round_of(self, slot: str) -> int:
         """The round the model in ``slot`` was kept for (0 when empty)."""

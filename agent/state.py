@@ -80,6 +80,10 @@ class ProgressStore:
         assert slot in MODEL_SLOTS
         atomic_write(self.directory / f"{slot}.safetensors", dumps(arrays, {"round": str(round_number)}), mode=0o600)
 
+    def drop_model(self, slot: str) -> None:
+        assert slot in MODEL_SLOTS
+        (self.directory / f"{slot}.safetensors").unlink(missing_ok=True)
+
     def load_model(self, slot: str) -> tuple[NamedArrays, int] | None:
         """The model in ``slot`` and the round it was kept for."""
         path = self.directory / f"{slot}.safetensors"

@@ -172,7 +172,7 @@ class RoundWork:
         self.failed = (task.round, task.attempt)
         if isinstance(outcome, Declined):
             self._warn("declined", "round declined round=%d reason=%s", task.round, outcome.reason)
-            self.detail = ""
+            self.detail = f"training declined: {outcome.reason}"  # the operator's monitor shows why
             return self._set_state("declined", publish=True)
         assert isinstance(outcome, Failed)
         log.error("training failed round=%d attempt=%d: %s", task.round, task.attempt, outcome.reason)

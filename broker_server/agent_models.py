@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import mmap
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -86,13 +86,14 @@ def settle(
 
     An agent ``asked`` to train whose model was not ``kept`` (refused, late, excused, or the round rolled
     back) may have replaced its own copy by training anyway, so the model the server holds for it is sent
-    to its inbox; other agents the plan does not name keep their assignment."""
+    to its inbox (with the models it attends over, if any); other agents the plan does not name keep their
+    assignment."""
     if planned is None:
         return {}
     out = dict(current)
     for agent in asked:
         if agent not in kept and agent in out:
-            out[agent] = Assignment("inbox", out[agent].model)
+            out[agent] = replace(out[agent], source="inbox")
     out.update(planned)
     return out
 

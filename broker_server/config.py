@@ -188,6 +188,9 @@ def task_problem(config: ServerConfig) -> str:
                 '["car", "truck", "person"] (the names in your data.yaml)')  # fmt: skip
     if config.strategy.get("name") == "fedprox":
         return "strategy fedprox needs a proximal term in local training, which the detector trainer does not have"
+    if config.strategy.get("name") == "fedamn":
+        return ("strategy fedamn needs the attention meta-network, which the detector trainer does not have (every "
+                "agent would decline from strategy.after on): choose another strategy or a classifier model")
     if config.eval_path is not None and config.eval_path.suffix not in (".yaml", ".yml"):
         return f"server.eval_data must be a YOLO data.yaml for detector {server.model}, got {config.eval_path.name}"
     if config.eval_path is not None:

@@ -238,7 +238,7 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
         rs = self.engine.round_state
         for agent in self.model_waits.due(now, rs.pending if rs is not None else []):
             public = self.registry.keyring.get(agent)
-            self._send_start(agent)  # what it starts from, if not the global model: sent again
+            self._send_start(agent, resend=True)  # what it starts from, if not the global model: sent again
             if self.engine.needs_global(agent) and public is not None and self.publisher.current is not None:
                 self._send_inbox(agent, self.publisher.seal_for(public))
             log.warning("agent %s waits for its model; sent it to its inbox again (version %d)", agent,
@@ -356,14 +356,16 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
         for chunk in chunks:
             self.mqtt.publish(self.topics.agent_inbox(agent), chunk)
 
-    def _send_start(self, agent: str) -> None:
+    def _send_start(self, agent: str, *, resend: bool = False) -> None:
         """Seal what ``agent`` starts this round from to that agent alone, on its inbox: its start model when
-        it does not hold it (``inbox``), and the models its trainer attends over (``peers``, FedAMN)."""
+        it does not hold it (``inbox``), and the models its trainer attends over (``peers``, FedAMN). On a
+        ``resend`` (it keeps waiting for its model) a ``local`` start goes too: its own copy may be lost."""
         rs, public = self.engine.round_state, self.registry.keyring.get(agent)
         assignment = self.engine.assignments.get(agent)
         if rs is None or public is None or assignment is None:
             return
-        parts = [("start", lambda: self.engine.start_model(agent))] if assignment.source == "inbox" else []
+        sent_start = resend or assignment.source == "inbox"
+        parts = [("start", lambda: self.engine.start_model(agent))] if sent_start else []
         if assignment.peers is not None:
             parts.append(("peers", lambda: self.engine.peer_bundle(agent)))
         for kind, arrays in parts:

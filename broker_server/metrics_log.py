@@ -93,7 +93,7 @@ def log_round(m: RoundMetrics) -> None:
     """One journal line per closed round."""
     log.info(
         "round closed round=%d outcome=%s accepted=%d/%d rejected=%d score=%s loss=%s aggregate_ms=%.2f "
-        "version=%d clipped=%s%s",
+        "version=%d clipped=%s%s%s",
         m.round,
         m.outcome,
         len(m.accepted),
@@ -105,10 +105,19 @@ def log_round(m: RoundMetrics) -> None:
         m.model_version,
         ",".join(m.aggregation.get("clipped", [])) or "-",
         f" by={m.aggregation['chose']}" if "chose" in m.aggregation else "",
+        _clusters(m.aggregation.get("clusters")),
     )
     if m.aggregation.get("decided"):
         chose, why = m.aggregation["chose"], m.aggregation["why"]
         log.info("aggregation auto chose %s from round %d on: %s", chose, m.round, why)
+
+
+def _clusters(clusters: list[list[str]] | None) -> str:
+    """FedAMN's clusters for the next round: how many, the largest, and how many agents are alone in theirs
+    (they train on without anyone's model: outliers, honest or not)."""
+    if not clusters:
+        return ""
+    return f" clusters={len(clusters)} largest={max(map(len, clusters))} alone={sum(len(c) == 1 for c in clusters)}"
 
 
 def log_run_finished(*, rounds: int, version: int, evaluation: dict, best: dict, out: Path, why: str) -> None:

@@ -150,7 +150,11 @@ class SimSettings:
         build_strategy(self.strategy)
         bounds = build(InfluencePolicy, self.bounds, where="bounds", strict=True)
         build(PrivacyPolicy, self.privacy, where="privacy", strict=True).check_compatible(self.strategy, bounds)
-        build(LocalPrivacySection, self.local_privacy, where="local_privacy", strict=True)
+        local_dp = build(LocalPrivacySection, self.local_privacy, where="local_privacy", strict=True).enabled
+        if local_dp and self.strategy.get("name") == "fedamn":
+            raise ValueError("--strategy fedamn with local DP: the attention meta-network also trains on each "
+                             "agent's data, outside DP-SGD's accounting, so every agent declines from strategy.after "
+                             "on: drop --ldp-*")  # fmt: skip
 
     def _default_dataset_and_model(self) -> None:
         """An unset dataset is digits, an unset model the dataset's own."""

@@ -4,6 +4,8 @@ and over a real broker each bundle sealed to its agent alone and the attention t
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
 from broker_server.strategies import build_strategy
 from broker_server.strategies.fedamn import clusters_within, principal_coordinates
+from models.serialization import dumps, loads
 from models.weights import advanced, fingerprint, flatten, float_part
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
@@ -142,3 +145,141 @@ def test_over_a_real_broker_each_agent_attends_over_its_cluster_sealed_to_it_alo
     assert_each_opens_only_for_its_owner(bundles, identities, server_public)
     for agent in fed.agents:  # Θ kept across rounds by the agents that attended
         assert (agent.config.state_dir / "meta_attention.safetensors").exists() == (agent.id in paired)
+
+
+def test_an_agent_waiting_for_its_start_gets_its_own_model_its_bundle_and_the_global_one(tmp_path, broker, monkeypatch):
+    """An asked agent whose status keeps saying ``waiting-model`` lacks one of what the task names: its own model
+    (a ``local`` start: its copy lost), its bundle or the global model. The server's resend gives it all three;
+    on the branch tip a ``local`` start was never sent again (the agent waited to its deadline, every round)."""
+    from broker_server import model_resend
+    from protocol.messages import AgentStatus
+    from protocol.mqtt import BrokerSettings, MqttClient
+    from protocol.transfer import Reassembler
+    from security.envelope import Opener
+    from security.keys import Keyring
+    from security.signing import signed_payload
+    from tests.fedharness import ServerHarness, wait_until
+
+    monkeypatch.setattr(model_resend, "MODEL_STALL_S", 0.5)
+    with ServerHarness(tmp_path, broker, agents=2, rounds=2, bounds={"clip": "off"},
+                       strategy={"name": "fedamn", "after": 1, "max_peers": 1}) as h:  # fmt: skip
+        h.announce_agents()
+        for i, agent in enumerate(h.agents):
+            h.send(agent, h.random_delta(i))
+        h.wait_metrics(1)
+        task = wait_until(lambda: h.tasks[-1].round == 2 and h.tasks[-1], what="round 2's task")
+        start = task.start_of("agent-01")
+        assert start.source == "local" and start.peers_sha256
+        watcher = MqttClient("watcher", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+        watcher.subscribe(h.topics.agent_inbox("agent-01"))
+        assert watcher.start(timeout_s=5)
+        opener = Opener(identity=h.agents["agent-01"], federation="t", senders=Keyring([h.server.identity.public]))
+        reassembler, received = Reassembler(opener), {}
+        try:
+            end = time.monotonic() + 3.0
+            while time.monotonic() < end and len(received) < 3:
+                status = AgentStatus(agent="agent-01", state="waiting-model", round=2, samples=100, version=1,
+                                     updated_at=time.time(), group_key_id=h.server.group_keys.key.key_id)  # fmt: skip
+                h.driver.publish(h.topics.agent_status("agent-01"), signed_payload(status.to_dict(),
+                                                                                    h.agents["agent-01"]), retain=True)
+                while (message := watcher.poll(0.2)) is not None:
+                    done = reassembler.feed(message[1], topic_sender="server",
+                                            kinds=frozenset({"start", "peers", "model"}))  # fmt: skip
+                    if done is not None and done.manifest.round == 2:
+                        received[done.manifest.kind] = loads(done.data)[0]
+        finally:
+            watcher.stop()
+    assert set(received) == {"start", "peers", "model"}, sorted(received)
+    assert fingerprint(received["start"]) == start.sha256 and fingerprint(received["peers"]) == start.peers_sha256
+
+
+def test_an_agent_whose_update_did_not_count_keeps_its_bundle_with_its_own_model_on_its_inbox():
+    """Refused, late, or the round rolled back: the agent may have replaced its own copy, so its model goes to its
+    inbox; its cluster's bundle still stands (the tip dropped it, and the agent trained without attention)."""
+    from broker_server.agent_models import Assignment, Holding, Peers, settle
+
+    own, mate = Holding(3, "agent-01", "a" * 64), Holding(3, "agent-02", "b" * 64)
+    current = {"agent-01": Assignment("local", own, Peers((mate,), "c" * 64))}
+    for kept, planned in (({}, {}), ({"agent-02": mate}, {})):  # rolled back; committed without it
+        assert settle(current, ["agent-01"], kept, planned) == {"agent-01": Assignment("inbox", own, current[
+            "agent-01"].peers)}  # fmt: skip
+
+
+def test_fedamn_with_a_detector_model_fails_at_start_naming_the_strategy(tmp_path):
+    """The detector trainer has no meta-network: its agents would decline every round from p on (the tip
+    started such a federation, and its rounds then went without agents)."""
+    from broker_server.config import ConfigError
+
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="d"), ("127.0.0.1", 1))
+    override_toml(layout.server_config, server={"model": "yolov8n", "classes": ["car"]}, strategy={"name": "fedamn"})
+    with pytest.raises(ConfigError, match="strategy fedamn needs the attention meta-network"):
+        load_server_config(layout.server_config)
+
+
+def test_a_sim_of_fedamn_with_local_dp_fails_at_start():
+    """Every agent would decline from round p on; in process the tip crashed there (TrainingDeclined uncaught)."""
+    with pytest.raises(ValueError, match="--strategy fedamn with local DP"):
+        SimSettings(agents=2, rounds=2, strategy={"name": "fedamn"}, local_privacy={"noise_multiplier": 1.0})
+    SimSettings(agents=2, rounds=2, strategy={"name": "fedamn"}, local_privacy={"noise_multiplier": 0.0})  # off
+
+
+def test_after_a_server_reset_the_new_runs_bundle_is_kept_though_the_old_run_held_a_later_round(tmp_path):
+    """A server whose state was reset starts a new run at round 1; the agent's slots still hold the old run's
+    round 40. The tip refused every bundle of the new run below round 40 as a replay (stale), so the agent
+    waited for its model until its deadline, every round, through round 40; also across an agent restart."""
+    from security.envelope import seal
+    from security.keys import Identity
+    from tests.fedharness import hosted_agent
+    from tests.test_agent_resilience import _signed_task
+
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it"), ("127.0.0.1", 1))
+    server = Identity.load(layout.server_config.parent / "server.key")
+    agent = hosted_agent(layout.agent_configs["agent-01"])
+    old = {"w": np.ones((2, 3), np.float32)}
+    agent.start_models.keep("peers", old, 40)
+    now = time.time()
+    agent._on_task(_signed_task(server, round=40, issued_at=now))
+    agent._on_task(_signed_task(server, round=12, run_id="run-b", issued_at=now + 10))  # the server was reset
+    assert agent.task.run_id == "run-b"
+    bundle = {"w": np.full((2, 3), 2.0, np.float32)}
+    _, chunks = seal(dumps(bundle), sender=server, federation="it", kind="peers", round=12,
+                     recipient=agent.identity.public)  # fmt: skip
+    kinds = frozenset({"peers"})
+    assert [agent.inbox.feed(bytes(c), kinds, None, agent.task) for c in chunks][-1] == "peers"
+    assert agent.start_models.find(fingerprint(bundle)) is not None
+    restarted = hosted_agent(layout.agent_configs["agent-01"])
+    assert restarted.start_models.find(fingerprint(bundle)) is not None
+    assert restarted.start_models.find(fingerprint(old)) is None  # the old run's bundle is gone
+
+
+def test_the_round_closed_line_says_how_the_agents_were_clustered(caplog):
+    """The operator's journal: how many clusters, the largest, how many agents train alone (the tip said none)."""
+    from broker_server.metrics_log import log_round
+    from protocol.messages import RoundMetrics
+
+    m = RoundMetrics(round=4, strategy="fedamn", participants=["a", "b", "c"], accepted=["a", "b", "c"], rejected=[],
+                     duration_s=1.0, aggregate_s=0.01, bytes_up=0, bytes_down=0, eval={}, model_version=5,
+                     finished_at=0.0, aggregation={"clusters": [["a", "b"], ["c"]]}, action="personal")  # fmt: skip
+    with caplog.at_level("INFO", logger="skyfed.server"):
+        log_round(m)
+    assert caplog.messages[-1].endswith(" clusters=2 largest=2 alone=1")
+
+
+def test_an_agent_that_declines_says_why_in_its_signed_status(tmp_path):
+    """A local-DP agent declines FedAMN's rounds; the operator's ``skyfed monitor`` shows its status detail,
+    which the tip left empty (the reason was only in the agent's own journal)."""
+    from agent.runner import Declined, ThreadJob
+    from agent.work import Training
+    from tests.fedharness import hosted_agent
+    from tests.fedharness import round_task as a_task
+
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it"), ("127.0.0.1", 1))
+    agent = hosted_agent(layout.agent_configs["agent-01"])
+    agent.task = a_task(selected=["agent-01"], pending=["agent-01"])
+    job = ThreadJob("train", lambda: Declined("local DP-SGD does not cover FedAMN's attention meta-network"))
+    agent.training = Training(agent.task, {}, agent.task.start_of("agent-01"), job, time.perf_counter())
+    while job.poll() is None:
+        time.sleep(0.01)
+    agent._check_training()
+    status = agent._status()
+    assert status.state == "declined" and "FedAMN's attention meta-network" in status.detail
