@@ -283,3 +283,14 @@ def test_an_agent_that_declines_says_why_in_its_signed_status(tmp_path):
     agent._check_training()
     status = agent._status()
     assert status.state == "declined" and "FedAMN's attention meta-network" in status.detail
+
+
+def test_identical_models_cannot_push_every_agent_into_a_cluster_of_its_own():
+    """Sybils: twelve enrolled agents send one model; more than a cluster may hold, and k-means cannot split
+    them. Before, k climbed until they fitted: 40 clusters of one, nobody attended over anyone."""
+    rng = np.random.default_rng(5)
+    points = np.concatenate([np.ones((12, 8)), rng.standard_normal((28, 8))])
+    labels = clusters_within(points, 11, np.random.default_rng(0))
+    sizes = np.bincount(labels)
+    assert sizes.max() <= 11 and len(sizes) <= 12  # here 10, of 1-10 agents
+    assert len(np.unique(labels[:12])) == 2  # the twelve split in two shares, each within the limit

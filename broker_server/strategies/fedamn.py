@@ -12,9 +12,11 @@ every agent starts from w_g. From round p on, each agent starts from its own kep
 cluster's models; the task's ``meta_epochs``/``meta_lr`` are the meta-network's training (seed §2.4,
 "alternating training": meta-network first, then the base network from its output).
 
-Choices where the seed is silent (its equations, k and p are lost, seed note §2.5): k is the smallest
-number of clusters for which no agent gets more than ``max_peers`` models of others (clusters of at most
-``max_peers`` + 1; the seed: "k = the smallest value within the traffic limit"), found by k-means on the
+Choices where the seed is silent (its equations, k and p are lost, seed note §2.5): no agent gets more
+than ``max_peers`` models of others, so clusters hold at most ``max_peers`` + 1; k-means runs with the
+smallest k that allows it, ⌈n / (``max_peers`` + 1)⌉ (the seed: "k = the smallest value within the
+traffic limit"), and a cluster still too large is split the same way (into equal shares if its models
+are identical: sybils cannot make one cluster no k fits, leaving everyone else alone); k-means sees the
 models' exact Euclidean geometry (classical scaling of their Gram matrix, centered on the round's start
 model, so the n × d models are read once). Layer 1's keys are the *other* agents' models: the seed's layer
 "scores the target client's similarity to the others", and its Fig. 5 has two clients give *each other*
@@ -81,17 +83,26 @@ def principal_coordinates(gram: np.ndarray, dims: int = EMBEDDING_DIMS) -> np.nd
 
 
 def clusters_within(points: np.ndarray, max_size: int, rng: np.random.Generator) -> np.ndarray:
-    """A cluster label per point: k-means with the smallest k whose clusters all hold at most ``max_size``."""
+    """A cluster label per point, no cluster over ``max_size``: k-means with k = ⌈n / max_size⌉, and a cluster
+    still too large split the same way (into equal shares where k-means cannot tell its points apart:
+    identical models, say, which sybil agents could send to leave everyone else alone)."""
     n = len(points)
-    for k in range(math.ceil(n / max_size), n):
-        if k == 1:
-            return np.zeros(n, int)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "one of the clusters is empty": a larger k is tried anyway
-            _, labels = kmeans2(points, k, minit="++", rng=rng)
-        if np.bincount(labels).max() <= max_size:
-            return labels
-    return np.arange(n)
+    k = math.ceil(n / max_size)
+    if k == 1:
+        return np.zeros(n, int)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "one of the clusters is empty": the others are split further
+        _, labels = kmeans2(points, k, minit="++", rng=rng)
+    if len(np.unique(labels)) == 1:  # no two points differ in a way k-means sees
+        labels = np.arange(n) % k
+    out, next_label = np.empty(n, int), 0
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        too_large = len(members) > max_size
+        parts = clusters_within(points[members], max_size, rng) if too_large else np.zeros(len(members), int)
+        out[members] = parts + next_label
+        next_label += parts.max() + 1
+    return out
 
 
 class FedAMN(Strategy):
