@@ -1,9 +1,11 @@
 """FedAMN (seed 003) on the start-model hook, the server's half: k-means within the traffic limit, the
-progressive switch, each agent's cluster bundle (its own model one of the rows), a restart that keeps them,
-and over a real broker each bundle sealed to its agent alone and the attention trained from it."""
+progressive switch, each agent's bundle of its cluster mates' models, a restart that keeps them, sybils that
+cannot isolate everyone, the downlink counted in process, and over a real broker each bundle sealed to its
+agent alone and the attention trained from it."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -294,3 +296,21 @@ def test_identical_models_cannot_push_every_agent_into_a_cluster_of_its_own():
     sizes = np.bincount(labels)
     assert sizes.max() <= 11 and len(sizes) <= 12  # here 10, of 1-10 agents
     assert len(np.unique(labels[:12])) == 2  # the twelve split in two shares, each within the limit
+
+
+def test_in_process_fedamn_attends_and_counts_the_models_each_agent_downloads(tmp_path):
+    """In process (no broker) the downlink is the models' plaintext: everyone's global model in round 1,
+    then from p on the global model and a bundle of its three cluster mates' models each."""
+    from models.serialization import dumps
+    from models.weights import to_arrays
+    from models.zoo import build_model
+    from sim.run import run_sim
+
+    settings = SimSettings(agents=4, rounds=2, dataset="mnist1d", model="mnist1d_cnn", partition="shards",
+                           in_process=True, epochs=1, strategy={"name": "fedamn", "after": 2})  # fmt: skip
+    run_sim(settings, tmp_path / "run", echo=lambda _line: None)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    model_bytes = len(dumps(to_arrays(build_model("mnist1d_cnn"))))
+    assert rows[0]["bytes_down"] == 4 * model_bytes and rows[0]["aggregation"]["clusters"] == [AGENTS[:4]]
+    assert rows[1]["bytes_down"] > 4 * model_bytes + 4 * 3 * 0.9 * model_bytes
+    assert all(r["outcome"] == "committed" and len(r["accepted"]) == 4 for r in rows)
