@@ -22,7 +22,7 @@ from models.datasets import Dataset
 from models.training import evaluate, train_sgd
 from models.weights import NamedArrays, load_arrays, to_arrays
 from models.zoo import build_model
-from protocol.messages import RoundTask
+from protocol.messages import RoundTask, TrainSettings
 
 META_STATE_FILE = "meta_attention.safetensors"
 log = logging.getLogger("skyfed.agent")
@@ -63,7 +63,7 @@ class ClassifierTrainer:
         torch.manual_seed(self.seed_base + task.round)
         settings = task.train_of(self.agent_id)
         if context is not None:
-            self._attend(model, global_arrays, context, task)
+            self._attend(model, global_arrays, context, task, settings)
         prepare, spent = dp_sgd(self.budget.policy) if self.budget is not None else (None, None)
         outcome = train_sgd(
             model,
@@ -87,9 +87,10 @@ class ClassifierTrainer:
         return TrainResult(arrays=to_arrays(model), samples=outcome.samples, loss=outcome.loss, epsilon=epsilon,
                            start_eval=start_eval)
 
-    def _attend(self, model: torch.nn.Module, own: NamedArrays, context: PeerContext, task: RoundTask) -> None:
+    def _attend(
+        self, model: torch.nn.Module, own: NamedArrays, context: PeerContext, task: RoundTask, settings: TrainSettings
+    ) -> None:
         """FedAMN's meta-network step: train it on this agent's data, then load its output into ``model``."""
-        settings = task.train_of(self.agent_id)
         started = time.perf_counter()
         arrays, report = attention_start(model, own, context.peers, context.global_model, self.data,
                                          epochs=settings.meta_epochs, lr=settings.meta_lr,

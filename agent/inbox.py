@@ -47,8 +47,7 @@ class ServerInbox:
 
     def feed(self, payload: bytes, kinds: frozenset[str], topic_round: int | None, task: RoundTask | None) -> str:
         """One chunk; the kind of transfer it completed (``groupkey``, ``start``, ``peers``, ``model``),
-        ``key-mismatch``
-        for a group key sealed to a key this agent no longer has, else ``""``."""
+        ``key-mismatch`` for a group key sealed to a key this agent no longer has, else ``""``."""
         try:
             completed = self.reassembler.feed(payload, topic_sender=self.server.name, kinds=kinds,
                                               topic_round=topic_round)  # fmt: skip
@@ -121,7 +120,7 @@ class ServerInbox:
         return self.start_models.find(start.sha256)
 
     def peer_context(self, task: RoundTask, start: AgentStart) -> PeerContext | None:
-        """FedAMN's models beside the start model (its cluster's, and the global one), once both are here."""
+        """FedAMN's models beside the start model (its cluster mates', and the global one), once both are here."""
         peers, global_model = self.start_models.find(start.peers_sha256), self._global_model(task)
         return None if peers is None or global_model is None else PeerContext(peers, float_part(global_model))
 

@@ -2,8 +2,8 @@
 
 ``local`` is this agent's own model after its last round, ``inbox`` the newest model the server
 sealed to it alone (a swap partner's, say), ``peers`` the newest bundle of models it sealed to it for
-the trainer to attend over (FedAMN). Both are kept on disk (``agent.state.ProgressStore``), so a
-restart needs neither again, and are found by ``models.weights.fingerprint``: the signed round task
+the trainer to attend over (FedAMN). All are kept on disk (``agent.state.ProgressStore``), so a
+restart needs none of them again, and are found by ``models.weights.fingerprint``: the signed round task
 names the exact model to start from, and where it came from does not matter.
 """
 

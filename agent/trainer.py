@@ -42,7 +42,7 @@ class TrainResult:
 
 @dataclass(frozen=True)
 class PeerContext:
-    """What a trainer gets besides its start model under FedAMN (seed 003): its cluster's models (``peers``:
+    """What a trainer gets besides its start model under FedAMN (seed 003): its cluster mates' models (``peers``:
     each float tensor stacked over the models, ``broker_server.agent_models.peer_bundle``) and the global
     model's float tensors, for the attention meta-network (``agent.meta_attention``)."""
 
