@@ -43,6 +43,13 @@ def new_run_id() -> str:
     return secrets.token_hex(6)
 
 
+def model_evaluation(directory: Path) -> dict:
+    """The evaluation of the global model in force, as the checkpoint in ``directory`` says ({}: none yet)."""
+    state_path = directory / STATE_FILE
+    state = read_json(state_path) if state_path.exists() else {}
+    return (state.get("model_eval") or {}) if isinstance(state, dict) else {}
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     run_id: str
@@ -58,6 +65,7 @@ class Checkpoint:
     privacy: dict = field(default_factory=dict)  # broker_server.accountant.PrivacyLedger.to_dict()
     assignments: dict = field(default_factory=dict)  # agent -> broker_server.agent_models.Assignment.to_dict()
     best: dict = field(default_factory=dict)  # the best-evaluated version so far (broker_server.election)
+    model_eval: dict | None = None  # the evaluation of the global model in force (None: from before it was kept)
 
 
 class CheckpointStore:
@@ -96,6 +104,7 @@ class CheckpointStore:
                 "privacy": checkpoint.privacy,
                 "assignments": checkpoint.assignments,
                 "best": checkpoint.best,
+                "model_eval": checkpoint.model_eval,
             },
         )
         self._named = (model_file, strategy_file)
@@ -151,6 +160,7 @@ class CheckpointStore:
             privacy=state.get("privacy", {}),
             assignments=state.get("assignments", {}),
             best=state.get("best", {}),
+            model_eval=state.get("model_eval"),
         )
 
     def save_best(self, version: int, arrays: NamedArrays) -> None:

@@ -333,7 +333,7 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
 
     def _log_finished(self) -> None:
         e = self.engine
-        log_run_finished(rounds=e.next_round - 1, version=e.version, evaluation=e.last_eval, best=e.best.record,
+        log_run_finished(rounds=e.next_round - 1, version=e.version, evaluation=e.model_eval, best=e.best.record,
                          out=self.config.state_dir / "global_model.safetensors",
                          why="privacy-budget-spent" if e.budget_exhausted else "rounds-done")  # fmt: skip
 

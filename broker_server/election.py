@@ -38,6 +38,10 @@ class BestModel:
             return None
         return self.store.load_best(self.record["version"])
 
+    def evaluation(self) -> dict[str, float]:
+        """The best model's evaluation, as far as the record keeps it (its headline score)."""
+        return {k: self.record[k] for k in HEADLINE if k in self.record}
+
     def published_as(self, version: int, onnx: dict | None = None) -> None:
         """The elected model went out again as ``version`` (``onnx``: the report of its ONNX export)."""
         self.record = {**self.record, "published_as": version, **({"onnx": onnx} if onnx is not None else {})}

@@ -74,6 +74,7 @@ class RoundEngine(EngineState, FleetEvents):
         self.codec = Codec.parse(config.server.codec)
         self.replay = replay
         self.strategy = build_strategy(config.strategy)
+        self.strategy.last_round = config.server.rounds
         for note in strategy_notes(config.strategy, len(Keyring.load_dir(config.enrolled_dir).names()), config.rounds):
             log.log(note.level, "%s", note.text)
         for warning in self.strategy.run_warnings(config.server.rounds):
@@ -108,6 +109,7 @@ class RoundEngine(EngineState, FleetEvents):
             self.run_id, self.version, self.next_round = new_run_id(), 1, 1
             self.round_state: RoundState | None = None
             self.best = BestModel(self.store, {})
+            self.model_eval = {}  # the initial model is not evaluated: no round has published yet
             self._set_model(to_arrays(initial))
             self.checkpoint()
             save_file(self.model_file, self.global_arrays)
@@ -135,11 +137,6 @@ class RoundEngine(EngineState, FleetEvents):
         if self.finished:
             log.warning("this run is already over (%d rounds done): to start a new run, move %s aside, or raise "
                         "server.rounds to go on with this one", self.next_round - 1, self.config.state_dir)  # fmt: skip
-
-    @property
-    def last_eval(self) -> dict:
-        """The evaluation in the last round's metrics (empty before the first round closes)."""
-        return (self._last_metrics or {}).get("eval", {})
 
     # agents' own models ------------------------------------------------------------------------------
     def base_vector(self, agent: str) -> np.ndarray:
@@ -345,6 +342,7 @@ class RoundEngine(EngineState, FleetEvents):
             if published:
                 self._set_model(ctx.candidate)
                 self.version += 1
+                self.model_eval = ctx.evaluation
         if self.strategy.keeps_models:
             kept, planned = (ctx.kept, ctx.plan.starts) if committed else ({}, {})
             self.assignments = settle(self.assignments, rs.selected, kept, planned)
@@ -380,6 +378,7 @@ class RoundEngine(EngineState, FleetEvents):
         if arrays is not None:
             self._set_model(arrays)
             self.version += 1
+            self.model_eval = self.best.evaluation()
             self.outputs_pending.add("model")
             onnx = [s.export(arrays, "elected") for s in self.steps if isinstance(s, ExportOnnx)]
             self.best.published_as(self.version, onnx[0] if onnx else None)

@@ -52,6 +52,7 @@ class EngineState:
     assignments: dict[str, Assignment]
     best: BestModel
     _last_metrics: dict | None
+    model_eval: dict  # the evaluation of the global model in force: what a run's final model scores
     outputs_pending: set[str]  # files that lag behind the checkpoint: "metrics", "model"
     writes = 0  # state writes that succeeded (``broker_server.disk.DiskWatch`` tells the disk is back by it)
 
@@ -93,6 +94,7 @@ class EngineState:
             privacy=self.ledger.to_dict(),
             assignments={a: x.to_dict() for a, x in self.assignments.items()},
             best=self.best.record,
+            model_eval=self.model_eval,
         )
 
     def _install(self, checkpoint: Checkpoint) -> None:
@@ -110,6 +112,9 @@ class EngineState:
         self.assignments = {a: Assignment.from_dict(x) for a, x in checkpoint.assignments.items()}
         self.best = BestModel(self.store, checkpoint.best)
         self._last_metrics = checkpoint.last_metrics
+        # a checkpoint from before ``model_eval``: its last round's evaluation, as it was reported then
+        self.model_eval = (checkpoint.last_metrics or {}).get("eval", {}) if checkpoint.model_eval is None \
+            else checkpoint.model_eval
         if self.round_state is not None:
             self._unfold()
 

@@ -63,7 +63,7 @@ class StatusReport:
             action=rs.action if rs is not None else "",
             best=self.engine.best.record,
             privacy=self.engine.ledger.summary() if self.config.privacy.enabled else {},
-            eval=self.engine.last_eval,
+            eval=self.engine.model_eval,
         ).to_json()
 
     def _end_state(self: Aggregator) -> str:

@@ -274,7 +274,7 @@ class ServerStatus(Message):
     action: str = ""  # what the current round's updates are for: average, swap or local
     best: dict = field(default_factory=dict)  # the elected best model: round, version, metric, value
     privacy: dict = field(default_factory=dict)  # differential privacy: epsilon, delta, … spent so far (worst agent)
-    eval: dict = field(default_factory=dict)  # the last committed round's evaluation (accuracy, or map50, map50_95)
+    eval: dict = field(default_factory=dict)  # the evaluation of the global model in force (accuracy, or map50, …)
 
     @classmethod
     def offline(cls, federation: str) -> ServerStatus:

@@ -98,7 +98,7 @@ def run_sim_command(args: argparse.Namespace) -> int:
     except (OSError, RuntimeError) as exc:  # --out not a folder we can make; no broker at --broker
         print(f"skyfed {args.command}: {exc}", file=sys.stderr)
         return 1
-    final = headline(result.metrics[-1].eval) if result.metrics else None
+    final = headline(result.final_eval)
     privacy = result.metrics[-1].privacy if result.metrics else {}
     if settings.privacy and len(result.metrics) < settings.rounds:
         print(f"stopped after {len(result.metrics)} of {settings.rounds} rounds: the privacy budget is spent "

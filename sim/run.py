@@ -19,6 +19,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker_server.checkpoint import model_evaluation
 from protocol.messages import MessageError, RoundMetrics, headline
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
@@ -32,6 +33,8 @@ class SimResult:
     out: Path
     metrics: list[RoundMetrics]
     seconds: float
+    final_eval: dict  # the evaluation of the global model the run saved (not the last round's: a swap round's
+    # is the mean of the agents' models, and an elected best model or a rolled-back round differ too)
 
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding sim/, agent/, skyfed.py
@@ -187,4 +190,5 @@ def collect_results(state: Path, out: Path, extra: dict, metrics: list[RoundMetr
             shutil.copy(state / name, out / name)
     if metrics:
         plot_curves(out / "metrics.jsonl", out / "curves.png")
-    return SimResult(out=out, metrics=metrics, seconds=time.monotonic() - started)
+    final_eval = model_evaluation(state / "checkpoint")
+    return SimResult(out=out, metrics=metrics, seconds=time.monotonic() - started, final_eval=final_eval)

@@ -21,6 +21,7 @@ round's result was accepted, and ``state``/``restore`` carry it through the chec
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -123,6 +124,7 @@ class Strategy(ABC):
     # True when every agent's model is kept across rounds (``broker_server.agent_models``): deltas are then
     # over each agent's own start model, and ``Contribution.model`` holds its model after the round.
     keeps_models: ClassVar[bool] = False
+    last_round: int = 0  # ``server.rounds`` (0: no end): a schedule that must end on a published model knows where
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -215,6 +217,39 @@ def mean_of_models(global_vector: np.ndarray, contributions: list[Contribution],
         assert c.model is not None  # keeps_models
         axpy(c.model, mean, float(w / total))
     return mean
+
+
+class ModelDifference:
+    """A kept model minus the global one, as an aggregation sees a delta: read a column block at a time
+    (``column_blocks``) or whole (``np.asarray``, one model at a time), never all of them in RAM at once."""
+
+    def __init__(self, model: np.ndarray, base: np.ndarray) -> None:
+        self.model, self.base = model, base
+        self.size, self.shape, self.dtype = model.size, model.shape, np.dtype(np.float32)
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        return self.model[key] - self.base[key]
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        return np.subtract(self.model, self.base, dtype=dtype or np.float32)
+
+
+def model_differences(global_vector: np.ndarray, contributions: list[Contribution]) -> list[Contribution]:
+    """The round's kept models (``Contribution.model``) as contributions whose delta is the model's difference
+    from the global one, unclipped (the bounds applied to each round's step), so that any aggregation of
+    deltas combines models."""
+    out = []
+    for c in contributions:
+        assert c.model is not None  # keeps_models
+        difference = ModelDifference(c.model, global_vector)
+        norm = math.sqrt(sum(float(np.dot(b, b)) for b in _blocks(difference)))
+        out.append(Contribution(c.agent, difference, c.samples, 1.0, norm))  # type: ignore[arg-type]
+    return out
+
+
+def _blocks(difference: ModelDifference, width: int = 1 << 20) -> Iterator[np.ndarray]:
+    for start in range(0, difference.size, width):
+        yield difference[start : start + width]
 
 
 def mixed_models(views: list[Contribution], mixing: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:

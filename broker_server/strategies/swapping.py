@@ -11,13 +11,19 @@ agent then starts from). FedSwap pairs at random; SimFedSwap pairs the *least si
 (``pairing = "mss"`` by default, or ``"gs"``), similarity on the weights layer by layer
 (``broker_server.similarity``: ``osad``, ``cka``, ``rbf-cka``).
 
+The schedule is a layer over any aggregation: an ``average`` round combines the agents' models with
+``aggregate`` (``fedavg`` by default, the thesis's WeightedAvg; or ``krum``, ``median``, ``trimmed-mean``,
+``centered-clip``, a server optimizer, ``auto``), which sees each model as its difference from the global
+model, as it sees deltas in a plain round. A run's last round (``server.rounds``) is always an average, so a
+run never ends on a global model that no training reached.
+
 Choices where the thesis is silent (docs/strategies.md): agents that upload in every round, also
 ``local`` ones (so validation and the influence bounds apply to every step, and the server always
 knows each agent's model; the thesis's traffic saving of (h1 − 1)/h1 is given up on the uplink, not
 on the downlink); only the agents whose update was accepted this round are paired; an agent left
 unpaired (odd count, ``sp`` < 1) goes on from its own model; an agent not selected keeps whatever it
-was to start from. A ``swap`` or ``local`` round publishes no global model; its ``eval`` is that of the
-mean of the round's models (what an ``average`` would give), so curves stay comparable with FedAvg.
+was to start from. A ``swap`` or ``local`` round publishes no global model; its ``eval`` is that of
+what an ``average`` would give from the round's models, so curves stay comparable with FedAvg.
 
 Memory at the end of a round: one model-sized float32 vector for the mean, plus, for similarity
 pairing, the weight tensors of every agent whose update was accepted (N × the model's size); the
@@ -27,7 +33,7 @@ agents' models themselves are memory-mapped files (``broker_server.agent_models`
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,13 +43,19 @@ from broker_server.similarity import METRICS, similarity_matrix, weight_layers
 from broker_server.strategies.base import (
     Contribution,
     KeptModels,
+    NamedArrays,
     RoundResult,
     StartPlan,
     Strategy,
-    mean_of_models,
+    model_differences,
 )
 from broker_server.strategies.fedavg import WEIGHTINGS
-from models.weights import unflatten
+from models.weights import TensorSpec, unflatten
+from protocol.typed import SchemaError, build
+
+# What an ``average`` round may combine the models with: the strategies that aggregate deltas on the server
+# alone (FedProx's μ is the agents' training, and model-keeping strategies cannot nest).
+AGGREGATIONS = ("fedavg", "krum", "median", "trimmed-mean", "centered-clip", "fedavgm", "fedadam", "fedyogi", "auto")
 
 
 @dataclass(frozen=True)
@@ -54,6 +66,8 @@ class SwapOptions:
     pairing: str = "random"
     similarity: str = "osad"
     weighting: str = "samples"
+    aggregate: str = "fedavg"  # how an average round combines the models (AGGREGATIONS)
+    aggregate_options: dict = field(default_factory=dict)  # its [strategy] options, e.g. {f = 1} for krum
 
     def __post_init__(self) -> None:
         if self.h1 < 1:
@@ -68,6 +82,8 @@ class SwapOptions:
             raise ValueError(f"strategy.similarity {self.similarity!r} must be one of {', '.join(METRICS)}")
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"strategy.weighting {self.weighting!r} must be one of {WEIGHTINGS}")
+        if self.aggregate not in AGGREGATIONS:
+            raise ValueError(f"strategy.aggregate {self.aggregate!r} must be one of {', '.join(AGGREGATIONS)}")
 
 
 @dataclass(frozen=True)
@@ -76,34 +92,55 @@ class SimSwapOptions(SwapOptions):
 
 
 class ModelSwapping(Strategy):
-    """Base of the strategies that keep every agent's model: the schedule, the weighted mean of the
-    agents' models, where each agent starts from (``plan_starts``), and ``pairs`` (FedSwap's random
-    pairs; subclasses may pair otherwise)."""
+    """Base of the strategies that keep every agent's model: the schedule, the aggregation of the agents'
+    models, where each agent starts from (``plan_starts``), and ``pairs`` (FedSwap's random pairs;
+    subclasses may pair otherwise)."""
 
     name = "fedswap"
     Options = SwapOptions
     keeps_models = True
 
+    def __init__(self, options: SwapOptions | None = None) -> None:
+        super().__init__(options)
+        self.inner = aggregation(self.options)
+        self._published = False  # whether the round being closed publishes (``plan_starts`` decides)
+
     def action(self, round_number: int) -> str:
+        if round_number == self.last_round:
+            return "average"
         return fedswap_action(round_number, self.options.h1, self.options.h2)
 
     def run_warnings(self, rounds: int) -> list[str]:
         cycle = self.options.h1 * self.options.h2
         if rounds % cycle == 0:
             return []
-        return [f"server.rounds = {rounds} is not a multiple of h1*h2 = {cycle}: the last {rounds % cycle} rounds' "
-                f"training never reaches the final global model"]  # fmt: skip
+        return [f"server.rounds = {rounds} is not a multiple of h1*h2 = {cycle}: round {rounds} averages early, so "
+                f"the run ends on a published global model ({rounds % cycle} rounds into a swap cycle)"]  # fmt: skip
+
+    def begin(self, global_vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> None:
+        self.inner.begin(global_vector, spec)
 
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
-        """Σ wₖ·modelₖ / Σ wₖ over the round's models (FedSwap's WeightedAvg, wₖ = capped samples or 1)."""
-        weights = np.array([c.samples if self.options.weighting == "samples" else 1.0 for c in contributions])
-        return RoundResult(mean_of_models(global_vector, contributions, weights))
+        """``aggregate`` over the round's models, each as its difference from the global model (FedSwap's
+        WeightedAvg for ``fedavg``: Σ wₖ·modelₖ / Σ wₖ, wₖ = capped samples or 1)."""
+        return self.inner.aggregate(global_vector, model_differences(global_vector, contributions))
+
+    def on_commit(self, result: RoundResult) -> None:
+        if self._published:  # a server optimizer's moments, centered clipping's reference: average rounds only
+            self.inner.on_commit(result)
+
+    def state(self) -> NamedArrays:
+        return {f"aggregate/{k}": v for k, v in self.inner.state().items()}
+
+    def restore(self, state: NamedArrays) -> None:
+        self.inner.restore({k.removeprefix("aggregate/"): v for k, v in state.items() if k.startswith("aggregate/")})
 
     def plan_starts(self, models: KeptModels | None) -> StartPlan:
         """``average``: the mean is published and everyone starts from it; ``local``: each agent whose update
         counted goes on from its own model; ``swap``: pairs of them exchange models (an unpaired one goes on
         from its own). Agents whose update did not count keep what they had (``agent_models.settle``)."""
         assert models is not None  # keeps_models
+        self._published = models.action == "average"
         if models.action == "average":
             return StartPlan()
         starts = {agent: models.own(agent) for agent in models.agents}
@@ -128,6 +165,21 @@ class ModelSwapping(Strategy):
         if similarity is not None:
             detail["pair_similarity"] = [round(float(similarity[i, j]), 6) for i, j in chosen]
         return [(agents[i], agents[j]) for i, j in chosen], detail
+
+
+def aggregation(options: SwapOptions) -> Strategy:
+    """The strategy an ``average`` round uses, built from ``aggregate_options`` (FedAvg's weighting defaults
+    to the swapping strategy's own)."""
+    from broker_server.strategies import STRATEGIES  # the registry imports this module
+
+    cls = STRATEGIES[options.aggregate]
+    table = dict(options.aggregate_options)
+    if "weighting" in getattr(cls.Options, "__dataclass_fields__", {}):
+        table.setdefault("weighting", options.weighting)
+    try:
+        return cls(build(cls.Options, table, where="strategy.aggregate_options", strict=True))
+    except SchemaError as exc:
+        raise ValueError(f"{exc} (aggregation {options.aggregate!r})") from None
 
 
 class SimFedSwap(ModelSwapping):
