@@ -2,9 +2,11 @@
 
 ``local`` is this agent's own model after its last round, ``inbox`` the newest model the server
 sealed to it alone (a swap partner's, say), ``peers`` the newest bundle of models it sealed to it for
-the trainer to attend over (FedAMN). All are kept on disk (``agent.state.ProgressStore``), so a
-restart needs none of them again, and are found by ``models.weights.fingerprint``: the signed round task
-names the exact model to start from, and where it came from does not matter.
+the trainer to attend over (FedAMN), ``continued`` its model after its newest ``local`` round (model
+swapping: trained on, not uploaded; the next task that ``continues`` trains on from it). All are kept on
+disk (``agent.state.ProgressStore``), so a restart needs none of them again, and the server's are found by
+``models.weights.fingerprint``: the signed round task names the exact model to start from, and where it
+came from does not matter.
 """
 
 from __future__ import annotations
@@ -55,13 +57,17 @@ class StartModels:
     def new_run(self) -> None:
         """The server started a new run (its state was reset) at round 1: what it sealed to this agent before
         is of no use to it, and its rounds would refuse the new run's as replays."""
-        for slot in SERVER_SLOTS:
+        for slot in (*SERVER_SLOTS, "continued"):
             self.store.drop_model(slot)
             self._held.pop(slot, None)
 
     def round_of(self, slot: str) -> int:
         """The round the model in ``slot`` was kept for (0 when empty)."""
         return self._held[slot][2] if slot in self._held else 0
+
+    def continued(self) -> NamedArrays | None:
+        """The model local rounds trained on (``continued`` slot), if any."""
+        return self._held["continued"][1] if "continued" in self._held else None
 
     def find(self, sha256: str) -> NamedArrays | None:
         return next((arrays for sha, arrays, _ in self._held.values() if sha == sha256), None)

@@ -23,7 +23,7 @@ from common.files import atomic_write, read_json, write_json
 from models.serialization import dumps, load_file
 from models.weights import NamedArrays
 
-MODEL_SLOTS = ("local", "inbox", "peers")
+MODEL_SLOTS = ("local", "inbox", "peers", "continued")
 RESIDUAL_FILE = "residual.safetensors"  # in the state dir: what top-k has not sent yet (protocol.codecs)
 
 
@@ -33,6 +33,7 @@ class AgentProgress:
     last_completed_round: int = 0
     sent_round: int = 0
     sent_attempt: int = 0
+    continued_from: str = ""  # the start model (fingerprint named by the task) the ``continued`` slot trained on from
 
 
 class ProgressStore:
@@ -75,8 +76,8 @@ class ProgressStore:
         return path.read_bytes() if path.exists() else None
 
     def save_model(self, slot: str, arrays: NamedArrays, round_number: int) -> None:
-        """Keep a start model durably: ``local`` (this agent's after its round), ``inbox`` (the server's) or
-        ``peers`` (a bundle of models, FedAMN)."""
+        """Keep a start model durably: ``local`` (this agent's after its round), ``inbox`` (the server's),
+        ``peers`` (a bundle of models, FedAMN) or ``continued`` (trained in local rounds, never uploaded)."""
         assert slot in MODEL_SLOTS
         atomic_write(self.directory / f"{slot}.safetensors", dumps(arrays, {"round": str(round_number)}), mode=0o600)
 

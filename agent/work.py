@@ -114,13 +114,22 @@ class RoundWork:
         if base is None or (start.peers_sha256 and context is None):
             return self._idle("waiting-model")
         export_to = None
-        if start.source == "global" and self.onboard.wanted(task, task.model_version, self.server_time()):
+        train_from = self._trained_on(start) or base
+        if train_from is base and start.source == "global" and self.onboard.wanted(task, task.model_version,
+                                                                                   self.server_time()):
             self.onboard.started(task.model_version)
             export_to = self.onboard.path  # the global model rides along with the training job
-        job = self.runner.train(base, task, export_to, context)
+        job = self.runner.train(train_from, task, export_to, context)
         self.training = Training(task, base, start, job, time.perf_counter())
         self._set_state("training", publish=True)
         return None
+
+    def _trained_on(self: EdgeAgent, start: AgentStart) -> NamedArrays | None:
+        """After local rounds (model swapping): this agent's model from them, when the task says to train on
+        from it and it descends from the model the task names (else the round starts from that model)."""
+        if not start.continues or self.progress.continued_from != start.sha256:
+            return None
+        return self.start_models.continued()
 
     def _gated(self: EdgeAgent, reasons: list[str]) -> None:
         if self.state != "gated":
@@ -181,6 +190,26 @@ class RoundWork:
 
     def _finish(self: EdgeAgent, training: Training, result: TrainResult) -> None:
         task, base, start = training.task, training.base, training.start
+        log.info(
+            "trained round=%d start=%s%s action=%s work=%g samples=%d weight=%d loss=%.4f seconds=%.2f",
+            task.round,
+            start.source,
+            "+continued" if self._trained_on(start) is not None else "",
+            task.action,
+            task.train_of(self.id).work,
+            result.samples,
+            result.weight or result.samples,
+            result.loss,
+            time.perf_counter() - training.started,
+        )
+        self.detail = ""
+        if task.action == "local":  # model swapping's local round: the model stays here, nothing is uploaded
+            self.start_models.keep("continued", result.arrays, task.round)
+            p = self.progress
+            p.continued_from, p.last_completed_round, p.sent_round, p.sent_attempt = (
+                start.sha256, task.round, task.round, task.attempt)  # fmt: skip
+            self.store.save(p)
+            return self._set_state("done", publish=True)  # its status tells the server (last_completed_round)
         local_delta = self.config.privacy.delta if self.privacy is not None else None
         data, sent = encode_update(task, base, result, residual=self.store.directory / RESIDUAL_FILE,
                                    base_sha256="" if start.source == "global" else start.sha256,
@@ -190,18 +219,6 @@ class RoundWork:
             self.start_models.keep("local", advanced(base, sent), task.round)
         self.progress.last_completed_round = task.round
         self.store.save(self.progress)
-        self.detail = ""
-        log.info(
-            "trained round=%d start=%s action=%s work=%g samples=%d weight=%d loss=%.4f seconds=%.2f",
-            task.round,
-            start.source,
-            task.action,
-            task.train_of(self.id).work,
-            result.samples,
-            result.weight or result.samples,
-            result.loss,
-            time.perf_counter() - training.started,
-        )
         if gated := self.telemetry.reasons():  # kept on disk, unsent: re-sent once the gate opens (``_step``)
             return self._gated(gated)
         return self._send(task, data)

@@ -149,7 +149,11 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
             if status is not None and status.run_id == self.engine.run_id and status.round > self.engine.held_round:
                 self._catch_up()
             if status is not None and status != previous and status.state in ("failed", "declined"):
-                self._gave_up(agent, status.round, f"reported its training {status.state}")
+                self._round_change(f"{agent} excused", lambda: self.engine.gave_up(
+                    agent, status.round, f"reported its training {status.state}"))  # fmt: skip
+            elif status is not None and status != previous:  # a local round trained (``local_rounds``)?
+                self._round_change(f"{agent} trained locally", lambda: self.engine.trained_locally(
+                    agent, status.run_id, status.last_completed_round))  # fmt: skip
         elif topic == self.topics.agent_update(agent):
             self._on_update_chunk(agent, payload)
 
@@ -250,8 +254,9 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
                                               admit=self._expected_update)  # fmt: skip
         except TransferRejected as exc:
             self._reject(exc.sender, exc.reason)
-            if exc.whole_round is not None:
-                self._gave_up(exc.sender, exc.whole_round, f"sent an update refused whole ({reason_kind(exc.reason)})")
+            if (whole := exc.whole_round) is not None:
+                sender, why = exc.sender, f"sent an update refused whole ({reason_kind(exc.reason)})"
+                self._round_change(f"{sender} excused", lambda: self.engine.gave_up(sender, whole, why))
             return
         if completed is not None:
             self._accept(completed)
@@ -293,12 +298,13 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
         if self.engine.decide(self.clock()) == "close" and self.disk.due(self.clock()):  # at once: a threshold
             self._close(self.clock())  # of K takes exactly K updates
 
-    def _gave_up(self, agent: str, round_number: int, why: str) -> None:
-        """``agent`` will send nothing usable this round: stop waiting for it (``RoundEngine.gave_up``)."""
-        gave_up = False
-        with self.disk.writing(self.clock(), self.engine.durably(f"{agent} excused")):
-            gave_up = self.engine.gave_up(agent, round_number, why)
-        if gave_up and self.engine.decide(self.clock()) == "close" and self.disk.due(self.clock()):
+    def _round_change(self, what: str, change: Callable[[], bool]) -> None:
+        """An agent's news changes the open round (it gave up, ``RoundEngine.gave_up``, or trained a local
+        round, ``trained_locally``): written durably, and the round closed at once if nobody is left to wait for."""
+        changed = False
+        with self.disk.writing(self.clock(), self.engine.durably(what)):
+            changed = change()
+        if changed and self.engine.decide(self.clock()) == "close" and self.disk.due(self.clock()):
             self._close(self.clock())
 
     def _on_key_rotated(self, key: GroupKey) -> None:

@@ -31,6 +31,7 @@ from broker_server.election import BestModel
 from broker_server.engine_fleet import FleetEvents
 from broker_server.engine_state import EngineState
 from broker_server.health import HealthBook
+from broker_server.local_rounds import LocalRounds
 from broker_server.metrics_log import MetricsLog, round_metrics
 from broker_server.onnx_step import ExportOnnx
 from broker_server.pace import PaceBook
@@ -59,7 +60,7 @@ MAX_REJECTIONS_PER_AGENT = 3  # distinct kinds of refusal listed per agent and r
 HEADER_SLACK = 64 << 10  # room for an update's safetensors header beyond the model's own
 
 
-class RoundEngine(EngineState, FleetEvents):
+class RoundEngine(EngineState, FleetEvents, LocalRounds):
     def __init__(
         self,
         config: ServerConfig,
@@ -314,6 +315,8 @@ class RoundEngine(EngineState, FleetEvents):
         ``model_wire_bytes`` is the size of the published model the selected agents downloaded."""
         rs = self.round_state
         assert rs is not None
+        if rs.action == "local":  # nothing was uploaded: nothing to aggregate (``broker_server.local_rounds``)
+            return self.close_local(now, model_wire_bytes)
         if now >= rs.deadline:  # closed on the quorum at the deadline: whoever it still waited for missed it
             late = rs.waited_for
             self.health.back_off(late, rs.round, "missed the deadline")
@@ -326,7 +329,7 @@ class RoundEngine(EngineState, FleetEvents):
             open_delta=lambda agent: self.store.updates.delta(rs.round, agent),
         )
         outcome, reason, offenders = "committed", "", []
-        global_starts = sum(self.needs_global(agent) for agent in rs.selected)
+        global_starts = self.global_downloads()
         starts = {u.agent: self._start_key(u.agent) for u in rs.updates}  # before the assignments move on
         personal = self.start_scores.personal(rs.updates, starts, self.start_model)
         try:

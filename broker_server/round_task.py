@@ -11,9 +11,12 @@ from protocol.messages import AgentStart, AgentTrain, RoundTask, TrainSettings
 TASK_GRACE_S = 300.0  # a task stays valid this long past its deadline (clock skew); then agents ignore it
 
 
-def agent_start(agent: str, assignment: Assignment) -> AgentStart:
+def agent_start(agent: str, assignment: Assignment | None, global_sha256: str, continues: bool) -> AgentStart | None:
+    """What ``agent`` starts from (None: the global model, as every task says by default)."""
+    if assignment is None:
+        return AgentStart(agent, "global", global_sha256, continues=True) if continues else None
     peers = assignment.peers.sha256 if assignment.peers is not None else ""
-    return AgentStart(agent, assignment.source, assignment.model.sha256, peers_sha256=peers)
+    return AgentStart(agent, assignment.source, assignment.model.sha256, peers_sha256=peers, continues=continues)
 
 
 def round_task(
@@ -22,7 +25,8 @@ def round_task(
     """The task for ``engine``'s open round, against the ``published`` global model."""
     rs = engine.round_state
     assert rs is not None
-    assignments = engine.assignments
+    assignments, continues = engine.assignments, engine.continues()
+    starts = [agent_start(agent, assignments.get(agent), published.sha256, continues) for agent in rs.selected]
     return RoundTask(
         federation=federation,
         round=rs.round,
@@ -42,7 +46,7 @@ def round_task(
         run_id=engine.run_id,
         expires_at=rs.deadline + TASK_GRACE_S,
         action=rs.action,
-        starts=[agent_start(agent, assignments[agent]) for agent in rs.selected if agent in assignments],
+        starts=[start for start in starts if start is not None],
         agent_train=[AgentTrain(agent, TrainSettings.from_dict(train)) for agent, train in rs.agent_train.items()],
         classes=list(engine.config.server.classes),
         share=engine.config.server.share,

@@ -96,6 +96,7 @@ class RoundState:
     agent_train: dict[str, dict] = field(default_factory=dict)  # agent -> its own TrainSettings, where they differ
     revoked: list[str] = field(default_factory=list)  # agents revoked during the round: the task tells them
     probation: list[str] = field(default_factory=list)  # backed-off agents selected only to make up min_agents
+    trained: list[str] = field(default_factory=list)  # a ``local`` round: agents whose status says they trained it
 
     @property
     def accepted(self) -> list[str]:
@@ -104,13 +105,18 @@ class RoundState:
     @property
     def pending(self) -> list[str]:
         """Selected agents still waited for: not accepted, and not refused (they have no other update)."""
-        done = set(self.accepted) | set(self.failed) | set(self.missed)
+        done = set(self.accepted) | set(self.failed) | set(self.missed) | set(self.trained)
         return [a for a in self.selected if a not in done]
 
     @property
     def waited_for(self) -> list[str]:
         """Pending agents the round waits for: all but those on probation (they may still send in time)."""
         return [a for a in self.pending if a not in self.probation]
+
+    @property
+    def delivered(self) -> int:
+        """Agents that did this round's work: updates accepted, or a ``local`` round trained (nothing uploaded)."""
+        return len(self.updates) + len(self.trained)
 
     @property
     def bytes_up(self) -> int:
@@ -156,7 +162,7 @@ def replace_missing(
     or their training failed), join the round, drawn reproducibly, and that many pending agents are
     excused. Returns ``(excused, stand_ins)``; with no candidate left the pending agents are asked again."""
     pending = state.pending
-    wanted = len(pending) + max(0, quorum - len(state.updates) - len(pending))
+    wanted = len(pending) + max(0, quorum - state.delivered - len(pending))
     available = sorted(set(candidates) - set(state.selected))
     stand_ins = sorted(random.Random(seed).sample(available, min(wanted, len(available))))
     excused = pending[: len(stand_ins)]
@@ -170,8 +176,8 @@ def decide(state: RoundState, rules: RoundRules, now: float, threshold: int = 0)
     waited for with the quorum met (a backed-off agent on probation is not), as soon as ``threshold``
     updates are in (SmartFed's static threshold, 0 = off), or at the deadline with the quorum met;
     otherwise re-announce then."""
-    quorate = len(state.updates) >= rules.quorum
-    if (not state.waited_for and quorate) or (threshold > 0 and len(state.updates) >= threshold):
+    quorate = state.delivered >= rules.quorum
+    if (not state.waited_for and quorate) or (threshold > 0 and state.delivered >= threshold):
         return "close"
     if now < state.deadline:
         return "wait"

@@ -142,12 +142,15 @@ class AgentStart:
     agent trains only from a model whose ``models.weights.fingerprint`` is ``sha256``; whatever the
     source, the signed task names the exact bits. ``peers_sha256`` (FedAMN) names the bundle of models its
     trainer attends over, sealed to it on its inbox (``broker_server.agent_models.Peers``); "" for none.
+    ``continues`` (model swapping after a ``local`` round, whose training is not uploaded): the agent trains on
+    from its own newest model, if that descends from ``sha256``, and its update is still a delta over ``sha256``.
     """
 
     agent: str
     source: str
     sha256: str
     peers_sha256: str = ""
+    continues: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,8 @@ class RoundTask(Message):
     the server restarted mid-round); ``pending`` lists the selected agents whose update it still lacks,
     so an agent that already trained this round re-sends its stored update instead of training again.
     ``action`` says what the server will do with this round's updates (``average`` them into a new
-    global model, ``swap`` models between agents, or let each train on its ``local`` model); ``starts``
+    global model, ``swap`` models between agents; ``local``: agents train on and upload nothing, their
+    status's ``last_completed_round`` tells the server they did); ``starts``
     names the agents that do not start from the global model, and what they start from; ``agent_train``
     the agents whose training settings differ from the shared ``train``. ``codec`` is how updates must be
     encoded (``protocol.codecs``; a task from before codecs has none: ``fp32``).

@@ -35,7 +35,7 @@ from broker_server.evaluation import server_evaluator
 from broker_server.publisher import PublishedModel
 from broker_server.round_task import round_task
 from models.serialization import dumps
-from models.weights import float_part
+from models.weights import NamedArrays, float_part
 from protocol.messages import RoundTask
 from protocol.transfer import Completed
 from security.envelope import NO_DIGEST, Manifest
@@ -52,6 +52,7 @@ class InProcessAgent:
     budget: PrivacyBudget | None
     residual: Path  # the codec's error feedback (protocol.codecs), in the agent's state folder
     silent: bool = False  # ``--attack silent``: trains, never delivers
+    continued: tuple[str, NamedArrays] | None = None  # after local rounds: (the start it trained on from, its model)
 
 
 def _agents(configs: dict[str, Path], settings: SimSettings) -> list[InProcessAgent]:
@@ -76,7 +77,13 @@ def _deliver(engine: RoundEngine, agent: InProcessAgent, task: RoundTask) -> Non
     rs = engine.round_state
     assert rs is not None
     rs.inbox_bytes += (len(dumps(base)) if start.source == "inbox" else 0) + (len(dumps(bundle)) if bundle else 0)
-    result = agent.trainer.train(base, task, context)
+    held = agent.continued
+    train_from = held[1] if held is not None and start.continues and held[0] == start.sha256 else base
+    result = agent.trainer.train(train_from, task, context)
+    if task.action == "local":  # trained on, kept here, nothing uploaded (``broker_server.local_rounds``)
+        agent.continued = (start.sha256, result.arrays)
+        engine.trained_locally(agent.name, engine.run_id, task.round)
+        return
     local_delta = agent.budget.policy.delta if agent.budget is not None else None
     base_sha256 = "" if start.source == "global" else start.sha256
     data, _ = encode_update(task, base, result, residual=agent.residual, base_sha256=base_sha256,
@@ -107,7 +114,7 @@ def run_in_process(settings: SimSettings, out: Path, *, echo: Callable[[str], No
                 echo(f"stopping: {len(volunteers)} agents volunteer, rounds.min_agents is {engine.rules.min_agents}")
             break
         engine.announce(time.time())
-        global_model = PublishedModel(engine.version, "00" * 32, 1, 0)  # no broker: no digest, no chunks
+        global_model = PublishedModel(engine.version, f"{engine.version:064x}", 1, 0)  # no broker: a stand-in digest
         task = round_task(engine, global_model, federation=settings.federation, group_key_id="", now=time.time())
         for name in rs.selected:
             agent = agents[name]

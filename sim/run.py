@@ -100,9 +100,12 @@ def format_round(m: RoundMetrics, elapsed_s: float) -> str:
     if m.outcome != "committed":
         return f"round {m.round:3d}  {m.outcome}: {m.reason}  offenders {','.join(m.offenders) or '-'}"
     privacy = f"  epsilon {m.privacy.get('epsilon')}" if m.privacy else ""
+    scores = f"{score_name} {score if score is None else f'{score:.4f}'}  "
+    scores += f"loss {loss if loss is None else f'{loss:.4f}'}"
+    if m.action == "local":  # model swapping: agents trained on, nothing was uploaded, so nothing to evaluate
+        scores = "local round (trained on, not uploaded)"
     return (
-        f"round {m.round:3d}  {score_name} {score if score is None else f'{score:.4f}'}  "
-        f"loss {loss if loss is None else f'{loss:.4f}'}  participants {len(m.accepted)}/{len(m.participants)}  "
+        f"round {m.round:3d}  {scores}  participants {len(m.accepted)}/{len(m.participants)}  "
         f"rejected {len(m.rejected)}  round_s {m.duration_s:6.2f}  elapsed_s {elapsed_s:6.1f}  "
         f"MB up {m.bytes_up / 1e6:.2f}  MB down {m.bytes_down / 1e6:.2f}{privacy}"
     )

@@ -39,16 +39,7 @@ class Recording(TrainerWrapper):
 
 
 def _record_local_models(agent) -> list[NamedArrays]:  # noqa: ANN001
-    saved: list[NamedArrays] = []
-    save = agent.store.save_model
-
-    def recording(slot: str, arrays: NamedArrays, round_number: int) -> None:
-        if slot == "local":
-            saved.append({k: v.copy() for k, v in arrays.items()})
-        save(slot, arrays, round_number)
-
-    agent.store.save_model = recording
-    return saved
+    return _record_slot(agent, "local")
 
 
 def assert_each_opens_only_for_its_owner(starts: list[tuple[str, bytes]], identities: dict[str, Identity],
@@ -123,3 +114,57 @@ def test_swap_hands_each_agent_its_partners_model_sealed_to_it_and_survives_kill
     assert_each_opens_only_for_its_owner(starts, identities, server_public)
     windows = set().union(*(_float_windows(locals_by_agent[a][0]) for a in identities))
     assert not any(_leaks(p, windows) for _, p in starts)
+
+
+@pytest.mark.timeout(300)
+def test_local_rounds_upload_nothing_and_the_next_upload_carries_their_training(tmp_path, broker):
+    """fedswap with h1 = 2, h2 = 2 over the real daemons: local, swap, local, average. A raw subscriber opens
+    every update chunk with the server's key: chunks arrive for rounds 2 and 4 only. The local rounds'
+    metrics say ``bytes_up`` 0 and list every agent as having trained; each upload round's update is the
+    change from the model the server named, through the local round's training (each agent's round-2 start
+    is its round-1 result, bit for bit)."""
+    fed = Federation(tmp_path, broker, rounds=4, agents=4, partition="dirichlet:0.5")
+    override_toml(fed.layout.server_config, strategy={"name": "fedswap", "h1": 2, "h2": 2}, rounds={"quorum": 4})
+    results = {}
+    for agent in fed.agents:
+        agent.runner.trainer = Recording(agent.runner.trainer)
+        results[agent.id] = _record_slot(agent, "continued")
+    sniffer = Sniffer(broker)
+    log = tmp_path / "server.log"
+    server = _start_server_process(fed.layout.server_config, log)
+    fed.start_agents()
+    try:
+        assert server.wait(180) == 0, log.read_text()[-3000:]
+    finally:
+        if server.poll() is None:
+            server.kill()
+        sniffer.close()
+        fed.close()
+
+    metrics = fed.metrics()
+    assert [(m.round, m.action) for m in metrics] == [(1, "local"), (2, "swap"), (3, "local"), (4, "average")]
+    assert all(len(m.accepted) == 4 for m in metrics)
+    assert [m.bytes_up for m in metrics][::2] == [0, 0] and all(m.bytes_up > 0 for m in metrics[1::2])
+    assert metrics[0].eval == {} and metrics[-1].model_version == 2
+    server_identity = Identity.load(fed.layout.server_config.parent / "server.key")
+    agents = Keyring([PublicIdentity.load(p) for p in (fed.layout.server_config.parent / "enrolled").glob("*.pub")])
+    opener = Opener(identity=server_identity, federation="it", senders=agents)
+    rounds = [opener.open_chunk(p).manifest.round for t, p in sniffer.payloads if t.endswith("/update") and p]
+    assert set(rounds) == {2, 4}
+    trainers = {a.id: a.runner.trainer for a in fed.agents}
+    for agent, kept in results.items():  # round 2 trained on from the local round's model, and so did round 4
+        assert _identical(trainers[agent].bases[2], kept[0]) and _identical(trainers[agent].bases[4], kept[1])
+
+
+def _record_slot(agent, slot: str) -> list[NamedArrays]:  # noqa: ANN001
+    """Copies of every model ``agent`` keeps in ``slot``, in order."""
+    saved: list[NamedArrays] = []
+    save = agent.store.save_model
+
+    def recording(name: str, arrays: NamedArrays, round_number: int) -> None:
+        if name == slot:
+            saved.append({k: v.copy() for k, v in arrays.items()})
+        save(name, arrays, round_number)
+
+    agent.store.save_model = recording
+    return saved

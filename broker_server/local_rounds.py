@@ -1,0 +1,96 @@
+"""Model swapping's ``local`` rounds (seed 004, Alg. 4-1): agents train on their own models and upload nothing.
+
+The thesis's traffic saving (§4-9-1: (h1 − 1)/h1 of FedAvg's) rests on it. A local round's task is
+published as any other; each selected agent trains on from its own newest model and keeps the result on
+its device; its signed status (``last_completed_round``) tells the server it did (``trained_locally``),
+and the round closes once nobody is waited for, or at the deadline, like any round — with nothing to
+aggregate, no model published, no privacy spent, and ``bytes_up`` 0. The server's record of every agent
+(its assignment: the last model the server named to it) stays as it was: the next round's task says
+``continues`` (``AgentStart``), so each agent trains on from its local rounds' model and uploads its change
+from that named model, the influence bounds and differential privacy's clip then bounding the whole
+change since the server last saw it. Mixed into ``RoundEngine``.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import suppress
+from dataclasses import replace
+
+import numpy as np
+
+from broker_server.accountant import PrivacyLedger
+from broker_server.agent_models import Assignment
+from broker_server.config import ServerConfig
+from broker_server.disk import DiskError
+from broker_server.health import HealthBook
+from broker_server.metrics_log import round_metrics
+from broker_server.pipeline import RoundContext
+from broker_server.rounds import RoundState
+from broker_server.strategies.base import Strategy
+from protocol.messages import RoundMetrics
+
+
+class LocalRounds:
+    config: ServerConfig
+    round_state: RoundState | None
+    strategy: Strategy
+    assignments: dict[str, Assignment]
+    health: HealthBook
+    ledger: PrivacyLedger
+    version: int
+    next_round: int
+    run_id: str
+    outputs_pending: set[str]
+
+    def continues(self) -> bool:
+        """Whether the open round's agents train on from their local rounds' models (the round before was one)."""
+        rs = self.round_state
+        return rs is not None and rs.round > 1 and self.strategy.action(rs.round - 1) == "local"
+
+    def global_downloads(self) -> int:
+        """How many selected agents download the global model for the open round: those that start from it,
+        unless they train on from local rounds (they already hold it)."""
+        rs = self.round_state
+        assert rs is not None
+        return 0 if self.continues() else sum(self.needs_global(agent) for agent in rs.selected)
+
+    def trained_locally(self, agent: str, run_id: str, completed_round: int) -> bool:
+        """``agent``'s signed status says it trained round ``completed_round`` of server run ``run_id``: if that is
+        the open ``local`` round, it is not waited for any more. False if that is not news."""
+        rs = self.round_state
+        if rs is None or rs.action != "local" or agent not in rs.pending:
+            return False
+        if (run_id, completed_round) != (self.run_id, rs.round):
+            return False
+        rs.trained.append(agent)
+        self.checkpoint()
+        return True
+
+    def close_local(self, now: float, model_wire_bytes: int) -> RoundMetrics:
+        """End a ``local`` round: agents that trained it start the next from what they hold (their assignments
+        now say ``local``: nothing is sent to them again); the metrics line has no evaluation (no model
+        left any device) and ``bytes_up`` 0."""
+        rs = self.round_state
+        assert rs is not None and rs.action == "local"
+        if now >= rs.deadline:
+            late = rs.waited_for
+            self.health.back_off(late, rs.round, "missed the deadline")
+            rs.missed.extend(a for a in late if a not in rs.missed)
+        for agent in rs.trained:
+            if agent in self.assignments:
+                self.assignments[agent] = replace(self.assignments[agent], source="local")
+        ctx = RoundContext(state=rs, global_arrays={}, global_vector=np.zeros(0, np.float32), float_spec=(),
+                           open_delta=lambda agent: np.zeros(0, np.float32))  # fmt: skip
+        bytes_down = model_wire_bytes * self.global_downloads() + rs.inbox_bytes
+        metrics = round_metrics(ctx, strategy=self.strategy.name, now=now, outcome=("committed", "", []),
+                                version=self.version, bytes_down=bytes_down)  # fmt: skip
+        metrics = replace(metrics, accepted=list(rs.trained))
+        if self.config.privacy.enabled:
+            metrics = replace(metrics, privacy=self.ledger.summary())
+        self.round_state, self.next_round = None, rs.round + 1
+        self.checkpoint(last_metrics=json.loads(metrics.to_json()))
+        self.outputs_pending.add("metrics")
+        with suppress(DiskError):  # tried again on the daemon's next ticks
+            self.flush_outputs()
+        return metrics
