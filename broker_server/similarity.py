@@ -57,7 +57,7 @@ def osad(x: np.ndarray) -> np.ndarray:
 def _linear_grams(x: np.ndarray) -> np.ndarray:
     """(N, n, p) layers → (N, n, n) Gram matrices K = X Xᵀ, in float64."""
     x = x.astype(np.float64)
-    return np.einsum("aip,ajp->aij", x, x)
+    return np.matmul(x, x.transpose(0, 2, 1))  # batched BLAS; einsum here is several times slower
 
 
 def _centred(grams: np.ndarray) -> np.ndarray:
@@ -99,9 +99,9 @@ def linear_hsic(x: np.ndarray) -> np.ndarray:
 
 def rbf_cka(x: np.ndarray, sigma_fraction: float = RBF_SIGMA_FRACTION) -> np.ndarray:
     """RBF CKA: K_ij = exp(−‖xᵢ − xⱼ‖² / 2σ²), σ a fraction of the median distance between rows."""
-    x = x.astype(np.float64)
-    squared = np.einsum("aip,aip->ai", x, x)
-    distances = np.maximum(squared[:, :, None] + squared[:, None, :] - 2 * np.einsum("aip,ajp->aij", x, x), 0.0)
+    grams = _linear_grams(x)
+    squared = np.diagonal(grams, axis1=1, axis2=2)
+    distances = np.maximum(squared[:, :, None] + squared[:, None, :] - 2 * grams, 0.0)
     n = x.shape[1]
     off_diagonal = distances[:, ~np.eye(n, dtype=bool)]
     median = np.median(np.sqrt(off_diagonal), axis=1) if n > 1 else np.ones(len(x))
@@ -136,9 +136,8 @@ def deconfounded_cka(x: np.ndarray) -> np.ndarray:
 def _cca_bases(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per agent, the eigenvectors of the centred Gram (N, n, n), largest first, and how many explain
     ``CCA_KEPT_VARIANCE`` of the variance (N,): its SVCCA subspace (the left singular vectors)."""
-    x = x.astype(np.float64)
-    centred = x - x.mean(axis=1, keepdims=True)
-    variances, vectors = np.linalg.eigh(np.einsum("aip,ajp->aij", centred, centred))
+    samples = x.shape[1]
+    variances, vectors = np.linalg.eigh(_centred(_linear_grams(x)).reshape(len(x), samples, samples))
     variances, vectors = np.maximum(variances[:, ::-1], 0.0), vectors[:, :, ::-1]
     total = variances.sum(axis=1, keepdims=True)
     explained = np.cumsum(variances, axis=1) / np.where(total > 0, total, 1.0)
