@@ -149,15 +149,16 @@ def mean_canonical_correlation(x: np.ndarray) -> np.ndarray:
     """SVCCA's mean canonical correlation ρ̄ = (1/k) Σᵢ ρᵢ between every pair of agents' layer.
 
     The issue asks for the mean canonical correlation, so this is ρ̄ (Kornblith et al.'s ρ̄_CCA), not
-    the thesis's R²_CCA = Σρᵢ²/p₁; both rank pairs alike when the ρᵢ are near 1, and ρ̄ is the figure
-    SVCCA reports. Samples are the n output units (as for CKA); the features, the fan-in, are not
-    compared directly but through the subspace of ℝⁿ they span. Plain CCA on weights is trivial:
-    whenever fan-in ≥ out − 1 the centred columns span all of the (n − 1)-dimensional centred space
-    and every ρᵢ = 1. So, as SVCCA does (Raghu et al. 2017, "SVCCA: Singular Vector Canonical
-    Correlation Analysis for Deep Learning Dynamics and Interpretability",
-    https://arxiv.org/abs/1706.05806), each agent keeps only the top k singular directions explaining
-    99 % of its variance, and the ρᵢ are the singular values of Q_Aᵀ Q_B (Q: those left singular
-    vectors, the cosines of the principal angles between the subspaces), averaged over min(k_A, k_B).
+    the thesis's R²_CCA = Σρᵢ²/p₁ (both are 1 for identical subspaces and fall as they part; R²_CCA
+    counts weak correlations less), and ρ̄ is the figure SVCCA reports. Samples are the n output units
+    (as for CKA); the features, the fan-in, are compared through the subspace of ℝⁿ they span. Plain
+    CCA on weights is trivial: whenever fan-in ≥ out − 1 the centred columns span all of the
+    (n − 1)-dimensional centred space and every ρᵢ = 1. So, as SVCCA does (Raghu et al. 2017,
+    "SVCCA: Singular Vector Canonical Correlation Analysis for Deep Learning Dynamics and
+    Interpretability", https://arxiv.org/abs/1706.05806), each agent keeps only the top k singular
+    directions explaining 99 % of its variance, and the ρᵢ are the singular values of Q_Aᵀ Q_B (Q:
+    those left singular vectors; the ρᵢ are the cosines of the principal angles between the two
+    subspaces), averaged over min(k_A, k_B).
     It stays weak on wide layers: two subspaces with k_A + k_B > n share k_A + k_B − n directions,
     each a ρ of 1 (few samples, many features: the regime where SVCCA warns CCA overfits); prefer CKA.
 
@@ -172,7 +173,7 @@ def mean_canonical_correlation(x: np.ndarray) -> np.ndarray:
     complement = int(kept.max(initial=0)) > int((n - kept).max(initial=0))
     if complement:
         columns, width = np.arange(n)[None, :] >= kept[:, None], int((n - kept).max())
-        bases = (vectors * columns[:, None, :])[:, :, n - width :] if width else vectors[:, :, :0]
+        bases = (vectors * columns[:, None, :])[:, :, n - width :]  # width ≥ 1: a centred rank is < n
     else:
         columns, width = np.arange(n)[None, :] < kept[:, None], int(kept.max(initial=0))
         bases = (vectors * columns[:, None, :])[:, :, :width]
