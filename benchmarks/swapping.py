@@ -1,9 +1,10 @@
 """SimFedSwap's server step for many agents of the digits CNN: similarity of every pair, then pairing.
 
 The thesis (seed 004, §5-10) needed about 20 minutes per similarity-and-swap step for 540 agents on a
-GPU. Target: similarity (OSAD, linear CKA, RBF CKA) plus MSS pairing for 540 agents in ≤ 10 s on this
-2-core machine; N = 100 and 540 are reported. Baseline in the same run: reading every agent's weights
-once (stacking them), so the figure is also a ratio to that floor.
+GPU. Target: similarity (each of ``METRICS``: OSAD, CCA, HSIC, linear CKA, RBF CKA, deconfounded CKA)
+plus MSS pairing for 540 agents in ≤ 10 s on this 2-core machine; N = 100 and 540 are reported.
+Baseline in the same run: reading every agent's weights once (stacking them), so the figure is also a
+ratio to that floor.
 """
 
 from __future__ import annotations

@@ -125,7 +125,10 @@ def test_column_blocks_cover_every_value_once_for_many_agents():
         ({"name": "krum", "f": "two"}, "strategy.f has the wrong type"),
         ({"name": "fedswap", "h1": 0}, "strategy.h1 must be >= 1"),
         ({"name": "simfedswap", "pairing": "best"}, "strategy.pairing 'best' must be one of random, gs, mss"),
-        ({"name": "simfedswap", "similarity": "cca"}, "strategy.similarity 'cca' must be one of osad, cka, rbf-cka"),
+        (
+            {"name": "simfedswap", "similarity": "cosine"},
+            "strategy.similarity 'cosine' must be one of osad, cca, hsic, cka, rbf-cka, dcka",
+        ),
         ({"name": "fedswap", "sp": 1.5}, r"strategy.sp must be in \[0, 1\]"),
         ({"name": "fedswap", "h3": 2}, "strategy.h3 is not a known key; known keys: h1, h2, sp"),
     ],

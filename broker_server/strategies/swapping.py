@@ -9,7 +9,7 @@ agents exchange models through the server: each receives its partner's model sea
 ``average`` (the sample-weighted mean of the agents' models becomes the new global model, which every
 agent then starts from). FedSwap pairs at random; SimFedSwap pairs the *least similar* models
 (``pairing = "mss"`` by default, or ``"gs"``), similarity on the weights layer by layer
-(``broker_server.similarity``: ``osad``, ``cka``, ``rbf-cka``).
+(``broker_server.similarity``: ``osad``, ``cca``, ``hsic``, ``cka``, ``rbf-cka``, ``dcka``).
 
 The schedule is a layer over any aggregation: an ``average`` round combines the agents' models with
 ``aggregate`` (``fedavg`` by default, the thesis's WeightedAvg; or ``krum``, ``median``, ``trimmed-mean``,
