@@ -349,7 +349,8 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         if self.strategy.keeps_models:
             kept, planned = (ctx.kept, ctx.plan.starts) if committed else ({}, {})
             self.assignments = settle(self.assignments, rs.selected, kept, planned)
-        averaged = [c.agent for c in ctx.contributions] + rs.failed if ctx.result is not None else []
+        charged = list(ctx.released) or [c.agent for c in ctx.contributions]  # swap rounds: whose model left, noised
+        averaged = [*charged, *rs.failed] if ctx.result is not None else []
         self.ledger.after_round(averaged, published=published, next_clip=ctx.next_clip)
         bytes_down = model_wire_bytes * global_starts + rs.inbox_bytes
         metrics = round_metrics(ctx, strategy=self.strategy.name, now=now, outcome=(outcome, reason, offenders),

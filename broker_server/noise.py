@@ -16,7 +16,7 @@ import numpy as np
 from broker_server.pipeline import RoundContext, Step
 from broker_server.privacy import PrivacyPolicy
 from broker_server.validation import positive_ranges
-from models.weights import TensorRange, with_floats
+from models.weights import TensorRange, TensorSpec, with_floats
 
 
 def gaussian_noise(size: int, std: float, rng: np.random.Generator) -> np.ndarray:
@@ -42,17 +42,36 @@ def clamp_nonnegative(vector: np.ndarray, ranges: tuple[TensorRange, ...]) -> No
 NORM_SLACK = 2e-3
 
 
+def release(model: np.ndarray, std: float, spec: tuple[TensorSpec, ...]) -> np.ndarray:
+    """One agent's kept model as it may leave the server under differential privacy (model swapping): the
+    model plus N(0, std²) on every float, running variances kept non-negative (post-processing).
+
+    Sensitivity: the kept model is aₖ + clip_S(Δₖ), where aₖ is the model the server last named to agent k
+    (the global model or a model released to it by this function: itself the output of earlier, charged
+    mechanisms) and Δₖ its uploaded change from aₖ, since local rounds upload nothing (``local_rounds``).
+    Replacing agent k's data (its clipped change replaced by zero, ``REPLACE_SPECIAL``) moves the model by
+    ‖clip_S(Δₖ)‖ ≤ S(1 + ``NORM_SLACK``) = S', so with std = z·S' the release is a Gaussian mechanism with
+    noise multiplier z for agent k alone; every other agent's data enters only through aₖ (post-processing)."""
+    vector = model + gaussian_noise(model.size, std, fresh_rng())
+    clamp_nonnegative(vector, positive_ranges(spec))
+    return vector
+
+
 @dataclass
 class AddNoise(Step):
     """After the check of the clipped average: add N(0, (z·S'/n)²) to every floating value of the new
     model, n = the number of averaged updates and S' = S·(1 + ``NORM_SLACK``) for the round's clip S.
-    With an adaptive clip, z is the update's share z_Δ (``broker_server.adaptive_clip``)."""
+    With an adaptive clip, z is the update's share z_Δ (``broker_server.adaptive_clip``). A round that
+    publishes nothing (model swapping's ``swap``) added its noise to each model it released (``release``):
+    its result, the mean of those, gets none here."""
 
     policy: PrivacyPolicy
     name: str = "add-noise"
 
     def run(self, ctx: RoundContext) -> None:
         assert ctx.result is not None and ctx.influence is not None and ctx.contributions
+        if not ctx.plan.publish:
+            return
         n = len(ctx.contributions)
         std = self.policy.update_noise_multiplier(n) * ctx.influence.clip_bound * (1 + NORM_SLACK) / n
         vector = ctx.result.global_vector + gaussian_noise(ctx.result.global_vector.size, std, fresh_rng())

@@ -67,6 +67,7 @@ class RoundContext:
     plan: StartPlan = field(default_factory=StartPlan)  # what every agent starts the next round from
     step_detail: dict[str, Any] = field(default_factory=dict)  # what steps add to metrics.aggregation (pairs, …)
     noise_std: float = 0.0  # differential privacy's noise on the new model (0: none was added)
+    released: dict[str, Holding] = field(default_factory=dict)  # DP with swapping: the noised models (noise.release)
     next_clip: float = 0.0  # differential privacy's adaptive clip for the next round (0: unchanged)
 
     def aggregation_detail(self) -> dict[str, Any]:
@@ -135,6 +136,7 @@ class KeepAgentModels(Step):
     bank: ModelBank
     base_of: Callable[[str], np.ndarray]
     policy: InfluencePolicy
+    private: bool = False  # differential privacy: no drift bound (a pull-back decided on un-noised distances)
     name: str = "keep-models"
 
     def run(self, ctx: RoundContext) -> None:
@@ -145,7 +147,7 @@ class KeepAgentModels(Step):
             drifts.append(self._keep(ctx, c.agent, advanced(start, unflatten(step, ctx.float_spec))))
             if c.scale == 1:
                 ctx.exact.add(c.agent)
-        if self.policy.clip != "off" and drifts:
+        if self.policy.clip != "off" and drifts and not self.private:
             bound = max(1.0, self.policy.clip_multiple) * lower_median(np.array(drifts))
             capped = [(c.agent, d) for c, d in zip(ctx.contributions, drifts, strict=True) if d > bound]
             for agent, drift in capped:
@@ -181,6 +183,7 @@ class PlanStarts(Step):
     current: Callable[[], dict[str, Assignment]]
     rng: Callable[[], np.random.Generator]
     evaluator: Callable[[NamedArrays], dict[str, float]] | None = None
+    release_std: Callable[[RoundContext], float] | None = None  # differential privacy: a released model's noise
     name: str = "plan-starts"
 
     def run(self, ctx: RoundContext) -> None:
@@ -195,11 +198,26 @@ class PlanStarts(Step):
                 peers=lambda holdings: self.bank.peers(holdings, ctx.float_spec),
                 rng=self.rng, evaluate=None if self.evaluator is None else (
                     lambda vector: self.evaluator(with_floats(ctx.global_arrays, vector, ctx.float_spec))),
+                release=None if self.release_std is None else (lambda agent: self._release(ctx, agent)),
             )  # fmt: skip
         started = time.perf_counter()
         ctx.plan = self.strategy.plan_starts(models)
         ctx.aggregate_s += time.perf_counter() - started  # the strategy's time: DemLearn's clustering, say
         ctx.step_detail.update(ctx.plan.detail)
+        if ctx.released and not ctx.plan.publish and ctx.result is not None:  # what the round shows: what left
+            mean = np.mean([self.bank.vector(h) for h in ctx.released.values()], axis=0, dtype=np.float32)
+            ctx.result = replace(ctx.result, global_vector=mean)
+
+    def _release(self, ctx: RoundContext, agent: str) -> Holding:
+        """``agent``'s kept model plus N(0, std²) on every float (``noise.release``), kept as ``+dp-<agent>``."""
+        from broker_server.noise import release  # noise imports this module
+
+        assert self.release_std is not None
+        ctx.noise_std = self.release_std(ctx)
+        vector = release(self.bank.vector(ctx.kept[agent]), ctx.noise_std, ctx.float_spec)
+        ctx.released[agent] = keep_model(self.bank, ctx, f"+dp-{agent}", with_floats(ctx.global_arrays, vector,
+                                                                                     ctx.float_spec))  # fmt: skip
+        return ctx.released[agent]
 
 
 @dataclass

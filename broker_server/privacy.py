@@ -28,8 +28,11 @@ from broker_server.strategies.choice import DEFAULT_STRATEGY
 # Strategies whose model is computed from the plain average of the clipped updates (so the sum has
 # sensitivity S): FedAvg and FedProx publish it, the server optimizers step on it after the noise.
 # Robust ones (krum, median, trimmed-mean, centered-clip) choose or reweight updates by looking at all
-# of them; swapping strategies hand agents each other's un-noised models.
+# of them.
 PRIVATE_STRATEGIES = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi")
+# Model swapping: each model handed to another agent is released as a Gaussian mechanism of its own
+# (``noise.release``), and its average rounds use one of the above (``strategy.aggregate``).
+SWAPPING_STRATEGIES = ("fedswap", "simfedswap")
 
 
 @dataclass(frozen=True)
@@ -110,10 +113,13 @@ class PrivacyPolicy:
         """Refuse, naming the key, a configuration under which the noise would not give the guarantee."""
         if not self.enabled:
             return
-        name = strategy.get("name", DEFAULT_STRATEGY)
+        key, name = "name", strategy.get("name", DEFAULT_STRATEGY)
+        if name in SWAPPING_STRATEGIES:  # its swapped models are released noised (noise.release); its averages:
+            self._check_swapping(name)
+            key, name = "aggregate", strategy.get("aggregate", "fedavg")
         if name not in PRIVATE_STRATEGIES:
             raise ValueError(
-                f"privacy needs strategy.name = one of {', '.join(PRIVATE_STRATEGIES)}, not {name!r}, with "
+                f"privacy needs strategy.{key} = one of {', '.join(PRIVATE_STRATEGIES)}, not {name!r}, with "
                 'strategy.weighting = "uniform": the model must come from the plain average of the clipped updates '
                 "(docs/privacy.md says why others do not)"
             )
@@ -133,6 +139,14 @@ class PrivacyPolicy:
                     f"bounds.{key} must be 0 with [privacy]: it tests a value measured before the noise, and its "
                     "verdict would reveal it (every update is clipped to privacy.clip instead)"
                 )
+
+    def _check_swapping(self, name: str) -> None:
+        if self.adaptive_clip:
+            raise ValueError(
+                f"privacy.adaptive_clip does not work with strategy {name!r}: its swap rounds release each agent's "
+                "model with noise of the round's clip, which the adaptive clip's count would share; set a fixed "
+                "privacy.clip"
+            )
 
     def bounds(self, policy: InfluencePolicy) -> InfluencePolicy:
         """The influence policy the round uses: every update clipped to exactly S."""

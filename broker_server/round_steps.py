@@ -18,7 +18,7 @@ from broker_server.adaptive_clip import AdaptClip
 from broker_server.agent_models import Assignment, ModelBank
 from broker_server.bounds import InfluencePolicy
 from broker_server.config import ServerConfig
-from broker_server.noise import AddNoise
+from broker_server.noise import NORM_SLACK, AddNoise
 from broker_server.onnx_step import ExportOnnx
 from broker_server.pipeline import (
     AgentsEvaluation,
@@ -28,6 +28,7 @@ from broker_server.pipeline import (
     Evaluate,
     KeepAgentModels,
     PlanStarts,
+    RoundContext,
     ServerStep,
     Step,
 )
@@ -52,10 +53,15 @@ def round_steps(
     private = config.privacy.enabled
     steps: list[Step] = [BoundInfluence(policy, current_clip if private else None)]
     if strategy.keeps_models:
-        steps.append(KeepAgentModels(bank, base_of, policy))
+        steps.append(KeepAgentModels(bank, base_of, policy, private=private))
+    release_std = None
+    if private:  # a model released to one agent (model swapping): z·S' (``noise.release``)
+        def release_std(ctx: RoundContext) -> float:
+            assert ctx.influence is not None
+            return config.privacy.noise_multiplier * ctx.influence.clip_bound * (1 + NORM_SLACK)
     steps += [
         Aggregate(strategy, average_only=private),
-        PlanStarts(strategy, bank, current, round_rng, evaluator),
+        PlanStarts(strategy, bank, current, round_rng, evaluator, release_std),
         CheckModel(policy, strategy.bounded_by_clip, private=private),
     ]
     if private:

@@ -94,7 +94,8 @@ def test_the_noise_step_adds_gaussian_noise_of_z_times_s_over_n_and_keeps_runnin
     [
         ({}, InfluencePolicy(), "privacy needs strategy.name = one of fedavg, .* not 'auto'"),
         ({"name": "median", "weighting": "uniform"}, InfluencePolicy(), "not 'median'"),
-        ({"name": "fedswap", "weighting": "uniform"}, InfluencePolicy(), "not 'fedswap'"),
+        ({"name": "fedswap", "weighting": "uniform", "aggregate": "krum"}, InfluencePolicy(),
+         "strategy.aggregate = one of .*not 'krum'"),
         ({"name": "fedavg"}, InfluencePolicy(), 'privacy needs strategy.weighting = "uniform"'),
         ({"name": "fedavg", "weighting": "uniform"}, InfluencePolicy(clip="off"), "bounds.clip must be left"),
         ({"name": "fedavg", "weighting": "uniform"}, InfluencePolicy(max_change_norm=5.0), "bounds.max_change_norm"),

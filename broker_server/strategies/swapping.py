@@ -146,10 +146,14 @@ class ModelSwapping(Strategy):
         starts = {agent: models.own(agent) for agent in models.agents}
         if models.action != "swap":
             return StartPlan(publish=False, starts=starts)
-        named = [unflatten(models.vector(models.kept[a]), models.spec) for a in models.agents]
+        kept = models.kept
+        if models.release is not None:  # differential privacy: every model leaves noised, its owner's own too
+            kept = {agent: models.release(agent) for agent in models.agents}
+            starts = {agent: Assignment("inbox", kept[agent]) for agent in models.agents}
+        named = [unflatten(models.vector(kept[a]), models.spec) for a in models.agents]  # pairing: on what leaves
         pairs, detail = self.pairs(models.agents, named, models.rng())
         for a, b in pairs:
-            starts[a], starts[b] = Assignment("inbox", models.kept[b]), Assignment("inbox", models.kept[a])
+            starts[a], starts[b] = Assignment("inbox", kept[b]), Assignment("inbox", kept[a])
         return StartPlan(publish=False, starts=starts, detail=detail)
 
     def pairs(
