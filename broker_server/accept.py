@@ -55,6 +55,8 @@ def check_gates(state: RoundState | None, agent: str, round_number: int, next_ro
         raise NotForThisRound(f"wrong-round: transfer for round {round_number}, current is {state.round}")
     if agent not in state.selected:
         raise NotForThisRound("not-selected")
+    if state.action == "local":  # model swapping: agents train on and upload nothing (``local_rounds``)
+        raise NotForThisRound(f"not-expected: round {state.round} is a local round (nothing is uploaded)")
     if agent in state.revoked:  # an update completed just before its revocation, say
         raise NotForThisRound("revoked: its enrolment was withdrawn during the round")
     if agent in state.accepted:

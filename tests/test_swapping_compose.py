@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
+from broker_server.accept import check_gates
+from broker_server.rounds import RoundState
 from broker_server.strategies import build_strategy
 from broker_server.strategies.base import Contribution
+from broker_server.validation import NotForThisRound
 from models.serialization import load_file
 from models.weights import to_arrays
 from models.zoo import build_model
@@ -82,3 +86,11 @@ def test_a_short_swapping_run_saves_a_trained_model_and_reports_its_accuracy(tmp
     initial = to_arrays(build_model("mlp_digits"))
     assert any(not np.array_equal(saved[k], initial[k]) for k in initial)
     assert final_accuracy(tmp_path / "run") == result.final_eval["accuracy"]  # the saved file, evaluated again
+
+
+def test_an_update_for_a_local_round_is_refused_before_any_memory_is_held_for_it():
+    """A rogue (or outdated) agent that uploads in a local round is refused at the transfer's first chunk."""
+    state = RoundState(round=3, attempt=1, selected=["a"], deadline=0.0, started_at=0.0, action="local")
+    with pytest.raises(NotForThisRound, match="not-expected: round 3 is a local round"):
+        check_gates(state, "a", 3, 4)
+    check_gates(replace(state, action="swap"), "a", 3, 4)  # the same update in a swap round is expected
