@@ -94,3 +94,15 @@ def test_an_update_for_a_local_round_is_refused_before_any_memory_is_held_for_it
     with pytest.raises(NotForThisRound, match="not-expected: round 3 is a local round"):
         check_gates(state, "a", 3, 4)
     check_gates(replace(state, action="swap"), "a", 3, 4)  # the same update in a swap round is expected
+
+
+def test_under_dp_a_server_optimizer_steps_after_the_noise_not_before():
+    """``average`` (what DP noises) is the plain mean of the models; ``server_step`` then applies FedAvgM's
+    momentum to whatever it is given (the noisy mean), as for a plain round."""
+    strategy = build_strategy({"name": "fedswap", "aggregate": "fedavgm", "weighting": "uniform",
+                               "aggregate_options": {"server_lr": 2.0}})  # fmt: skip
+    strategy.begin(GLOBAL, ())
+    averaged = strategy.average(GLOBAL, contributions())
+    np.testing.assert_allclose(averaged.global_vector, np.mean(np.array(MODELS, np.float64), axis=0), atol=1e-5)
+    stepped = strategy.server_step(GLOBAL, averaged).global_vector
+    np.testing.assert_allclose(stepped - GLOBAL, 2.0 * (averaged.global_vector - GLOBAL), rtol=1e-5, atol=1e-5)

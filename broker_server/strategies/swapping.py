@@ -125,6 +125,13 @@ class ModelSwapping(Strategy):
         WeightedAvg for ``fedavg``: Σ wₖ·modelₖ / Σ wₖ, wₖ = capped samples or 1)."""
         return self.inner.aggregate(global_vector, model_differences(global_vector, contributions))
 
+    def average(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
+        """Under differential privacy: the aggregation's average only (the noise goes on it, then ``server_step``)."""
+        return self.inner.average(global_vector, model_differences(global_vector, contributions))
+
+    def server_step(self, global_vector: np.ndarray, averaged: RoundResult) -> RoundResult:
+        return self.inner.server_step(global_vector, averaged)
+
     def on_commit(self, result: RoundResult) -> None:
         if self._published:  # a server optimizer's moments, centered clipping's reference: average rounds only
             self.inner.on_commit(result)
