@@ -26,9 +26,11 @@ from broker_server.validation import (
     check_invariants,
     parse_update,
 )
+from models.serialization import dumps
 from models.weights import TensorRange, TensorSpec
-from protocol.codecs import FP32, Codec
+from protocol.codecs import FP32, Codec, encode
 from protocol.transfer import Completed
+from protocol.update import MAX_LOCAL_EVAL, UpdateMeta
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,19 @@ class RoundInputs:
     base_sha256: str = ""
     next_round: int = 0  # the round the server opens next (an update for an earlier one is late)
     codec: Codec = FP32  # how the round asked agents to encode updates
+
+
+HEADER_SLACK = 64 << 10  # room for an update's safetensors header beyond the model's own
+
+
+def largest_update_bytes(float_spec: tuple[TensorSpec, ...], codec: Codec) -> int:
+    """The largest a valid update can be: the model's float tensors as float32 or in the round's codec
+    (whichever is larger, so an update in the wrong codec is still refused by name), plus a header."""
+    local_eval = {f"{i:x}".ljust(32, "x"): -1e300 for i in range(MAX_LOCAL_EVAL)}
+    meta = UpdateMeta(round=2**31, base_version=2**31, samples=2**53, loss=-1e300, local_eval=local_eval,
+                      codec=str(codec)).to_metadata()  # fmt: skip
+    zeros = {s.name: np.zeros(s.shape, np.float32) for s in float_spec}
+    return max(len(dumps(encode(zeros, c), metadata=meta)) for c in (FP32, codec)) + HEADER_SLACK
 
 
 def check_gates(state: RoundState | None, agent: str, round_number: int, next_round: int) -> RoundState:

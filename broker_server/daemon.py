@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from broker_server.accept import check_gates
+from broker_server.accept import check_gates, largest_update_bytes
 from broker_server.config import ServerConfig
 from broker_server.disk import DiskWatch
 from broker_server.engine import RoundEngine
@@ -68,7 +68,8 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
         keyring = Keyring.load_dir(config.enrolled_dir)
         self.opener = Opener(identity=self.identity, federation=fed, senders=keyring)
         self.engine = RoundEngine(config, replay=self.opener.replay, evaluator=server_evaluator(config))
-        self.reassembler = Reassembler(self.opener, config.limits.to_limits(self.engine.update_bytes()))
+        largest = largest_update_bytes(self.engine.float_spec, self.engine.codec)
+        self.reassembler = Reassembler(self.opener, config.limits.to_limits(largest))
         self.registry = AgentRegistry(keyring, config.rounds.status_timeout_s)
         super().__init__(
             MqttClient(

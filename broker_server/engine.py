@@ -42,14 +42,13 @@ from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missi
 from broker_server.strategies import build_strategy
 from broker_server.strategies.choice import strategy_notes
 from broker_server.validation import NotForThisRound, UpdateRejected, reason_kind
-from models.serialization import dumps, save_file
+from models.serialization import save_file
 from models.weights import NamedArrays, to_arrays, with_floats
 from models.yolo import load_pt_weights
 from models.zoo import build_model
-from protocol.codecs import FP32, Codec, encode
+from protocol.codecs import Codec
 from protocol.messages import Rejection, RoundMetrics, TrainSettings, headline
 from protocol.transfer import Completed
-from protocol.update import MAX_LOCAL_EVAL, UpdateMeta
 from security.keys import Keyring
 from security.replay import ReplayGuard
 
@@ -57,7 +56,6 @@ log = logging.getLogger("skyfed.server")
 
 MAX_REJECTIONS_LISTED = 200
 MAX_REJECTIONS_PER_AGENT = 3  # distinct kinds of refusal listed per agent and round
-HEADER_SLACK = 64 << 10  # room for an update's safetensors header beyond the model's own
 
 
 class RoundEngine(EngineState, FleetEvents, LocalRounds):
@@ -171,15 +169,6 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
     def finished(self) -> bool:
         limit = self.config.server.rounds
         return self.round_state is None and (self.budget_exhausted or limit > 0 and self.next_round > limit)
-
-    def update_bytes(self) -> int:
-        """The largest a valid update can be: the model's float tensors as float32 or in the round's codec
-        (whichever is larger, so an update in the wrong codec is still refused by name), plus a header."""
-        local_eval = {f"{i:x}".ljust(32, "x"): -1e300 for i in range(MAX_LOCAL_EVAL)}
-        meta = UpdateMeta(round=2**31, base_version=2**31, samples=2**53, loss=-1e300, local_eval=local_eval,
-                          codec=str(self.codec)).to_metadata()  # fmt: skip
-        zeros = {s.name: np.zeros(s.shape, np.float32) for s in self.float_spec}
-        return max(len(dumps(encode(zeros, c), metadata=meta)) for c in (FP32, self.codec)) + HEADER_SLACK
 
     # rounds ------------------------------------------------------------------------------------------
     def begin_round(self, eligible: list[str], now: float, enrolled: list[str] | None = None) -> RoundState | None:
