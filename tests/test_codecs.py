@@ -286,4 +286,5 @@ def test_transfer_limits_leave_room_for_the_largest_encoding(federation):
     engine = RoundEngine(load_server_config(federation.server_config), replay=ReplayGuard(3600))
     engine.begin_round(["agent-01", "agent-02"], now=0.0)
     encoded = _update(engine, "agent-01", "topk:1.0", seed=1)[0].data
-    assert largest_update_bytes(engine.float_spec, engine.codec) > len(encoded) > 1.9 * len(_update(engine, "agent-01", "fp32", seed=1)[0].data)
+    fp32 = _update(engine, "agent-01", "fp32", seed=1)[0].data
+    assert largest_update_bytes(engine.float_spec, engine.codec) > len(encoded) > 1.9 * len(fp32)
