@@ -152,7 +152,7 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
             if status is not None and status != previous and status.state in ("failed", "declined"):
                 self._round_change(f"{agent} excused", lambda: self.engine.gave_up(
                     agent, status.round, f"reported its training {status.state}"))  # fmt: skip
-            elif status is not None and status != previous:  # a local round trained (``local_rounds``)?
+            elif status is not None and status != previous and self.engine.awaits_local(agent):
                 self._round_change(f"{agent} trained locally", lambda: self.engine.trained_locally(
                     agent, status.run_id, status.last_completed_round))  # fmt: skip
         elif topic == self.topics.agent_update(agent):

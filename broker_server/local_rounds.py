@@ -55,13 +55,16 @@ class LocalRounds:
         assert rs is not None
         return 0 if self.continues() else sum(self.needs_global(agent) for agent in rs.selected)
 
+    def awaits_local(self, agent: str) -> bool:
+        """Whether the open round is a ``local`` one that still waits for ``agent`` (its status may end that)."""
+        rs = self.round_state
+        return rs is not None and rs.action == "local" and agent in rs.pending
+
     def trained_locally(self, agent: str, run_id: str, completed_round: int) -> bool:
         """``agent``'s signed status says it trained round ``completed_round`` of server run ``run_id``: if that is
         the open ``local`` round, it is not waited for any more. False if that is not news."""
         rs = self.round_state
-        if rs is None or rs.action != "local" or agent not in rs.pending:
-            return False
-        if (run_id, completed_round) != (self.run_id, rs.round):
+        if rs is None or not self.awaits_local(agent) or (run_id, completed_round) != (self.run_id, rs.round):
             return False
         rs.trained.append(agent)
         self.checkpoint()
