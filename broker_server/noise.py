@@ -9,10 +9,12 @@ defended (docs/privacy.md).
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from broker_server.dp_sensitivity import mean_sensitivity
 from broker_server.pipeline import RoundContext, Step
 from broker_server.privacy import PrivacyPolicy
 from broker_server.validation import positive_ranges
@@ -44,17 +46,22 @@ NORM_SLACK = 2e-3
 
 @dataclass
 class AddNoise(Step):
-    """After the check of the clipped average: add N(0, (z·S'/n)²) to every floating value of the new
-    model, n = the number of averaged updates and S' = S·(1 + ``NORM_SLACK``) for the round's clip S.
-    With an adaptive clip, z is the update's share z_Δ (``broker_server.adaptive_clip``)."""
+    """After the check of the clipped aggregate: add N(0, (z·Δ)²) to every floating value of the new model,
+    Δ = ``sensitivity``(n, S') for n aggregated updates and S' = S·(1 + ``NORM_SLACK``) for the round's clip
+    S: the strategy's ``dp_sensitivity``, S'/n for (DP-)FedAvg. With an adaptive clip, z is the update's
+    share z_Δ (``broker_server.adaptive_clip``)."""
 
     policy: PrivacyPolicy
+    sensitivity: Callable[[int, float], float | None] = mean_sensitivity
     name: str = "add-noise"
 
     def run(self, ctx: RoundContext) -> None:
         assert ctx.result is not None and ctx.influence is not None and ctx.contributions
         n = len(ctx.contributions)
-        std = self.policy.update_noise_multiplier(n) * ctx.influence.clip_bound * (1 + NORM_SLACK) / n
+        sensitivity = self.sensitivity(n, ctx.influence.clip_bound * (1 + NORM_SLACK))
+        if sensitivity is None:  # the configuration check refuses such a strategy: never reached
+            raise ValueError("this strategy has no sensitivity bound for differential privacy")
+        std = self.policy.update_noise_multiplier(n) * sensitivity
         vector = ctx.result.global_vector + gaussian_noise(ctx.result.global_vector.size, std, fresh_rng())
         clamp_nonnegative(vector, positive_ranges(ctx.float_spec))
         ctx.result = replace(ctx.result, global_vector=vector)

@@ -123,6 +123,9 @@ class Strategy(ABC):
     # True when every agent's model is kept across rounds (``broker_server.agent_models``): deltas are then
     # over each agent's own start model, and ``Contribution.model`` holds its model after the round.
     keeps_models: ClassVar[bool] = False
+    # Under differential privacy with ``privacy.weight_cap`` = ŵ: an update weighs min(weight / ŵ, 1) and the
+    # weighted sum is divided by the number of updates (DP-FedAvg's fixed denominator; FedAvg and its kin).
+    weight_cap: float = 0.0
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -161,6 +164,12 @@ class Strategy(ABC):
         """``aggregate`` up to a server optimizer's step (all of it for strategies without one): under
         differential privacy the noise is added to this, and ``server_step`` is post-processing."""
         return self.aggregate(global_vector, contributions)
+
+    def dp_sensitivity(self, updates: int, clip: float) -> float | None:
+        """How far one agent can move ``average``'s result (L2) when ``updates`` updates clipped to ``clip`` are
+        aggregated: differential privacy's noise is calibrated to it (``broker_server.dp_sensitivity``).
+        None: no useful bound, and ``[privacy]`` refuses the strategy."""
+        return None
 
     def server_step(self, global_vector: np.ndarray, averaged: RoundResult) -> RoundResult:
         """The server optimizer's step from ``global_vector`` given the round's ``average`` (none here)."""
