@@ -92,7 +92,7 @@ def test_the_noise_step_adds_gaussian_noise_of_z_times_s_over_n_and_keeps_runnin
 @pytest.mark.parametrize(
     "strategy, bounds, message",
     [
-        ({"name": "auto"}, InfluencePolicy(), "privacy cannot run strategy.name = 'auto': .* remove strategy.name"),
+        ({"name": "auto"}, InfluencePolicy(), "privacy cannot run strategy.name = 'auto': .*remove strategy.name"),
         ({"f": 3}, InfluencePolicy(), "privacy cannot run strategy.name = 'auto'"),  # auto's options: not defaulted
         ({"name": "centered-clip"}, InfluencePolicy(), "'centered-clip': .* Use fedavg with weighting = .uniform."),
         ({"name": "fedswap", "weighting": "uniform"}, InfluencePolicy(), "'fedswap'"),
