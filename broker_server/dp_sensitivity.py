@@ -40,8 +40,8 @@ def trimmed_mean_sensitivity(updates: int, trimmed: int, clip: float) -> float:
     bound, so it holds both ways.)
 
     What it costs against FedAvg's S / n: a factor √(2n/k)·n/(n − 2k), about √(2/β)/(1 − 2β) for k ≈ βn —
-    5.3 at β = 0.2, at least 5.2 for any β. The median (m = 1 or 2) pays about 2n: its noise is of the
-    order of S on every value, whatever the number of agents."""
+    5.3 at β = 0.2, at least 5.2 for any β. The median (m = 1 or 2) pays about 2n (odd n) or n (even n):
+    its noise is of the order of S on every value, whatever the number of agents."""
     if trimmed == 0:
         return mean_sensitivity(updates, clip)
     return clip * math.sqrt(2 * updates / trimmed) / (updates - 2 * trimmed)

@@ -25,7 +25,7 @@ from broker_server.strategies.base import Contribution
 from models.weights import TensorSpec
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
-from tests.fedharness import override_toml
+from tests.fedharness import ServerHarness, override_toml
 from tests.test_privacy import completed
 from tests.test_sim_cli import metrics_rows, skyfed
 
@@ -254,3 +254,26 @@ def test_skyfed_sim_runs_object_or_sample_weighted_fedavg_under_dp_with_a_weight
         assert set(row["aggregation"]) == {"clip_bound", "noise_std"}
         assert row["aggregation"]["noise_std"] == pytest.approx(1.0 * 0.5 * (1 + NORM_SLACK) / 4, rel=1e-5)
     assert rows[-1]["privacy"]["max_rounds_per_agent"] == 2 and "final accuracy" in result.stdout
+
+
+def test_the_aggregator_daemon_runs_capped_weights_under_dp_over_the_broker_and_publishes_no_weight(tmp_path, broker):
+    """The daemon path: two agents' sealed updates over mosquitto, one claiming a million samples. The
+    published model is the capped weighted sum over 2 (plus noise far below it), and the metrics on the
+    broker carry only the clip bound and the noise."""
+    z = 1e-4
+    with ServerHarness(tmp_path, broker, agents=2, strategy={"name": "fedavg", "weighting": "samples"},
+                       privacy={"clip": S, "noise_multiplier": z, "weight_cap": CAP}) as h:  # fmt: skip
+        h.announce_agents()
+        deltas, claims = [h.random_delta(seed) for seed in (1, 2)], [40, 10**6]
+        for agent, delta, samples in zip(sorted(h.agents), deltas, claims, strict=True):
+            h.send(agent, delta, samples=samples)
+        metrics = h.wait_metrics()
+        model = h.final_model()
+    assert metrics.outcome == "committed" and set(metrics.aggregation) == {"clip_bound", "noise_std"}
+    assert metrics.aggregation["noise_std"] == pytest.approx(z * S * (1 + NORM_SLACK) / 2)
+    norms = [math.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in d.values())) for d in deltas]
+    scales = [min(1.0, S / norm) for norm in norms]
+    weights = [min(c / CAP, 1.0) for c in claims]  # 0.4 and 1 (sample weighting would give 0.99996 to the second)
+    for key in deltas[0]:
+        expected = h.initial[key] + sum(w * s * d[key] for w, s, d in zip(weights, scales, deltas, strict=True)) / 2
+        np.testing.assert_allclose(model[key], expected, atol=10 * metrics.aggregation["noise_std"] + 1e-6)
