@@ -21,7 +21,12 @@ def mean_sensitivity(updates: int, clip: float) -> float:
     with ``privacy.weight_cap`` ŵ, wₖ = min(samplesₖ / ŵ, 1), McMahan et al. 2018, Alg. 1). Zeroing agent
     k's update changes only its own term, by wₖ·xₖ: ‖ΔA‖ = wₖ·‖xₖ‖ / n ≤ S / n. The denominator n does not
     depend on anyone's data; a denominator Σ wₖ would (one agent's weight would rescale every other term),
-    which is why sample-weighted FedAvg's n_k / Σ n_j has no such bound."""
+    which is why sample-weighted FedAvg's n_k / Σ n_j has no such bound.
+
+    Why n and not the paper's q·W (the expected total weight of a round sampling a fraction q, W = Σ over
+    every agent of wₖ): W is a function of every agent's sample count, private data here; q·W is an
+    expectation over a secret sample SkyFed does not have (``broker_server.accountant``); n is public
+    already. The price: agents below the cap pull the step toward zero (all at ŵ/2: half a step)."""
     return clip / updates
 
 
