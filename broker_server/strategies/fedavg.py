@@ -55,7 +55,7 @@ class FedAvg(Strategy):
     def weight(self, samples: float) -> float:
         if self.options.weighting == "uniform":
             return 1.0
-        return min(samples / self.weight_cap, 1.0) if self.weight_cap else float(samples)
+        return min(max(samples / self.weight_cap, 0.0), 1.0) if self.weight_cap else float(samples)
 
     def dp_sensitivity(self, updates: int, clip: float) -> float:
         return mean_sensitivity(updates, clip)
