@@ -43,7 +43,7 @@ PRIVATE_STRATEGIES = WEIGHTED_STRATEGIES + ROBUST_STRATEGIES
 WORKS = 'fedavg with weighting = "uniform" (or "samples" with privacy.weight_cap), or trimmed-mean'
 WHY_REFUSED = {
     "auto": "the default picks Krum or centered clipping from how much the un-noised updates agree, and the "
-    "choice is published (remove strategy.name: under privacy the default is fedavg)",
+    "choice is published (remove strategy.name and auto's f and agreement: under privacy the default is fedavg)",
     "centered-clip": "it clips around last round's (noisy) change with a radius taken from the un-noised "
     "distances, so one agent moves every other update's weight, and the only bound, 2·(S + the reference's "
     "norm), grows with the noise itself",

@@ -216,7 +216,7 @@ def test_under_privacy_no_strategy_name_runs_fedavg_and_says_so(tmp_path, caplog
         ({"name": "trimmed-mean"}, {"weight_cap": CAP}, "strategy trimmed-mean is unweighted: remove privacy.weight"),
         ({"name": "krum", "f": 1}, {"weight_cap": CAP}, "strategy krum is unweighted"),
         ({"name": "centered-clip"}, {}, "'centered-clip': .*Use fedavg with weighting = .uniform. .* or trimmed-mean"),
-        ({"name": "auto"}, {}, "'auto': .*remove strategy.name: under privacy the default is fedavg"),
+        ({"name": "auto"}, {}, "'auto': .*remove strategy.name and auto's f and agreement: under privacy the default"),
     ],
 )
 def test_a_server_toml_that_would_not_be_private_is_refused_naming_the_key_or_what_works(
