@@ -122,12 +122,31 @@ def test_no_agent_moves_a_private_aggregate_further_than_the_sensitivity_its_noi
 
 
 def _bound(name: str, n: int, beta: float) -> float:
+    """The bounds of ``broker_server.dp_sensitivity``, written out by hand."""
     if name == "fedavg":
         return S / n
-    if name == "krum":  # f = 1: keep n - f_used, f_used = min(1, (n - 3) // 2)
-        return multi_krum_sensitivity(n, n - min(1, max((n - 3) // 2, 0)), S)
+    if name == "krum":  # f = 1: keep K = n - f_used, f_used = min(1, (n - 3) // 2)
+        keep = n - min(1, max((n - 3) // 2, 0))
+        return S * min(2 * (n - keep) + 1, 2 * keep) / keep
     trimmed = (n - 1) // 2 if name == "median" else min(int(beta * n), (n - 1) // 2)
-    return trimmed_mean_sensitivity(n, trimmed, S)
+    return S / (n - 2 * trimmed)
+
+
+@pytest.mark.parametrize(
+    ("name", "rows", "zeroed"),
+    [
+        ("median", [[0.0], [S], [S]], 1),  # median S, then 0
+        ("trimmed-mean", [[0.0, 0.0], [S, 0.0], [S, 0.0], [S, 0.0], [0.0, -S]], 2),  # k = 1: 2S/3, then S/3
+        ("fedavg", [[S, 0.0], [0.0, S], [0.0, S]], 0),
+    ],
+)
+def test_the_sensitivity_bounds_are_reached_so_the_noise_is_no_larger_than_needed(name, rows, zeroed):
+    updates = _clipped(rows)
+    claims = np.full(len(rows), CAP)
+    neighbour = updates.copy()
+    neighbour[zeroed] = 0
+    moved = float(np.linalg.norm(_aggregate(name, neighbour, claims, 0.2) - _aggregate(name, updates, claims, 0.2)))
+    assert moved == pytest.approx(_private(name, 0.2).dp_sensitivity(len(rows), S), rel=1e-6)
 
 
 def test_without_the_cap_one_agents_claim_moves_sample_weighted_fedavg_by_nearly_s_which_is_why_it_is_refused():

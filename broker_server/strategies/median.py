@@ -4,7 +4,7 @@ Each coordinate of the new delta is the median of that coordinate over the round
 ("Byzantine-Robust Distributed Learning: Towards Optimal Statistical Rates", ICML 2018), so fewer
 than half of the agents cannot drag any coordinate outside the range of the honest values. Unweighted:
 sample counts play no part, so an inflated claim buys nothing. Under differential privacy it is the trimmed
-mean that keeps one value (two for even n), and its noise is n to 2n times FedAvg's
+mean that keeps one value (two for even n), and its noise is n/2 to n times FedAvg's
 (``broker_server.dp_sensitivity``): of the order of the clip bound on every value, whatever the fleet.
 
 Memory: every update of the round stays in the on-disk update store; aggregation reads them in column

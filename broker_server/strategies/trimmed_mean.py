@@ -4,8 +4,8 @@ For each coordinate, the ``beta`` fraction of largest and of smallest values ove
 clipped deltas are dropped and the rest averaged (the paper's β-trimmed mean; Flower calls it
 FedTrimmedAvg). With f attackers out of n it tolerates f ≤ beta·n. If too few updates are left to
 trim (n - 2·floor(beta·n) < 1), as many as possible are trimmed while keeping one. Unweighted.
-Under differential privacy its sensitivity is bounded (``broker_server.dp_sensitivity``): about 5× FedAvg's
-noise at the default beta.
+Under differential privacy its noise is n / (n − 2k) times FedAvg's (``broker_server.dp_sensitivity``):
+1.67× at the default beta.
 
 Memory: as ``median``: updates stay on disk, read in column blocks (about 32 MB of RAM).
 """
