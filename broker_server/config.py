@@ -150,7 +150,7 @@ def load_server_config(path: Path) -> ServerConfig:
         config.limits.to_limits(update_bytes=MiB)
         if not isinstance(config.strategy, dict):
             raise ValueError("strategy must be a table ([strategy])")
-        build_strategy(config.strategy)
+        build_strategy(config.privacy.strategy_table(config.strategy)[0])
         config.privacy.check_compatible(config.strategy, config.bounds)
     except ConfigError:
         raise

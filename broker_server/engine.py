@@ -72,9 +72,10 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         self.policy = config.privacy.bounds(config.bounds)
         self.codec = Codec.parse(config.server.codec)
         self.replay = replay
-        self.strategy = build_strategy(config.strategy)
+        table, notes = config.privacy.strategy_table(config.strategy)  # under privacy: fedavg by default
+        self.strategy = build_strategy(table)
         self.strategy.last_round = config.server.rounds
-        for note in strategy_notes(config.strategy, len(Keyring.load_dir(config.enrolled_dir).names()), config.rounds):
+        for note in notes + strategy_notes(table, len(Keyring.load_dir(config.enrolled_dir).names()), config.rounds):
             log.log(note.level, "%s", note.text)
         for warning in self.strategy.run_warnings(config.server.rounds):
             log.warning("%s", warning)
@@ -85,7 +86,7 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
                                  lambda: self.assignments, self._round_rng, evaluator,
                                  lambda: self.ledger.clip)  # fmt: skip
         self.ledger = PrivacyLedger(config.privacy)
-        self.strategy.fold_on_accept = not config.privacy.enabled
+        config.privacy.configure(self.strategy)
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
         self.orphan_rejections: list[dict[str, str]] = []
         self.revoked_between_rounds: list[str] = []  # named in the next round's task, so they hear of it

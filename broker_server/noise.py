@@ -9,10 +9,12 @@ defended (docs/privacy.md).
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from broker_server.dp_sensitivity import mean_sensitivity
 from broker_server.pipeline import RoundContext, Step
 from broker_server.privacy import PrivacyPolicy
 from broker_server.validation import positive_ranges
@@ -59,13 +61,14 @@ def release(model: np.ndarray, std: float, spec: tuple[TensorSpec, ...]) -> np.n
 
 @dataclass
 class AddNoise(Step):
-    """After the check of the clipped average: add N(0, (z·S'/n)²) to every floating value of the new
-    model, n = the number of averaged updates and S' = S·(1 + ``NORM_SLACK``) for the round's clip S.
-    With an adaptive clip, z is the update's share z_Δ (``broker_server.adaptive_clip``). A round that
-    publishes nothing (model swapping's ``swap``) added its noise to each model it released (``release``):
-    its result, the mean of those, gets none here."""
+    """After the check of the clipped aggregate: add N(0, (z·Δ)²) to every floating value of the new model,
+    Δ = ``sensitivity``(n, S') for n aggregated updates and S' = S·(1 + ``NORM_SLACK``) for the round's clip
+    S: the strategy's ``dp_sensitivity``, S'/n for (DP-)FedAvg. With an adaptive clip, z is the update's
+    share z_Δ (``broker_server.adaptive_clip``). A round that publishes nothing (model swapping's ``swap``)
+    added its noise to each model it released (``release``): its result, the mean of those, gets none here."""
 
     policy: PrivacyPolicy
+    sensitivity: Callable[[int, float], float | None] = mean_sensitivity
     name: str = "add-noise"
 
     def run(self, ctx: RoundContext) -> None:
@@ -73,7 +76,10 @@ class AddNoise(Step):
         if not ctx.plan.publish:
             return
         n = len(ctx.contributions)
-        std = self.policy.update_noise_multiplier(n) * ctx.influence.clip_bound * (1 + NORM_SLACK) / n
+        sensitivity = self.sensitivity(n, ctx.influence.clip_bound * (1 + NORM_SLACK))
+        if sensitivity is None:  # the configuration check refuses such a strategy: never reached
+            raise ValueError("this strategy has no sensitivity bound for differential privacy")
+        std = self.policy.update_noise_multiplier(n) * sensitivity
         vector = ctx.result.global_vector + gaussian_noise(ctx.result.global_vector.size, std, fresh_rng())
         clamp_nonnegative(vector, positive_ranges(ctx.float_spec))
         ctx.result = replace(ctx.result, global_vector=vector)

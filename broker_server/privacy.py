@@ -7,9 +7,12 @@ added to the average of n updates (z = ``noise_multiplier``) before anything der
 the server. Equivalently, the sum of the clipped updates gets N(0, z²S²): one agent, whatever its
 data, moves that sum by at most S, so each round is a Gaussian mechanism with noise multiplier z for
 every agent whose update it contains (user-level DP; the neighbouring datasets differ in one agent's
-data, its update replaced by zero — dp-accounting's ``REPLACE_SPECIAL``). The accounting is in
-``broker_server.accountant``; why SkyFed claims no amplification by sampling is there too. The noise
-step is ``broker_server.noise``.
+data, its update replaced by zero — dp-accounting's ``REPLACE_SPECIAL``). With ``weight_cap`` ŵ,
+sample- (or object-) weighted FedAvg runs as the paper's Algorithm 1: weights min(nₖ/ŵ, 1) ≤ 1 over the
+fixed denominator n, the same sensitivity. Robust strategies with a bounded sensitivity get noise
+calibrated to it (``broker_server.dp_sensitivity``); the others are refused, naming what works. The
+accounting is in ``broker_server.accountant``; why SkyFed claims no amplification by sampling is there
+too. The noise step is ``broker_server.noise``.
 
 Everything after the noise is post-processing and costs no privacy: the evaluation, the commit or
 roll-back decided on it, the best-model election. Everything before it must not leak: with privacy on,
@@ -19,19 +22,35 @@ and the checks that look at the un-noised average (``bounds.max_change_norm``) a
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from broker_server.bounds import InfluencePolicy
-from broker_server.strategies.choice import DEFAULT_STRATEGY
+from broker_server.strategies.choice import DEFAULT_STRATEGY, StrategyNote
 
-# Strategies whose model is computed from the plain average of the clipped updates (so the sum has
-# sensitivity S): FedAvg and FedProx publish it, the server optimizers step on it after the noise.
-# Robust ones (krum, median, trimmed-mean, centered-clip) choose or reweight updates by looking at all
-# of them.
-PRIVATE_STRATEGIES = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi")
+if TYPE_CHECKING:
+    from broker_server.strategies.base import Strategy
+
+# Strategies whose model is computed from the average of the clipped updates with weights in [0, 1] over
+# the number of updates (sensitivity S/n): FedAvg and FedProx publish it, the server optimizers step on it
+# after the noise. weighting = "samples" needs ``weight_cap``.
+WEIGHTED_STRATEGIES = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi")
+# Unweighted robust strategies whose sensitivity is bounded (``broker_server.dp_sensitivity``).
+ROBUST_STRATEGIES = ("trimmed-mean", "median", "krum")
+PRIVATE_STRATEGIES = WEIGHTED_STRATEGIES + ROBUST_STRATEGIES
+WORKS = 'fedavg with weighting = "uniform" (or "samples" with privacy.weight_cap), or trimmed-mean'
+WHY_REFUSED = {
+    "auto": "the default picks Krum or centered clipping from how much the un-noised updates agree, and the "
+    "choice is published (remove strategy.name and auto's f and agreement: under privacy the default is fedavg)",
+    "centered-clip": "it clips around last round's (noisy) change with a radius taken from the un-noised "
+    "distances, so one agent moves every other update's weight, and the only bound, 2·(S + the reference's "
+    "norm), grows with the noise itself",
+}
+DEFAULT_KEYS = {"weighting", "threshold", "elect_best"}  # keys of [strategy] that do not name auto's options
 # Model swapping: each model handed to another agent is released as a Gaussian mechanism of its own
-# (``noise.release``), and its average rounds use one of the above (``strategy.aggregate``).
+# (``noise.release``), and its average rounds use a mean of the models (``strategy.aggregate``).
 SWAPPING_STRATEGIES = ("fedswap", "simfedswap")
 
 
@@ -48,6 +67,7 @@ class PrivacyPolicy:
     clip_learning_rate: float = 0.2  # η: S ← S·exp(−η·(unclipped share − γ))
     clip_count_stddev: float = 0.0  # σ_b, the noise on the unclipped count (0: max(n/20, z) for n updates)
     clip_range: float = 100.0  # the adaptive S stays within [clip / clip_range, clip · clip_range]
+    weight_cap: float = 0.0  # ŵ: with weighting = "samples", an update weighs min(samples / ŵ, 1) (0: none)
 
     def __post_init__(self) -> None:
         if not (self.clip >= 0 and math.isfinite(self.clip)):
@@ -62,10 +82,15 @@ class PrivacyPolicy:
             raise ValueError(f"privacy.delta must be in (0, 1), e.g. 1e-5, got {self.delta}")
         if not (self.target_epsilon >= 0 and math.isfinite(self.target_epsilon)):
             raise ValueError(f"privacy.target_epsilon must be >= 0 (0 = no limit), got {self.target_epsilon}")
-        if not self.enabled and (self.noise_multiplier or self.target_epsilon):
+        if not (self.weight_cap >= 0 and math.isfinite(self.weight_cap)):
             raise ValueError(
-                "privacy.clip must be > 0 to turn differential privacy on (noise_multiplier or target_epsilon is "
-                "set without it, which would run without any privacy)"
+                f"privacy.weight_cap must be a number >= 0 (the samples, or objects, at which an update counts "
+                f"fully under differential privacy; 0 = none), got {self.weight_cap}"
+            )
+        if not self.enabled and (self.noise_multiplier or self.target_epsilon or self.weight_cap):
+            raise ValueError(
+                "privacy.clip must be > 0 to turn differential privacy on (noise_multiplier, target_epsilon or "
+                "weight_cap is set without it, which would run without any privacy)"
             )
         if self.adaptive_clip:
             self._check_adaptive()
@@ -109,25 +134,31 @@ class PrivacyPolicy:
         z = self.noise_multiplier
         return z if not self.adaptive_clip else (z**-2 - (2 * self.count_stddev(updates)) ** -2) ** -0.5
 
+    def strategy_table(self, table: dict) -> tuple[dict, list[StrategyNote]]:
+        """The ``[strategy]`` table to run and, when it differs from ``table``, a note for the log: under
+        privacy, no ``strategy.name`` means fedavg (the default ``auto`` has no sensitivity bound), weighted by
+        samples if ``weight_cap`` is set, else uniformly."""
+        if not self.enabled or "name" in table or set(table) - DEFAULT_KEYS:
+            return table, []
+        weighting = table.get("weighting", "samples" if self.weight_cap else "uniform")
+        note = (f"aggregation default under privacy: fedavg weighting={weighting} (the default auto picks Krum or "
+                "centered clipping from un-noised updates; docs/privacy.md)")  # fmt: skip
+        return {**table, "name": "fedavg", "weighting": weighting}, [StrategyNote(logging.INFO, note)]
+
     def check_compatible(self, strategy: dict, bounds: InfluencePolicy) -> None:
         """Refuse, naming the key, a configuration under which the noise would not give the guarantee."""
         if not self.enabled:
             return
-        key, name = "name", strategy.get("name", DEFAULT_STRATEGY)
+        strategy = self.strategy_table(strategy)[0]
+        name = strategy.get("name", DEFAULT_STRATEGY)
         if name in SWAPPING_STRATEGIES:  # its swapped models are released noised (noise.release); its averages:
-            self._check_swapping(name)
-            key, name = "aggregate", strategy.get("aggregate", "fedavg")
-        if name not in PRIVATE_STRATEGIES:
-            raise ValueError(
-                f"privacy needs strategy.{key} = one of {', '.join(PRIVATE_STRATEGIES)}, not {name!r}, with "
-                'strategy.weighting = "uniform": the model must come from the plain average of the clipped updates '
-                "(docs/privacy.md says why others do not)"
-            )
-        if strategy.get("weighting", "samples") != "uniform":
-            raise ValueError(
-                'privacy needs strategy.weighting = "uniform": weighting by claimed samples lets one agent '
-                "outweigh the clip bound"
-            )
+            self._check_swapping(name, strategy)
+        elif name not in PRIVATE_STRATEGIES:
+            why = WHY_REFUSED.get(name, "the model must come from clipped updates whose aggregate has a bounded "
+                                        "sensitivity")  # fmt: skip
+            raise ValueError(f"privacy cannot run strategy.name = {name!r}: {why}. Use {WORKS} (docs/privacy.md)")
+        else:
+            self._check_weighting(name, strategy.get("weighting", "samples"))
         if bounds.clip == "off" or (bounds.clip == "fixed" and bounds.clip_norm != self.clip):
             raise ValueError(
                 f"bounds.clip must be left at its default with [privacy]: every update is clipped to privacy.clip "
@@ -140,7 +171,21 @@ class PrivacyPolicy:
                     "verdict would reveal it (every update is clipped to privacy.clip instead)"
                 )
 
-    def _check_swapping(self, name: str) -> None:
+    def _check_swapping(self, name: str, strategy: dict) -> None:
+        """Swap rounds release each model with the round's clip S; average rounds must be a mean of the models
+        (a robust aggregation's bound holds for clipped deltas, not for whole models)."""
+        aggregate = strategy.get("aggregate", "fedavg")
+        if aggregate not in WEIGHTED_STRATEGIES:
+            raise ValueError(
+                f"privacy needs strategy.aggregate = one of {', '.join(WEIGHTED_STRATEGIES)} with strategy {name!r}, "
+                f"not {aggregate!r}: an average round's model must be the plain mean of the agents' models "
+                "(docs/privacy.md, Model swapping)"
+            )
+        if strategy.get("weighting", "samples") != "uniform" or self.weight_cap:
+            raise ValueError(
+                f'privacy needs strategy.weighting = "uniform" (and no privacy.weight_cap) with strategy {name!r}: '
+                "a swapped model is released with noise of one agent's clip, whatever its weight"
+            )
         if self.adaptive_clip:
             raise ValueError(
                 f"privacy.adaptive_clip does not work with strategy {name!r}: its swap rounds release each agent's "
@@ -148,6 +193,32 @@ class PrivacyPolicy:
                 "privacy.clip"
             )
 
+    def _check_weighting(self, name: str, weighting: str) -> None:
+        if name in ROBUST_STRATEGIES:
+            if self.weight_cap:
+                raise ValueError(f"privacy.weight_cap weighs FedAvg's updates, and strategy {name} is unweighted: "
+                                 "remove privacy.weight_cap")  # fmt: skip
+        elif weighting == "samples" and not self.weight_cap:
+            raise ValueError(
+                'privacy with strategy.weighting = "samples" needs privacy.weight_cap: the samples (objects for '
+                "detectors) at which an update counts fully, e.g. the median per agent (one with fewer counts "
+                "proportionally less, one with more counts once), so that no agent outweighs the clip bound; or "
+                'set strategy.weighting = "uniform"'
+            )
+        elif weighting != "samples" and self.weight_cap:
+            raise ValueError(
+                f'privacy.weight_cap caps sample weights, and strategy.weighting = "{weighting}" has none: remove '
+                'privacy.weight_cap or set strategy.weighting = "samples"'
+            )
+
+    def configure(self, strategy: Strategy) -> None:
+        """Under privacy, no update is folded early (the round's timing would count the clipped ones), and
+        weights are capped at ``weight_cap``."""
+        strategy.fold_on_accept = not self.enabled
+        strategy.weight_cap = self.weight_cap
+
     def bounds(self, policy: InfluencePolicy) -> InfluencePolicy:
-        """The influence policy the round uses: every update clipped to exactly S."""
-        return replace(policy, clip="fixed", clip_norm=self.clip) if self.enabled else policy
+        """The influence policy the round uses: every update clipped to exactly S, and no sample cap relative
+        to the round's claims (one agent's claim would move every other weight; ``bounds.max_samples``, the
+        same for every agent, stays)."""
+        return replace(policy, clip="fixed", clip_norm=self.clip, sample_multiple=0) if self.enabled else policy

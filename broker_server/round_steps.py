@@ -3,9 +3,10 @@
     bound influence → [keep agents' models] → aggregate → plan starts → check → [add DP noise
     → [adapt the clip] → [server step]] → [evaluate → export ONNX | agents' evaluation (partial aggregation)]
 
-Model-keeping strategies add ``KeepAgentModels``. ``[privacy]`` adds ``AddNoise`` after the check of the
-clipped average, so the evaluation and everything published see only the noisy model; a server
-optimizer then steps on the noisy average (``ServerStep``), and ``adaptive_clip`` adds ``AdaptClip``.
+Model-keeping strategies add ``KeepAgentModels``. ``[privacy]`` adds ``AddNoise`` (calibrated to the
+strategy's sensitivity) after the check of the clipped average, so the evaluation and everything
+published see only the noisy model; a server optimizer then steps on the noisy average (``ServerStep``),
+and ``adaptive_clip`` adds ``AdaptClip``.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def round_steps(
         CheckModel(policy, strategy.bounded_by_clip, private=private),
     ]
     if private:
-        steps.append(AddNoise(config.privacy))
+        steps.append(AddNoise(config.privacy, strategy.dp_sensitivity))
         if config.privacy.adaptive_clip:
             steps.append(AdaptClip(config.privacy))
         steps.append(ServerStep(strategy))

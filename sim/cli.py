@@ -31,7 +31,8 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
     bounds = dict(parse_option(o) for o in args.bounds_option)
     privacy = {key: value for key, value in (("clip", args.dp_clip), ("noise_multiplier", args.dp_noise),
                ("target_epsilon", args.dp_target_epsilon), ("delta", args.dp_delta),
-               ("adaptive_clip", args.dp_adaptive_clip or None)) if value is not None}  # fmt: skip
+               ("adaptive_clip", args.dp_adaptive_clip or None), ("weight_cap", args.dp_weight_cap))
+               if value is not None}  # fmt: skip
     local = {key: value for key, value in (("max_grad_norm", args.ldp_clip), ("noise_multiplier", args.ldp_noise),
              ("target_epsilon", args.ldp_target_epsilon)) if value is not None}  # fmt: skip
     return SimSettings(
@@ -214,6 +215,9 @@ def _add_sim_options(
     dp.add_argument("--dp-delta", type=float, metavar="D", help="delta of the reported (epsilon, delta); default 1e-5")
     dp.add_argument("--dp-adaptive-clip", action="store_true",
                     help="start at --dp-clip and follow the median update norm (Andrew et al. 2021)")  # fmt: skip
+    dp.add_argument("--dp-weight-cap", type=float, metavar="W",
+                    help="with weighting=samples: an update counts min(samples / W, 1), summed over a fixed "
+                         "denominator (DP-FedAvg with weights)")  # fmt: skip
     ldp = parser.add_argument_group("local differential privacy: DP-SGD on every agent ([privacy] of agent.toml)")
     ldp.add_argument("--ldp-noise", type=float, metavar="SIGMA", help="noise multiplier of each agent's DP-SGD")
     ldp.add_argument("--ldp-clip", type=float, metavar="C", help="per-sample gradient clip (default 1.0)")

@@ -147,9 +147,10 @@ class SimSettings:
             Codec.parse(self.codec)
         except CodecError as exc:
             raise ValueError(f"--codec: {exc}") from None
-        build_strategy(self.strategy)
         bounds = build(InfluencePolicy, self.bounds, where="bounds", strict=True)
-        build(PrivacyPolicy, self.privacy, where="privacy", strict=True).check_compatible(self.strategy, bounds)
+        privacy = build(PrivacyPolicy, self.privacy, where="privacy", strict=True)
+        build_strategy(privacy.strategy_table(self.strategy)[0])
+        privacy.check_compatible(self.strategy, bounds)
         local_dp = build(LocalPrivacySection, self.local_privacy, where="local_privacy", strict=True).enabled
         if local_dp and self.strategy.get("name") == "fedamn":
             raise ValueError("--strategy fedamn with local DP: the attention meta-network also trains on each "

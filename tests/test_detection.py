@@ -188,9 +188,11 @@ def test_detector_configs_that_cannot_work_fail_at_start(tmp_path, broker):
     override_toml(path, strategy={"name": "fedavg", "threshold": 1}, bounds={"clip": "fixed", "clip_norm": 5.0})
     load_server_config(path)
     override_toml(path, privacy={"clip": 5.0, "noise_multiplier": 1.0}, bounds={"clip": "adaptive"})
-    with pytest.raises(ConfigError, match="weighting"):  # object weights would let one agent outweigh the clip
+    with pytest.raises(ConfigError, match="privacy.weight_cap"):  # uncapped object weights outweigh the clip
         load_server_config(path)
-    override_toml(path, strategy={"weighting": "uniform"})
+    override_toml(path, privacy={"weight_cap": 20.0})  # SmartFed's object weighting, each capped at 20 objects
+    load_server_config(path)
+    override_toml(path, strategy={"weighting": "uniform"}, privacy={"weight_cap": 0.0})
     load_server_config(path)
     path.write_text(original)
     fed.close()

@@ -29,10 +29,10 @@ from tests.fedharness import override_toml
 from tests.test_engine import completed as random_update
 
 
-def completed(engine: RoundEngine, agent: str, seed: int):  # noqa: ANN201
+def completed(engine: RoundEngine, agent: str, seed: int, samples: int = 100):  # noqa: ANN201
     """A random update that leaves BatchNorm running variances alone: after noise some are exactly zero,
     and a random change would then make them negative (refused, as an honest agent's never is)."""
-    update = random_update(engine, agent, seed)
+    update = random_update(engine, agent, seed, samples=samples)
     arrays, meta = loads(bytes(update.data))
     arrays = {k: np.zeros_like(v) if k.endswith("running_var") else v for k, v in arrays.items()}
     data = dumps(arrays, metadata=meta)
@@ -92,11 +92,13 @@ def test_the_noise_step_adds_gaussian_noise_of_z_times_s_over_n_and_keeps_runnin
 @pytest.mark.parametrize(
     "strategy, bounds, message",
     [
-        ({}, InfluencePolicy(), "privacy needs strategy.name = one of fedavg, .* not 'auto'"),
-        ({"name": "median", "weighting": "uniform"}, InfluencePolicy(), "not 'median'"),
+        ({"name": "auto"}, InfluencePolicy(), "privacy cannot run strategy.name = 'auto': .*remove strategy.name"),
+        ({"f": 3}, InfluencePolicy(), "privacy cannot run strategy.name = 'auto'"),  # auto's options: not defaulted
+        ({"name": "centered-clip"}, InfluencePolicy(), "'centered-clip': .* Use fedavg with weighting = .uniform."),
         ({"name": "fedswap", "weighting": "uniform", "aggregate": "krum"}, InfluencePolicy(),
          "strategy.aggregate = one of .*not 'krum'"),
-        ({"name": "fedavg"}, InfluencePolicy(), 'privacy needs strategy.weighting = "uniform"'),
+        ({"name": "demlearn"}, InfluencePolicy(), "privacy cannot run strategy.name = 'demlearn'"),
+        ({"name": "fedavg"}, InfluencePolicy(), 'strategy.weighting = "samples" needs privacy.weight_cap'),
         ({"name": "fedavg", "weighting": "uniform"}, InfluencePolicy(clip="off"), "bounds.clip must be left"),
         ({"name": "fedavg", "weighting": "uniform"}, InfluencePolicy(max_change_norm=5.0), "bounds.max_change_norm"),
         ({"name": "fedavg", "weighting": "uniform"}, InfluencePolicy(max_update_norm=5.0), "bounds.max_update_norm"),

@@ -128,6 +128,9 @@ class Strategy(ABC):
     # over each agent's own start model, and ``Contribution.model`` holds its model after the round.
     keeps_models: ClassVar[bool] = False
     last_round: int = 0  # ``server.rounds`` (0: no end): a schedule that must end on a published model knows where
+    # Under differential privacy with ``privacy.weight_cap`` = ŵ: an update weighs min(weight / ŵ, 1) and the
+    # weighted sum is divided by the number of updates (DP-FedAvg's fixed denominator; FedAvg and its kin).
+    weight_cap: float = 0.0
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -166,6 +169,12 @@ class Strategy(ABC):
         """``aggregate`` up to a server optimizer's step (all of it for strategies without one): under
         differential privacy the noise is added to this, and ``server_step`` is post-processing."""
         return self.aggregate(global_vector, contributions)
+
+    def dp_sensitivity(self, updates: int, clip: float) -> float | None:
+        """How far one agent can move ``average``'s result (L2) when ``updates`` updates clipped to ``clip`` are
+        aggregated: differential privacy's noise is calibrated to it (``broker_server.dp_sensitivity``).
+        None: no useful bound, and ``[privacy]`` refuses the strategy."""
+        return None
 
     def server_step(self, global_vector: np.ndarray, averaged: RoundResult) -> RoundResult:
         """The server optimizer's step from ``global_vector`` given the round's ``average`` (none here)."""

@@ -8,6 +8,11 @@ coefficient differs (deferred ones, or ones the final clip bound or sample cap r
 from the stored update. If a tentative coefficient was far larger than the exact one, the sum is
 rebuilt from the stored updates instead, so no large value is ever cancelled in float32.
 
+Under differential privacy with ``privacy.weight_cap`` ŵ (DP-FedAvg with weights, McMahan, Ramage,
+Talwar & Zhang, ICLR 2018, arXiv:1710.06963, Alg. 1's fixed-denominator estimator): an update weighs
+wₖ = min(nₖ / ŵ, 1) for its capped sample (or object) count nₖ, and the weighted sum is divided by the
+number of updates n, not by Σ wₖ. Why n and the sensitivity S/n: ``broker_server.dp_sensitivity``.
+
 Memory: one float32 vector the size of the model, whatever the number of agents (updates wait on disk).
 """
 
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from broker_server.bounds import Tentative
+from broker_server.dp_sensitivity import mean_sensitivity
 from broker_server.onepass import Fold, axpy
 from broker_server.strategies.base import Contribution, RoundResult, Strategy
 from models.weights import TensorSpec
@@ -47,7 +53,12 @@ class FedAvg(Strategy):
         self._sum = np.zeros(0, np.float32)
 
     def weight(self, samples: float) -> float:
-        return float(samples) if self.options.weighting == "samples" else 1.0
+        if self.options.weighting == "uniform":
+            return 1.0
+        return min(max(samples / self.weight_cap, 0.0), 1.0) if self.weight_cap else float(samples)
+
+    def dp_sensitivity(self, updates: int, clip: float) -> float:
+        return mean_sensitivity(updates, clip)
 
     def begin(self, global_vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> None:
         self._sum = np.zeros_like(global_vector, dtype=np.float32)
@@ -71,7 +82,7 @@ class FedAvg(Strategy):
             if target != already:
                 axpy(c.delta, self._sum, float(target - already))
                 corrected += 1
-        total = float(weights.sum())
+        total = float(len(contributions) if self.weight_cap else weights.sum())  # DP-FedAvg: a fixed denominator
         if total <= 0:
             return RoundResult(global_vector.copy())
         new = global_vector + self._sum * np.float32(1.0 / total)

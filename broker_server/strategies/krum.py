@@ -5,6 +5,7 @@ f is the number of Byzantine agents to tolerate; Multi-Krum averages the ``keep`
 (default n - f; El Mhamdi et al., 2018, arXiv:1802.07927). Distances are taken between the clipped
 deltas. The guarantee needs n ≥ 2f + 3; with fewer updates f is lowered to (n - 3) // 2 for that round
 and the metrics say so (``f_used``). The kept agents are listed in ``metrics.aggregation.selected``.
+Under differential privacy the noise is calibrated to Multi-Krum's sensitivity (``broker_server.dp_sensitivity``).
 
 Memory: updates stay on disk and are read twice in column blocks (once for the n x n Gram matrix, once
 to average the kept ones): about 32 MB of RAM plus 8·n² bytes.
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from broker_server.dp_sensitivity import multi_krum_sensitivity
 from broker_server.strategies.base import Contribution, RoundResult, Strategy, column_blocks
 from broker_server.strategies.choice import krum_f_used
 
@@ -68,6 +70,13 @@ class MultiKrum(Strategy):
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
         return self.aggregate_with(global_vector, contributions, gram_matrix(contributions))
 
+    def kept(self, updates: int) -> int:
+        """How many of ``updates`` best-scored updates are averaged."""
+        return min(self.options.keep or updates - krum_f_used(self.options.f, updates), updates)
+
+    def dp_sensitivity(self, updates: int, clip: float) -> float:
+        return multi_krum_sensitivity(updates, self.kept(updates), clip)
+
     def aggregate_with(
         self, global_vector: np.ndarray, contributions: list[Contribution], gram: np.ndarray
     ) -> RoundResult:
@@ -75,7 +84,7 @@ class MultiKrum(Strategy):
         n = len(contributions)
         f = krum_f_used(self.options.f, n)
         scores = krum_scores(squared_distances(gram), f)
-        keep = min(self.options.keep or n - f, n)
+        keep = self.kept(n)
         chosen = np.sort(np.argsort(scores, kind="stable")[:keep])
         new = global_vector.copy()
         for start, stop, block in column_blocks(contributions):

@@ -3,7 +3,9 @@
 Each coordinate of the new delta is the median of that coordinate over the round's clipped deltas
 ("Byzantine-Robust Distributed Learning: Towards Optimal Statistical Rates", ICML 2018), so fewer
 than half of the agents cannot drag any coordinate outside the range of the honest values. Unweighted:
-sample counts play no part, so an inflated claim buys nothing.
+sample counts play no part, so an inflated claim buys nothing. Under differential privacy it is the trimmed
+mean that keeps one value (two for even n), and its noise is n/2 to n times FedAvg's
+(``broker_server.dp_sensitivity``): of the order of the clip bound on every value, whatever the fleet.
 
 Memory: every update of the round stays in the on-disk update store; aggregation reads them in column
 blocks (``column_blocks``), about 32 MB of RAM whatever the number of agents, plus the result vector.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from broker_server.dp_sensitivity import trimmed_mean_sensitivity
 from broker_server.strategies.base import Contribution, RoundResult, Strategy, column_blocks
 
 
@@ -24,3 +27,6 @@ class FedMedian(Strategy):
         for start, stop, block in column_blocks(contributions):
             new[start:stop] += np.median(block, axis=0)
         return RoundResult(new)
+
+    def dp_sensitivity(self, updates: int, clip: float) -> float:
+        return trimmed_mean_sensitivity(updates, (updates - 1) // 2, clip)

@@ -132,6 +132,11 @@ class ModelSwapping(Strategy):
     def server_step(self, global_vector: np.ndarray, averaged: RoundResult) -> RoundResult:
         return self.inner.server_step(global_vector, averaged)
 
+    def dp_sensitivity(self, updates: int, clip: float) -> float | None:
+        """An average round's: each model is an earlier release plus its owner's clipped change (``noise.release``),
+        so the mean of the models moves as the mean of clipped deltas does (``privacy`` admits only means)."""
+        return self.inner.dp_sensitivity(updates, clip)
+
     def on_commit(self, result: RoundResult) -> None:
         if self._published:  # a server optimizer's moments, centered clipping's reference: average rounds only
             self.inner.on_commit(result)
