@@ -126,12 +126,17 @@ def test_every_measure_matches_its_per_pair_formula(layer, metric):
     np.testing.assert_array_equal(fast, fast.T)
 
 
+def stack_and_rotation(layer: tuple, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A random stack of agents' layers and an orthogonal matrix of its fan-in's size."""
+    stack = random_stack(*layer)
+    fan_in = stack.shape[2]
+    return stack, ortho_group.rvs(fan_in, random_state=seed) if fan_in > 1 else np.array([[-1.0]])
+
+
 @PROPERTY
 @given(LAYERS, st.integers(0, 2**31 - 1), st.floats(0.01, 100.0))
 def test_cka_cca_and_rbf_cka_ignore_each_agents_own_rotation_and_scaling(layer, seed, scale):
-    stack = random_stack(*layer)
-    fan_in = stack.shape[2]
-    rotation = ortho_group.rvs(fan_in, random_state=seed) if fan_in > 1 else np.array([[-1.0]])
+    stack, rotation = stack_and_rotation(layer, seed)
     moved = stack.copy()
     moved[0] = scale * stack[0] @ rotation  # agent 0 alone
     for metric in (linear_cka, rbf_cka, mean_canonical_correlation):
@@ -141,9 +146,7 @@ def test_cka_cca_and_rbf_cka_ignore_each_agents_own_rotation_and_scaling(layer, 
 @PROPERTY
 @given(LAYERS, st.integers(0, 2**31 - 1), st.floats(0.01, 100.0))
 def test_dcka_ignores_a_common_rotation_and_each_agents_scaling(layer, seed, scale):
-    stack = random_stack(*layer)
-    fan_in = stack.shape[2]
-    rotation = ortho_group.rvs(fan_in, random_state=seed) if fan_in > 1 else np.array([[-1.0]])
+    stack, rotation = stack_and_rotation(layer, seed)
     moved = stack @ rotation  # every agent alike: the shared start is rotated too
     moved[0] *= scale
     np.testing.assert_allclose(deconfounded_cka(moved), deconfounded_cka(stack), atol=1e-7)

@@ -87,10 +87,7 @@ def test_swap_hands_each_agent_its_partners_model_sealed_to_it_and_survives_kill
         server = _start_server_process(fed.layout.server_config, log)
         assert server.wait(180) == 0, log.read_text()[-3000:]
     finally:
-        if server.poll() is None:
-            server.kill()
-        sniffer.close()
-        fed.close()
+        _stop(server, sniffer, fed)
 
     metrics = fed.metrics()
     assert [(m.round, m.action) for m in metrics] == [(1, "swap"), (2, "swap"), (3, "average")]
@@ -136,10 +133,7 @@ def test_local_rounds_upload_nothing_and_the_next_upload_carries_their_training(
     try:
         assert server.wait(180) == 0, log.read_text()[-3000:]
     finally:
-        if server.poll() is None:
-            server.kill()
-        sniffer.close()
-        fed.close()
+        _stop(server, sniffer, fed)
 
     metrics = fed.metrics()
     assert [(m.round, m.action) for m in metrics] == [(1, "local"), (2, "swap"), (3, "local"), (4, "average")]
@@ -154,6 +148,13 @@ def test_local_rounds_upload_nothing_and_the_next_upload_carries_their_training(
     trainers = {a.id: a.runner.trainer for a in fed.agents}
     for agent, kept in results.items():  # round 2 trained on from the local round's model, and so did round 4
         assert _identical(trainers[agent].bases[2], kept[0]) and _identical(trainers[agent].bases[4], kept[1])
+
+
+def _stop(server, sniffer: Sniffer, fed: Federation) -> None:  # noqa: ANN001
+    if server.poll() is None:
+        server.kill()
+    sniffer.close()
+    fed.close()
 
 
 def _record_slot(agent, slot: str) -> list[NamedArrays]:  # noqa: ANN001
