@@ -123,9 +123,12 @@ class PrivacyPolicy:
                 'strategy.weighting = "uniform": the model must come from the plain average of the clipped updates '
                 "(docs/privacy.md says why others do not)"
             )
-        if strategy.get("weighting", "samples") != "uniform":
+        weighting_key, weighting = "weighting", strategy.get("weighting", "samples")
+        if key == "aggregate" and "weighting" in strategy.get("aggregate_options", {}):  # overrides it (swapping)
+            weighting_key, weighting = "aggregate_options.weighting", strategy["aggregate_options"]["weighting"]
+        if weighting != "uniform":
             raise ValueError(
-                'privacy needs strategy.weighting = "uniform": weighting by claimed samples lets one agent '
+                f'privacy needs strategy.{weighting_key} = "uniform": weighting by claimed samples lets one agent '
                 "outweigh the clip bound"
             )
         if bounds.clip == "off" or (bounds.clip == "fixed" and bounds.clip_norm != self.clip):
