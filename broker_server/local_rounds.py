@@ -43,11 +43,14 @@ class LocalRounds:
     next_round: int
     run_id: str
     outputs_pending: set[str]
+    _last_metrics: dict | None
 
     def continues(self) -> bool:
-        """Whether the open round's agents train on from their local rounds' models (the round before was one)."""
-        rs = self.round_state
-        return rs is not None and rs.round > 1 and self.strategy.action(rs.round - 1) == "local"
+        """Whether the open round's agents train on from their local rounds' models: the round before was one, as
+        it closed (not as the schedule says now: a run's last round averages, and ``server.rounds`` may be
+        raised after it to go on with the run)."""
+        rs, last = self.round_state, self._last_metrics or {}
+        return rs is not None and last.get("round") == rs.round - 1 and last.get("action") == "local"
 
     def global_downloads(self) -> int:
         """How many selected agents download the global model for the open round: those that start from it,
