@@ -152,9 +152,6 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
             if status is not None and status != previous and status.state in ("failed", "declined"):
                 self._round_change(f"{agent} excused", lambda: self.engine.gave_up(
                     agent, status.round, f"reported its training {status.state}"))  # fmt: skip
-            elif status is not None and status != previous and self.engine.awaits_local(agent):
-                self._round_change(f"{agent} trained locally", lambda: self.engine.trained_locally(
-                    agent, status.run_id, status.last_completed_round))  # fmt: skip
         elif topic == self.topics.agent_update(agent):
             self._on_update_chunk(agent, payload)
 
@@ -177,6 +174,9 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
                 self.engine.flush_outputs()
         for completed in list(self._unsaved.values()):
             self._accept(completed)
+        if trained := self.engine.trained_news(self.registry.status):  # a local round (``local_rounds``)
+            with self.disk.writing(now, self.engine.durably(f"{','.join(trained)} trained locally")):
+                self.engine.trained_locally(trained)
         action = self.engine.decide(now)
         if action == "idle" and not self.engine.finished:
             self.phase = "waiting-for-agents"
@@ -300,8 +300,8 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
             self._close(self.clock())  # of K takes exactly K updates
 
     def _round_change(self, what: str, change: Callable[[], bool]) -> None:
-        """An agent's news changes the open round (it gave up, ``RoundEngine.gave_up``, or trained a local
-        round, ``trained_locally``): written durably, and the round closed at once if nobody is left to wait for."""
+        """An agent's news changes the open round (it gave up, ``RoundEngine.gave_up``): written durably, and
+        the round closed at once if nobody is left to wait for."""
         changed = False
         with self.disk.writing(self.clock(), self.engine.durably(what)):
             changed = change()

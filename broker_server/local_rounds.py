@@ -2,7 +2,7 @@
 
 The thesis's traffic saving (§4-9-1: (h1 − 1)/h1 of FedAvg's) rests on it. A local round's task is
 published as any other; each selected agent trains on from its own newest model and keeps the result on
-its device; its signed status (``last_completed_round``) tells the server it did (``trained_locally``),
+its device; its signed status (``last_completed_round``) tells the server it did (``trained_news``),
 and the round closes once nobody is waited for, or at the deadline, like any round — with nothing to
 aggregate, no model published, no privacy spent, and ``bytes_up`` 0. The server's record of every agent
 (its assignment: the last model the server named to it) stays as it was: the next round's task says
@@ -14,6 +14,7 @@ change since the server last saw it. Mixed into ``RoundEngine``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import replace
 
@@ -28,7 +29,7 @@ from broker_server.metrics_log import round_metrics
 from broker_server.pipeline import RoundContext
 from broker_server.rounds import RoundState
 from broker_server.strategies.base import Strategy
-from protocol.messages import RoundMetrics
+from protocol.messages import AgentStatus, RoundMetrics
 
 
 class LocalRounds:
@@ -42,11 +43,14 @@ class LocalRounds:
     next_round: int
     run_id: str
     outputs_pending: set[str]
+    _last_metrics: dict | None
 
     def continues(self) -> bool:
-        """Whether the open round's agents train on from their local rounds' models (the round before was one)."""
-        rs = self.round_state
-        return rs is not None and rs.round > 1 and self.strategy.action(rs.round - 1) == "local"
+        """Whether the open round's agents train on from their local rounds' models: the round before was one, as
+        it closed (not as the schedule says now: a run's last round averages, and ``server.rounds`` may be
+        raised after it to go on with the run)."""
+        rs, last = self.round_state, self._last_metrics or {}
+        return rs is not None and last.get("round") == rs.round - 1 and last.get("action") == "local"
 
     def global_downloads(self) -> int:
         """How many selected agents download the global model for the open round: those that start from it,
@@ -55,20 +59,22 @@ class LocalRounds:
         assert rs is not None
         return 0 if self.continues() else sum(self.needs_global(agent) for agent in rs.selected)
 
-    def awaits_local(self, agent: str) -> bool:
-        """Whether the open round is a ``local`` one that still waits for ``agent`` (its status may end that)."""
+    def trained_news(self, status_of: Callable[[str], AgentStatus | None]) -> list[str]:
+        """The agents the open ``local`` round still waits for whose standing signed status (``status_of``) says
+        they trained it (``last_completed_round`` of this server run). Read on every tick rather than once per
+        status message, so a status whose news could not be written at once (the disk full, say) still counts."""
         rs = self.round_state
-        return rs is not None and rs.action == "local" and agent in rs.pending
+        if rs is None or rs.action != "local":
+            return []
+        done = (self.run_id, rs.round)
+        return [a for a in rs.pending if (s := status_of(a)) is not None and (s.run_id, s.last_completed_round) == done]
 
-    def trained_locally(self, agent: str, run_id: str, completed_round: int) -> bool:
-        """``agent``'s signed status says it trained round ``completed_round`` of server run ``run_id``: if that is
-        the open ``local`` round, it is not waited for any more. False if that is not news."""
+    def trained_locally(self, agents: list[str]) -> None:
+        """``agents`` trained the open ``local`` round (``trained_news``): they are not waited for any more."""
         rs = self.round_state
-        if rs is None or not self.awaits_local(agent) or (run_id, completed_round) != (self.run_id, rs.round):
-            return False
-        rs.trained.append(agent)
+        assert rs is not None and rs.action == "local"
+        rs.trained.extend(a for a in agents if a in rs.pending)
         self.checkpoint()
-        return True
 
     def close_local(self, now: float, model_wire_bytes: int) -> RoundMetrics:
         """End a ``local`` round: agents that trained it start the next from what they hold (their assignments

@@ -181,10 +181,13 @@ class PrivacyPolicy:
                 f"not {aggregate!r}: an average round's model must be the plain mean of the agents' models "
                 "(docs/privacy.md, Model swapping)"
             )
-        if strategy.get("weighting", "samples") != "uniform" or self.weight_cap:
+        weighting_key, weighting = "weighting", strategy.get("weighting", "samples")
+        if "weighting" in strategy.get("aggregate_options", {}):  # it overrides the swapping strategy's own
+            weighting_key, weighting = "aggregate_options.weighting", strategy["aggregate_options"]["weighting"]
+        if weighting != "uniform" or self.weight_cap:
             raise ValueError(
-                f'privacy needs strategy.weighting = "uniform" (and no privacy.weight_cap) with strategy {name!r}: '
-                "a swapped model is released with noise of one agent's clip, whatever its weight"
+                f'privacy needs strategy.{weighting_key} = "uniform" (and no privacy.weight_cap) with strategy '
+                f"{name!r}: a swapped model is released with noise of one agent's clip, whatever its weight"
             )
         if self.adaptive_clip:
             raise ValueError(

@@ -72,6 +72,11 @@ class AgentRegistry:
     def agents(self) -> dict[str, AgentStatus]:
         return {agent: seen.status for agent, seen in self.seen.items()}
 
+    def status(self, agent: str) -> AgentStatus | None:
+        """``agent``'s newest status, if any is in force."""
+        seen = self.seen.get(agent)
+        return seen.status if seen is not None else None
+
     def update(self, agent: str, payload: bytes, now: float) -> tuple[AgentStatus | None, AgentStatus | None]:
         """Fold in one status message of an enrolled agent; return ``(previous, current)`` (current None
         when cleared). ``StatusRefused`` if it is not signed by the agent, malformed, or a replay."""

@@ -82,7 +82,7 @@ def _deliver(engine: RoundEngine, agent: InProcessAgent, task: RoundTask) -> Non
     result = agent.trainer.train(train_from, task, context)
     if task.action == "local":  # trained on, kept here, nothing uploaded (``broker_server.local_rounds``)
         agent.continued = (start.sha256, result.arrays)
-        engine.trained_locally(agent.name, engine.run_id, task.round)
+        engine.trained_locally([agent.name])
         return
     local_delta = agent.budget.policy.delta if agent.budget is not None else None
     base_sha256 = "" if start.source == "global" else start.sha256

@@ -54,6 +54,9 @@ def test_swapping_under_dp_releases_each_model_with_z_s_and_charges_once_per_rou
         ({"name": "fedswap"}, {}, 'privacy needs strategy.weighting = "uniform"'),
         ({"name": "fedswap", "weighting": "uniform"}, {"adaptive_clip": True},
          "privacy.adaptive_clip does not work with strategy 'fedswap'"),
+        # the average rounds' own weighting (``aggregate_options``) would weight by claimed samples (review)
+        ({"name": "fedswap", "weighting": "uniform", "aggregate_options": {"weighting": "samples"}}, {},
+         'privacy needs strategy.aggregate_options.weighting = "uniform"'),
     ],
 )
 def test_swapping_configurations_without_a_guarantee_are_refused(strategy, privacy, message):
