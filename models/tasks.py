@@ -6,7 +6,8 @@ inference (``agent.infer``) decide by model name without importing PyTorch.
 
 TASKS = ("classify", "detect")
 ONNX_FORMAT = "skyfed-onnx/1"  # metadata "format" of every ONNX file models.onnx_export writes
-CLASSIFIERS = ("fedavg_cnn", "digits_cnn", "mlp_digits", "mlp_mnist", "mnist1d_cnn")  # built by models.zoo
+CLASSIFIERS = ("fedavg_cnn", "digits_cnn", "mlp_digits", "mlp_mnist", "mnist1d_cnn",  # built by models.zoo
+               "thesis_mlp_digits", "thesis_cnn_digits", "thesis_mlp_mnist1d", "thesis_cnn_mnist1d")  # seed 004
 PARTS = ("full", "backbone", "head")  # what of a detector is averaged (server.share); the rest stays local
 YOLO_YAMLS = {name: f"{name}.yaml" for name in ("yolov8n", "yolov8s", "yolo11n", "yolo11s")}  # Ultralytics' own
 

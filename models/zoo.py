@@ -100,6 +100,34 @@ class MLP(nn.Module):
         return self.net(x)
 
 
+class ThesisCNN(nn.Module):
+    """Seed 004's CNN (the SimFedSwap thesis, §5 "Conv"), no BatchNorm: conv 3 (32) → ReLU → max-pool 2 →
+    conv 3 (64) → ReLU → max-pool 2 → Linear(100) → ReLU → Linear(classes).
+
+    ``dims`` 2 is the thesis's network on 1x8x8 digits, ``dims`` 1 its 1-D analogue (Conv1d, pool 2) on
+    MNIST-1D's 1x40 signals. The thesis ran it on 28x28 MNIST and never states the padding; here every
+    convolution pads by 1 ("same"), so two 2x pools fit the 8x8 digits (8 → 4 → 2; unpadded, 8 → 6 → 3 → 1
+    would leave nothing for the second pool) and MNIST-1D keeps 40 → 20 → 10 positions. The thesis's softmax
+    layer is left to the loss (cross-entropy on logits), as in every classifier here.
+    """
+
+    def __init__(self, dims: int, length: int, num_classes: int = 10) -> None:
+        super().__init__()
+        conv, pool = (nn.Conv1d, nn.MaxPool1d) if dims == 1 else (nn.Conv2d, nn.MaxPool2d)
+        self.features = nn.Sequential(
+            conv(1, 32, 3, padding=1), nn.ReLU(), pool(2), conv(32, 64, 3, padding=1), nn.ReLU(), pool(2)
+        )
+        self.classifier = nn.Sequential(
+            nn.Linear(64 * (length // 4) ** dims, 100), nn.ReLU(), nn.Linear(100, num_classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x).flatten(1))
+
+
+THESIS_MLP_HIDDEN = (256, 128, 64)  # seed 004's MLP: Flatten → 256 → 128 → 64 → classes, ReLU, no BatchNorm
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -119,6 +147,10 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec("mlp_digits", (1, 8, 8), lambda n: MLP(64, (64,), n)),
         ModelSpec("mlp_mnist", (1, 28, 28), lambda n: MLP(784, (200, 200), n)),
         ModelSpec("mnist1d_cnn", (1, 40), Mnist1dCNN),
+        ModelSpec("thesis_mlp_digits", (1, 8, 8), lambda n: MLP(64, THESIS_MLP_HIDDEN, n)),
+        ModelSpec("thesis_cnn_digits", (1, 8, 8), lambda n: ThesisCNN(2, 8, n)),
+        ModelSpec("thesis_mlp_mnist1d", (1, 40), lambda n: MLP(40, THESIS_MLP_HIDDEN, n)),
+        ModelSpec("thesis_cnn_mnist1d", (1, 40), lambda n: ThesisCNN(1, 40, n)),
         *(_yolo(name) for name in YOLO_YAMLS),
     )
 }

@@ -45,6 +45,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         epochs=args.epochs,
         batch_size=args.batch_size or 0,
         lr=args.lr or 0.0,
+        momentum=args.momentum,
         keep_momentum=args.keep_momentum,
         fraction=args.fraction,
         deadline_s=args.deadline,
@@ -175,6 +176,8 @@ def _add_sim_options(
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=None, help="default: 32 (classify), 16 (detect)")
     parser.add_argument("--lr", type=float, default=None, help="default: 0.05 (classify), 0.01 (detect)")
+    parser.add_argument("--momentum", type=float, default=0.9, metavar="BETA",
+                        help="agents' SGD momentum, in [0, 1) (default 0.9; 0: plain SGD)")  # fmt: skip
     parser.add_argument("--keep-momentum", action="store_true",
                         help="agents carry their SGD momentum across rounds (training.keep_momentum)")  # fmt: skip
     parser.add_argument("--image-size", type=int, default=160, help="detect: image and model input size (pixels)")

@@ -109,6 +109,8 @@ class SimSettings:
             raise ValueError(f"--agents-per-process must be >= 1, got {self.agents_per_process}")
         if self.rounds < 1:
             raise ValueError(f"--rounds must be >= 1, got {self.rounds}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"--momentum must be in [0, 1) (0: plain SGD), got {self.momentum}")
         if not 0 <= self.attackers < self.agents:
             raise ValueError(
                 f"--attackers must be between 0 and --agents - 1 ({self.agents - 1}), got {self.attackers}"

@@ -192,3 +192,19 @@ def test_train_sgd_with_partial_work_runs_that_share_of_the_mini_batches():
                   device=torch.device("cpu"), work=work)  # fmt: skip
         steps.append(len(calls))
     assert steps == [26, 7, 1]  # 13 mini-batches per epoch; ceil(0.25 * 26) = 7; never less than one
+
+
+@pytest.mark.parametrize(
+    ("name", "weights"),
+    [  # seed 004's layers: MLP 256-128-64; CNN conv 32, conv 64 (3 wide, padded 1), two 2x pools, FC 100
+        ("thesis_mlp_digits", [(256, 64), (128, 256), (64, 128), (10, 64)]),
+        ("thesis_mlp_mnist1d", [(256, 40), (128, 256), (64, 128), (10, 64)]),
+        ("thesis_cnn_digits", [(32, 1, 3, 3), (64, 32, 3, 3), (100, 64 * 2 * 2), (10, 100)]),
+        ("thesis_cnn_mnist1d", [(32, 1, 3), (64, 32, 3), (100, 64 * 10), (10, 100)]),
+    ],
+)
+def test_the_thesis_models_have_its_layers_and_no_batchnorm(name, weights):
+    model = build_model(name)
+    assert [tuple(p.shape) for n, p in model.named_parameters() if n.endswith("weight")] == weights
+    assert not list(model.buffers())  # no BatchNorm statistics (or any other buffer): plain weights only
+    assert model(torch.zeros(3, *input_shape(name))).shape == (3, 10)

@@ -194,6 +194,7 @@ def test_sim_with_central_dp_reports_epsilon_and_stops_when_the_budget_is_spent(
         (["--dp-clip", "1", "--dp-noise", "1", "--strategy", "centered-clip"],
          "privacy cannot run strategy.name = 'centered-clip'"),
         (["--dp-clip", "1", "--dp-noise", "1", "--strategy-option", "weighting=samples"], "needs privacy.weight_cap"),
+        (["--momentum", "1"], "--momentum must be in [0, 1) (0: plain SGD), got 1.0"),
         (["--dp-noise", "1"], "privacy.clip must be > 0 to turn differential privacy on"),
         (["--ldp-target-epsilon", "3"], "privacy.target_epsilon needs privacy.noise_multiplier > 0"),
         (["--ldp-noise", "1", "--ldp-clip", "0"], "privacy.max_grad_norm must be > 0"),
@@ -206,6 +207,19 @@ def test_sim_refuses_bad_arguments_with_a_message(args, message):
     result = skyfed("sim", *args, timeout=60)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_momentum_and_a_thesis_model_reach_the_servers_training_settings(tmp_path):
+    """``--momentum 0`` (plain SGD, seed 004's optimizer) is what the server sends agents; it was 0.9, unsettable."""
+    from common import toml
+
+    out = tmp_path / "run"
+    result = skyfed("sim", "--in-process", "--agents", "2", "--rounds", "1", "--momentum", "0", "--lr", "0.001",
+                    "--model", "thesis_cnn_digits", "--out", str(out), timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    server = toml.loads((out / "federation" / "server" / "server.toml").read_text())
+    assert server["training"]["momentum"] == 0 and server["training"]["lr"] == 0.001
+    assert server["server"]["model"] == "thesis_cnn_digits" and len(metrics_rows(out)) == 1
 
 
 def test_an_out_folder_that_cannot_be_made_is_one_line_not_a_traceback(tmp_path):
