@@ -23,6 +23,7 @@ from scipy.linalg.blas import sdot
 
 from broker_server.agent_models import Assignment, Holding, ModelBank
 from broker_server.bounds import Influence, InfluencePolicy, bound_influence, lower_median
+from broker_server.onepass import axpy
 from broker_server.rounds import RoundState
 from broker_server.strategies.base import Contribution, KeptModels, RoundResult, StartPlan, Strategy
 from broker_server.validation import UpdateRejected, check_invariants, positive_ranges
@@ -205,7 +206,9 @@ class PlanStarts(Step):
         ctx.aggregate_s += time.perf_counter() - started  # the strategy's time: DemLearn's clustering, say
         ctx.step_detail.update(ctx.plan.detail)
         if ctx.released and not ctx.plan.publish and ctx.result is not None:  # what the round shows: what left
-            mean = np.mean([self.bank.vector(h) for h in ctx.released.values()], axis=0, dtype=np.float32)
+            mean = np.zeros_like(ctx.result.global_vector, dtype=np.float32)  # one model in RAM, not all of them
+            for holding in ctx.released.values():
+                axpy(self.bank.vector(holding), mean, 1.0 / len(ctx.released))
             ctx.result = replace(ctx.result, global_vector=mean)
 
     def _release(self, ctx: RoundContext, agent: str) -> Holding:
