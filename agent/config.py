@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.device import check_device_spec
-from agent.local_dp import LocalPrivacySection
 from agent.telemetry import GatePolicy, TelemetrySection, check_gate_sources
+from participant.local_dp import LocalPrivacySection
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
 from protocol.mqtt import BrokerSettings
 from protocol.topics import check_level
@@ -46,7 +46,7 @@ WORKERS = ("adaptive", "per-round", "warm")
 class TrainingSection:
     trainer: str = "classifier"  # classifier: agent.data is an .npz; detector: a YOLO data.yaml
     device: str = "auto"  # auto | cpu | cuda | cuda:N (agent.device)
-    amp: bool = False  # detector on CUDA: fp16 mixed precision, its loss scale kept across rounds (agent.detector)
+    amp: bool = False  # detector on CUDA: fp16 mixed precision, its loss scale kept across rounds
     threads: int = 0
     onnx: bool = True  # keep the newest global model as state_dir/global_model.onnx for `skyfed agent infer`
     worker: str = "adaptive"  # the training child's life (agent.runner): adaptive, per-round or warm

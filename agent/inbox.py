@@ -15,9 +15,9 @@ import logging
 from collections.abc import Callable
 
 from agent.start_models import StartModelRefused, StartModels
-from agent.trainer import PeerContext
 from models.serialization import SerializationError, loads
 from models.weights import NamedArrays, float_part
+from participant.trainer import PeerContext
 from protocol.messages import AgentStart, RoundTask
 from protocol.transfer import Completed, Reassembler, TransferLimits, TransferRejected
 from security.envelope import Opener

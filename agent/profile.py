@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.config import AgentConfig
-from agent.local_dp import LocalPrivacySection
 from common.files import read_json
 from models.datasets import load_dataset
 from models.tasks import task_of
 from models.yolo_dataset import class_counts, load_data_yaml
+from participant.local_dp import LocalPrivacySection
 from protocol.config import ConfigError
 from protocol.messages import RoundTask
 from security.keys import Identity, PublicIdentity

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Union
 
-from agent.trainer import PeerContext, Trainer, TrainingDeclined, TrainResult
+from flcore.update import TrainResult
 from models.serialization import load_file, save_file
 from models.weights import NamedArrays
+from participant.trainer import PeerContext, Trainer, TrainingDeclined
 from protocol.messages import RoundTask
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ def in_process_runner(config: AgentConfig) -> InProcessRunner:
     import torch
 
     from agent.device import torch_device
-    from agent.trainer import build_trainer
+    from agent.trainers import build_trainer
 
     if config.training.threads > 0:
         torch.set_num_threads(config.training.threads)

@@ -33,9 +33,9 @@ from agent.runner import (
     train_and_export,
     write_result,
 )
-from agent.trainer import PeerContext, Trainer
 from models.serialization import load_file
 from models.yolo import ultralytics_offline
+from participant.trainer import PeerContext, Trainer
 from protocol.daemon import configure_logging
 from protocol.messages import RoundTask
 

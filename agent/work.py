@@ -34,7 +34,7 @@ import paho.mqtt.client as paho
 
 from agent.runner import Cancelled, Declined, Failed, Job, Trained
 from agent.state import RESIDUAL_FILE
-from agent.trainer import TrainResult, encode_update
+from flcore.update import TrainResult, encode_update
 from models.weights import NamedArrays, advanced
 from protocol.messages import AgentStart, RoundTask
 from protocol.mqtt import MqttClient

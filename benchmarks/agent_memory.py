@@ -56,7 +56,7 @@ def wait_for_line(log: Path, text: str, timeout_s: float = 60.0) -> None:
 
 def baseline_idle_rss() -> int:
     """What the daemon held when it imported PyTorch and built its trainer itself (before issue 11)."""
-    code = "import agent.daemon, agent.classifier, models.zoo, torch; torch.zeros(1); import time; time.sleep(30)"
+    code = "import agent.daemon, participant.classifier, models.zoo, torch; torch.zeros(1); import time; time.sleep(30)"
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
     try:
         time.sleep(8.0)

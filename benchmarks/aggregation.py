@@ -22,13 +22,13 @@ import numpy as np
 
 from benchmarks.common import median_seconds, report
 from broker_server.accept import RoundInputs, accept_update
-from broker_server.bounds import InfluencePolicy, bound_influence
-from broker_server.rounds import RoundState
-from broker_server.strategies import build_strategy
-from broker_server.strategies.base import Contribution
+from flcore.bounds import InfluencePolicy, bound_influence
+from flcore.rounds import RoundState
+from flcore.strategies import build_strategy
+from flcore.strategies.base import Contribution
+from flcore.update import UpdateMeta
 from models.serialization import dumps, float32_region
 from protocol.transfer import Completed
-from protocol.update import UpdateMeta
 from security.envelope import NO_DIGEST, Manifest
 
 PARAMS = 3_200_000

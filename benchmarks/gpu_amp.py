@@ -4,7 +4,7 @@
 agent's rounds of YOLO11n on the synthetic aerial set (192 images at 160 px, batch 16: 12 optimizer steps
 a round), each round from the last one's weights, as an agent whose own update is the next global model:
 
-- ``amp-kept``: ``[training] amp = true`` on the GPU (the loss scale carried across rounds, ``agent.amp``)
+- ``amp-kept``: ``[training] amp = true`` on the GPU (the loss scale carried across rounds, ``participant.amp``)
 - ``amp-reset``: the same with the kept scale removed before every round (a new GradScaler at 65,536 each
   round, as every round on main)
 - ``fp32``: ``amp = false`` (the default) on the GPU
@@ -57,10 +57,10 @@ def watch_steps() -> None:
 def run_mode(mode: str, data: Path, out: Path, rounds: int) -> list[dict]:
     import torch
 
-    from agent.detector import DetectorTrainer
     from models.synthetic_detection import NAMES
     from models.weights import to_arrays
     from models.zoo import build_model
+    from participant.detector import DetectorTrainer
     from protocol.messages import RoundTask, TrainSettings
 
     device = torch.device("cpu" if mode == "cpu" else "cuda")

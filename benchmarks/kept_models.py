@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import report
-from broker_server.agent_models import Holding, ModelBank
-from broker_server.strategies import build_strategy
-from broker_server.strategies.base import Contribution, KeptModels, column_blocks
+from flcore.agent_models import Holding, ModelBank
+from flcore.strategies import build_strategy
+from flcore.strategies.base import Contribution, KeptModels, column_blocks
 from models.weights import TensorSpec
 
 AGENTS = 100

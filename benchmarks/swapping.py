@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from benchmarks.common import report
-from broker_server.pairing import pair_minimum_similarity
-from broker_server.similarity import METRICS, similarity_matrix, weight_layers
+from flcore.pairing import pair_minimum_similarity
+from flcore.similarity import METRICS, similarity_matrix, weight_layers
 from models.weights import to_arrays
 from models.zoo import build_model
 

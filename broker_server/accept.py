@@ -1,7 +1,7 @@
 """Accepting one update into the open round: who may send, what it must look like, and what it costs.
 
 In order: the round gates (a round is open, the update is for it, the sender was selected and has not
-been accepted yet), the structure (``validation.parse_update``, which decodes an encoded update), then
+been accepted yet), the structure (``flcore.update.parse_update``, which decodes an encoded update), then
 one pass over the values (``onepass.scan``: finite, L2 norm, folded into a streaming strategy when the
 bounds known so far allow it), the outright norm limit, the model's invariants (no negative running
 variance), and finally the update is written to the update store before the round state records it.
@@ -15,22 +15,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from broker_server.bounds import InfluencePolicy, tentative
-from broker_server.onepass import NonFiniteUpdate, axpy, scan
-from broker_server.rounds import RoundState, UpdateRecord
-from broker_server.strategies.base import Strategy
 from broker_server.update_store import UpdateStore
-from broker_server.validation import (
-    NotForThisRound,
-    UpdateRejected,
-    check_invariants,
-    parse_update,
-)
+from flcore.bounds import InfluencePolicy, tentative
+from flcore.onepass import NonFiniteUpdate, axpy, scan
+from flcore.rounds import RoundState, UpdateRecord
+from flcore.strategies.base import Strategy
+from flcore.update import MAX_LOCAL_EVAL, NotForThisRound, UpdateMeta, UpdateRejected, parse_update
+from flcore.validation import check_invariants
 from models.serialization import dumps
 from models.weights import TensorRange, TensorSpec
 from protocol.codecs import FP32, Codec, encode
 from protocol.transfer import Completed
-from protocol.update import MAX_LOCAL_EVAL, UpdateMeta
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import dp_accounting
 from dp_accounting.privacy_accountant import NeighboringRelation
 
 from broker_server.privacy import PrivacyPolicy
-from broker_server.validation import reason_kind
+from flcore.validation import reason_kind
 from protocol.messages import Rejection, RoundMetrics
 
 log = logging.getLogger("skyfed.server")

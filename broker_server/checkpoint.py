@@ -4,7 +4,7 @@ Layout of ``<state_dir>/checkpoint/``: ``state.json`` (run id, next round, model
 progress, the last round's metrics, the replay guard) names the model file
 ``global-v<version>.safetensors`` and the cross-round strategy state ``strategy-v<version>.safetensors``;
 ``updates/round-<r>/`` holds the open round's accepted updates (``broker_server.update_store``),
-``agents/`` the agents' own models that model-swapping strategies assign (``broker_server.agent_models``).
+``agents/`` the agents' own models that model-swapping strategies assign (``flcore.agent_models``).
 ``state.json`` is replaced last and atomically, so after a ``kill -9`` at any instant the server
 resumes from a consistent state and no accepted update is lost. Files no longer named are deleted.
 """
@@ -16,11 +16,11 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker_server.agent_models import Assignment, ModelBank
-from broker_server.rounds import RoundState
-from broker_server.strategies.base import NamedArrays
 from broker_server.update_store import UpdateStore
 from common.files import read_json, write_json
+from flcore.agent_models import Assignment, ModelBank
+from flcore.rounds import RoundState
+from flcore.strategies.base import NamedArrays
 from models.serialization import load_file, save_file
 
 log = logging.getLogger("skyfed.server")
@@ -34,7 +34,7 @@ class CheckpointError(ValueError):
 
 
 def best_name(version: int) -> str:
-    """The file of the best-evaluated global model (``broker_server.election``)."""
+    """The file of the best-evaluated global model (``flcore.election``)."""
     return f"best-v{version}.safetensors"
 
 
@@ -63,8 +63,8 @@ class Checkpoint:
     health: dict = field(default_factory=dict)  # broker_server.health.HealthBook.to_dict()
     pace: dict = field(default_factory=dict)  # broker_server.pace.PaceBook.to_dict()
     privacy: dict = field(default_factory=dict)  # broker_server.accountant.PrivacyLedger.to_dict()
-    assignments: dict = field(default_factory=dict)  # agent -> broker_server.agent_models.Assignment.to_dict()
-    best: dict = field(default_factory=dict)  # the best-evaluated version so far (broker_server.election)
+    assignments: dict = field(default_factory=dict)  # agent -> flcore.agent_models.Assignment.to_dict()
+    best: dict = field(default_factory=dict)  # the best-evaluated version so far (flcore.election)
     model_eval: dict | None = None  # the evaluation of the global model in force (None: from before it was kept)
 
 

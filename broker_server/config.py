@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from broker_server.bounds import InfluencePolicy
 from broker_server.privacy import PrivacyPolicy
-from broker_server.rounds import RoundRules
+from flcore.bounds import InfluencePolicy
+from flcore.rounds import RoundRules
 from protocol.codecs import Codec, CodecError
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
 from protocol.messages import TrainSettings
@@ -125,7 +125,7 @@ class ServerConfig:
 
 def load_server_config(path: Path) -> ServerConfig:
     """Parse and check ``server.toml``; raise ``ConfigError`` naming the key and the fix."""
-    from broker_server.strategies import build_strategy
+    from flcore.strategies import build_strategy
     from models.tasks import CLASSIFIERS, YOLO_YAMLS  # the zoo's names, without importing PyTorch
 
     data = read_toml(path)
@@ -169,7 +169,7 @@ def load_server_config(path: Path) -> ServerConfig:
 
 def task_problem(config: ServerConfig) -> str:
     """Why the model's task (classify or detect) does not fit the rest of the configuration, or ``""``."""
-    from broker_server.strategies import build_strategy
+    from flcore.strategies import build_strategy
     from models.tasks import PARTS, task_of
 
     server = config.server

@@ -32,8 +32,9 @@ from broker_server.round_task import round_task
 from broker_server.status_report import StatusReport
 from broker_server.task_publisher import TaskPublisher
 from broker_server.trust import TrustKeeper
-from broker_server.validation import NotForThisRound, UpdateRejected, reason_kind
 from common.text import printable
+from flcore.update import NotForThisRound, UpdateRejected
+from flcore.validation import reason_kind
 from models.serialization import dumps
 from protocol.daemon import MqttDaemon, Throttle
 from protocol.messages import (

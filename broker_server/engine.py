@@ -23,11 +23,9 @@ import torch
 
 from broker_server.accept import RoundInputs, accept_update
 from broker_server.accountant import PrivacyLedger
-from broker_server.agent_models import Assignment, settle
 from broker_server.checkpoint import CheckpointStore, new_run_id
 from broker_server.config import ServerConfig
 from broker_server.disk import DiskError
-from broker_server.election import BestModel
 from broker_server.engine_fleet import FleetEvents
 from broker_server.engine_state import EngineState
 from broker_server.health import HealthBook
@@ -38,10 +36,13 @@ from broker_server.pace import PaceBook
 from broker_server.personal import GLOBAL, StartScores
 from broker_server.pipeline import RoundContext, RoundRejected, run_pipeline
 from broker_server.round_steps import round_steps
-from broker_server.rounds import RoundState, UpdateRecord, decide, replace_missing, select_with_probation
-from broker_server.strategies import build_strategy
-from broker_server.strategies.choice import strategy_notes
-from broker_server.validation import NotForThisRound, UpdateRejected, reason_kind
+from flcore.agent_models import Assignment, settle
+from flcore.election import BestModel
+from flcore.rounds import RoundState, UpdateRecord, decide, replace_missing, select_with_probation
+from flcore.strategies import build_strategy
+from flcore.strategies.choice import strategy_notes
+from flcore.update import NotForThisRound, UpdateRejected
+from flcore.validation import reason_kind
 from models.serialization import save_file
 from models.weights import NamedArrays, to_arrays, with_floats
 from models.yolo import load_pt_weights

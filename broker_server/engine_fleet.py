@@ -7,7 +7,7 @@ in a checkpoint, inside the daemon's ``RoundEngine.durably`` (``broker_server.di
 from __future__ import annotations
 
 from broker_server.health import HealthBook
-from broker_server.rounds import RoundState
+from flcore.rounds import RoundState
 
 
 class FleetEvents:

@@ -17,17 +17,17 @@ from pathlib import Path
 import numpy as np
 
 from broker_server.accountant import PrivacyLedger
-from broker_server.agent_models import Assignment
 from broker_server.checkpoint import Checkpoint, CheckpointStore
 from broker_server.config import ServerConfig
 from broker_server.disk import DiskError
-from broker_server.election import BestModel
 from broker_server.health import HealthBook
 from broker_server.metrics_log import MetricsLog
 from broker_server.pace import PaceBook
-from broker_server.rounds import RoundState
-from broker_server.strategies.base import Strategy
-from broker_server.validation import positive_ranges
+from flcore.agent_models import Assignment
+from flcore.election import BestModel
+from flcore.rounds import RoundState
+from flcore.strategies.base import Strategy
+from flcore.validation import positive_ranges
 from models.serialization import dumps, float32_region, save_file
 from models.weights import NamedArrays, flatten, float_part
 from security.replay import ReplayGuard

@@ -21,14 +21,14 @@ from dataclasses import replace
 import numpy as np
 
 from broker_server.accountant import PrivacyLedger
-from broker_server.agent_models import Assignment
 from broker_server.config import ServerConfig
 from broker_server.disk import DiskError
 from broker_server.health import HealthBook
 from broker_server.metrics_log import round_metrics
 from broker_server.pipeline import RoundContext
-from broker_server.rounds import RoundState
-from broker_server.strategies.base import Strategy
+from flcore.agent_models import Assignment
+from flcore.rounds import RoundState
+from flcore.strategies.base import Strategy
 from protocol.messages import AgentStatus, RoundMetrics
 
 

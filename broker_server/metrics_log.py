@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from broker_server.pipeline import RoundContext
-from broker_server.rounds import per_agent_detail
+from flcore.rounds import per_agent_detail
 from protocol.messages import Rejection, RoundMetrics, headline
 
 log = logging.getLogger("skyfed.server")

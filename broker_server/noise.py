@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from broker_server.dp_sensitivity import mean_sensitivity
 from broker_server.pipeline import RoundContext, Step
 from broker_server.privacy import PrivacyPolicy
-from broker_server.validation import positive_ranges
+from flcore.dp_sensitivity import mean_sensitivity
+from flcore.validation import positive_ranges
 from models.weights import TensorRange, TensorSpec, with_floats
 
 

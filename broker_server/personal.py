@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker_server.rounds import UpdateRecord
+from flcore.rounds import UpdateRecord
 from models.weights import NamedArrays
 from protocol.messages import headline
 

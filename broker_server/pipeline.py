@@ -21,12 +21,13 @@ from typing import Any
 import numpy as np
 from scipy.linalg.blas import sdot
 
-from broker_server.agent_models import Assignment, Holding, ModelBank
-from broker_server.bounds import Influence, InfluencePolicy, bound_influence, lower_median
-from broker_server.onepass import axpy
-from broker_server.rounds import RoundState
-from broker_server.strategies.base import Contribution, KeptModels, RoundResult, StartPlan, Strategy
-from broker_server.validation import UpdateRejected, check_invariants, positive_ranges
+from flcore.agent_models import Assignment, Holding, ModelBank
+from flcore.bounds import Influence, InfluencePolicy, bound_influence, lower_median
+from flcore.onepass import axpy
+from flcore.rounds import RoundState
+from flcore.strategies.base import Contribution, KeptModels, RoundResult, StartPlan, Strategy
+from flcore.update import UpdateRejected
+from flcore.validation import check_invariants, positive_ranges
 from models.weights import (
     NamedArrays,
     TensorSpec,
@@ -104,7 +105,7 @@ def offenders(contributions: list[Contribution]) -> list[str]:
 
 @dataclass
 class BoundInfluence(Step):
-    """Clip and cap every update (``broker_server.bounds``); ``clip_norm``, when given, says the fixed
+    """Clip and cap every update (``flcore.bounds``); ``clip_norm``, when given, says the fixed
     clip of this round (differential privacy's adaptive clip)."""
 
     policy: InfluencePolicy

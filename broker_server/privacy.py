@@ -10,7 +10,7 @@ every agent whose update it contains (user-level DP; the neighbouring datasets d
 data, its update replaced by zero — dp-accounting's ``REPLACE_SPECIAL``). With ``weight_cap`` ŵ,
 sample- (or object-) weighted FedAvg runs as the paper's Algorithm 1: weights min(nₖ/ŵ, 1) ≤ 1 over the
 fixed denominator n, the same sensitivity. Robust strategies with a bounded sensitivity get noise
-calibrated to it (``broker_server.dp_sensitivity``); the others are refused, naming what works. The
+calibrated to it (``flcore.dp_sensitivity``); the others are refused, naming what works. The
 accounting is in ``broker_server.accountant``; why SkyFed claims no amplification by sampling is there
 too. The noise step is ``broker_server.noise``.
 
@@ -27,17 +27,17 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from broker_server.bounds import InfluencePolicy
-from broker_server.strategies.choice import DEFAULT_STRATEGY, StrategyNote
+from flcore.bounds import InfluencePolicy
+from flcore.strategies.choice import DEFAULT_STRATEGY, StrategyNote
 
 if TYPE_CHECKING:
-    from broker_server.strategies.base import Strategy
+    from flcore.strategies.base import Strategy
 
 # Strategies whose model is computed from the average of the clipped updates with weights in [0, 1] over
 # the number of updates (sensitivity S/n): FedAvg and FedProx publish it, the server optimizers step on it
 # after the noise. weighting = "samples" needs ``weight_cap``.
 WEIGHTED_STRATEGIES = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi")
-# Unweighted robust strategies whose sensitivity is bounded (``broker_server.dp_sensitivity``).
+# Unweighted robust strategies whose sensitivity is bounded (``flcore.dp_sensitivity``).
 ROBUST_STRATEGIES = ("trimmed-mean", "median", "krum")
 PRIVATE_STRATEGIES = WEIGHTED_STRATEGIES + ROBUST_STRATEGIES
 WORKS = 'fedavg with weighting = "uniform" (or "samples" with privacy.weight_cap), or trimmed-mean'

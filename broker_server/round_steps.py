@@ -16,8 +16,6 @@ from collections.abc import Callable
 import numpy as np
 
 from broker_server.adaptive_clip import AdaptClip
-from broker_server.agent_models import Assignment, ModelBank
-from broker_server.bounds import InfluencePolicy
 from broker_server.config import ServerConfig
 from broker_server.noise import NORM_SLACK, AddNoise
 from broker_server.onnx_step import ExportOnnx
@@ -33,7 +31,9 @@ from broker_server.pipeline import (
     ServerStep,
     Step,
 )
-from broker_server.strategies.base import Strategy
+from flcore.agent_models import Assignment, ModelBank
+from flcore.bounds import InfluencePolicy
+from flcore.strategies.base import Strategy
 from models.weights import NamedArrays
 
 

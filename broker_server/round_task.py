@@ -3,9 +3,9 @@ daemon (which signs and publishes it) and the in-process sim (which hands it to 
 
 from __future__ import annotations
 
-from broker_server.agent_models import Assignment
 from broker_server.engine import RoundEngine
 from broker_server.publisher import PublishedModel
+from flcore.agent_models import Assignment
 from protocol.messages import AgentStart, AgentTrain, RoundTask, TrainSettings
 
 TASK_GRACE_S = 300.0  # a task stays valid this long past its deadline (clock skew); then agents ignore it

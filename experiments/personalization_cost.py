@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import median_seconds, report
-from broker_server.agent_models import Holding, ModelBank
-from broker_server.strategies import build_strategy
-from broker_server.strategies.base import Contribution, KeptModels
-from broker_server.strategies.demlearn import DemLearnOptions, cluster_paths, distance_matrix
-from broker_server.strategies.fedamn import FedAMNOptions, clusters_within, principal_coordinates
-from broker_server.strategies.fedamp import FedAMPOptions, attention_weights
-from broker_server.strategies.krum import gram_matrix
+from flcore.agent_models import Holding, ModelBank
+from flcore.strategies import build_strategy
+from flcore.strategies.base import Contribution, KeptModels
+from flcore.strategies.demlearn import DemLearnOptions, cluster_paths, distance_matrix
+from flcore.strategies.fedamn import FedAMNOptions, clusters_within, principal_coordinates
+from flcore.strategies.fedamp import FedAMPOptions, attention_weights
+from flcore.strategies.krum import gram_matrix
 from models.weights import TensorSpec
 from models.zoo import build_model
 

@@ -20,7 +20,7 @@ from models.datasets import Dataset, to_loader
 from models.weights import NamedArrays, load_arrays
 from models.zoo import build_model
 
-# wraps the model, optimizer and loader before the first step (DP-SGD: agent.local_dp.dp_sgd)
+# wraps the model, optimizer and loader before the first step (DP-SGD: participant.local_dp.dp_sgd)
 Prepare = Callable[[nn.Module, torch.optim.Optimizer, DataLoader], tuple[nn.Module, torch.optim.Optimizer, DataLoader]]
 
 

@@ -8,7 +8,7 @@ training or validation run would otherwise look up Arial.ttf on GitHub every tim
 callbacks (analytics, Ultralytics Platform, experiment trackers) could send data. Nothing here ever
 names a hub checkpoint: a ``.pt`` is only read from a path the operator gives (``load_pt_weights``), and
 only for the weights whose names and shapes match. Ultralytics' AMP check, which loads a hub checkpoint,
-never runs: SkyFed trains with ``amp=False`` and does mixed precision itself (``agent.amp``).
+never runs: SkyFed trains with ``amp=False`` and does mixed precision itself (``participant.amp``).
 """
 
 from __future__ import annotations

@@ -111,8 +111,8 @@ class TrainSettings(Message):
     prox_mu: float = 0.0  # FedProx's proximal coefficient μ (0: plain SGD); set by the strategy, not [training]
     work: float = 1.0  # share of the epochs' mini-batches to run (FedProx's partial work); set by the strategy
     image_size: int = 640  # detectors: the square input size in pixels (a multiple of 32); classifiers ignore it
-    keep_momentum: bool = False  # agents carry their SGD momentum across rounds (agent.momentum) instead of zeroing it
-    meta_epochs: int = 0  # FedAMN: the attention meta-network's epochs (agent.meta_attention), when peers are given
+    keep_momentum: bool = False  # agents carry their SGD momentum across rounds (participant.momentum), not zeroed
+    meta_epochs: int = 0  # FedAMN: the attention meta-network's epochs, when peers are given
     meta_lr: float = 0.01  # FedAMN: its Adam learning rate; both set by the strategy
 
     def __post_init__(self) -> None:
@@ -141,7 +141,7 @@ class AgentStart:
     ``inbox`` (a model the server seals to this agent alone, e.g. its swap partner's). Either way the
     agent trains only from a model whose ``models.weights.fingerprint`` is ``sha256``; whatever the
     source, the signed task names the exact bits. ``peers_sha256`` (FedAMN) names the bundle of models its
-    trainer attends over, sealed to it on its inbox (``broker_server.agent_models.Peers``); "" for none.
+    trainer attends over, sealed to it on its inbox (``flcore.agent_models.Peers``); "" for none.
     ``continues`` (model swapping after a ``local`` round, whose training is not uploaded): the agent trains on
     from its own newest model, if that descends from ``sha256``, and its update is still a delta over ``sha256``.
     """

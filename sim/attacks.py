@@ -24,9 +24,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from agent.daemon import EdgeAgent
-from agent.trainer import PeerContext, Trainer, TrainerWrapper, TrainResult
+from flcore.update import TrainResult
 from models.weights import NamedArrays, is_float
 from models.zoo import build_model
+from participant.trainer import PeerContext, Trainer, TrainerWrapper
 from protocol.messages import RoundTask
 
 KINDS = ("sign-flip", "scale", "noise", "samples", "silent")

@@ -73,12 +73,12 @@ class SimSettings:
 
     def __post_init__(self) -> None:
         from agent.config import WORKERS
-        from agent.local_dp import LocalPrivacySection
-        from broker_server.bounds import InfluencePolicy
         from broker_server.privacy import PrivacyPolicy
-        from broker_server.strategies import build_strategy
+        from flcore.bounds import InfluencePolicy
+        from flcore.strategies import build_strategy
         from models.tasks import task_of
         from models.zoo import input_shape
+        from participant.local_dp import LocalPrivacySection
         from protocol.codecs import Codec, CodecError
         from protocol.typed import build
         from sim.attacks import SCOPES, Attack

@@ -26,16 +26,18 @@ import torch
 
 from agent.config import load_agent_config
 from agent.device import torch_device
-from agent.local_dp import PrivacyBudget
 from agent.state import RESIDUAL_FILE
-from agent.trainer import PeerContext, Trainer, build_trainer, encode_update
+from agent.trainers import build_trainer
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
 from broker_server.evaluation import server_evaluator
 from broker_server.publisher import PublishedModel
 from broker_server.round_task import round_task
+from flcore.update import encode_update
 from models.serialization import dumps
 from models.weights import NamedArrays, float_part
+from participant.local_dp import PrivacyBudget
+from participant.trainer import PeerContext, Trainer
 from protocol.messages import RoundTask
 from protocol.transfer import Completed
 from security.envelope import NO_DIGEST, Manifest

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import time
 
-from agent.trainer import PeerContext, Trainer, TrainerWrapper, TrainResult
+from flcore.update import TrainResult
 from models.weights import NamedArrays
+from participant.trainer import PeerContext, Trainer, TrainerWrapper
 from protocol.messages import RoundTask
 
 

@@ -98,8 +98,8 @@ def personalized_models(federation: Path, global_arrays: NamedArrays, share: str
     """Each agent's own model after a partial-aggregation run: the global model (its shared part is the
     agents' average) with the private part the agent kept on top (none yet: the global model as it is)."""
     from agent.config import load_agent_config
-    from agent.detector import private_part_path
     from models.serialization import load_file
+    from participant.detector import private_part_path
 
     models = []
     for agent_toml in sorted(federation.glob("*/agent.toml")):

@@ -19,6 +19,7 @@ from agent.runner import in_process_runner
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from common import toml
+from flcore.update import UpdateMeta
 from models.serialization import dumps, load_file
 from models.weights import delta as weights_delta
 from models.weights import float_part
@@ -26,7 +27,6 @@ from protocol.config import write_toml
 from protocol.messages import AgentStatus, RoundMetrics, RoundTask
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
-from protocol.update import UpdateMeta
 from security.envelope import seal
 from security.keys import Identity
 from security.signing import signed_payload

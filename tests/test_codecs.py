@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from broker_server.accept import largest_update_bytes
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
-from broker_server.validation import UpdateRejected, parse_update
+from flcore.update import UpdateMeta, UpdateMetaError, UpdateRejected, parse_update
 from models.serialization import dumps
 from models.weights import RUNNING_STATISTICS, float_part, spec_of
 from protocol import codecs
@@ -24,7 +24,6 @@ from protocol.codecs import Codec, CodecError, ErrorFeedback, compress, decode, 
 from protocol.config import ConfigError
 from protocol.messages import MessageError, RoundTask
 from protocol.transfer import Completed
-from protocol.update import UpdateMeta, UpdateMetaError
 from security.envelope import NO_DIGEST, Manifest
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation

@@ -16,10 +16,10 @@ from broker_server.daemon import Aggregator
 from broker_server.engine import RoundEngine
 from broker_server.model_resend import MAX_RESENDS_PER_WINDOW, MODEL_STALL_S, ModelWaits, RetainedModel
 from broker_server.registry import AgentRegistry, StatusRefused
+from flcore.update import UpdateMeta, UpdateMetaError
 from protocol.messages import AgentStatus
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.transfer import Reassembler
-from protocol.update import UpdateMeta, UpdateMetaError
 from security.envelope import Opener
 from security.keys import Identity, Keyring
 from security.replay import ReplayGuard

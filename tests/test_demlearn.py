@@ -11,8 +11,8 @@ import pytest
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from broker_server.engine import RoundEngine
-from broker_server.strategies import build_strategy
-from broker_server.strategies.demlearn import cluster_paths, distance_matrix, group_mixing
+from flcore.strategies import build_strategy
+from flcore.strategies.demlearn import cluster_paths, distance_matrix, group_mixing
 from models.weights import advanced, flatten, float_part
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
@@ -181,7 +181,7 @@ def test_the_rounds_aggregate_time_includes_the_clustering(tmp_path, monkeypatch
     """``aggregate_s`` is the strategy's time at the close: DemLearn's clustering runs in ``plan_starts``."""
     import time as clock
 
-    from broker_server.strategies.demlearn import DemLearn
+    from flcore.strategies.demlearn import DemLearn
 
     plan = DemLearn.plan_starts
 

@@ -14,11 +14,11 @@ import torch
 
 import skyfed
 from agent.config import load_agent_config
-from agent.detector import DetectorTrainer, StartMismatch, check_start
 from agent.profile import DataProfile
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from broker_server.evaluation import server_evaluator
+from flcore.update import UpdateMeta, UpdateMetaError
 from models.serialization import load_file
 from models.synthetic_detection import NAMES, class_skew, write_dataset
 from models.weights import delta, to_arrays
@@ -26,11 +26,11 @@ from models.yolo import shared_names
 from models.yolo_dataset import DatasetError, class_counts, label_file, load_data_yaml, read_labels
 from models.yolo_eval import DetectionEvaluator
 from models.zoo import build_model
+from participant.detector import DetectorTrainer, StartMismatch, check_start
 from protocol.config import ConfigError
 from protocol.messages import ServerStatus, TrainSettings
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
-from protocol.update import UpdateMeta, UpdateMetaError
 from sim.detection_data import describe_mixes, pool, write_detection_data
 from sim.federation import SimSettings, create_federation
 from sim.sweep import personalized_models

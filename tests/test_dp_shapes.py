@@ -11,14 +11,14 @@ import pytest
 from dp_accounting.privacy_accountant import NeighboringRelation
 
 from broker_server.adaptive_clip import AdaptClip, next_clip, noisy_unclipped_fraction
-from broker_server.bounds import Influence
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
 from broker_server.noise import NORM_SLACK
 from broker_server.pipeline import RoundContext
 from broker_server.privacy import PrivacyPolicy
-from broker_server.rounds import RoundState
-from broker_server.strategies.base import Contribution
+from flcore.bounds import Influence
+from flcore.rounds import RoundState
+from flcore.strategies.base import Contribution
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import override_toml

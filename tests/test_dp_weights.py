@@ -12,16 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker_server.bounds import InfluencePolicy, bound_influence
 from broker_server.config import ConfigError, load_server_config
-from broker_server.dp_sensitivity import multi_krum_sensitivity, trimmed_mean_sensitivity
 from broker_server.engine import RoundEngine
 from broker_server.noise import NORM_SLACK, AddNoise
 from broker_server.pipeline import RoundContext
 from broker_server.privacy import PrivacyPolicy
-from broker_server.rounds import RoundState
-from broker_server.strategies import build_strategy
-from broker_server.strategies.base import Contribution
+from flcore.bounds import InfluencePolicy, bound_influence
+from flcore.dp_sensitivity import multi_krum_sensitivity, trimmed_mean_sensitivity
+from flcore.rounds import RoundState
+from flcore.strategies import build_strategy
+from flcore.strategies.base import Contribution
 from models.weights import TensorSpec
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
@@ -105,7 +105,7 @@ def test_no_agent_moves_a_private_aggregate_further_than_the_sensitivity_its_noi
     name, n, dims, beta, data
 ):
     """Zeroing any one agent's clipped update (and, for weighted FedAvg, whatever its claimed weight) moves
-    the aggregate by at most the strategy's ``dp_sensitivity``: the proofs of ``broker_server.dp_sensitivity``
+    the aggregate by at most the strategy's ``dp_sensitivity``: the proofs of ``flcore.dp_sensitivity``
     checked on updates hypothesis picks (extreme values, ties, exact zeros)."""
     value = st.sampled_from([0.0, S, -S, S / 2]) | st.floats(-S, S, width=32)
     rows = data.draw(st.lists(st.lists(value, min_size=dims, max_size=dims), min_size=n, max_size=n))
@@ -122,7 +122,7 @@ def test_no_agent_moves_a_private_aggregate_further_than_the_sensitivity_its_noi
 
 
 def _bound(name: str, n: int, beta: float) -> float:
-    """The bounds of ``broker_server.dp_sensitivity``, written out by hand."""
+    """The bounds of ``flcore.dp_sensitivity``, written out by hand."""
     if name == "fedavg":
         return S / n
     if name == "krum":  # f = 1: keep K = n - f_used, f_used = min(1, (n - 3) // 2)

@@ -13,15 +13,14 @@ import torch
 
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
-from broker_server.strategies import STRATEGIES
-from broker_server.strategies.base import RoundResult
-from broker_server.strategies.fedavg import FedAvg
-from broker_server.validation import NotForThisRound
+from flcore.strategies import STRATEGIES
+from flcore.strategies.base import RoundResult
+from flcore.strategies.fedavg import FedAvg
+from flcore.update import NotForThisRound, UpdateMeta
 from models.serialization import dumps
 from models.weights import float_part, load_arrays, ranges_of
 from models.zoo import build_model, input_shape
 from protocol.transfer import Completed
-from protocol.update import UpdateMeta
 from security.envelope import NO_DIGEST, Manifest
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation

@@ -13,8 +13,8 @@ import pytest
 
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
-from broker_server.strategies import build_strategy
-from broker_server.strategies.fedamn import clusters_within, principal_coordinates
+from flcore.strategies import build_strategy
+from flcore.strategies.fedamn import clusters_within, principal_coordinates
 from models.serialization import dumps, loads
 from models.weights import advanced, fingerprint, flatten, float_part
 from security.replay import ReplayGuard
@@ -198,7 +198,7 @@ def test_an_agent_waiting_for_its_start_gets_its_own_model_its_bundle_and_the_gl
 def test_an_agent_whose_update_did_not_count_keeps_its_bundle_with_its_own_model_on_its_inbox():
     """Refused, late, or the round rolled back: the agent may have replaced its own copy, so its model goes to its
     inbox; its cluster's bundle still stands (the tip dropped it, and the agent trained without attention)."""
-    from broker_server.agent_models import Assignment, Holding, Peers, settle
+    from flcore.agent_models import Assignment, Holding, Peers, settle
 
     own, mate = Holding(3, "agent-01", "a" * 64), Holding(3, "agent-02", "b" * 64)
     current = {"agent-01": Assignment("local", own, Peers((mate,), "c" * 64))}

@@ -10,8 +10,8 @@ import pytest
 
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
-from broker_server.strategies import build_strategy
-from broker_server.strategies.fedamp import FedAMPOptions, attention_weights
+from flcore.strategies import build_strategy
+from flcore.strategies.fedamp import FedAMPOptions, attention_weights
 from models.weights import advanced, fingerprint, flatten, float_part
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation

@@ -20,7 +20,6 @@ import numpy as np
 import paho.mqtt.client as paho
 import pytest
 
-from agent.trainer import Trainer, TrainerWrapper
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from models.datasets import load_dataset
@@ -28,6 +27,7 @@ from models.serialization import load_file, loads
 from models.training import evaluate
 from models.weights import float_part, load_arrays
 from models.zoo import build_model, pick_device
+from participant.trainer import Trainer, TrainerWrapper
 from sim.broker import start_broker
 from tests.fedharness import Federation, hosted_agent, round_task, wait_until
 

@@ -15,12 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker_server.validation import UpdateRejected, parse_update
+from flcore.update import UpdateMeta, UpdateMetaError, UpdateRejected, parse_update
 from models.serialization import SerializationError, dumps, float32_region, loads
 from models.weights import spec_of
 from protocol.messages import AgentStatus, MessageError, RoundMetrics, RoundTask, ServerStatus
 from protocol.transfer import PAGE, Reassembler, TransferLimits, TransferRejected
-from protocol.update import UpdateMeta, UpdateMetaError
 from security.envelope import InvalidEnvelope, Manifest, Opener, seal
 from security.keys import GroupKey, Identity, Keyring
 from security.signing import InvalidDocument, sign_document, verify_document

@@ -1,6 +1,6 @@
 """A GPU agent's settings and a drone's offline rule (issue 21, item 5): ``training.device`` may name a GPU
 (``cuda:1``) and one that is not there fails at start; ``training.amp`` runs the detector in fp16 with its
-loss scale kept across rounds (``agent.amp``); ``skyfed sim --in-process`` trains where the agents' configs
+loss scale kept across rounds (``participant.amp``); ``skyfed sim --in-process`` trains where the agents' configs
 say; and a detector round, an ONNX export and on-device inference touch no network (no Ultralytics font
 or checkpoint download, no onnxruntime telemetry)."""
 
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.amp import SCALER_FILE, ScalerStore
 from agent.config import load_agent_config
 from agent.daemon import EdgeAgent
 from agent.device import check_device_present, check_device_spec, device_problem, torch_device
+from participant.amp import SCALER_FILE, ScalerStore
 from protocol.config import ConfigError
 from sim.federation import SimSettings, create_federation
 from sim.inprocess import _agents
@@ -40,7 +40,7 @@ def refuse(*args, **kwargs):
 socket.getaddrinfo = refuse
 socket.socket.connect = lambda self, address: refuse(address)
 import torch
-from agent.detector import DetectorTrainer
+from participant.detector import DetectorTrainer
 from agent.infer import load_model
 from agent.runner import export_onnx
 from models.synthetic_detection import NAMES, write_dataset

@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agent.classifier import ClassifierTrainer
-from agent.local_dp import LocalPrivacySection, PrivacyBudget, epsilon_of, incompatibility, steps_of
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
+from flcore.update import UpdateMeta
 from models.datasets import load_dataset, load_digits
 from models.serialization import loads
 from models.weights import to_arrays
 from models.zoo import build_model
+from participant.classifier import ClassifierTrainer
+from participant.local_dp import LocalPrivacySection, PrivacyBudget, epsilon_of, incompatibility, steps_of
 from protocol.messages import TrainSettings
-from protocol.update import UpdateMeta
 from tests.fedharness import Federation, override_toml, round_task
 
 POLICY = LocalPrivacySection(noise_multiplier=1.0, max_grad_norm=1.0)

@@ -1,4 +1,4 @@
-"""FedAMN's agent-side attention meta-network (agent.meta_attention): the mix it starts an agent from, checked
+"""FedAMN's agent-side attention meta-network (participant.meta_attention): the mix it starts an agent from, checked
 by hand at its initial Θ, the fixed points any Θ must keep, meta-training that finds the useful peer, and Θ
 kept across rounds."""
 
@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch import nn
 
-from agent.meta_attention import SKETCH_SIZE, attend, attention_start, build_groups, initial_theta
 from models.datasets import Dataset
 from models.serialization import load_file, save_file
 from models.training import evaluate_arrays, train_sgd
 from models.weights import NamedArrays, float_part, to_arrays
 from models.zoo import build_model
+from participant.meta_attention import SKETCH_SIZE, attend, attention_start, build_groups, initial_theta
 
 CPU = torch.device("cpu")
 

@@ -158,8 +158,8 @@ def test_fedprox_proximal_term_keeps_local_training_closer_to_the_start_model():
 
 
 def test_fedprox_strategy_sends_mu_in_the_round_task_and_aggregates_like_fedavg():
-    from broker_server.strategies import build_strategy
-    from broker_server.strategies.base import TrainPlan
+    from flcore.strategies import build_strategy
+    from flcore.strategies.base import TrainPlan
     from protocol.messages import TrainSettings
 
     prox = build_strategy({"name": "fedprox", "mu": 0.1})
@@ -173,7 +173,7 @@ def test_fedprox_strategy_sends_mu_in_the_round_task_and_aggregates_like_fedavg(
 
 
 def test_fedprox_partial_work_gives_agents_slower_than_the_median_the_share_that_matches_it():
-    from broker_server.strategies.fedprox import partial_work
+    from flcore.strategies.fedprox import partial_work
 
     paces = {"a": 1.0, "b": 2.0, "c": 4.0, "d": 10.0}  # median 3 seconds per unit of work
     assert partial_work(paces, min_work=0.1) == {"c": 0.75, "d": 0.3}

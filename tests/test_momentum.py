@@ -1,4 +1,4 @@
-"""``[training] keep_momentum``: an agent's SGD momentum continues from its last round (agent.momentum) in
+"""``[training] keep_momentum``: an agent's SGD momentum continues from its last round (participant.momentum) in
 the classifier and the YOLO trainer, only within one run and model, and nothing changes when it is off."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import pytest
 import torch
 from torch import nn
 
-import agent.detector
-from agent.classifier import ClassifierTrainer
-from agent.local_dp import LocalPrivacySection, PrivacyBudget
-from agent.momentum import MOMENTUM_FILE, MomentumStore
+import participant.detector
 from models.datasets import load_digits
 from models.serialization import load_file
 from models.training import collect_momentum, restore_momentum
 from models.weights import to_arrays
 from models.zoo import build_model
+from participant.classifier import ClassifierTrainer
+from participant.local_dp import LocalPrivacySection, PrivacyBudget
+from participant.momentum import MOMENTUM_FILE, MomentumStore
 from protocol.messages import TrainSettings
 from tests.fedharness import round_task
 from tests.test_detection import dataset, detect_task, start_arrays, trainer_for  # noqa: F401 (dataset: a fixture)
@@ -99,7 +99,7 @@ def test_the_yolo_trainer_restores_its_momentum_into_ultralytics_optimizer(datas
         restored.append(restore_momentum(optimizer, model, buffers))
         return restored[-1]
 
-    monkeypatch.setattr(agent.detector, "restore_momentum", spy)
+    monkeypatch.setattr(participant.detector, "restore_momentum", spy)
     trainer = trainer_for(dataset, tmp_path)
     keep = TrainSettings(epochs=1, batch_size=4, lr=0.01, image_size=64, keep_momentum=True)
     first = trainer.train(start_arrays(1), detect_task(run_id="r", train=keep))

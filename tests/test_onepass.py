@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from broker_server.onepass import BLOCK, Fold, NonFiniteUpdate, scan
+from flcore.onepass import BLOCK, Fold, NonFiniteUpdate, scan
 
 
 def test_norm_and_fold_match_numpy_across_blocks():

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from broker_server.personal import personal_metrics
-from protocol.update import UpdateMeta, UpdateMetaError
+from flcore.update import UpdateMeta, UpdateMetaError
 from sim.federation import SimSettings
 from sim.run import run_sim
 

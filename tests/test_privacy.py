@@ -12,15 +12,15 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from broker_server.accountant import PrivacyLedger, epsilon_of
-from broker_server.bounds import Influence, InfluencePolicy
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
 from broker_server.noise import NORM_SLACK, AddNoise
 from broker_server.pipeline import RoundContext
 from broker_server.privacy import PrivacyPolicy
-from broker_server.rounds import RoundState
-from broker_server.strategies.base import Contribution, RoundResult
-from broker_server.validation import UpdateRejected
+from flcore.bounds import Influence, InfluencePolicy
+from flcore.rounds import RoundState
+from flcore.strategies.base import Contribution, RoundResult
+from flcore.update import UpdateRejected
 from models.serialization import dumps, loads
 from models.weights import TensorSpec
 from security.replay import ReplayGuard

@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from agent.trainer import TrainerWrapper
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from broker_server.engine import RoundEngine
-from broker_server.validation import NotForThisRound
+from flcore.update import NotForThisRound
+from participant.trainer import TrainerWrapper
 from security.keys import revoke
 from security.replay import ReplayGuard
 from tests.fedharness import Federation, override_toml, round_task, wait_until

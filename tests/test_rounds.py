@@ -2,7 +2,7 @@
 
 import pytest
 
-from broker_server.rounds import RoundRules, RoundState, UpdateRecord, decide, select_agents
+from flcore.rounds import RoundRules, RoundState, UpdateRecord, decide, select_agents
 
 
 def _accepted(*agents):

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.stats import ortho_group
 
-from broker_server.similarity import (
+from flcore.similarity import (
     METRICS,
     deconfounded_cka,
     linear_cka,

@@ -8,12 +8,12 @@ import threading
 
 import pytest
 
-from agent.trainer import TrainerWrapper
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from broker_server.health import TRUST_AFTER, HealthBook
 from broker_server.registry import AgentRegistry, StatusRefused
-from broker_server.rounds import RoundRules, RoundState, UpdateRecord, decide, replace_missing
+from flcore.rounds import RoundRules, RoundState, UpdateRecord, decide, replace_missing
+from participant.trainer import TrainerWrapper
 from protocol.messages import AgentStatus
 from security.keys import Identity, Keyring
 from security.signing import signed_payload

@@ -5,12 +5,12 @@ import math
 import numpy as np
 import pytest
 
-from broker_server.bounds import InfluencePolicy, Tentative, bound_influence, tentative
-from broker_server.onepass import scan
-from broker_server.strategies import build_strategy
-from broker_server.strategies.base import Contribution
-from broker_server.strategies.krum import krum_scores, squared_distances
-from broker_server.strategies.trimmed_mean import trim_count
+from flcore.bounds import InfluencePolicy, Tentative, bound_influence, tentative
+from flcore.onepass import scan
+from flcore.strategies import build_strategy
+from flcore.strategies.base import Contribution
+from flcore.strategies.krum import krum_scores, squared_distances
+from flcore.strategies.trimmed_mean import trim_count
 from models.weights import TensorSpec
 
 
@@ -190,7 +190,7 @@ def test_centered_clip_by_hand_and_its_reference_moves_only_on_commit():
 def test_bucketed_centered_clip_clips_the_weighted_means_of_its_groups():
     """``bucket = 2``: the updates are averaged in seeded pairs (weighted by samples), and the pair means are
     what is clipped around the reference and averaged by their groups' weights."""
-    from broker_server.strategies.centered_clip import buckets
+    from flcore.strategies.centered_clip import buckets
 
     rng = np.random.default_rng(3)
     deltas = [rng.normal(size=4).astype(np.float32) for _ in range(5)]
@@ -260,7 +260,7 @@ def test_fedavgm_accumulates_velocity_and_leaves_running_statistics_to_plain_ave
 
 
 def test_threshold_closes_a_round_once_k_updates_are_in_and_is_validated():
-    from broker_server.rounds import RoundRules, RoundState, UpdateRecord, decide
+    from flcore.rounds import RoundRules, RoundState, UpdateRecord, decide
 
     state = RoundState(round=1, attempt=1, selected=["a", "b", "c"], deadline=100.0, started_at=0.0)
     state.updates.append(UpdateRecord(agent="a", samples=1, loss=0.1, norm=1.0, wire_bytes=1))

@@ -8,11 +8,11 @@ import pytest
 
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
-from broker_server.rounds import RoundRules
-from broker_server.strategies import build_strategy
-from broker_server.strategies.auto import agreement
-from broker_server.strategies.choice import DEFAULT_STRATEGY, strategy_notes, updates_per_round
-from broker_server.strategies.krum import gram_matrix
+from flcore.rounds import RoundRules
+from flcore.strategies import build_strategy
+from flcore.strategies.auto import agreement
+from flcore.strategies.choice import DEFAULT_STRATEGY, strategy_notes, updates_per_round
+from flcore.strategies.krum import gram_matrix
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.test_strategies import contributions

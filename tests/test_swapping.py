@@ -16,8 +16,8 @@ import signal
 import numpy as np
 import pytest
 
-from agent.trainer import TrainerWrapper
 from models.weights import NamedArrays
+from participant.trainer import TrainerWrapper
 from security.envelope import InvalidEnvelope, Opener
 from security.keys import Identity, Keyring, PublicIdentity
 from tests.fedharness import Federation, override_toml, wait_until

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from broker_server.accept import check_gates
-from broker_server.rounds import RoundState
-from broker_server.strategies import build_strategy
-from broker_server.strategies.base import Contribution
-from broker_server.validation import NotForThisRound
+from flcore.rounds import RoundState
+from flcore.strategies import build_strategy
+from flcore.strategies.base import Contribution
+from flcore.update import NotForThisRound
 from models.serialization import load_file
 from models.weights import to_arrays
 from models.zoo import build_model

@@ -8,17 +8,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from broker_server.agent_models import Assignment, Holding, Peers, settle
-from broker_server.bounds import InfluencePolicy
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
-from broker_server.strategies import build_strategy
-from broker_server.strategies.base import KeptModels
-from broker_server.validation import UpdateRejected
+from flcore.agent_models import Assignment, Holding, Peers, settle
+from flcore.bounds import InfluencePolicy
+from flcore.strategies import build_strategy
+from flcore.strategies.base import KeptModels
+from flcore.update import UpdateMeta, UpdateRejected
 from models.serialization import dumps
 from models.weights import TensorSpec, advanced, fingerprint, float_part
 from protocol.transfer import Completed
-from protocol.update import UpdateMeta
 from security.envelope import NO_DIGEST, Manifest
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation

@@ -4,7 +4,7 @@ known similarity matrix (the similarity measures: tests/test_similarity.py)."""
 import numpy as np
 import pytest
 
-from broker_server.pairing import (
+from flcore.pairing import (
     fedswap_action,
     pair_agents,
     pair_greedy,

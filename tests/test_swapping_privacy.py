@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from broker_server.accountant import epsilon_of
-from broker_server.bounds import InfluencePolicy
 from broker_server.noise import NORM_SLACK, release
 from broker_server.privacy import PrivacyPolicy
+from flcore.bounds import InfluencePolicy
 from models.weights import TensorSpec
 from sim.federation import SimSettings
 from sim.run import run_sim

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from broker_server.rounds import RoundRules
+from flcore.rounds import RoundRules
 
 DEFAULT_STRATEGY = "auto"
 

@@ -2,7 +2,7 @@
 
 With a local test split (``agent.test_data``) it first evaluates the model it starts from on it: that is
 the agent's C-SPE (its start model on its own test data), reported with its update. Under FedAMN (a
-``PeerContext``) the attention meta-network (``agent.meta_attention``) is trained next, on the agent's own
+``PeerContext``) the attention meta-network (``participant.meta_attention``) is trained next, on the agent's own
 data, and the base network trains from its output (seed 003's alternating training)."""
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from pathlib import Path
 
 import torch
 
-from agent.local_dp import PrivacyBudget, dp_sgd
-from agent.meta_attention import attention_start
-from agent.momentum import MomentumStore
-from agent.trainer import PeerContext, TrainingDeclined, TrainResult
+from flcore.update import TrainResult
 from models.datasets import Dataset
 from models.training import evaluate, train_sgd
 from models.weights import NamedArrays, load_arrays, to_arrays
 from models.zoo import build_model
+from participant.local_dp import PrivacyBudget, dp_sgd
+from participant.meta_attention import attention_start
+from participant.momentum import MomentumStore
+from participant.trainer import PeerContext, TrainingDeclined
 from protocol.messages import RoundTask, TrainSettings
 
 META_STATE_FILE = "meta_attention.safetensors"
@@ -48,7 +49,7 @@ class ClassifierTrainer:
         self.device = device
         self.agent_id = agent_id
         self.seed_base = seed * 1_000_003 + zlib.crc32(agent_id.encode())
-        self.budget = budget  # DP-SGD (agent.local_dp) when given
+        self.budget = budget  # DP-SGD (participant.local_dp) when given
         self.meta_state = work_dir / META_STATE_FILE  # FedAMN's meta-network parameters, kept across rounds
 
     def train(self, global_arrays: NamedArrays, task: RoundTask, context: PeerContext | None = None) -> TrainResult:

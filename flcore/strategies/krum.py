@@ -5,7 +5,7 @@ f is the number of Byzantine agents to tolerate; Multi-Krum averages the ``keep`
 (default n - f; El Mhamdi et al., 2018, arXiv:1802.07927). Distances are taken between the clipped
 deltas. The guarantee needs n ≥ 2f + 3; with fewer updates f is lowered to (n - 3) // 2 for that round
 and the metrics say so (``f_used``). The kept agents are listed in ``metrics.aggregation.selected``.
-Under differential privacy the noise is calibrated to Multi-Krum's sensitivity (``broker_server.dp_sensitivity``).
+Under differential privacy the noise is calibrated to Multi-Krum's sensitivity (``flcore.dp_sensitivity``).
 
 Memory: updates stay on disk and are read twice in column blocks (once for the n x n Gram matrix, once
 to average the kept ones): about 32 MB of RAM plus 8·n² bytes.
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from broker_server.dp_sensitivity import multi_krum_sensitivity
-from broker_server.strategies.base import Contribution, RoundResult, Strategy, column_blocks
-from broker_server.strategies.choice import krum_f_used
+from flcore.dp_sensitivity import multi_krum_sensitivity
+from flcore.strategies.base import Contribution, RoundResult, Strategy, column_blocks
+from flcore.strategies.choice import krum_f_used
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ ecosystem_feasibility.md §3); this module handles each on purpose:
   round), a constant learning rate within the round (``lrf = 1``), SGD with the round's ``lr`` and
   ``momentum``, and ``nbs = batch`` so the optimizer steps every batch (Ultralytics otherwise
   accumulates to a nominal batch of 64: a small agent would make one step per epoch). With
-  ``keep_momentum`` the optimizer's momentum continues from the agent's last round (``agent.momentum``).
+  ``keep_momentum`` the optimizer's momentum continues from the agent's last round (``participant.momentum``).
 - **Mixed precision** is the agent's choice (``[training] amp``, off by default): Ultralytics' own AMP
-  switch would download a checkpoint for its check and start a new loss scale every round; ``agent.amp``
+  switch would download a checkpoint for its check and start a new loss scale every round; ``participant.amp``
   runs fp16 with the scale kept across rounds instead. ``device`` may name a GPU (``cuda:1``).
 - **Weight.** The update is weighted by the agent's annotated objects (seed 001), not images.
 - **Partial aggregation** (``task.share`` = ``backbone`` or ``head``): the agent starts from the global
@@ -39,9 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agent.amp import MixedPrecision, ScalerStore
-from agent.momentum import MomentumStore
-from agent.trainer import PeerContext, TrainingDeclined, TrainResult
+from flcore.update import TrainResult
 from models.serialization import load_file, save_file
 from models.training import collect_momentum, restore_momentum
 from models.weights import NamedArrays, load_arrays, to_arrays
@@ -49,6 +47,9 @@ from models.yolo import prepare_run, shared_names
 from models.yolo_dataset import class_counts, load_data_yaml
 from models.yolo_eval import map_metrics
 from models.zoo import build_model
+from participant.amp import MixedPrecision, ScalerStore
+from participant.momentum import MomentumStore
+from participant.trainer import PeerContext, TrainingDeclined
 from protocol.messages import RoundTask
 
 log = logging.getLogger("skyfed.agent")

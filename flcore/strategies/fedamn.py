@@ -4,7 +4,7 @@
 The server collects every agent's model, publishes their sample-weighted mean as the global model w_g
 (FedAvg: the seed's "soft start", its Algorithm 1 step ⑥), clusters the models with k-means (step ⑤) and
 sends each agent the other models of its cluster W_k, sealed to it alone (step ⑦). The agent's half is the
-attention meta-network (``agent.meta_attention``): with its own model as query it attends over them, then
+attention meta-network (``participant.meta_attention``): with its own model as query it attends over them, then
 blends in w_g, trains that network on its own data and starts its base network's training from the result.
 
 Progressive training (seed §3.1): before round ``after`` (the seed's p) the federation is plain FedAvg:
@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy.cluster.vq import kmeans2
 
-from broker_server.strategies.base import (
+from flcore.strategies.base import (
     Contribution,
     KeptModels,
     RoundResult,
@@ -46,7 +46,7 @@ from broker_server.strategies.base import (
     TrainPlan,
     mean_of_models,
 )
-from broker_server.strategies.krum import gram_matrix
+from flcore.strategies.krum import gram_matrix
 from protocol.messages import TrainSettings
 
 EMBEDDING_DIMS = 32  # k-means runs on the models' leading principal coordinates: the clusters need no more

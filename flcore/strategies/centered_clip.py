@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from broker_server.bounds import lower_median
-from broker_server.strategies.base import Contribution, NamedArrays, RoundResult, Strategy, column_blocks
-from broker_server.strategies.fedavg import WEIGHTINGS
+from flcore.bounds import lower_median
+from flcore.strategies.base import Contribution, NamedArrays, RoundResult, Strategy, column_blocks
+from flcore.strategies.fedavg import WEIGHTINGS
 from models.weights import RUNNING_STATISTICS, TensorRange, TensorSpec, ranges_of
 
 

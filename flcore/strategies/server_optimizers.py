@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from broker_server.strategies.base import Contribution, NamedArrays, RoundResult
-from broker_server.strategies.fedavg import FedAvg, FedAvgOptions
+from flcore.strategies.base import Contribution, NamedArrays, RoundResult
+from flcore.strategies.fedavg import FedAvg, FedAvgOptions
 from models.weights import RUNNING_STATISTICS, TensorRange, TensorSpec, ranges_of
 
 

@@ -3,7 +3,7 @@
 The new global model is the current one plus the average of the agents' clipped deltas, weighted by
 their (capped) sample counts (``weighting = "samples"``, the paper's n_k/n) or equally
 (``"uniform"``). Streaming: each update is folded into one float32 running sum while it is checked
-(``broker_server.onepass``), with the bounds known so far; at the end the few updates whose exact
+(``flcore.onepass``), with the bounds known so far; at the end the few updates whose exact
 coefficient differs (deferred ones, or ones the final clip bound or sample cap reached) are corrected
 from the stored update. If a tentative coefficient was far larger than the exact one, the sum is
 rebuilt from the stored updates instead, so no large value is ever cancelled in float32.
@@ -11,7 +11,7 @@ rebuilt from the stored updates instead, so no large value is ever cancelled in 
 Under differential privacy with ``privacy.weight_cap`` ŵ (DP-FedAvg with weights, McMahan, Ramage,
 Talwar & Zhang, ICLR 2018, arXiv:1710.06963, Alg. 1's fixed-denominator estimator): an update weighs
 wₖ = min(nₖ / ŵ, 1) for its capped sample (or object) count nₖ, and the weighted sum is divided by the
-number of updates n, not by Σ wₖ. Why n and the sensitivity S/n: ``broker_server.dp_sensitivity``.
+number of updates n, not by Σ wₖ. Why n and the sensitivity S/n: ``flcore.dp_sensitivity``.
 
 Memory: one float32 vector the size of the model, whatever the number of agents (updates wait on disk).
 """
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from broker_server.bounds import Tentative
-from broker_server.dp_sensitivity import mean_sensitivity
-from broker_server.onepass import Fold, axpy
-from broker_server.strategies.base import Contribution, RoundResult, Strategy
+from flcore.bounds import Tentative
+from flcore.dp_sensitivity import mean_sensitivity
+from flcore.onepass import Fold, axpy
+from flcore.strategies.base import Contribution, RoundResult, Strategy
 from models.weights import TensorSpec
 
 WEIGHTINGS = ("samples", "uniform")

@@ -2,27 +2,27 @@
 
 ``build_strategy(table)`` builds the one ``[strategy] name`` selects, with the rest of the table as
 its options. Every strategy composes with the influence bounds (clipping, sample caps) of
-``broker_server.bounds``, applied before it sees the updates.
+``flcore.bounds``, applied before it sees the updates.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from broker_server.strategies.auto import AutoDefault
-from broker_server.strategies.base import Contribution, RoundResult, Strategy
-from broker_server.strategies.centered_clip import CenteredClip
-from broker_server.strategies.choice import DEFAULT_STRATEGY
-from broker_server.strategies.demlearn import DemLearn
-from broker_server.strategies.fedamn import FedAMN
-from broker_server.strategies.fedamp import FedAMP
-from broker_server.strategies.fedavg import FedAvg
-from broker_server.strategies.fedprox import FedProx
-from broker_server.strategies.krum import MultiKrum
-from broker_server.strategies.median import FedMedian
-from broker_server.strategies.server_optimizers import FedAdam, FedAvgM, FedYogi
-from broker_server.strategies.swapping import ModelSwapping, SimFedSwap
-from broker_server.strategies.trimmed_mean import TrimmedMean
+from flcore.strategies.auto import AutoDefault
+from flcore.strategies.base import Contribution, RoundResult, Strategy
+from flcore.strategies.centered_clip import CenteredClip
+from flcore.strategies.choice import DEFAULT_STRATEGY
+from flcore.strategies.demlearn import DemLearn
+from flcore.strategies.fedamn import FedAMN
+from flcore.strategies.fedamp import FedAMP
+from flcore.strategies.fedavg import FedAvg
+from flcore.strategies.fedprox import FedProx
+from flcore.strategies.krum import MultiKrum
+from flcore.strategies.median import FedMedian
+from flcore.strategies.server_optimizers import FedAdam, FedAvgM, FedYogi
+from flcore.strategies.swapping import ModelSwapping, SimFedSwap
+from flcore.strategies.trimmed_mean import TrimmedMean
 
 _ALL = (AutoDefault, FedAvg, FedProx, FedMedian, TrimmedMean, MultiKrum, CenteredClip, FedAvgM, FedAdam, FedYogi)
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (*_ALL, ModelSwapping, SimFedSwap, DemLearn, FedAMP,

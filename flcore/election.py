@@ -10,13 +10,22 @@ published_as, and the ``onnx`` export report when the server exports ONNX).
 
 from __future__ import annotations
 
-from broker_server.checkpoint import CheckpointStore
+from typing import Protocol
+
 from models.weights import NamedArrays
 from protocol.messages import HEADLINE
 
 
+class BestStore(Protocol):
+    """Where the best model so far is kept (the server's checkpoint store; a peer's own state)."""
+
+    def save_best(self, version: int, arrays: NamedArrays) -> None: ...
+
+    def load_best(self, version: int) -> NamedArrays: ...
+
+
 class BestModel:
-    def __init__(self, store: CheckpointStore, record: dict) -> None:
+    def __init__(self, store: BestStore, record: dict) -> None:
         self.store = store
         self.record = record  # {} until a model was evaluated; kept in the checkpoint
 

@@ -6,9 +6,9 @@ strategy that needs every update of the round (median, Krum) overrides ``aggrega
 buffering is the update store's. ``plan_starts`` decides, after the round, what every agent starts the
 next one from and whether the round's result is published as the global model: by default it is, and
 everyone starts from it. Strategies that keep per-agent or per-group models (``keeps_models``: model
-swapping, DemLearn) override it; the server keeps their models on disk (``broker_server.agent_models``)
+swapping, DemLearn) override it; the server keeps their models on disk (``flcore.agent_models``)
 and seals each agent's start model to it alone.
-Updates arrive validated and with their influence bounded (``broker_server.bounds``): a strategy sees
+Updates arrive validated and with their influence bounded (``flcore.bounds``): a strategy sees
 ``Contribution``s — a read-only float32 delta over the global model's floating tensors, the capped
 sample count and the clip scale — and returns the next global vector. Every accepted update stays in
 the server's on-disk update store until the round is committed, so a strategy that needs all of them
@@ -29,9 +29,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from broker_server.agent_models import Assignment, Holding, Peers
-from broker_server.bounds import Tentative
-from broker_server.onepass import Fold, axpy
+from flcore.agent_models import Assignment, Holding, Peers
+from flcore.bounds import Tentative
+from flcore.onepass import Fold, axpy
 from models.weights import TensorSpec
 from protocol.messages import TrainSettings
 from protocol.typed import SchemaError, build
@@ -124,7 +124,7 @@ class Strategy(ABC):
     # Fold updates into a running sum as they arrive (``fold_plan``). Off under differential privacy: an
     # update is then processed at close whatever its norm, so the round's timing says nothing about it.
     fold_on_accept: bool = True
-    # True when every agent's model is kept across rounds (``broker_server.agent_models``): deltas are then
+    # True when every agent's model is kept across rounds (``flcore.agent_models``): deltas are then
     # over each agent's own start model, and ``Contribution.model`` holds its model after the round.
     keeps_models: ClassVar[bool] = False
     last_round: int = 0  # ``server.rounds`` (0: no end): a schedule that must end on a published model knows where
@@ -172,7 +172,7 @@ class Strategy(ABC):
 
     def dp_sensitivity(self, updates: int, clip: float) -> float | None:
         """How far one agent can move ``average``'s result (L2) when ``updates`` updates clipped to ``clip`` are
-        aggregated: differential privacy's noise is calibrated to it (``broker_server.dp_sensitivity``).
+        aggregated: differential privacy's noise is calibrated to it (``flcore.dp_sensitivity``).
         None: no useful bound, and ``[privacy]`` refuses the strategy."""
         return None
 

@@ -5,7 +5,7 @@ Each coordinate of the new delta is the median of that coordinate over the round
 than half of the agents cannot drag any coordinate outside the range of the honest values. Unweighted:
 sample counts play no part, so an inflated claim buys nothing. Under differential privacy it is the trimmed
 mean that keeps one value (two for even n), and its noise is n/2 to n times FedAvg's
-(``broker_server.dp_sensitivity``): of the order of the clip bound on every value, whatever the fleet.
+(``flcore.dp_sensitivity``): of the order of the clip bound on every value, whatever the fleet.
 
 Memory: every update of the round stays in the on-disk update store; aggregation reads them in column
 blocks (``column_blocks``), about 32 MB of RAM whatever the number of agents, plus the result vector.
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from broker_server.dp_sensitivity import trimmed_mean_sensitivity
-from broker_server.strategies.base import Contribution, RoundResult, Strategy, column_blocks
+from flcore.dp_sensitivity import trimmed_mean_sensitivity
+from flcore.strategies.base import Contribution, RoundResult, Strategy, column_blocks
 
 
 class FedMedian(Strategy):

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from broker_server.strategies.base import Contribution, NamedArrays, RoundResult, Strategy
-from broker_server.strategies.centered_clip import CenteredClip
-from broker_server.strategies.krum import KrumOptions, MultiKrum, gram_matrix
+from flcore.strategies.base import Contribution, NamedArrays, RoundResult, Strategy
+from flcore.strategies.centered_clip import CenteredClip
+from flcore.strategies.krum import KrumOptions, MultiKrum, gram_matrix
 from models.weights import TensorSpec
 
 

@@ -4,7 +4,7 @@ For each coordinate, the ``beta`` fraction of largest and of smallest values ove
 clipped deltas are dropped and the rest averaged (the paper's β-trimmed mean; Flower calls it
 FedTrimmedAvg). With f attackers out of n it tolerates f ≤ beta·n. If too few updates are left to
 trim (n - 2·floor(beta·n) < 1), as many as possible are trimmed while keeping one. Unweighted.
-Under differential privacy its noise is n / (n − 2k) times FedAvg's (``broker_server.dp_sensitivity``):
+Under differential privacy its noise is n / (n − 2k) times FedAvg's (``flcore.dp_sensitivity``):
 1.67× at the default beta.
 
 Memory: as ``median``: updates stay on disk, read in column blocks (about 32 MB of RAM).
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from broker_server.dp_sensitivity import trimmed_mean_sensitivity
-from broker_server.strategies.base import Contribution, RoundResult, Strategy, column_blocks
+from flcore.dp_sensitivity import trimmed_mean_sensitivity
+from flcore.strategies.base import Contribution, RoundResult, Strategy, column_blocks
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Schedule (FedSwap, Alg. 4-1 of the thesis): in round t, ``swap`` when t mod h1 =
 ``average`` when t mod h1·h2 = 0, ``local`` training otherwise — so a cycle of h1·h2 rounds holds
 h2 − 1 swaps and one weighted average (the thesis checks 81 swap rounds in 610 with h1 = 5, h2 = 3).
 
-Pairing, over a similarity matrix (larger = more similar; ``broker_server.similarity``):
+Pairing, over a similarity matrix (larger = more similar; ``flcore.similarity``):
 - ``random`` (FedSwap): agents shuffled and paired in order;
 - ``gs`` (Greedy Swapping, Alg. 4-2): a random remaining agent takes its least similar remaining one;
 - ``mss`` (Minimum Similarity Swapping, Alg. 4-3, the thesis's default): repeatedly the least similar

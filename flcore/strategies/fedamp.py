@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from broker_server.agent_models import Assignment
-from broker_server.strategies.base import (
+from flcore.agent_models import Assignment
+from flcore.strategies.base import (
     Contribution,
     KeptModels,
     RoundResult,
@@ -37,8 +37,8 @@ from broker_server.strategies.base import (
     mean_of_models,
     mixed_models,
 )
-from broker_server.strategies.demlearn import distance_matrix
-from broker_server.strategies.krum import gram_matrix, squared_distances
+from flcore.strategies.demlearn import distance_matrix
+from flcore.strategies.krum import gram_matrix, squared_distances
 from protocol.messages import TrainSettings
 
 ATTENTIONS = ("distance", "cosine")

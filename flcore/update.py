@@ -14,9 +14,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
 
 from common.untrusted_json import parse_untrusted_json
-from protocol.codecs import Codec, CodecError
+from models.serialization import SerializationError, dumps, float32_region, loads, read_header
+from models.weights import NamedArrays, TensorSpec, delta, flatten, unflatten
+from protocol.codecs import FP32, Codec, CodecError, ErrorFeedback, compress, decode
+from protocol.messages import RoundTask
 
 FORMAT = "skyfed.update/1"
 MAX_SAMPLES = 2**53  # exact as a float; larger claims are refused, smaller ones capped by the server's bounds
@@ -34,7 +40,7 @@ class UpdateMeta:
     loss: float
     codec: str = "fp32"  # protocol.codecs.Codec's name; agents from before codecs said "none" (the same)
     base_sha256: str = ""  # fingerprint of the start model when it was not the global one
-    local_epsilon: float | None = None  # the agent's own DP-SGD epsilon so far (agent.local_dp), if it uses it
+    local_epsilon: float | None = None  # the agent's own DP-SGD epsilon so far (participant.local_dp), if it uses it
     local_delta: float | None = None
     weight: int = 0  # 0: the same as ``samples``
     local_eval: dict[str, float] = field(default_factory=dict)
@@ -127,3 +133,112 @@ def _local_eval(text: str | None, key: str = "local_eval") -> dict[str, float]:
             raise ValueError(f"{key} values must be finite numbers under names of at most 32 characters")
         out[name] = float(value)
     return out
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    arrays: NamedArrays
+    samples: int
+    loss: float
+    epsilon: float | None = None  # this agent's own DP-SGD epsilon after the round (local DP only)
+    weight: int = 0  # what the server weighs the update by (0: ``samples``); detectors: annotated objects
+    local_eval: dict[str, float] = field(default_factory=dict)  # the trainer's own validation, e.g. map50
+    start_eval: dict[str, float] = field(default_factory=dict)  # the start model on the local test split (C-SPE)
+
+
+class UpdateRejected(Exception):
+    """An update was refused; ``reason`` is short and goes to ``metrics.rejected``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class NotForThisRound(UpdateRejected):
+    """Refused by the round's gates (no round, another round, not selected, already accepted): says
+    nothing about the sender's update for this round, which it may still send."""
+
+
+@dataclass(frozen=True)
+class ParsedUpdate:
+    meta: UpdateMeta
+    delta: np.ndarray  # float32 in the model's float layout: a zero-copy view into the received bytes under fp32
+    stored: bytes | bytearray | memoryview  # what the update store keeps: float32 safetensors, like an fp32 update
+
+
+def describe_spec_mismatch(got: tuple[TensorSpec, ...], expected: tuple[TensorSpec, ...]) -> str:
+    got_by_name = {s.name: s for s in got}
+    for spec in expected:
+        other = got_by_name.get(spec.name)
+        if other is None:
+            return f"missing tensor {spec.name!r}"
+        if other.shape != spec.shape:
+            return f"shape of {spec.name} is {other.shape}, expected {spec.shape}"
+    extra = sorted(set(got_by_name) - {s.name for s in expected})
+    if extra:
+        return f"unexpected tensor {extra[0][:64]!r}"
+    return "tensor order differs from the global model"
+
+
+def parse_update(
+    data: bytes | bytearray | memoryview,
+    *,
+    expected_spec: tuple[TensorSpec, ...],
+    round_number: int,
+    model_version: int,
+    base_sha256: str = "",
+    codec: Codec = FP32,
+) -> ParsedUpdate:
+    """Parse and check one update's structure; raise ``UpdateRejected`` with the reason on the first problem."""
+    try:
+        header = read_header(data)
+    except SerializationError as exc:
+        raise UpdateRejected(f"malformed-update: {exc}") from None
+    try:
+        meta = UpdateMeta.from_metadata(header.metadata)
+    except UpdateMetaError as exc:
+        raise UpdateRejected(str(exc)) from None
+    if meta.round != round_number:
+        raise UpdateRejected(f"wrong-round: update for round {meta.round}, current is {round_number}")
+    if meta.base_version != model_version:
+        raise UpdateRejected(f"stale-base: trained on version {meta.base_version}, current is {model_version}")
+    if meta.base_sha256 != base_sha256:
+        said = f"model {base_sha256[:12]}" if base_sha256 else "the global model"
+        raise UpdateRejected(f"wrong-base: trained from {meta.base_sha256[:12] or 'the global model'}, not {said}")
+    if meta.codec != str(codec):
+        raise UpdateRejected(f"wrong-codec: encoded as {meta.codec}, the round asks for {codec}")
+    if codec != FP32:
+        try:
+            delta = flatten(decode(loads(data, header=header)[0], codec, expected_spec), expected_spec)
+        except CodecError as exc:
+            raise UpdateRejected(f"bad-encoding: {exc}") from None
+        return ParsedUpdate(meta=meta, delta=delta, stored=dumps(unflatten(delta, expected_spec)))
+    try:
+        vector, spec, _ = float32_region(data, header)
+    except SerializationError as exc:
+        raise UpdateRejected(f"malformed-update: {exc}") from None
+    if tuple(spec) != tuple(expected_spec):
+        raise UpdateRejected(f"wrong-tensors: {describe_spec_mismatch(tuple(spec), expected_spec)}")
+    return ParsedUpdate(meta=meta, delta=vector, stored=data)
+
+
+def encode_update(
+    task: RoundTask,
+    base: NamedArrays,
+    result: TrainResult,
+    *,
+    residual: Path,
+    base_sha256: str = "",
+    local_delta: float | None = None,
+) -> tuple[bytes, NamedArrays]:
+    """The update's plaintext: the change from the start model ``base`` (``base_sha256`` when that was not the
+    global one) in the round's codec (``protocol.codecs``; top-k keeps what it did not send in ``residual``,
+    for later rounds), with the metadata the server checks it by; and the float32 change the server will
+    decode from it (the agent's own model after the round is ``base`` plus that, bit for bit)."""
+    codec = Codec.parse(task.codec)
+    out = compress(delta(result.arrays, base), codec, ErrorFeedback(residual, task.run_id))
+    epsilon = result.epsilon if result.epsilon is not None and math.isfinite(result.epsilon) else None
+    meta = UpdateMeta(round=task.round, base_version=task.model_version, samples=result.samples, loss=result.loss,
+                      base_sha256=base_sha256, local_epsilon=epsilon, local_delta=local_delta, weight=result.weight,
+                      local_eval=result.local_eval, start_eval=result.start_eval, codec=str(codec))  # fmt: skip
+    return dumps(out.payload, metadata=meta.to_metadata()), out.sent

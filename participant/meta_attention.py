@@ -2,7 +2,7 @@
 
 The seed (Gao et al., 计算机研究与发展 61(1), 2024; seed 003, notes §2.2 and §2.4) gives the structure, two
 layers of scaled dot-product attention with the agent's own model as query — layer 1 over the other models
-of its cluster (``broker_server.strategies.fedamn`` says why not its own), layer 2 over {layer-1
+of its cluster (``flcore.strategies.fedamn`` says why not its own), layer 2 over {layer-1
 output, global model w_g} — and the "AMN step": the output w_att goes into the base network as its
 parameters and the gradient of the local loss trains only the meta-parameters Θ. Its equations, what Θ
 holds and how d-dimensional models are handled are missing; these are SkyFed's choices:

@@ -34,8 +34,8 @@ import numpy as np
 from scipy.cluster.hierarchy import linkage, to_tree
 from scipy.spatial.distance import squareform
 
-from broker_server.agent_models import Assignment
-from broker_server.strategies.base import (
+from flcore.agent_models import Assignment
+from flcore.strategies.base import (
     Contribution,
     KeptModels,
     NamedArrays,
@@ -46,7 +46,7 @@ from broker_server.strategies.base import (
     mean_of_models,
     mixed_models,
 )
-from broker_server.strategies.krum import gram_matrix
+from flcore.strategies.krum import gram_matrix
 from models.weights import RUNNING_STATISTICS, ranges_of
 from protocol.messages import TrainSettings, headline
 

@@ -4,12 +4,12 @@ Network Models Similarity for Enhancing Federated Learning", M.Sc. thesis, Isfah
 Technology; seed 004).
 
 Every agent keeps its own model across rounds. Round t's updates are for ``fedswap_action(t, h1, h2)``
-(``broker_server.pairing``): ``local`` (each agent goes on from its own model), ``swap`` (pairs of
+(``flcore.pairing``): ``local`` (each agent goes on from its own model), ``swap`` (pairs of
 agents exchange models through the server: each receives its partner's model sealed to it alone) or
 ``average`` (the sample-weighted mean of the agents' models becomes the new global model, which every
 agent then starts from). FedSwap pairs at random; SimFedSwap pairs the *least similar* models
 (``pairing = "mss"`` by default, or ``"gs"``), similarity on the weights layer by layer
-(``broker_server.similarity``: ``osad``, ``cca``, ``hsic``, ``cka``, ``rbf-cka``, ``dcka``).
+(``flcore.similarity``: ``osad``, ``cca``, ``hsic``, ``cka``, ``rbf-cka``, ``dcka``).
 
 The schedule is a layer over any aggregation: an ``average`` round combines the agents' models with
 ``aggregate`` (``fedavg`` by default, the thesis's WeightedAvg; or ``krum``, ``median``, ``trimmed-mean``,
@@ -27,7 +27,7 @@ privacy every model a swap hands out is released noised (``broker_server.noise.r
 
 Memory at the end of a round: one model-sized float32 vector for the mean, plus, for similarity
 pairing, the weight tensors of every agent whose update was accepted (N × the model's size); the
-agents' models themselves are memory-mapped files (``broker_server.agent_models``).
+agents' models themselves are memory-mapped files (``flcore.agent_models``).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from broker_server.agent_models import Assignment
-from broker_server.pairing import PAIRINGS, fedswap_action, pair_agents
-from broker_server.similarity import METRICS, similarity_matrix, weight_layers
-from broker_server.strategies.base import (
+from flcore.agent_models import Assignment
+from flcore.pairing import PAIRINGS, fedswap_action, pair_agents
+from flcore.similarity import METRICS, similarity_matrix, weight_layers
+from flcore.strategies.base import (
     Contribution,
     KeptModels,
     NamedArrays,
@@ -49,7 +49,7 @@ from broker_server.strategies.base import (
     Strategy,
     model_differences,
 )
-from broker_server.strategies.fedavg import WEIGHTINGS
+from flcore.strategies.fedavg import WEIGHTINGS
 from models.weights import TensorSpec, unflatten
 from protocol.typed import SchemaError, build
 
@@ -186,7 +186,7 @@ class ModelSwapping(Strategy):
 def aggregation(options: SwapOptions) -> Strategy:
     """The strategy an ``average`` round uses, built from ``aggregate_options`` (FedAvg's weighting defaults
     to the swapping strategy's own)."""
-    from broker_server.strategies import STRATEGIES  # the registry imports this module
+    from flcore.strategies import STRATEGIES  # the registry imports this module
 
     cls = STRATEGIES[options.aggregate]
     table = dict(options.aggregate_options)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, replace
 
-from broker_server.strategies.base import TrainPlan
-from broker_server.strategies.fedavg import FedAvg, FedAvgOptions
+from flcore.strategies.base import TrainPlan
+from flcore.strategies.fedavg import FedAvg, FedAvgOptions
 from protocol.messages import TrainSettings
 
 
