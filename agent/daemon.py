@@ -33,7 +33,7 @@ from agent.inbox import ServerInbox
 from agent.onboard import OnboardModel
 from agent.profile import privacy_view, read_start_files
 from agent.run_end import RunEnd
-from agent.runner import ChildRunner, Job, Runner
+from agent.runner import ChildRunner
 from agent.start_models import StartModels
 from agent.state import AgentProgress, ProgressStore
 from agent.telemetry import Telemetry
@@ -41,6 +41,7 @@ from agent.waiting import waiting_for
 from agent.work import RoundWork, Training, Upload
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from models.weights import NamedArrays
+from participant.jobs import Job, Runner
 from protocol.daemon import MqttDaemon, Throttle
 from protocol.messages import MAX_JSON_BYTES, AgentStatus, Gate, MessageError, RoundTask
 from protocol.mqtt import MqttClient, Will

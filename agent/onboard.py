@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from agent.runner import Exported, Outcome
+from participant.jobs import Exported, Outcome
 from protocol.messages import RoundTask
 
 log = logging.getLogger("skyfed.agent")

@@ -9,7 +9,7 @@ every round); ``"warm"`` keeps it for good (its memory stays taken). One job at 
 from the daemon's loop, so MQTT keep-alives, status and the systemd watchdog go on while it runs; it can
 be cancelled (the child is killed: a gate that closes mid-round, a stop, an expired task) and is
 killed when it passes ``training.time_limit_s``. A child that crashes is a failed job, never a dead
-daemon. Simulation hosts and tests run a trainer in their own process instead (``InProcessRunner``),
+daemon. Simulation hosts and tests run a trainer in their own process instead (``participant.jobs``),
 so agents hosted together share one process and one PyTorch.
 """
 
@@ -23,124 +23,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, Union
+from typing import TYPE_CHECKING
 
 from flcore.update import TrainResult
 from models.serialization import load_file, save_file
 from models.weights import NamedArrays
-from participant.trainer import PeerContext, Trainer, TrainingDeclined
+from participant.jobs import Cancelled, Declined, Exported, Failed, InProcessRunner, Job, Outcome, Trained
+from participant.trainer import PeerContext
 from protocol.messages import RoundTask
 
 if TYPE_CHECKING:
     from agent.config import AgentConfig
 
 log = logging.getLogger("skyfed.agent")
-
-
-@dataclass(frozen=True)
-class Trained:
-    result: TrainResult
-    export: Outcome | None = None  # the ONNX export of the start model that rode along, if one was asked for
-
-
-@dataclass(frozen=True)
-class Exported:
-    detail: str  # e.g. "max_abs_diff=3e-06 seconds=1.2"
-
-
-@dataclass(frozen=True)
-class Declined:
-    reason: str
-
-
-@dataclass(frozen=True)
-class Failed:
-    reason: str
-
-
-@dataclass(frozen=True)
-class Cancelled:
-    reason: str  # the daemon stopped it: a gate closed, the round moved on, the agent stops
-
-
-Outcome = Union[Trained, Exported, Declined, Failed, Cancelled]  # noqa: UP007 - Python 3.10 agents evaluate it at import
-
-
-class Job(Protocol):
-    kind: str  # "train" | "export"
-
-    def poll(self) -> Outcome | None:
-        """The outcome once the job is over, else None (never blocks)."""
-
-    def cancel(self, reason: str) -> None:
-        """Stop the job; its outcome becomes ``Cancelled(reason)`` and any result is dropped."""
-
-
-class Runner(Protocol):
-    def train(
-        self, base: NamedArrays, task: RoundTask, export_to: Path | None = None, context: PeerContext | None = None
-    ) -> Job:
-        """Train ``task`` from ``base`` (with FedAMN's ``context``); with ``export_to``, also export ``base`` (the
-        global model) to ONNX afterwards, in the same child: a per-round child then starts once per round."""
-
-    def export(self, arrays: NamedArrays, task: RoundTask, path: Path) -> Job: ...
-
-    def prepare(self, key: object) -> None:
-        """A round that selects this agent (``key``: its run, round and attempt) was announced: get ready."""
-
-    def release_idle(self) -> None:
-        """Give back what an idle runner holds, once it has been idle long enough."""
-
-    def close(self) -> None: ...
-
-
-# -- in this process (simulation hosts, tests) ----------------------------------------------------------
-class ThreadJob:
-    """A job on a thread of this process; a cancelled one finishes in the background, its result dropped."""
-
-    def __init__(self, kind: str, work: Callable[[], Outcome]) -> None:
-        self.kind = kind
-        self._outcome: Outcome | None = None
-        self._cancelled: Cancelled | None = None
-        self._thread = threading.Thread(
-            target=self._run, args=(work,), name=f"{threading.current_thread().name}-{kind}"
-        )
-        self._thread.start()
-
-    def _run(self, work: Callable[[], Outcome]) -> None:
-        self._outcome = run_guarded(work)
-
-    def poll(self) -> Outcome | None:
-        return self._cancelled or (self._outcome if not self._thread.is_alive() else None)
-
-    def cancel(self, reason: str) -> None:
-        if self.poll() is None:
-            self._cancelled = Cancelled(reason)
-
-
-class InProcessRunner:
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-
-    def train(
-        self, base: NamedArrays, task: RoundTask, export_to: Path | None = None, context: PeerContext | None = None
-    ) -> Job:
-        return ThreadJob("train", lambda: train_and_export(self.trainer, base, task, export_to, context))
-
-    def export(self, arrays: NamedArrays, task: RoundTask, path: Path) -> Job:
-        return ThreadJob("export", lambda: export_onnx(arrays, task, path))
-
-    def prepare(self, key: object) -> None:
-        """The trainer is built already."""
-
-    def release_idle(self) -> None:
-        """The trainer belongs to the hosting process."""
-
-    def close(self) -> None:
-        """Nothing to stop: a running thread job ends on its own."""
 
 
 def in_process_runner(config: AgentConfig) -> InProcessRunner:
@@ -153,38 +49,6 @@ def in_process_runner(config: AgentConfig) -> InProcessRunner:
     if config.training.threads > 0:
         torch.set_num_threads(config.training.threads)
     return InProcessRunner(build_trainer(config, torch_device(config.training.device)))
-
-
-# -- the job itself, wherever it runs -------------------------------------------------------------------
-def run_guarded(work: Callable[[], Outcome]) -> Outcome:
-    """A trainer bug or bad data becomes a ``Failed`` outcome (logged with its traceback), not a crash."""
-    try:
-        return work()
-    except TrainingDeclined as exc:
-        return Declined(str(exc))
-    except Exception as exc:  # noqa: BLE001 - whatever the trainer raises, the daemon carries on
-        log.exception("job failed: %s", exc)
-        return Failed(f"{type(exc).__name__}: {exc}")
-
-
-def train_and_export(
-    trainer: Trainer, base: NamedArrays, task: RoundTask, export_to: Path | None, context: PeerContext | None = None
-) -> Outcome:
-    trained = run_guarded(lambda: Trained(trainer.train(base, task, context)))
-    if export_to is None or not isinstance(trained, Trained):
-        return trained
-    return Trained(trained.result, run_guarded(lambda: export_onnx(base, task, export_to)))
-
-
-def export_onnx(arrays: NamedArrays, task: RoundTask, path: Path) -> Outcome:
-    """``models.onnx_export.export_global`` of the task's model (written only if onnxruntime reproduced it)."""
-    from models.onnx_export import export_global
-
-    names = task.classes or [str(i) for i in range(task.num_classes)]
-    report = export_global(task.model, arrays, path, names=names, image_size=task.train.image_size)
-    if not report.ok:
-        return Failed(f"onnx export failed: {report.reason}")
-    return Exported(f"max_abs_diff={report.max_abs_diff:.2g} seconds={report.seconds:.2f}")
 
 
 # -- in a child process (the deployed agent) -----------------------------------------------------------

@@ -23,18 +23,10 @@ import threading
 from pathlib import Path
 
 from agent.config import load_agent_config
-from agent.runner import (
-    CONTEXT_FILE,
-    Trained,
-    as_reply,
-    export_onnx,
-    in_process_runner,
-    run_guarded,
-    train_and_export,
-    write_result,
-)
+from agent.runner import CONTEXT_FILE, as_reply, in_process_runner, write_result
 from models.serialization import load_file
 from models.yolo import ultralytics_offline
+from participant.jobs import Trained, export_onnx, run_guarded, train_and_export
 from participant.trainer import PeerContext, Trainer
 from protocol.daemon import configure_logging
 from protocol.messages import RoundTask

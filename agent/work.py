@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING
 
 import paho.mqtt.client as paho
 
-from agent.runner import Cancelled, Declined, Failed, Job, Trained
 from agent.state import RESIDUAL_FILE
 from flcore.update import TrainResult, encode_update
 from models.weights import NamedArrays, advanced
+from participant.jobs import Cancelled, Declined, Failed, Job, Trained
 from protocol.messages import AgentStart, RoundTask
 from protocol.mqtt import MqttClient
 from security.envelope import seal

@@ -270,8 +270,8 @@ def test_the_round_closed_line_says_how_the_agents_were_clustered(caplog):
 def test_an_agent_that_declines_says_why_in_its_signed_status(tmp_path):
     """A local-DP agent declines FedAMN's rounds; the operator's ``skyfed monitor`` shows its status detail,
     which the tip left empty (the reason was only in the agent's own journal)."""
-    from agent.runner import Declined, ThreadJob
     from agent.work import Training
+    from participant.jobs import Declined, ThreadJob
     from tests.fedharness import hosted_agent
     from tests.fedharness import round_task as a_task
 

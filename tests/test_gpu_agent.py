@@ -42,7 +42,7 @@ socket.socket.connect = lambda self, address: refuse(address)
 import torch
 from participant.detector import DetectorTrainer
 from agent.infer import load_model
-from agent.runner import export_onnx
+from participant.jobs import export_onnx
 from models.synthetic_detection import NAMES, write_dataset
 from models.weights import to_arrays
 from models.zoo import build_model

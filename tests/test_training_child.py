@@ -16,10 +16,11 @@ import pytest
 
 from agent.config import load_agent_config
 from agent.daemon import EdgeAgent
-from agent.runner import Cancelled, ChildRunner, Declined, Exported, Failed, Trained
+from agent.runner import ChildRunner
 from common import toml
 from models.weights import to_arrays
 from models.zoo import build_model
+from participant.jobs import Cancelled, Declined, Exported, Failed, Trained
 from protocol.config import ConfigError
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import Federation, override_toml, round_task, wait_until
