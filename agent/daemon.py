@@ -38,10 +38,11 @@ from agent.start_models import StartModels
 from agent.state import AgentProgress, ProgressStore
 from agent.telemetry import Telemetry
 from agent.waiting import waiting_for
-from agent.work import RoundWork, Training, Upload
+from agent.work import RoundWork, Training
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from models.weights import NamedArrays
 from participant.jobs import Job, Runner
+from participant.upload import Upload
 from protocol.daemon import MqttDaemon, Throttle
 from protocol.messages import MAX_JSON_BYTES, AgentStatus, Gate, MessageError, RoundTask
 from protocol.mqtt import MqttClient, Will

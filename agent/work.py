@@ -10,9 +10,8 @@ re-sent if the server still waits for it). A cancelled round is not a failure: o
 round is still open, it trains again.
 
 Store and forward: every update is written to disk before it is handed to paho (``agent.state``), and
-counts as sent only once the broker acknowledged every chunk. While the link is down paho holds the
-chunks and re-sends them when it reconnects (the acknowledgement timer runs only while connected, so
-the same update is never handed over twice by one process). After a restart the stored update is sent
+counts as sent only once the broker acknowledged every chunk (``participant.upload``: while the link is
+down paho holds the chunks and re-sends them when it reconnects). After a restart the stored update is sent
 again if the server's retained task still lists this agent as pending (the round still accepts it).
 If the round closed meanwhile the update is dropped with a logged reason: no strategy here takes a
 stale update into a later round (their bounds and averages assume updates against the current model).
@@ -30,21 +29,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import paho.mqtt.client as paho
-
 from agent.state import RESIDUAL_FILE
 from flcore.update import TrainResult, encode_update
 from models.weights import NamedArrays, advanced
 from participant.jobs import Cancelled, Declined, Failed, Job, Trained
+from participant.upload import PUBLISH_TIMEOUT_S, send_sealed
 from protocol.messages import AgentStart, RoundTask
-from protocol.mqtt import MqttClient
-from security.envelope import seal
 
 if TYPE_CHECKING:
     from agent.daemon import EdgeAgent
 
 log = logging.getLogger("skyfed.agent")
-PUBLISH_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -56,18 +51,6 @@ class Training:
     start: AgentStart
     job: Job
     started: float
-
-
-@dataclass
-class Upload:
-    """A sealed update handed to paho, until the broker acknowledged every chunk."""
-
-    round: int
-    attempt: int
-    infos: list[paho.MQTTMessageInfo]
-    size: int
-    started: float
-    broken: bool = False  # the link broke after the broker acknowledged some chunks (which it may have lost)
 
 
 class RoundWork:
@@ -240,10 +223,9 @@ class RoundWork:
     def _send(self: EdgeAgent, task: RoundTask, data: bytes) -> None:
         """Seal and hand to paho; the update counts as sent once the broker acknowledged every chunk
         (``_check_upload``, from the loop: the daemon never blocks on the network)."""
-        _, chunks = seal(data, sender=self.identity, federation=self.topics.federation, kind="update",
-                         round=task.round, recipient=self.server)  # fmt: skip
-        infos = self.mqtt.publish_all((self.topics.agent_update(self.id), c) for c in chunks)
-        self.upload = Upload(task.round, task.attempt, infos, sum(map(len, chunks)), time.monotonic())
+        self.upload = send_sealed(self.mqtt, self.topics.agent_update(self.id), data, sender=self.identity,
+                                  recipient=self.server, federation=self.topics.federation, kind="update",
+                                  round=task.round, attempt=task.attempt)  # fmt: skip
         self._set_state("uploading", publish=True)
 
     def _check_upload(self: EdgeAgent) -> None:
@@ -253,7 +235,8 @@ class RoundWork:
         later one that lists this agent as pending gets it again."""
         upload = self.upload
         assert upload is not None
-        if MqttClient.all_acknowledged(upload.infos):
+        state = upload.check(self.mqtt)
+        if state == "acknowledged":
             self.upload = None
             asked = self.task.attempt if self.task is not None and self.task.round == upload.round else 0
             attempt = upload.attempt if upload.broken else max(upload.attempt, asked)
@@ -261,9 +244,6 @@ class RoundWork:
             self.store.save(self.progress)
             log.info("update sent round=%d chunks=%d bytes=%d", upload.round, len(upload.infos), upload.size)
             self._set_state("done", publish=True)
-        elif not self.mqtt.connected.is_set():
-            upload.started = time.monotonic()  # offline: paho holds the chunks; the timer counts connected time
-            upload.broken = upload.broken or any(MqttClient.all_acknowledged([info]) for info in upload.infos)
-        elif time.monotonic() - upload.started > PUBLISH_TIMEOUT_S:
+        elif state == "timed-out":
             self.upload = None  # paho keeps re-sending it; a later attempt that lists it pending re-sends it
             log.warning("update for round=%d not acknowledged after %.0f s", upload.round, PUBLISH_TIMEOUT_S)
