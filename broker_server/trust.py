@@ -1,7 +1,8 @@
 """Who the server trusts while it runs: the enrolled folder, watched, and the group key that follows it.
 
-Enrolling or revoking an agent takes effect without a restart. Every ``WATCH_INTERVAL_S`` the folder's
-``.pub`` files are compared (name, size, modification time) with what is loaded:
+Enrolling or revoking an agent takes effect without a restart. Every second the folder's ``.pub`` files
+are compared (name, size, modification time) with what is loaded (``security.enrolled_watch``, which a
+peer uses too):
 
 - a new file enrols the agent (``skyfed provision`` adding a device, ``skyfed keys enroll``), and the
   retained statuses are asked for again, so it gets the group key at once instead of at its next status;
@@ -26,23 +27,10 @@ from pathlib import Path
 from broker_server.groupkeys import GroupKeyDistributor
 from broker_server.ignored import IgnoredAgents
 from broker_server.registry import AgentRegistry
-from security.keys import GroupKey, KeyFileError, PublicIdentity, revoked_names
+from security.enrolled_watch import EnrolledWatch
+from security.keys import GroupKey, revoked_names
 
 log = logging.getLogger("skyfed.server")
-
-WATCH_INTERVAL_S = 1.0
-Snapshot = dict[str, tuple[int, int]]  # agent -> (size, mtime_ns) of its .pub
-
-
-def snapshot(directory: Path) -> Snapshot:
-    files: Snapshot = {}
-    for path in directory.glob("*.pub"):
-        try:
-            stat = path.stat()
-        except OSError:  # removed between listing and stat
-            continue
-        files[path.stem] = (stat.st_size, stat.st_mtime_ns)
-    return files
 
 
 class TrustKeeper:
@@ -67,60 +55,28 @@ class TrustKeeper:
         self.on_enrolled = on_enrolled
         self.on_revoked = on_revoked
         self.rotate_every_rounds = rotate_every_rounds
-        self._files = snapshot(enrolled_dir)
-        self._checked = 0.0
+        self.watch = EnrolledWatch(enrolled_dir, registry.keyring, role="agent", log=log, loaded=True)
         self._rotated_before = 0
 
     def poll(self, now: float) -> None:
-        """Apply changes to the enrolled folder (at most every ``WATCH_INTERVAL_S``)."""
-        if now - self._checked < WATCH_INTERVAL_S:
+        """Apply changes to the enrolled folder (``security.enrolled_watch``: at most once a second)."""
+        changes = self.watch.poll(now)
+        if not changes:
             return
-        self._checked = now
-        files = snapshot(self.enrolled_dir)
-        if files == self._files:
-            return
-        touched = {name for name in files if name in self._files and files[name] != self._files[name]}
-        same = {name for name in touched if self._holds_the_trusted_key(name)}  # copied again, not re-keyed
-        dropped = sorted(name for name in self._files if files.get(name) != self._files[name] and name not in same)
-        enrolled = False
-        for name in dropped:
-            self.keyring.remove(name)
+        for name in (*changes.revoked, *changes.rekeyed):
             self.registry.forget(name)
-        for name in sorted(name for name in files if self._files.get(name) != files[name] and name not in same):
-            try:
-                public = PublicIdentity.load(self.enrolled_dir / f"{name}.pub")
-            except KeyFileError as exc:
-                log.error("enrolment refused agent=%s reason=%s", name, exc)
-                continue
-            if public.name != name:
-                log.error("enrolment refused file=%s.pub reason=it holds the key of %r", name, public.name)
-                continue
-            self.keyring.add(public)
-            enrolled = True
-            log.info("agent enrolled agent=%s fingerprint=%s", name, public.fingerprint())
-        self._files = files
         self.ignored.revoked = revoked_names(self.enrolled_dir)
-        gone = [name for name in dropped if name not in self.keyring]
-        replaced = [name for name in dropped if name in self.keyring]
-        if gone:
-            log.warning("agent revoked agent=%s: its messages are refused from now on", ",".join(gone))
-            for name in gone:
+        if changes.revoked:
+            log.warning("agent revoked agent=%s: its messages are refused from now on", ",".join(changes.revoked))
+            for name in changes.revoked:
                 self.on_revoked(name)
-        if replaced:
-            log.warning("agent re-keyed agent=%s: only its new key is trusted", ",".join(replaced))
-        if dropped:
-            self.rotate(f"{'revoked' if gone else 're-keyed'} {','.join(dropped)}")
-        if enrolled:
+        if changes.rekeyed:
+            log.warning("agent re-keyed agent=%s: only its new key is trusted", ",".join(changes.rekeyed))
+        if changes.revoked or changes.rekeyed:
+            dropped = sorted((*changes.revoked, *changes.rekeyed))
+            self.rotate(f"{'revoked' if changes.revoked else 're-keyed'} {','.join(dropped)}")
+        if changes.enrolled:
             self.on_enrolled()
-
-    def _holds_the_trusted_key(self, name: str) -> bool:
-        """Whether ``name``.pub, rewritten, still holds the key the server trusts for ``name``."""
-        trusted = self.keyring.get(name)
-        try:
-            loaded = PublicIdentity.load(self.enrolled_dir / f"{name}.pub")
-        except KeyFileError:
-            return False
-        return trusted is not None and (loaded.name, loaded.raw()) == (trusted.name, trusted.raw())
 
     def rotate_on_schedule(self, next_round: int) -> None:
         """Before round ``next_round``, when the schedule says so (once per round, not before the first)."""
