@@ -107,8 +107,9 @@ def _toml_value(value: object) -> str:
     return json.dumps(str(value))  # a JSON string is a valid TOML basic string
 
 
-def write_toml(path: Path, tables: dict[str, dict[str, object]]) -> None:
-    """Write tables of scalars and lists of scalars; a dict value becomes a sub-table (``[broker.tls]``)."""
+def write_toml(path: Path, tables: dict[str, dict[str, object]], *, footer: str = "") -> None:
+    """Write tables of scalars and lists of scalars; a dict value becomes a sub-table (``[broker.tls]``).
+    ``footer``: comment lines after the last table (a template for keys only the operator can choose)."""
     lines: list[str] = []
 
     def emit(name: str, values: dict[str, object]) -> None:
@@ -123,4 +124,4 @@ def write_toml(path: Path, tables: dict[str, dict[str, object]]) -> None:
 
     for name, values in tables.items():
         emit(name, values)
-    atomic_write(path, "\n".join(lines).encode())
+    atomic_write(path, ("\n".join(lines) + footer).encode())

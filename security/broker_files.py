@@ -8,6 +8,10 @@ user, monitors included): an agent writes only its own status and updates and re
 task, the model, the server's status (to see a run end), its own status (to see that the broker keeps
 what it sends: ``agent.echo``) and its own inbox; a monitor reads status and metrics and writes nothing; the server
 reads and writes the federation's tree. ``deploy/mosquitto/`` holds these files for an example fleet.
+
+Peer mode (``peer_acl_text``, no server): a peer writes only its own subtree ``peer/<id>/#`` and reads
+every peer's membership, metrics and best score and the chunks sealed to it (``peer/+/to/<id>``);
+a monitor reads membership, metrics and best scores. ``deploy/mosquitto/peer.acl`` is an example.
 """
 
 from __future__ import annotations
@@ -48,6 +52,22 @@ def acl_text(federation: str, agents: list[str]) -> str:
             f"topic write {root}/agent/{agent}/update",
             f"topic read {root}/agent/{agent}/inbox",
         ]
+    return "\n".join(lines) + "\n"
+
+
+def peer_acl_text(federation: str, peers: list[str]) -> str:
+    root = f"skyfed/{federation}/peer"
+    shared = [f"topic read {root}/+/member", f"topic read {root}/+/metrics", f"topic read {root}/+/best"]
+    lines = [
+        f"# mosquitto ACL for SkyFed peer federation {federation!r} (no server), written by skyfed provision",
+        "# --mode peer: edits are overwritten, re-run skyfed provision instead. User names are certificate CNs.",
+        "",
+        "# monitoring (mosquitto_sub): membership, metrics and best scores of every peer, read only",
+        "user monitor",
+        *shared,
+    ]
+    for peer in peers:
+        lines += ["", f"user {peer}", f"topic write {root}/{peer}/#", *shared, f"topic read {root}/+/to/{peer}"]
     return "\n".join(lines) + "\n"
 
 

@@ -10,6 +10,10 @@
     DIR/monitor/         monitor.crt and key, ca.crt: read-only access to status and metrics
     DIR/agents/<id>/     agent.toml, <id>.key/.pub, server.pub, <id>.crt and key, ca.crt
 
+``--mode peer`` (``security.provision_peer``: no server, the peers federate among themselves) writes
+``DIR/enrolled/`` (every peer's .pub, ``revoked/`` inside) and ``DIR/peers/<id>/`` instead of the server
+and agent folders; one folder holds one mode.
+
 Node files are 0600 in 0700 folders. Run as root, the broker folder goes to the broker's user and the
 server and agent folders to the service user (when those users exist): mosquitto 2 drops privileges
 before it loads its certificates, so a root-owned key stops it with ``Permission denied``.
@@ -30,12 +34,13 @@ from common.files import atomic_write, read_json, write_json
 from protocol.config import write_toml
 from protocol.topics import check_level
 from protocol.typed import SchemaError, build
-from security.broker_files import acl_text, mosquitto_conf_text
+from security.broker_files import acl_text, mosquitto_conf_text, peer_acl_text
 from security.keys import Identity, PublicIdentity, check_name, enroll, revoke
 from security.pki import Issued, create_ca, issue, serial_of, write_crl
 
 RESERVED = ("server", "monitor")  # the certificate CNs (MQTT user names) of the other roles
 PLAN = "provision.json"
+MODES = ("client", "peer")  # agents of a server, or peers federating among themselves
 
 
 class ProvisionError(ValueError):
@@ -64,6 +69,7 @@ class Provisioning:
     agents: list[str] = field(default_factory=list)
     revoked: list[Revocation] = field(default_factory=list)
     serials: dict[str, str] = field(default_factory=dict)  # agent -> its certificate's serial, hex
+    mode: str = "client"  # MODES; a folder provisioned before peer mode existed is a client one
 
     def options(self) -> dict[str, str]:
         """The command-line options this plan was made with, by option name."""
@@ -105,6 +111,18 @@ class Layout:
     def agent(self, name: str) -> Path:
         return self.out / "agents" / name
 
+    @property
+    def peers_enrolled(self) -> Path:
+        """Peer mode: every peer's .pub (``revoked/`` inside), copied into each peer's ``enrolled/``."""
+        return self.out / "enrolled"
+
+    def peer(self, name: str) -> Path:
+        return self.out / "peers" / name
+
+    def node(self, plan: Provisioning, name: str) -> Path:
+        """The folder of agent or peer ``name``."""
+        return self.peer(name) if plan.mode == "peer" else self.agent(name)
+
 
 def load_plan(out: Path) -> Provisioning:
     layout = Layout(out)
@@ -129,8 +147,8 @@ def check_agent_names(agents: list[str]) -> list[str]:
     return agents
 
 
-def provision(out: Path, plan: Provisioning, agents: list[str]) -> list[str]:
-    """Create (or extend) the federation in ``out``; return the agents that are new."""
+def start(out: Path, plan: Provisioning, agents: list[str]) -> Layout:
+    """Check the request, then create the folder, the CA and the monitor's certificate (once)."""
     layout = Layout(out)
     try:
         check_level("--federation", plan.federation)  # it becomes a topic level in the ACL
@@ -147,56 +165,71 @@ def provision(out: Path, plan: Provisioning, agents: list[str]) -> list[str]:
     os.chmod(out, 0o711)  # traversable: the broker folder may be used in place; each node folder is 0700
     if not layout.ca.cert.exists():
         create_ca(layout.ca.cert.parent, plan.federation)
-    server = _server_node(layout, plan)
     if not (layout.monitor / "monitor.crt").exists():
-        _certificate(layout, layout.monitor, "monitor")
+        certificate(layout, layout.monitor, "monitor")
+    return layout
+
+
+def finish(layout: Layout, plan: Provisioning) -> None:
+    """The broker's files, the plan and the owners and modes, after every change."""
+    if plan.agents:
+        os.chmod(layout.node(plan, plan.agents[0]).parent, 0o711)
+    _broker_files(layout, plan)
+    write_json(layout.plan, asdict(plan), mode=0o600)
+    _lock_down(layout, plan)
+
+
+def provision(out: Path, plan: Provisioning, agents: list[str]) -> list[str]:
+    """Create (or extend) the federation in ``out``; return the agents that are new."""
+    layout = start(out, plan, agents)
+    server = _server_node(layout, plan)
     new = [name for name in agents if name not in plan.agents]
     for name in new:
         _agent_node(layout, plan, name, server)
         plan.agents.append(name)
-    if plan.agents:
-        os.chmod(layout.agent(plan.agents[0]).parent, 0o711)
-    _broker_files(layout, plan)
-    write_json(layout.plan, asdict(plan), mode=0o600)
-    _lock_down(layout, plan)
+    finish(layout, plan)
     return new
+
+
+def revocation(layout: Layout, plan: Provisioning, agent: str) -> Revocation:
+    """The revocation of ``agent`` (with its certificate's serial), or why it cannot be revoked."""
+    out = layout.out
+    if agent in plan.revoked_names():
+        raise ProvisionError(f"{agent} is already revoked in {out}")
+    if agent not in plan.agents:
+        raise ProvisionError(f"{agent} was not provisioned in {out} (agents: {', '.join(plan.agents) or 'none'})")
+    cert = layout.node(plan, agent) / f"{agent}.crt"
+    if agent in plan.serials:  # recorded when issued: the agent's folder may have gone to its device
+        serial = int(plan.serials[agent], 16)
+    elif cert.exists():  # a folder provisioned before serials were recorded
+        serial = serial_of(cert)
+    else:
+        raise ProvisionError(
+            f"{agent}'s certificate serial is not in {layout.plan} and {cert} is gone: copy the agent's "
+            f"{agent}.crt back to {cert.parent}/ and run revoke again"
+        )
+    return Revocation(agent, f"{serial:x}", time.time())
 
 
 def revoke_agent(out: Path, agent: str) -> int:
     """Stop trusting ``agent`` everywhere the provisioning folder reaches; return its certificate serial."""
     layout = Layout(out)
     plan = load_plan(out)
-    if agent in plan.revoked_names():
-        raise ProvisionError(f"{agent} is already revoked in {out}")
-    if agent not in plan.agents:
-        raise ProvisionError(f"{agent} was not provisioned in {out} (agents: {', '.join(plan.agents) or 'none'})")
-    certificate = layout.agent(agent) / f"{agent}.crt"
-    if agent in plan.serials:  # recorded when issued: the agent's folder may have gone to its device
-        serial = int(plan.serials[agent], 16)
-    elif certificate.exists():  # a folder provisioned before serials were recorded
-        serial = serial_of(certificate)
-    else:
-        raise ProvisionError(
-            f"{agent}'s certificate serial is not in {layout.plan} and {certificate} is gone: copy the agent's "
-            f"{agent}.crt back to {certificate.parent}/ and run revoke again"
-        )
-    plan.revoked.append(Revocation(agent, f"{serial:x}", time.time()))
+    plan.revoked.append(revoked := revocation(layout, plan, agent))
     if (layout.enrolled / f"{agent}.pub").exists():
         revoke(layout.enrolled, agent)
-    _broker_files(layout, plan)
-    write_json(layout.plan, asdict(plan), mode=0o600)
-    _lock_down(layout, plan)
-    return serial
+    finish(layout, plan)
+    return int(revoked.serial, 16)
 
 
 # nodes -------------------------------------------------------------------------------------------------
-def _certificate(layout: Layout, directory: Path, name: str) -> None:
+def certificate(layout: Layout, directory: Path, name: str) -> None:
     """A client certificate (CN = ``name``) and the CA certificate to check the broker with."""
     issue(layout.ca, directory, name)
     shutil.copyfile(layout.ca.cert, directory / "ca.crt")
 
 
-def _tls(name: str) -> dict[str, object]:
+def tls_settings(name: str) -> dict[str, object]:
     return {"ca_certs": "ca.crt", "certfile": f"{name}.crt", "keyfile": f"{name}.crt.key"}
 
 
@@ -207,12 +240,12 @@ def _server_node(layout: Layout, plan: Provisioning) -> PublicIdentity:
     identity = Identity.generate("server")
     identity.save(directory)
     layout.enrolled.mkdir(parents=True, exist_ok=True)
-    _certificate(layout, directory, "server")
+    certificate(layout, directory, "server")
     write_toml(
         directory / "server.toml",
         {
             "server": {"federation": plan.federation, "state_dir": f"{plan.state_dir}/server", "rounds": 0},
-            "broker": {"host": plan.broker_host, "port": plan.broker_port, "tls": _tls("server")},
+            "broker": {"host": plan.broker_host, "port": plan.broker_port, "tls": tls_settings("server")},
             "keys": {"identity": "server.key", "enrolled": "enrolled"},
         },
     )
@@ -224,14 +257,14 @@ def _agent_node(layout: Layout, plan: Provisioning, name: str, server: PublicIde
     identity = Identity.generate(name)
     identity.save(directory)
     server.save(directory / "server.pub")
-    _certificate(layout, directory, name)
+    certificate(layout, directory, name)
     plan.serials[name] = f"{serial_of(directory / f'{name}.crt'):x}"
     state = f"{plan.state_dir}/{name}"
     write_toml(
         directory / "agent.toml",
         {
             "agent": {"id": name, "federation": plan.federation, "state_dir": state, "data": f"{state}/data.npz"},
-            "broker": {"host": plan.broker_host, "port": plan.broker_port, "tls": _tls(name)},
+            "broker": {"host": plan.broker_host, "port": plan.broker_port, "tls": tls_settings(name)},
             "keys": {"identity": f"{name}.key", "server": "server.pub"},
         },
     )
@@ -247,7 +280,8 @@ def _broker_files(layout: Layout, plan: Provisioning) -> None:
         shutil.copyfile(layout.ca.cert, directory / "ca.crt")
     write_crl(layout.ca, directory / "crl.pem", [(int(r.serial, 16), r.at) for r in plan.revoked])
     active = [name for name in plan.agents if name not in plan.revoked_names()]
-    atomic_write(directory / "skyfed.acl", acl_text(plan.federation, active).encode())
+    acl = peer_acl_text if plan.mode == "peer" else acl_text
+    atomic_write(directory / "skyfed.acl", acl(plan.federation, active).encode())
     conf = mosquitto_conf_text(plan.broker_port, plan.listen, Path(plan.broker_dir))
     atomic_write(directory / "skyfed.conf", conf.encode())
 
@@ -275,10 +309,12 @@ def _lock_down(layout: Layout, plan: Provisioning) -> None:
     _own(layout.monitor, None)
     _own(layout.broker, _uid_gid(plan.broker_user) if as_root else None)
     service = _uid_gid(plan.service_user) if as_root else None
-    _own(layout.server, service)
+    for folder in (layout.server, layout.peers_enrolled):
+        if folder.exists():
+            _own(folder, service if folder == layout.server else None)
     for name in plan.agents:
-        if layout.agent(name).exists():  # an agent's folder may have gone to its device
-            _own(layout.agent(name), service)
+        if layout.node(plan, name).exists():  # an agent's folder may have gone to its device
+            _own(layout.node(plan, name), service)
 
 
 def ownership_notes(plan: Provisioning) -> list[str]:

@@ -1,4 +1,5 @@
-"""``skyfed provision --federation F --agents a1,a2 --out DIR`` and ``skyfed provision revoke AGENT --out DIR``."""
+"""``skyfed provision [--mode client|peer] --federation F --agents a1,a2 --out DIR`` and ``skyfed provision
+revoke AGENT --out DIR`` (either mode: the folder's plan says which)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,26 @@ from pathlib import Path
 
 from common import toml
 from protocol.mqtt import BrokerSettings
-from security.provision import Layout, ProvisionError, Provisioning, load_plan, ownership_notes, provision, revoke_agent
-from security.provision_notes import checkout_warning, defaults_notes, eval_data_note, next_steps
+from security.provision import (
+    MODES,
+    Layout,
+    ProvisionError,
+    Provisioning,
+    load_plan,
+    ownership_notes,
+    provision,
+    revoke_agent,
+)
+from security.provision_notes import (
+    checkout_warning,
+    defaults_notes,
+    eval_data_note,
+    next_steps,
+    peer_instructions,
+    peer_next_steps,
+    peer_revoke_text,
+)
+from security.provision_peer import provision_peers, revoke_peer
 
 DEFAULTS = {"broker": "broker.local:8883", "state_dir": "/var/lib/skyfed", "service_user": "skyfed",
             "broker_user": "mosquitto", "listen": ""}  # fmt: skip
@@ -21,6 +40,11 @@ def _plan(args: argparse.Namespace, out: Path) -> Provisioning:
     if Layout(out).plan.exists():
         plan = load_plan(out)
         stored = plan.options()
+        if args.mode is not None and args.mode != plan.mode:
+            raise ProvisionError(
+                f"{out} was provisioned with --mode {plan.mode}, not {args.mode}: one folder holds one mode (its "
+                f"own CA, ACL and nodes); provision the {args.mode} federation into a new --out"
+            )
         if plan.federation != args.federation:
             raise ProvisionError(f"{out} provisions federation {plan.federation!r}, not {args.federation!r}")
         for key, value in given.items():
@@ -43,6 +67,7 @@ def _plan(args: argparse.Namespace, out: Path) -> Provisioning:
         listen=str(settings["listen"]),
         service_user=str(settings["service_user"]),
         broker_user=str(settings["broker_user"]),
+        mode=args.mode or "client",
     )
 
 
@@ -77,6 +102,10 @@ def run_provision(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
         if args.action == "revoke":
+            if load_plan(out).mode == "peer":
+                serial = revoke_peer(out, args.agent)
+                print(peer_revoke_text(out, load_plan(out), args.agent, serial))
+                return 0
             serial = revoke_agent(out, args.agent)
             layout, plan = Layout(out), load_plan(out)
             installed = Path(plan.broker_dir)
@@ -94,20 +123,22 @@ def run_provision(args: argparse.Namespace) -> int:
             raise ProvisionError("skyfed provision needs --federation F and --agents a1,a2,... (and --out DIR)")
         fresh = not Layout(out).plan.exists()
         plan = _plan(args, out)
-        new = provision(out, plan, [a for a in args.agents.split(",") if a])
+        peer = plan.mode == "peer"
+        new = (provision_peers if peer else provision)(out, plan, [a for a in args.agents.split(",") if a])
     except ProvisionError as exc:
         print(f"skyfed provision: {exc}", file=sys.stderr)
         return 2
-    text = instructions(out, plan)
+    text = peer_instructions(out, plan) if peer else instructions(out, plan)
     (out / "README.txt").write_text(text + "\n")
-    print(f"provisioned {len(plan.agents)} agents in {out} ({len(new)} new: {', '.join(new) or 'none'})\n{text}")
-    for line in next_steps(out, plan, new):
+    nodes = "peers" if peer else "agents"
+    print(f"provisioned {len(plan.agents)} {nodes} in {out} ({len(new)} new: {', '.join(new) or 'none'})\n{text}")
+    for line in (peer_next_steps if peer else next_steps)(out, plan, new):
         print(line)
     notes = ownership_notes(plan)
     if fresh:
         given = {"broker_given": args.broker is not None, "broker_dir_given": args.broker_dir is not None}
         notes += defaults_notes(plan, **given)
-    if "eval_data" not in toml.loads((Layout(out).server / "server.toml").read_text()).get("server", {}):
+    if not peer and "eval_data" not in toml.loads((Layout(out).server / "server.toml").read_text()).get("server", {}):
         notes.append(eval_data_note(plan))
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
@@ -120,11 +151,15 @@ def add_provision_command(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "provision",
         help="CA, certificates, keys, enrolment, mosquitto config and ACL for a whole federation",
-        description="Writes one folder per node (broker, server, monitor, each agent) under --out. Run it again "
-        "with more agents to add them; existing keys are kept. `skyfed provision revoke AGENT --out DIR` revokes.",
+        description="Writes one folder per node (broker, server, monitor, each agent) under --out; with --mode peer "
+        "no server: broker, monitor, each peer with the enrolled keys of all. Run it again with more agents to add "
+        "them; existing keys are kept. `skyfed provision revoke AGENT --out DIR` revokes.",
     )
+    parser.add_argument("--mode", choices=MODES, help="client: agents of a server (default for a new folder); peer: "
+                        "peers federating with no server (agent.toml [federation] mode = \"peer\")")  # fmt: skip
     parser.add_argument("--federation")
-    parser.add_argument("--agents", help="comma-separated agent ids (each becomes a certificate CN and MQTT user)")
+    parser.add_argument("--agents", help="comma-separated agent (or peer) ids (each becomes a certificate CN and MQTT "
+                        "user)")  # fmt: skip
     parser.add_argument("--out", help="the provisioning folder (created 0711; every node folder in it 0700)")
     parser.add_argument("--broker", help=f"HOST:PORT clients connect to (default {DEFAULTS['broker']})")
     parser.add_argument("--listen", help="address mosquitto's listener binds (default: every interface)")
@@ -135,6 +170,7 @@ def add_provision_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--broker-user", help="owner of the broker folder when run as root (default mosquitto)")
     parser.set_defaults(handler=run_provision, action=None)
     actions = parser.add_subparsers(dest="action")
-    revoke = actions.add_parser("revoke", help="revoke an agent: enrolment, CRL and ACL; the server rotates keys")
+    revoke = actions.add_parser("revoke", help="revoke an agent or peer: enrolment, CRL and ACL; the server rotates "
+                                "keys, the other peers drop it")  # fmt: skip
     revoke.add_argument("agent")
     revoke.add_argument("--out", required=True, help="the provisioning folder")

@@ -68,3 +68,62 @@ def checkout_warning(out: Path) -> str | None:
         f"{out} is inside the git work tree {tree}: it holds the CA's private key ({Layout(out).ca.key}) and every "
         f"node's key; move it out of the checkout (or at least keep it ignored: never commit it)"
     )
+
+
+# peer mode ---------------------------------------------------------------------------------------------
+def peer_instructions(out: Path, plan: Provisioning) -> str:
+    """How to install and watch a peer federation (also kept as DIR/README.txt)."""
+    f, mon = plan.federation, (out / "monitor").absolute()
+    tls = f"--cafile {mon}/ca.crt --cert {mon}/monitor.crt --key {mon}/monitor.crt.key"
+    where = f"{plan.broker_host}:{plan.broker_port}"
+    topics = " ".join(f"-t 'skyfed/{f}/peer/+/{leaf}'" for leaf in ("member", "metrics", "best"))
+    return "\n".join(
+        [
+            f"SkyFed peer federation {f!r} (no server): broker {where}",
+            f"  broker host: install {out}/broker as {plan.broker_dir} (cp -a keeps owners and modes),",
+            f"    ln -s {plan.broker_dir}/skyfed.conf /etc/mosquitto/conf.d/skyfed.conf; systemctl restart mosquitto",
+            f"  each peer:   install {out}/peers/<id>/* in {ETC}/ on the device (enrolled/ included); fill in the "
+            "round plan in [federation] of its agent.toml, the same on every peer;",
+            f"               its data goes to {plan.state_dir}/<id>/data.npz and its validation split to test.npz",
+            f"  monitor:     mosquitto_sub -h {plan.broker_host} -p {plan.broker_port} {tls} {topics} -v",
+            f"  add peers:   skyfed provision --mode peer --federation {f} --agents <all ids> --out {out} "
+            "(existing keys stay)",
+            f"  revoke:      skyfed provision revoke <id> --out {out}",
+            f"  keep {out}/ca/ca.crt.key offline: it signs every certificate of the federation",
+        ]
+    )
+
+
+def peer_next_steps(out: Path, plan: Provisioning, new: list[str]) -> list[str]:
+    """For the peers just added: the broker's ACL, the installed peers' enrolled folders, the new devices."""
+    if not new:
+        return []
+    layout = Layout(out)
+    installed = Path(plan.broker_dir)
+    copy = "" if installed == layout.broker.absolute() else f"cp -p {layout.broker}/skyfed.acl {installed}/ && "
+    pubs = " ".join(str(layout.peers_enrolled / f"{name}.pub") for name in new)
+    lines = [
+        f"next steps for {', '.join(new)} (until then the broker drops what they publish and the other peers "
+        "refuse them):",
+        f"  1. broker host: {copy}systemctl reload mosquitto",
+        f"  2. every peer already installed: skyfed keys enroll {pubs} --enrolled {ETC}/enrolled (no restart needed)",
+    ]
+    for step, name in enumerate(new, start=3):
+        lines.append(f"  {step}. {name}: install {layout.peer(name)}/* in {ETC}/ (deploy/install-agent.sh), fill in "
+                     f"[federation] in {ETC}/agent.toml, then skyfed agent check --config {ETC}/agent.toml && "
+                     "systemctl start skyfed-agent")  # fmt: skip
+    return lines
+
+
+def peer_revoke_text(out: Path, plan: Provisioning, peer: str, serial: int) -> str:
+    layout = Layout(out)
+    installed = Path(plan.broker_dir)
+    copy = "" if installed == layout.broker.absolute() else (
+        f"cp -p {layout.broker}/crl.pem {layout.broker}/skyfed.acl {installed}/; ")  # fmt: skip
+    return (
+        f"revoked {peer}: its key moved to revoked/ in {layout.peers_enrolled} and in every peer folder here, its "
+        f"certificate (serial {serial:x}) is in {layout.broker}/crl.pem and the ACL no longer names it\n"
+        f"  broker: {copy}systemctl reload mosquitto (new connections check the CRL; the ACL applies at once)\n"
+        f"  each installed peer: skyfed keys revoke {peer} --enrolled {ETC}/enrolled (a running peer drops it "
+        "within a second, no restart)"
+    )
