@@ -1,0 +1,222 @@
+"""``skyfed provision --mode peer``: a federation with no server, checked on disk and on a real mosquitto
+started from the generated ``skyfed.conf`` (mutual TLS, the generated ACL and CRL), as test_provision.py
+does for the client mode. The provisioning folder lives in a world-traversable temporary folder: run as
+root, mosquitto drops to its own user before it loads its certificates."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import pytest
+from cryptography import x509
+
+from common import toml
+from protocol.mqtt import BrokerSettings, MqttClient, TlsSettings
+from security.keys import PublicIdentity
+from security.pki import Issued, issue
+from sim.broker import free_port, start_broker
+from skyfed import main
+from tests.fedharness import wait_until
+
+FED = "fleet"
+PEERS = f"skyfed/{FED}/peer"
+
+
+@pytest.fixture
+def workdir():
+    base = Path(tempfile.mkdtemp(prefix="skyfed-provision-peer-"))
+    os.chmod(base, 0o711)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def provision(out: Path, peers: str, port: int = 8883, mode: tuple[str, ...] = ("--mode", "peer")) -> int:
+    argv = ["provision", *mode, "--federation", FED, "--agents", peers, "--out", str(out), "--broker",
+            f"127.0.0.1:{port}", "--listen", "127.0.0.1", "--state-dir", str(out.parent / "state")]  # fmt: skip
+    return main(argv)
+
+
+def enrolled(folder: Path) -> tuple[list[str], list[str]]:
+    """The names trusted in an enrolled folder, and those in its ``revoked/``."""
+    return sorted(p.stem for p in folder.glob("*.pub")), sorted(p.stem for p in (folder / "revoked").glob("*.pub"))
+
+
+def test_each_peer_folder_holds_its_identity_certificate_config_and_every_peers_key(workdir, capsys):
+    out = workdir / "fed"
+    assert provision(out, "p1,p2,p3") == 0
+    assert "provisioned 3 peers" in capsys.readouterr().out
+    assert sorted(p.name for p in out.iterdir()) == ["README.txt", "broker", "ca", "enrolled", "monitor", "peers",
+                                                     "provision.json"]  # fmt: skip
+    p1 = out / "peers" / "p1"
+    assert sorted(p.name for p in p1.iterdir()) == ["agent.toml", "ca.crt", "enrolled", "p1.crt", "p1.crt.key",
+                                                    "p1.key", "p1.pub"]  # fmt: skip
+    for folder in ["ca", "broker", "monitor", "enrolled", "peers/p1", "peers/p1/enrolled", "peers/p3"]:
+        assert stat.S_IMODE((out / folder).stat().st_mode) == 0o700, folder
+        for path in (out / folder).iterdir():
+            assert path.is_dir() or stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    cert = x509.load_pem_x509_certificate((p1 / "p1.crt").read_bytes())
+    assert cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)[0].value == "p1"
+    config = toml.loads((p1 / "agent.toml").read_text())
+    assert config["federation"] == {"mode": "peer"}
+    assert config["keys"] == {"identity": "p1.key", "enrolled": "enrolled"}
+    assert config["agent"]["id"] == "p1" and config["broker"]["tls"]["certfile"] == "p1.crt"
+    assert "# model = " in (p1 / "agent.toml").read_text()  # the round plan the operator fills in
+    for name in ("p1", "p2", "p3"):
+        assert enrolled(out / "peers" / name / "enrolled") == (["p1", "p2", "p3"], [])
+    p2_pub = PublicIdentity.load(out / "peers" / "p2" / "p2.pub")
+    assert PublicIdentity.load(p1 / "enrolled" / "p2.pub").raw() == p2_pub.raw()
+    acl = (out / "broker" / "skyfed.acl").read_text()
+    assert "user server" not in acl and f"user p2\ntopic write {PEERS}/p2/#\n" in acl
+
+    before = {p.relative_to(p1): p.read_bytes() for p in p1.rglob("*") if p.is_file()}
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (p1 / "enrolled").iterdir()}
+    assert provision(out, "p1,p2,p3,p4") == 0  # --mode peer again
+    assert provision(out, "p1,p2,p3,p4,p5", mode=()) == 0  # or as the folder was made
+    assert {p.relative_to(p1): p.read_bytes() for p in p1.rglob("*") if p.is_file() and "p4" not in p.name
+            and "p5" not in p.name} == before  # fmt: skip
+    assert {p.name: p.stat().st_mtime_ns for p in (p1 / "enrolled").iterdir() if p.name in mtimes} == mtimes
+    for name in ("p1", "p4", "p5"):
+        assert enrolled(out / "peers" / name / "enrolled") == (["p1", "p2", "p3", "p4", "p5"], [])
+    assert "user p5" in (out / "broker" / "skyfed.acl").read_text()
+    assert json.loads((out / "provision.json").read_text())["mode"] == "peer"
+
+
+def test_one_folder_holds_one_mode(workdir, capsys):
+    client, peer = workdir / "client", workdir / "peer"
+    assert provision(client, "a1", mode=("--mode", "client")) == 0
+    assert provision(client, "a1,p2") == 2
+    assert "was provisioned with --mode client, not peer" in capsys.readouterr().err
+    assert provision(peer, "p1") == 0
+    assert provision(peer, "p1,a2", mode=("--mode", "client")) == 2
+    assert "was provisioned with --mode peer, not client: one folder holds one mode" in capsys.readouterr().err
+    assert not (peer / "server").exists() and not (client / "peers").exists()
+
+
+def test_revoking_a_peer_on_disk_and_a_revoked_id_is_never_provisioned_again(workdir, capsys):
+    out = workdir / "fed"
+    assert provision(out, "p1,p2,p3") == 0
+    serial = x509.load_pem_x509_certificate((out / "peers" / "p3" / "p3.crt").read_bytes()).serial_number
+    shutil.rmtree(out / "peers" / "p2")  # installed on its device: its key is changed there (keys revoke)
+    assert main(["provision", "revoke", "p3", "--out", str(out)]) == 0
+    assert "skyfed keys revoke p3 --enrolled /etc/skyfed/enrolled" in capsys.readouterr().out
+    assert enrolled(out / "enrolled") == enrolled(out / "peers" / "p1" / "enrolled") == (["p1", "p2"], ["p3"])
+    crl = x509.load_pem_x509_crl((out / "broker" / "crl.pem").read_bytes())
+    assert crl.get_revoked_certificate_by_serial_number(serial) is not None
+    assert "p3" not in (out / "broker" / "skyfed.acl").read_text()
+    assert main(["provision", "revoke", "p3", "--out", str(out)]) == 2
+    assert "already revoked" in capsys.readouterr().err
+    assert provision(out, "p1,p2,p3") == 2
+    assert "p3 was revoked" in capsys.readouterr().err
+    assert provision(out, "p1,p2,p4") == 0  # a newcomer knows p3 as revoked, not as a stranger
+    assert enrolled(out / "peers" / "p4" / "enrolled") == (["p1", "p2", "p4"], ["p3"])
+
+
+# --- a real broker from the generated files ------------------------------------------------------------
+class Client:
+    """A raw paho client with one node's provisioned certificate, recording what it receives."""
+
+    def __init__(self, folder: Path, name: str, port: int, *subscriptions: str) -> None:
+        self.received: list[tuple[str, bytes]] = []
+        self.granted: list[int] = []
+        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=name)
+        self.client.tls_set(ca_certs=str(folder / "ca.crt"), certfile=str(folder / f"{name}.crt"),
+                            keyfile=str(folder / f"{name}.crt.key"))  # fmt: skip
+        self.client.on_message = lambda _c, _u, m: self.received.append((m.topic, m.payload))
+        self.client.on_subscribe = lambda _c, _u, _m, codes, _p: self.granted.extend(c.value for c in codes)
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        wait_until(self.client.is_connected, 5, f"{name} connected")
+        for topic in subscriptions:
+            self.client.subscribe(topic, 1)
+        wait_until(lambda: len(self.granted) == len(subscriptions), 5, f"{name}'s subscriptions answered")
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        self.client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(5)
+
+    def topics(self) -> set[str]:
+        return {topic for topic, _ in self.received}
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def connects(folder: Path, name: str, port: int) -> bool:
+    tls = TlsSettings(str(folder / "ca.crt"), str(folder / f"{name}.crt"), str(folder / f"{name}.crt.key"))
+    client = MqttClient("probe", BrokerSettings("127.0.0.1", port, tls=tls), persistent=False)
+    try:
+        return client.start(timeout_s=2)
+    finally:
+        client.stop()
+
+
+def add_observer(out: Path) -> None:
+    """The broker's own view for the tests: ``observer`` reads every topic (a message it does not see,
+    the broker dropped)."""
+    acl = out / "broker" / "skyfed.acl"
+    acl.write_text(acl.read_text() + "\nuser observer\ntopic read skyfed/#\n")
+
+
+@pytest.fixture
+def peer_broker(workdir):
+    port = free_port()
+    out = workdir / "fed"
+    assert provision(out, "p1,p2,p3", port) == 0
+    issue(Issued(out / "ca" / "ca.crt", out / "ca" / "ca.crt.key"), out / "observer", "observer")
+    shutil.copyfile(out / "ca" / "ca.crt", out / "observer" / "ca.crt")
+    add_observer(out)
+    broker = start_broker(
+        data_dir=workdir / "broker-run", kind="mosquitto", port=port, config_file=out / "broker" / "skyfed.conf"
+    )
+    yield out, broker, port
+    broker.stop()
+    print(f"--- broker log ---\n{broker.log_tail(40)}")
+
+
+def test_the_generated_acl_confines_each_peer_to_its_own_topics_and_revocation_shuts_it_out(peer_broker):
+    out, broker, port = peer_broker
+    peers = out / "peers"
+    observer = Client(out / "observer", "observer", port, f"{PEERS}/#")
+    p1 = Client(peers / "p1", "p1", port)
+    p2 = Client(peers / "p2", "p2", port, f"{PEERS}/+/member", f"{PEERS}/+/to/p2")
+    p3 = Client(peers / "p3", "p3", port, f"{PEERS}/+/member", f"{PEERS}/+/to/p3", f"{PEERS}/p1/to/p2", f"{PEERS}/#")
+    monitor = Client(out / "monitor", "monitor", port, f"{PEERS}/+/member", f"{PEERS}/+/metrics", f"{PEERS}/#")
+    clients = [observer, p1, p2, p3, monitor]
+    try:
+        p1.publish(f"{PEERS}/p2/member", b"forged membership of p2", retain=True)
+        p1.publish(f"{PEERS}/p2/to/p3", b"forged model from p2")
+        p1.publish(f"{PEERS}/p3/metrics", b"forged metrics of p3", retain=True)
+        monitor.publish(f"{PEERS}/monitor/member", b"monitor as a peer", retain=True)
+        p1.publish(f"{PEERS}/p1/member", b"p1 member", retain=True)
+        p1.publish(f"{PEERS}/p1/metrics", b"p1 metrics", retain=True)
+        p1.publish(f"{PEERS}/p1/to/p2", b"sealed to p2")
+        wait_until(lambda: f"{PEERS}/p1/to/p2" in p2.topics(), 5, "p2 receives what p1 sealed to it")
+        wait_until(lambda: f"{PEERS}/p1/metrics" in monitor.topics(), 5, "the monitor sees p1's metrics")
+        wait_until(lambda: len(observer.received) >= 3, 5, "the observer sees p1's own topics")
+        time.sleep(0.5)  # a forged message, were it forwarded, would have arrived by now
+        assert sorted(observer.topics()) == [f"{PEERS}/p1/member", f"{PEERS}/p1/metrics", f"{PEERS}/p1/to/p2"]
+        assert p2.topics() == {f"{PEERS}/p1/member", f"{PEERS}/p1/to/p2"}
+        # subscribed to peer/p1/to/p2 and peer/#, p3 gets nothing sealed to p2 (mosquitto grants the
+        # subscription and filters each message by the ACL)
+        assert p3.topics() == {f"{PEERS}/p1/member", f"{PEERS}/p1/metrics"}
+        assert monitor.topics() == {f"{PEERS}/p1/member", f"{PEERS}/p1/metrics"}
+        p3.close()
+
+        assert main(["provision", "revoke", "p3", "--out", str(out)]) == 0
+        add_observer(out)  # revoke rewrote the ACL
+        broker.reload()
+        for name in ("p1", "p2"):
+            assert enrolled(peers / name / "enrolled") == (["p1", "p2"], ["p3"])
+        wait_until(lambda: not connects(peers / "p3", "p3", port), 10, "the broker refuses p3 (CRL)")
+        p2.close()
+        assert connects(peers / "p2", "p2", port)  # the others still get in
+    finally:
+        for client in clients:
+            client.close()
