@@ -19,6 +19,7 @@ from cryptography import x509
 
 from common import toml
 from protocol.mqtt import BrokerSettings, MqttClient, TlsSettings
+from security.broker_files import peer_acl_text
 from security.keys import PublicIdentity
 from security.pki import Issued, issue
 from sim.broker import free_port, start_broker
@@ -220,3 +221,8 @@ def test_the_generated_acl_confines_each_peer_to_its_own_topics_and_revocation_s
     finally:
         for client in clients:
             client.close()
+
+
+def test_the_deploy_example_acl_is_what_provision_writes():
+    root = Path(__file__).resolve().parent.parent
+    assert (root / "deploy/mosquitto/peer.acl").read_text() == peer_acl_text("fleet", ["drone-01", "drone-02"])
