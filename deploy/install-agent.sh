@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the SkyFed edge agent on this device as the systemd service skyfed-agent, from its provisioning
 # folder (fleet-pki/agents/<id>/ as skyfed provision writes it: agent.toml, <id>.key, server.pub, TLS
-# files). Run it again at will: a second run changes nothing. What goes where: deploy/install-common.sh.
+# files; or a peer's, fleet-pki/peers/<id>/ from skyfed provision --mode peer, with enrolled/ for server.pub). Run it again at will: a second run changes nothing. What goes where: deploy/install-common.sh.
 #
 #   sudo deploy/install-agent.sh [options] PROVISIONING_FOLDER
 #   sudo deploy/install-agent.sh --uninstall [--purge]
@@ -32,7 +32,13 @@ role_option() { ROLE_SHIFT=0; }
 
 role_check_config() {
     check_key_ref keys identity "agent key file" private
-    check_key_ref keys server "server public key" public
+    if [[ $(toml_get "$PROV/$CONFIG_NAME" federation mode) == peer ]]; then # no server: every peer's key
+        check_key_ref keys enrolled "enrolled-peers folder" public d
+        ENROLLED=$(toml_get "$PROV/$CONFIG_NAME" keys enrolled)
+        check_data_ref agent test_data # its validation split: the peer refuses to start without it
+    else
+        check_key_ref keys server "server public key" public
+    fi
     check_state_dir agent
     check_data_ref agent data
 }
@@ -43,6 +49,7 @@ role_precheck() { :; }
 DROP_IN=/etc/systemd/system/skyfed-agent.service.d/jetson-gpu.conf
 
 role_install() {
+    revoke_enrolled
     is_jetson || return 0
     ensure_dir "$(at "$(dirname "$DROP_IN")")" 0755 0:0
     if put_file "$DEPLOY_DIR/systemd/jetson-gpu.conf" "$(at "$DROP_IN")" 0644 0:0; then

@@ -51,6 +51,7 @@ STAGE=""
 SERVICE_CHANGED=0
 DATA_MISSING=""
 PRIVATE_REFS=()
+ENROLLED="" # keys.enrolled of the config (server; agent in peer mode): revoked keys leave it
 
 say() { printf '%s\n' "$*"; }
 note() { printf 'note: %s\n' "$*" >&2; }
@@ -592,6 +593,24 @@ is_private() {
         [[ $ref == "$rel" ]] && return 0
     done
     return 1
+}
+
+# Nodes the provisioning folder lists as revoked (enrolled/revoked/<id>.pub: agents of a server, or peers)
+# leave the installed enrolled folder (keys.enrolled): copying the folder alone would keep trusting them.
+revoke_enrolled() {
+    [[ -n $ENROLLED ]] || return 0
+    [[ $ENROLLED != /* || $ENROLLED == "$ETC"/* ]] || return 0
+    local rel=${ENROLLED#"$ETC"/} revoked name installed
+    rel=${rel#./}
+    for revoked in "$PROV/$rel"/revoked/*.pub; do
+        [[ -f $revoked ]] || continue
+        name=$(basename "$revoked")
+        installed=$(at "$ETC/$rel/$name")
+        if [[ -f $installed ]]; then
+            rm -f "$installed"
+            say "  revoked ${name%.pub}: removed $installed (the running $ROLE stops trusting it within a second)"
+        fi
+    done
 }
 
 install_config() {

@@ -105,23 +105,6 @@ role_precheck() {
     fi
 }
 
-# Agents the provisioning folder lists as revoked (enrolled/revoked/<id>.pub) leave /etc/skyfed/enrolled:
-# copying the folder alone would keep trusting them.
-revoke_enrolled() {
-    [[ $ENROLLED != /* || $ENROLLED == "$ETC"/* ]] || return 0
-    local rel=${ENROLLED#"$ETC"/} revoked name installed
-    rel=${rel#./}
-    for revoked in "$PROV/$rel"/revoked/*.pub; do
-        [[ -f $revoked ]] || continue
-        name=$(basename "$revoked")
-        installed=$(at "$ETC/$rel/$name")
-        if [[ -f $installed ]]; then
-            rm -f "$installed"
-            say "  revoked ${name%.pub}: removed $installed (the running server rotates the group key)"
-        fi
-    done
-}
-
 install_broker_tls() {
     local target conf_d file name
     target=$(at "$BROKER_DIR")
