@@ -10,6 +10,7 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -226,3 +227,50 @@ def test_the_generated_acl_confines_each_peer_to_its_own_topics_and_revocation_s
 def test_the_deploy_example_acl_is_what_provision_writes():
     root = Path(__file__).resolve().parent.parent
     assert (root / "deploy/mosquitto/peer.acl").read_text() == peer_acl_text("fleet", ["drone-01", "drone-02"])
+
+
+def test_provisioned_peers_run_over_tls_and_drop_a_revoked_peer(peer_broker):
+    """The provisioned files are all a peer daemon needs besides its data and the round plan, and the ACL
+    lets it do its whole round. Needs the peer daemon (``agent.peer``, issue 24): skipped without it."""
+    pytest.importorskip("agent.peer.node")
+    from agent.config import load_agent_config
+    from agent.peer.node import PeerNode
+    from agent.peer.rounds import read_metrics
+    from agent.runner import in_process_runner
+    from sim.federation import write_classify_data
+    from tests.fedharness import override_toml
+
+    out, broker, _port = peer_broker
+    names = ["p1", "p2", "p3"]
+    write_classify_data(out.parent / "state", names, "iid", seed=0)  # where the provisioned configs expect it
+    plan = {"model": "digits_cnn", "rounds": 2, "threshold": 3, "round_timeout_s": 30.0, "join_wait_s": 1.0,
+            "strategy": {"name": "fedavg"}, "bounds": {"clip": "off", "sample_multiple": 0}}  # fmt: skip
+    nodes = {}
+    for name in names:
+        path = out / "peers" / name / "agent.toml"
+        override_toml(path, federation=plan, training={"threads": 1})
+        config = load_agent_config(path)
+        nodes[name] = PeerNode(config, runner=in_process_runner(config))
+    stop = threading.Event()
+    threads = [threading.Thread(target=node.run, args=(stop,), daemon=True) for node in nodes.values()]
+    for thread in threads:
+        thread.start()
+    firsts: dict[str, dict] = {}
+
+    def round_one_everywhere() -> bool:
+        for name, node in nodes.items():
+            firsts.update((name, line) for line in read_metrics(node.config.state_dir) if line["round"] == 1)
+        return len(firsts) == len(names)
+
+    try:
+        wait_until(round_one_everywhere, 120, "round 1 on every peer")
+        assert all(sorted(line["aggregated_from"]) == names for line in firsts.values()), firsts
+        assert main(["provision", "revoke", "p3", "--out", str(out)]) == 0
+        add_observer(out)
+        broker.reload()
+        wait_until(lambda: "p3" not in nodes["p1"].roster.keyring and "p3" not in nodes["p2"].roster.keyring, 5,
+                   "p1 and p2 drop p3")  # fmt: skip
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(15)
