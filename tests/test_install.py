@@ -253,6 +253,25 @@ def test_agent_install_places_everything_changes_nothing_twice_and_uninstalls(ro
                     "etc/shadow-", "etc/gshadow-"}, left  # fmt: skip
 
 
+def test_a_peer_installs_with_its_enrolled_folder_and_revoked_peers_leave_it(root, source, tmp_path):
+    """A folder from ``skyfed provision --mode peer`` (no server.pub; keys.enrolled instead)."""
+    pytest.importorskip("agent.peer.plan")  # the installer checks the config with the daemon's own loader
+    pki = tmp_path / "peer-pki"
+    assert main(["provision", "--mode", "peer", "--federation", "fleet", "--agents", "drone-01,drone-02,drone-03",
+                 "--out", str(pki), "--broker", "broker.example:8883"]) == 0  # fmt: skip
+    folder = pki / "peers" / "drone-01"
+    override_toml(folder / "agent.toml", federation={"model": "digits_cnn", "rounds": 5, "threshold": 3})
+    first = install("install-agent.sh", folder, "--source", str(source), root=root)
+    etc = root / "etc/skyfed"
+    assert sorted(p.name for p in (etc / "enrolled").iterdir()) == ["drone-01.pub", "drone-02.pub", "drone-03.pub"]
+    assert not (etc / "server.pub").exists() and "no data at /var/lib/skyfed/drone-01/" in first.stdout + first.stderr
+
+    assert main(["provision", "revoke", "drone-03", "--out", str(pki)]) == 0
+    again = install("install-agent.sh", folder, "--source", str(source), root=root)
+    assert sorted(p.name for p in (etc / "enrolled").iterdir()) == ["drone-01.pub", "drone-02.pub", "revoked"]
+    assert "revoked drone-03" in again.stdout
+
+
 # --- the server ----------------------------------------------------------------------------------------
 def test_server_install_with_the_broker_folder_revocations_and_an_agent_on_the_same_host(root, pki, wheel):
     folder = pki / "server"
