@@ -1,5 +1,5 @@
-"""What ``skyfed provision`` tells the operator after writing: the steps that make new agents work, the
-missing evaluation data, and a provisioning folder (with the CA's private key) inside a git checkout."""
+"""What ``skyfed provision`` tells the operator after writing: the steps that make new agents (or peers) work,
+the missing evaluation data, and a provisioning folder (with the CA's private key) inside a git checkout."""
 
 from __future__ import annotations
 
