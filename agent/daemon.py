@@ -34,6 +34,7 @@ from agent.onboard import OnboardModel
 from agent.profile import privacy_view, read_start_files
 from agent.run_end import RunEnd
 from agent.runner import ChildRunner
+from agent.task_check import TaskRefused, checked_task
 from agent.telemetry import Telemetry
 from agent.waiting import waiting_for
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
@@ -42,11 +43,11 @@ from participant.jobs import Cancelled, Declined, Failed, Runner, Trained
 from participant.progress import ProgressStore
 from participant.round_client import Destination, RoundClient
 from protocol.daemon import MqttDaemon, Throttle
-from protocol.messages import MAX_JSON_BYTES, AgentStatus, Gate, MessageError, RoundTask
+from protocol.messages import MAX_JSON_BYTES, AgentStatus, Gate, RoundTask
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from security.keys import GroupKey
-from security.signing import InvalidDocument, signed_payload, verify_document
+from security.signing import signed_payload
 
 log = logging.getLogger("skyfed.agent")
 STUCK_LOG_S = 60.0  # connected this long without the group key: say why in the agent's own log
@@ -180,21 +181,12 @@ class EdgeAgent(MqttDaemon):
     def _consider_task(self, document: object, *, persist: bool) -> None:
         """Adopt a signed task if it is for us, unexpired and not older than the one we hold."""
         try:
-            task = RoundTask.from_dict(verify_document(document, self.server))
-        except (InvalidDocument, MessageError) as exc:
-            self._warn("task-invalid", "round task rejected reason=%s", getattr(exc, "reason", exc))
+            task = checked_task(document, self.server, self.topics.federation, self.task)
+        except TaskRefused as refused:
+            self._warn(refused.key, "%s", refused)
             return
-        if task.federation != self.topics.federation:
-            self._warn("task-federation", "round task rejected reason=wrong-federation federation=%s", task.federation)
-            return
-        held = self.task
-        if held is not None and held != task and not task.is_newer_than(held):
-            self._warn(
-                "task-stale", "round task ignored reason=older-than-held round=%d attempt=%d", task.round, task.attempt
-            )
-            return
-        if persist:
-            self._measure_clock(task)
+        if persist and self.clock.note_task(task, time.time()):
+            self._publish_status(force=True)
         if persist and task.expired(self.server_time()):
             age = time.time() - task.issued_at
             self.detail = f"the newest round task had expired on arrival (issued {age:.0f} s ago by this device's " \
@@ -218,16 +210,6 @@ class EdgeAgent(MqttDaemon):
         elif self.revoked and self.id in task.selected and self.id not in task.revoked:
             self.revoked = ""
             log.info("enrolled again: round %d selects this agent", task.round)
-
-    def _measure_clock(self, task: RoundTask) -> None:
-        if self.clock.observe((task.run_id, task.round, task.attempt), task.issued_at, time.time()):
-            offset = self.clock.offset_s
-            if self.clock.skewed:
-                log.warning("clock skew offset_s=%+.1f: this device's clock is off the server's signed task times; "
-                            "judging deadlines on the server's time: fix its time sync (NTP)", offset)  # fmt: skip
-            else:
-                log.info("clock skew gone offset_s=%+.1f", offset)
-            self._publish_status(force=True)
 
     def server_time(self) -> float:
         """The time on the server's clock, as this device's clock and the measured skew say."""
