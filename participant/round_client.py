@@ -63,10 +63,11 @@ class RoundReport:
 
 @dataclass(frozen=True)
 class Destination:
-    """Where this participant's updates go: sealed to ``recipient`` (the server, say) and published on ``topic``."""
+    """Where this participant's updates go: sealed to ``recipient`` (the server, say) as ``kind`` on ``topic``."""
 
     topic: str
     recipient: PublicIdentity
+    kind: str = "update"
 
 
 class RoundClient:
@@ -224,7 +225,7 @@ class RoundClient:
         """Seal ``data`` and hand it to paho; it counts as sent once ``check_upload`` says so."""
         d = self.destination
         self.upload = send_sealed(mqtt, d.topic, data, sender=self.identity, recipient=d.recipient,
-                                  federation=self.federation, kind="update", round=task.round,
+                                  federation=self.federation, kind=d.kind, round=task.round,
                                   attempt=task.attempt)  # fmt: skip
 
     def check_upload(self, mqtt: MqttClient, newest: RoundTask | None) -> str:
