@@ -13,6 +13,11 @@ task as expired, and the operator is told to fix its time sync.
 
 from __future__ import annotations
 
+import logging
+
+from protocol.messages import RoundTask
+
+log = logging.getLogger("skyfed.agent")
 TOLERANCE_S = 30.0  # offsets within this are network delay and ordinary drift: not corrected
 SAMPLES_KEPT = 8
 
@@ -28,6 +33,17 @@ class ClockSkew:
         while len(self.samples) > SAMPLES_KEPT:
             del self.samples[next(iter(self.samples))]
         return self.skewed != before
+
+    def note_task(self, task: RoundTask, now: float) -> bool:
+        """Measure ``task``'s signed time, saying so when that starts or ends the skew (True then)."""
+        if not self.observe((task.run_id, task.round, task.attempt), task.issued_at, now):
+            return False
+        if self.skewed:
+            log.warning("clock skew offset_s=%+.1f: this device's clock is off the server's signed task times; "
+                        "judging deadlines on the server's time: fix its time sync (NTP)", self.offset_s)  # fmt: skip
+        else:
+            log.info("clock skew gone offset_s=%+.1f", self.offset_s)
+        return True
 
     @property
     def offset_s(self) -> float:

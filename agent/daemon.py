@@ -4,18 +4,18 @@ One MQTT connection and one thread of control (``protocol.daemon.MqttDaemon``): 
 queue up and are handled between steps, so training never blocks the network thread's keep-alives.
 Only the newest signed task counts: an older (round, attempt) of the same server run, a task past its
 ``expires_at``, or a task from another federation is ignored, and the newest task is kept on disk, so a
-replayed old task cannot stall the agent even after a restart. Progress is durable (``agent.state``):
-after a crash or reboot the agent resumes without skipping or repeating a round, and re-sends a stored
-update the broker never acknowledged, or that the server lists as still pending in a later attempt.
-A task may tell this agent to start from another model than the global one (model swapping): its own
-last model (on disk) or one sealed to it alone; the task names it by fingerprint, and only that is used.
-Training and the ONNX export run as jobs of a runner (``agent.runner``: a child process holding
-PyTorch), started and polled by the round work (``agent.work``), so the daemon stays small and
-responsive while a round trains. Its gate (the status' ``gate.reasons``) joins the device's telemetry
-(``agent.telemetry``), the local privacy budget and its data profile (``agent.profile``: why it cannot
-train a task's model). Task times are judged on the server's clock where this device's is measurably
-off (``agent.clock``), and every connection gets its own signed last will, whose time every status of
-that connection names (``session``): the server refuses a will of an earlier connection replayed.
+replayed old task cannot stall the agent even after a restart. The round work itself (train, encode,
+store, seal and send, durable progress, re-send after a restart) is a ``participant.round_client``
+``RoundClient`` that this daemon drives from its loop (``_step``: at most one small thing per tick) and
+whose reports decide the agent's state. Training and the ONNX export run as jobs of a runner
+(``agent.runner``: a child process holding PyTorch). The gate (the status' ``gate.reasons``: the
+device's telemetry, ``agent.telemetry``; the local privacy budget; its data profile, ``agent.profile``)
+is asked before anything heavy starts and while a job runs: a gate that closes mid-round (the drone
+arms, say) cancels the job, and an update trained just before it closed stays on disk, unsent, until
+the gate opens again; a cancelled round is not a failure. Task times are judged on the server's clock
+where this device's is measurably off (``agent.clock``), and every connection gets its own signed last
+will, whose time every status of that connection names (``session``): the server refuses a will of an
+earlier connection replayed.
 """
 
 from __future__ import annotations
@@ -34,27 +34,26 @@ from agent.onboard import OnboardModel
 from agent.profile import privacy_view, read_start_files
 from agent.run_end import RunEnd
 from agent.runner import ChildRunner
-from agent.start_models import StartModels
-from agent.state import AgentProgress, ProgressStore
+from agent.task_check import TaskRefused, checked_task
 from agent.telemetry import Telemetry
 from agent.waiting import waiting_for
-from agent.work import RoundWork, Training
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from models.weights import NamedArrays
-from participant.jobs import Job, Runner
-from participant.upload import Upload
+from participant.jobs import Cancelled, Declined, Failed, Runner, Trained
+from participant.progress import ProgressStore
+from participant.round_client import Destination, RoundClient
 from protocol.daemon import MqttDaemon, Throttle
-from protocol.messages import MAX_JSON_BYTES, AgentStatus, Gate, MessageError, RoundTask
+from protocol.messages import MAX_JSON_BYTES, AgentStatus, Gate, RoundTask
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from security.keys import GroupKey
-from security.signing import InvalidDocument, signed_payload, verify_document
+from security.signing import signed_payload
 
 log = logging.getLogger("skyfed.agent")
 STUCK_LOG_S = 60.0  # connected this long without the group key: say why in the agent's own log
 
 
-class EdgeAgent(RoundWork, MqttDaemon):
+class EdgeAgent(MqttDaemon):
     def __init__(self, config: AgentConfig, *, runner: Runner | None = None) -> None:
         self.config = config
         self.id = config.agent.id
@@ -66,30 +65,29 @@ class EdgeAgent(RoundWork, MqttDaemon):
             check_device_present(config.training.device)
         self.runner = runner or ChildRunner(config)
         self.telemetry = Telemetry(config.telemetry, config.gate)  # its serial readers start with the loop
-        self.training: Training | None = None
-        self.export: Job | None = None
-        self.upload: Upload | None = None
         self.refusal = ""  # why this agent cannot train the federation's model (its gate says so)
-        self.failed: tuple[int, int] = (0, 0)  # (round, attempt) whose training failed or was declined
         self.revoked = ""  # why the server withdrew this agent's enrolment (a signed task said so); "" if not
-        self.onboard = OnboardModel(config.state_dir, config.training.onnx)
-        self.store = ProgressStore(config.state_dir)
-        self.progress = self.store.load()
-        self.start_models = StartModels(self.store)
-        self.inbox = ServerInbox(self.identity, self.server, self.topics.federation, self.start_models, self._warn)
+        self.onboard = OnboardModel(config.state_dir, self.runner, config.training.onnx)
+        self._log = Throttle(10.0)
+        self.client = RoundClient(self.id, self.runner, ProgressStore(config.state_dir), identity=self.identity,
+                                  federation=self.topics.federation,
+                                  destination=Destination(self.topics.agent_update(self.id), self.server),
+                                  local_delta=config.privacy.delta if self.privacy is not None else None,
+                                  log=log, warn=self._warn)  # fmt: skip
+        self.inbox = ServerInbox(self.identity, self.server, self.topics.federation, self.client.start_models,
+                                 self._warn)  # fmt: skip
         self.task: RoundTask | None = None
         self.state = "starting"
         self.detail = ""
         self._stuck_since: float | None = None
         self._said_stuck = False
         self._last_status = 0.0
-        self._log = Throttle(10.0)
         self.echo = PublishEcho()  # its own status coming back: the broker does not drop what it sends
         self.run_end = RunEnd(self.topics.federation)
         self.session = self._next_session = 0.0  # the connection's last will, by time (broker_server.registry)
         self.clock = ClockSkew()
         super().__init__(MqttClient(self.id, config.broker, will=self._next_will, on_connect=self._on_connect), log)
-        stored = self.store.load_task()
+        stored = self.client.store.load_task()
         if stored is not None:
             self._consider_task(stored, persist=False)
 
@@ -105,7 +103,7 @@ class EdgeAgent(RoundWork, MqttDaemon):
             self.id,
             self.topics.federation,
             self.profile.samples,
-            self.progress.last_completed_round,
+            self.client.progress.last_completed_round,
         )
 
     def handle(self, topic: str, payload: bytes) -> None:
@@ -150,12 +148,11 @@ class EdgeAgent(RoundWork, MqttDaemon):
         return f"{where}: {self.state}{why}" + ("; the server's run is over" if self.run_end.ended else "")
 
     def publish_final_status(self) -> paho.MQTTMessageInfo | None:
-        if self.upload is not None:
+        if self.client.upload is not None:
             self._check_upload()  # an acknowledgement that arrived since the last tick still counts
-        for job in (self.training.job if self.training else None, self.export):
-            if job is not None:
-                job.cancel("the agent is stopping")
-        self.runner.close()
+        if self.onboard.job is not None:
+            self.onboard.job.cancel("the agent is stopping")
+        self.client.close("the agent is stopping")
         self.telemetry.stop()
         self.state = "offline"  # a clean stop says so itself; a crash leaves it to the LWT
         return self._publish_status(force=True)
@@ -184,21 +181,12 @@ class EdgeAgent(RoundWork, MqttDaemon):
     def _consider_task(self, document: object, *, persist: bool) -> None:
         """Adopt a signed task if it is for us, unexpired and not older than the one we hold."""
         try:
-            task = RoundTask.from_dict(verify_document(document, self.server))
-        except (InvalidDocument, MessageError) as exc:
-            self._warn("task-invalid", "round task rejected reason=%s", getattr(exc, "reason", exc))
+            task = checked_task(document, self.server, self.topics.federation, self.task)
+        except TaskRefused as refused:
+            self._warn(refused.key, "%s", refused)
             return
-        if task.federation != self.topics.federation:
-            self._warn("task-federation", "round task rejected reason=wrong-federation federation=%s", task.federation)
-            return
-        held = self.task
-        if held is not None and held != task and not task.is_newer_than(held):
-            self._warn(
-                "task-stale", "round task ignored reason=older-than-held round=%d attempt=%d", task.round, task.attempt
-            )
-            return
-        if persist:
-            self._measure_clock(task)
+        if persist and self.clock.note_task(task, time.time()):
+            self._publish_status(force=True)
         if persist and task.expired(self.server_time()):
             age = time.time() - task.issued_at
             self.detail = f"the newest round task had expired on arrival (issued {age:.0f} s ago by this device's " \
@@ -206,20 +194,14 @@ class EdgeAgent(RoundWork, MqttDaemon):
             self._warn("task-expired", "round task ignored reason=expired round=%d age_s=%.0f", task.round, age)
             return
         self.detail = ""
-        if task.run_id != self.progress.run_id:
-            log.info(
-                "new server run run_id=%s (was %s): progress starts over", task.run_id, self.progress.run_id or "-"
-            )
-            self.progress = AgentProgress(run_id=task.run_id)
-            self.store.save(self.progress)
-            self.start_models.new_run()
+        self.client.new_run(task.run_id)
         self.task = task
         self._note_revocation(task)
         if persist:
-            self.store.save_task(document)  # type: ignore[arg-type]
+            self.client.store.save_task(document)  # type: ignore[arg-type]
 
     def _note_revocation(self, task: RoundTask) -> None:
-        """The server's signed task names this agent as revoked: stop training and sending (``agent.work``),
+        """The server's signed task names this agent as revoked: stop training and sending (``_step``),
         saying so once; a later task that selects it again (a new key enrolled) ends that."""
         if self.id in task.revoked and not self.revoked:
             self.revoked = f"its enrolment was withdrawn (round {task.round} names it revoked)"
@@ -229,19 +211,127 @@ class EdgeAgent(RoundWork, MqttDaemon):
             self.revoked = ""
             log.info("enrolled again: round %d selects this agent", task.round)
 
-    def _measure_clock(self, task: RoundTask) -> None:
-        if self.clock.observe((task.run_id, task.round, task.attempt), task.issued_at, time.time()):
-            offset = self.clock.offset_s
-            if self.clock.skewed:
-                log.warning("clock skew offset_s=%+.1f: this device's clock is off the server's signed task times; "
-                            "judging deadlines on the server's time: fix its time sync (NTP)", offset)  # fmt: skip
-            else:
-                log.info("clock skew gone offset_s=%+.1f", offset)
-            self._publish_status(force=True)
-
     def server_time(self) -> float:
         """The time on the server's clock, as this device's clock and the measured skew say."""
         return self.clock.server_time(time.time())
+
+    # round work ---------------------------------------------------------------------------------------
+    def _step(self) -> None:
+        """Where the current round stands decides at most one small thing: start a job on the runner (training
+        starts ahead as soon as a round selects this agent), poll it, hand an update to paho, or check that
+        the broker acknowledged it."""
+        self.runner.release_idle()
+        if self.revoked:
+            self.client.forget_upload()  # whatever is still in flight, the server refuses (unknown-sender)
+        if self.client.upload is not None:
+            self._check_upload()
+        if self.client.training is not None:
+            return self._check_training()
+        if self.revoked:
+            return self._set_state("revoked")
+        if self.onboard.job is not None:
+            return self.onboard.check(gated=bool(self.telemetry.reasons()))
+        task = self.task
+        if task is not None and (refusal := self.profile.refusal(task)) != self.refusal:
+            self.refusal = refusal
+            if refusal:
+                log.warning("cannot train this federation's model: %s", refusal)
+            self._publish_status(force=True)
+        if task is not None:
+            self.client.drop_closed(task.round)
+        gated = self.telemetry.reasons()
+        if gated:
+            return self._gated(gated)
+        if task is None or self.id not in task.selected or task.expired(self.server_time()) or self.refusal:
+            return self._idle()
+        done = self.client.progress.last_completed_round
+        if task.round < done:
+            return self._idle()
+        if task.round == done:
+            if self.id in task.pending and self.client.owes(task):
+                self._resend(task)
+            return self._idle("done")
+        if self.client.failed_on(task):
+            return None  # failed or declined on this attempt; the server's re-announcement is the next try
+        self.runner.prepare((task.run_id, task.round, task.attempt))  # its start-up overlaps the model's download
+        start = task.start_of(self.id)
+        base = self.inbox.start_model(task, start)
+        context = self.inbox.peer_context(task, start) if start.peers_sha256 else None
+        if base is None or (start.peers_sha256 and context is None):
+            return self._idle("waiting-model")
+        export_to = None
+        if self.client.continued(start) is None and start.source == "global" and self.onboard.wanted(
+            task, task.model_version, self.server_time()
+        ):
+            self.onboard.started(task.model_version)
+            export_to = self.onboard.path  # the global model rides along with the training job
+        self.client.train(task, start, base, export_to=export_to, context=context)
+        self._set_state("training", publish=True)
+        return None
+
+    def _gated(self, reasons: list[str]) -> None:
+        if self.state != "gated":
+            log.info("gate closed: %s", "; ".join(reasons))
+        self._set_state("gated")
+
+    def _idle(self, state: str = "idle") -> None:
+        """Nothing to train: the turn of the on-board ONNX export, if a new global model wants one."""
+        if self.state not in ("declined", "failed") or state != "idle":
+            self._set_state(state)
+        self.onboard.export_newest(self.task, self.models, self.server_time())
+
+    def _check_training(self) -> None:
+        """Cancel the job when the gate closes, the agent is revoked or its round moves on; then act on its report:
+        send a trained update (kept unsent while the gate is closed), or say why there is none."""
+        training = self.client.training
+        assert training is not None
+        task, gated = training.task, self.telemetry.reasons()
+        revoked = f"revoked by the server: {self.revoked}" if self.revoked else ""
+        newest = self.task.round if self.task is not None else task.round
+        cancel = next(filter(None, (
+            f"gate closed: {'; '.join(gated)}" if gated else "",
+            revoked,
+            f"round {task.round} was superseded by round {newest}" if newest != task.round else "",
+            f"round {task.round}'s task expired during training" if task.expired(self.server_time()) else "",
+        )), "")  # fmt: skip
+        report = self.client.poll(cancel=cancel, refuse=revoked)  # finished as the revocation came: not sent
+        if report is None:
+            return None
+        outcome = report.outcome
+        if isinstance(outcome, Trained):
+            if outcome.export is not None:
+                self.onboard.finished(outcome.export)
+            self.detail = ""
+            if report.update is None:  # a local round: its status tells the server (last_completed_round)
+                return self._set_state("done", publish=True)
+            if gated := self.telemetry.reasons():  # kept on disk, unsent: re-sent once the gate opens (``_step``)
+                return self._gated(gated)
+            return self._send(task, report.update)
+        if isinstance(outcome, Cancelled):
+            log.warning("training stopped round=%d attempt=%d: %s", task.round, task.attempt, outcome.reason)
+            return self._set_state("gated" if gated else "idle", publish=True)
+        if isinstance(outcome, Declined):
+            self._warn("declined", "round declined round=%d reason=%s", task.round, outcome.reason)
+            self.detail = f"training declined: {outcome.reason}"  # the operator's monitor shows why
+            return self._set_state("declined", publish=True)
+        assert isinstance(outcome, Failed)
+        log.error("training failed round=%d attempt=%d: %s", task.round, task.attempt, outcome.reason)
+        self.errors, self.detail = self.errors + 1, f"training failed: {outcome.reason}"
+        return self._set_state("failed", publish=True)
+
+    def _resend(self, task: RoundTask) -> None:
+        if (data := self.client.resend(task)) is not None:
+            self._send(task, data)
+
+    def _send(self, task: RoundTask, data: bytes) -> None:
+        """Hand the sealed update to paho; it counts as sent once the broker acknowledged every chunk
+        (``_check_upload``, from the loop: the daemon never blocks on the network)."""
+        self.client.send(self.mqtt, task, data)
+        self._set_state("uploading", publish=True)
+
+    def _check_upload(self) -> None:
+        if self.client.check_upload(self.mqtt, self.task) == "acknowledged":
+            self._set_state("done", publish=True)
 
     # transfers ---------------------------------------------------------------------------------------
     def _on_transfer_chunk(self, payload: bytes, kinds: frozenset[str], topic_round: int | None = None) -> None:
@@ -297,7 +387,7 @@ class EdgeAgent(RoundWork, MqttDaemon):
             updated_at=time.time(),
             gate=Gate(ok=not gate_reasons, reasons=gate_reasons),
             group_key_id=next(reversed(self.group_keys), ""),
-            last_completed_round=self.progress.last_completed_round,
+            last_completed_round=self.client.progress.last_completed_round,
             detail=detail,
             errors=self.errors,
             session=self.session,

@@ -4,8 +4,8 @@ Chunks arrive on the agent's inbox topic (group keys sealed to it, start models)
 model topics (the global model, sealed with the group key); ``protocol.transfer.Reassembler`` checks
 and reassembles them, and frees a partial transfer that stopped arriving (``expire``, on every tick).
 Only the newest global model is kept (or the one the current task names: a reset server starts again
-at 1), the last ``GROUP_KEYS_KEPT`` group keys, and start models by fingerprint (``agent.start_models``)
-until a task names one.
+at 1), the last ``GROUP_KEYS_KEPT`` group keys, and start models by fingerprint
+(``participant.start_models``) until a task names one.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import hashlib
 import logging
 from collections.abc import Callable
 
-from agent.start_models import StartModelRefused, StartModels
 from models.serialization import SerializationError, loads
 from models.weights import NamedArrays, float_part
+from participant.start_models import StartModelRefused, StartModels
 from participant.trainer import PeerContext
 from protocol.messages import AgentStart, RoundTask
 from protocol.transfer import Completed, Reassembler, TransferLimits, TransferRejected

@@ -5,7 +5,9 @@ Each new global model version the agent holds is exported once to ``<state_dir>/
 failed export keeps the previous file and is logged). The export needs the round task (model name,
 classes, image size), so it runs once a task and a newer model are here, whichever came last, and only
 while no training runs (training goes first). The last round's model, which no task names, is exported
-with the last task's description once that task's deadline has passed.
+with the last task's description once that task's deadline has passed. The export of a version no
+training job carries runs as a job of its own on the agent's runner (``job``), cancelled when the gate
+closes.
 """
 
 from __future__ import annotations
@@ -13,17 +15,20 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from participant.jobs import Exported, Outcome
+from models.weights import NamedArrays
+from participant.jobs import Exported, Job, Outcome, Runner
 from protocol.messages import RoundTask
 
 log = logging.getLogger("skyfed.agent")
 
 
 class OnboardModel:
-    def __init__(self, state_dir: Path, enabled: bool = True) -> None:
+    def __init__(self, state_dir: Path, runner: Runner, enabled: bool = True) -> None:
         self.path = state_dir / "global_model.onnx"
+        self.runner = runner
         self.enabled = enabled
         self.version = 0  # the newest version exported (or tried)
+        self.job: Job | None = None  # an export of its own (not riding along with a training job)
 
     def wanted(self, task: RoundTask | None, version: int, now: float) -> bool:
         """Should global model ``version`` be exported now? ``task`` (the newest round task) describes it: the
@@ -43,3 +48,19 @@ class OnboardModel:
         else:
             log.warning("onnx export failed version=%d reason=%s (the previous file stays)", self.version,
                         getattr(outcome, "reason", outcome))  # fmt: skip
+
+    def export_newest(self, task: RoundTask | None, models: dict[int, NamedArrays], now: float) -> None:
+        """No training runs: export the newest global model held, if it wants exporting."""
+        held = max(models, default=0)
+        if task is not None and self.wanted(task, held, now):
+            self.job = self.runner.export(models[held], task, self.path)
+            self.started(held)  # after: whoever sees this version as started sees its job too
+
+    def check(self, gated: bool) -> None:
+        """Poll the export job (cancelled while the gate is closed)."""
+        assert self.job is not None
+        if gated:
+            self.job.cancel("gate closed")
+        if (outcome := self.job.poll()) is not None:
+            self.job = None
+            self.finished(outcome)

@@ -106,6 +106,5 @@ class SilentAgent(EdgeAgent):
     """An agent daemon that trains and says ``done`` but never sends its update (``--attack silent``)."""
 
     def _send(self, task: RoundTask, data: bytes) -> None:
-        self.progress.sent_round, self.progress.sent_attempt = task.round, task.attempt  # as if acknowledged
-        self.store.save(self.progress)
+        self.client.record_sent(task.round, task.attempt)  # as if acknowledged
         self._set_state("done", publish=True)

@@ -26,7 +26,6 @@ import torch
 
 from agent.config import load_agent_config
 from agent.device import torch_device
-from agent.state import RESIDUAL_FILE
 from agent.trainers import build_trainer
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
@@ -37,6 +36,7 @@ from flcore.update import encode_update
 from models.serialization import dumps
 from models.weights import NamedArrays, float_part
 from participant.local_dp import PrivacyBudget
+from participant.progress import RESIDUAL_FILE
 from participant.trainer import PeerContext, Trainer
 from protocol.messages import RoundTask
 from protocol.transfer import Completed

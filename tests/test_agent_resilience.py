@@ -119,7 +119,7 @@ def test_an_update_trained_before_a_crash_is_sent_at_restart_without_waiting_for
         thread.start()
     try:
         victim_thread.join(60)
-        assert victim.progress.last_completed_round == 1 and victim.progress.sent_round == 0
+        assert victim.client.progress.last_completed_round == 1 and victim.client.progress.sent_round == 0
         wait_until(lambda: len(server.engine.round_state.updates) == 2, 30, "the other two updates")
         restarted = hosted_agent(fed.layout.agent_configs[victim.id])
         restarted_thread = threading.Thread(target=restarted.run, args=(fed.stop,), daemon=True)
@@ -131,7 +131,7 @@ def test_an_update_trained_before_a_crash_is_sent_at_restart_without_waiting_for
     (round_1,) = fed.metrics()
     assert sorted(round_1.accepted) == ["agent-01", "agent-02", "agent-03"] and round_1.duration_s < 30
     restarted_thread.join(10)  # its last tick (or its stop) records the broker's acknowledgement
-    assert restarted.progress.sent_round == 1
+    assert restarted.client.progress.sent_round == 1
 
 
 def _signed_task(server: Identity, *, issued_at: float, expires_at: float | None = None, **fields: object) -> bytes:
@@ -157,10 +157,10 @@ def test_the_newest_task_survives_an_agent_restart_and_older_or_expired_ones_are
     restarted._on_task(_signed_task(server, round=4, issued_at=now - 900, expires_at=now - 300))
     assert (restarted.task.round, restarted.task.attempt) == (3, 2)
     assert "clock" in restarted.detail
-    restarted.progress.last_completed_round = 3
+    restarted.client.progress.last_completed_round = 3
     restarted._on_task(_signed_task(server, round=1, run_id="run-b", issued_at=now + 10))  # the server was reset
     assert (restarted.task.round, restarted.task.run_id) == (1, "run-b")
-    assert restarted.progress.last_completed_round == 0  # a new run starts over
+    assert restarted.client.progress.last_completed_round == 0  # a new run starts over
     restarted._on_task(_signed_task(server, round=5, run_id="run-a", issued_at=now + 3))  # the old run, replayed
     assert restarted.task.run_id == "run-b"
 
@@ -254,4 +254,4 @@ def test_a_start_model_is_kept_across_a_restart_and_an_older_rounds_one_is_ignor
     other = hosted_agent(layout.agent_configs["agent-02"])
     for chunk in sealed[3]:
         other.handle("skyfed/it/agent/agent-02/inbox", bytes(chunk))  # sealed to agent-01: does not open
-    assert other.start_models.find(fingerprint(models[3])) is None
+    assert other.client.start_models.find(fingerprint(models[3])) is None

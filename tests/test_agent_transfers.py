@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from agent.inbox import MODEL_LIMITS, ServerInbox
-from agent.start_models import StartModels
-from agent.state import ProgressStore
 from models.serialization import dumps
+from participant.progress import ProgressStore
+from participant.start_models import StartModels
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
 from security.envelope import seal

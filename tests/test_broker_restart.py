@@ -56,7 +56,8 @@ def test_a_broker_killed_mid_round_and_back_within_seconds_resumes_the_round(tmp
     try:
         wait_until(lambda: all(a.state == "training" for a in fed.agents), 60, "both agents to train")
         proxy.hold()  # the server's link stalls: what the broker passes it from now on is in flight
-        wait_until(lambda: all(a.progress.sent_round == 1 for a in fed.agents), 30, "the broker to take both updates")
+        wait_until(lambda: all(a.client.progress.sent_round == 1 for a in fed.agents), 30,
+                   "the broker to take both updates")  # fmt: skip
         broker.kill()
         time.sleep(2.0)
         proxy.release()

@@ -231,7 +231,7 @@ def test_a_detection_federation_reports_map_and_leaves_an_onnx_model_the_agent_r
     # the agents keep the final model as ONNX too, although no round task names its version (after the last
     # task's deadline: 30 s)
     final = metrics[-1].model_version
-    wait_until(lambda: all(a.onboard.version == final and a.export is None for a in fed.agents), 120, "final onnx")
+    wait_until(lambda: all(a.onboard.version == final and a.onboard.job is None for a in fed.agents), 120, "final onnx")
     fed.close()
     for m in metrics:
         assert {"map50", "map50_95"} <= set(m.eval)

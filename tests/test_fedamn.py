@@ -238,7 +238,7 @@ def test_after_a_server_reset_the_new_runs_bundle_is_kept_though_the_old_run_hel
     server = Identity.load(layout.server_config.parent / "server.key")
     agent = hosted_agent(layout.agent_configs["agent-01"])
     old = {"w": np.ones((2, 3), np.float32)}
-    agent.start_models.keep("peers", old, 40)
+    agent.client.start_models.keep("peers", old, 40)
     now = time.time()
     agent._on_task(_signed_task(server, round=40, issued_at=now))
     agent._on_task(_signed_task(server, round=12, run_id="run-b", issued_at=now + 10))  # the server was reset
@@ -248,10 +248,10 @@ def test_after_a_server_reset_the_new_runs_bundle_is_kept_though_the_old_run_hel
                      recipient=agent.identity.public)  # fmt: skip
     kinds = frozenset({"peers"})
     assert [agent.inbox.feed(bytes(c), kinds, None, agent.task) for c in chunks][-1] == "peers"
-    assert agent.start_models.find(fingerprint(bundle)) is not None
+    assert agent.client.start_models.find(fingerprint(bundle)) is not None
     restarted = hosted_agent(layout.agent_configs["agent-01"])
-    assert restarted.start_models.find(fingerprint(bundle)) is not None
-    assert restarted.start_models.find(fingerprint(old)) is None  # the old run's bundle is gone
+    assert restarted.client.start_models.find(fingerprint(bundle)) is not None
+    assert restarted.client.start_models.find(fingerprint(old)) is None  # the old run's bundle is gone
 
 
 def test_the_round_closed_line_says_how_the_agents_were_clustered(caplog):
@@ -270,8 +270,8 @@ def test_the_round_closed_line_says_how_the_agents_were_clustered(caplog):
 def test_an_agent_that_declines_says_why_in_its_signed_status(tmp_path):
     """A local-DP agent declines FedAMN's rounds; the operator's ``skyfed monitor`` shows its status detail,
     which the tip left empty (the reason was only in the agent's own journal)."""
-    from agent.work import Training
     from participant.jobs import Declined, ThreadJob
+    from participant.round_client import Training
     from tests.fedharness import hosted_agent
     from tests.fedharness import round_task as a_task
 
@@ -279,7 +279,7 @@ def test_an_agent_that_declines_says_why_in_its_signed_status(tmp_path):
     agent = hosted_agent(layout.agent_configs["agent-01"])
     agent.task = a_task(selected=["agent-01"], pending=["agent-01"])
     job = ThreadJob("train", lambda: Declined("local DP-SGD does not cover FedAMN's attention meta-network"))
-    agent.training = Training(agent.task, {}, agent.task.start_of("agent-01"), job, time.perf_counter())
+    agent.client.training = Training(agent.task, {}, agent.task.start_of("agent-01"), job, time.perf_counter())
     while job.poll() is None:
         time.sleep(0.01)
     agent._check_training()

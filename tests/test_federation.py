@@ -102,7 +102,7 @@ def test_three_agents_three_rounds_accuracy_rises_and_wire_carries_no_plaintext(
     final, _ = load_file(fed.server_state / "global_model.safetensors")
     model_snapshots.append(final)
     for agent in fed.agents:  # each agent's last (plaintext) update, as kept on its own disk
-        model_snapshots.append(loads(agent.store.stored_update(3))[0])
+        model_snapshots.append(loads(agent.client.store.stored_update(3))[0])
     windows = set().union(*(_float_windows(s) for s in model_snapshots))
     assert len(windows) > 10_000
     binary = [(t, p) for t, p in sniffer.payloads if p and not t.endswith(("/status", "/metrics", "/round"))]
@@ -244,7 +244,7 @@ def test_agent_restart_neither_repeats_nor_skips_a_round(tmp_path, broker):
     for t in (server_thread, first_thread, other_thread):
         t.start()
     try:
-        wait_until(lambda: first.progress.last_completed_round == 2, 60, "agent-01 to finish round 2")
+        wait_until(lambda: first.client.progress.last_completed_round == 2, 60, "agent-01 to finish round 2")
         first_stop.set()
         first_thread.join(10)
         assert server.engine.round_state is not None and server.engine.round_state.round == 2  # restarted mid-round

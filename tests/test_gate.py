@@ -31,7 +31,7 @@ def test_arming_mid_round_stops_training_and_nothing_is_sent_until_disarmed(tmp_
         wait_until(lambda: drone.state == "gated", 5, "arming to stop the training")
         status = drone._status()
         assert not status.gate.ok and any(r.startswith("armed:") for r in status.gate.reasons)
-        assert drone.progress.last_completed_round == 0 and drone.store.stored_update(1) is None
+        assert drone.client.progress.last_completed_round == 0 and drone.client.store.stored_update(1) is None
         assert drone.errors == 0  # a closed gate is not a failure
         flight_controller.set_battery(20)
         wait_until(lambda: any(r.startswith("battery-low: 20%") for r in drone._status().gate.reasons), 5, "battery")

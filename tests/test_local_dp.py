@@ -93,6 +93,6 @@ def test_an_agent_whose_budget_is_spent_stops_volunteering(tmp_path, broker):
     status = server.registry.agents["agent-03"]
     assert status.privacy["epsilon"] == pytest.approx(eps1, rel=0.02) and status.privacy["target_epsilon"] > eps1
     assert not status.gate.ok and status.gate.reasons[0].startswith("privacy-budget-spent")
-    meta = UpdateMeta.from_metadata(loads(private.store.stored_update(private_rounds[0]))[1])
+    meta = UpdateMeta.from_metadata(loads(private.client.store.stored_update(private_rounds[0]))[1])
     assert meta.local_epsilon == pytest.approx(eps1, rel=0.02) and meta.local_delta == 1e-5
-    assert UpdateMeta.from_metadata(loads(fed.agents[0].store.stored_update(3))[1]).local_epsilon is None
+    assert UpdateMeta.from_metadata(loads(fed.agents[0].client.store.stored_update(3))[1]).local_epsilon is None

@@ -64,7 +64,7 @@ def test_a_revoked_agent_no_longer_holds_up_the_round_and_stops_when_told(tmp_pa
     assert metrics.outcome == "committed" and sorted(metrics.accepted) == ["agent-01", "agent-02"]
     assert metrics.missed == ["agent-03"]
     assert [r.agent for r in metrics.rejected if r.reason.startswith("revoked")] == ["agent-03"]
-    assert revoked.progress.sent_round == 0 and revoked.upload is None  # it never sent its update
+    assert revoked.client.progress.sent_round == 0 and revoked.client.upload is None  # it never sent its update
     said = [r.getMessage() for r in caplog.records if r.name == "skyfed.agent"]
     assert sum(m.startswith("revoked by the server: its enrolment was withdrawn") for m in said) == 1
     assert any("training stopped round=1" in m and "revoked by the server" in m for m in said)

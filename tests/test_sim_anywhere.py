@@ -48,7 +48,8 @@ def test_sim_from_a_wheel_install(tmp_path):
     source.mkdir()
     for name in ("setup.cfg", "pyproject.toml", "README.md", "skyfed.py"):
         shutil.copy(ROOT / name, source / name)
-    for package in ("common", "agent", "broker_server", "models", "security", "protocol", "sim"):
+    packages = ("common", "flcore", "participant", "agent", "broker_server", "models", "security", "protocol", "sim")
+    for package in packages:
         shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "wheels"), str(source)],

@@ -24,10 +24,10 @@ def test_an_update_trained_offline_survives_an_agent_restart_and_is_sent_once_th
     try:
         wait_until(lambda: drone.state == "training", 60, "the drone to start training")
         broker.stop()  # the link goes down mid-training
-        wait_until(lambda: drone.progress.last_completed_round == 1, 60, "training to finish offline")
-        assert drone.progress.sent_round == 0 and drone.store.stored_update(1) is not None
+        wait_until(lambda: drone.client.progress.last_completed_round == 1, 60, "training to finish offline")
+        assert drone.client.progress.sent_round == 0 and drone.client.store.stored_update(1) is not None
         time.sleep(1.0)
-        assert drone.progress.sent_round == 0  # nothing acknowledged while the broker is gone
+        assert drone.client.progress.sent_round == 0  # nothing acknowledged while the broker is gone
         drone_stop.set()
         fed.threads[0].join(10)
         restarted = hosted_agent(fed.layout.agent_configs["agent-01"])  # rebooted while still offline
@@ -42,7 +42,7 @@ def test_an_update_trained_offline_survives_an_agent_restart_and_is_sent_once_th
     restarted_thread.join(10)  # its last tick (or its stop) records the broker's acknowledgement
     (round_1,) = fed.metrics()
     assert sorted(round_1.accepted) == ["agent-01", "agent-02"] and round_1.rejected == []  # once, not twice
-    assert restarted.progress.sent_round == 1
+    assert restarted.client.progress.sent_round == 1
 
 
 def test_an_unsent_update_whose_round_closed_is_dropped_with_a_reason(tmp_path, caplog):
@@ -50,12 +50,13 @@ def test_an_unsent_update_whose_round_closed_is_dropped_with_a_reason(tmp_path, 
     server = Identity.load(layout.server_config.parent / "server.key")
     agent = hosted_agent(layout.agent_configs["agent-01"])
     agent._on_task(_signed_task(server, round=3, issued_at=time.time()))
-    agent.progress.last_completed_round, agent.progress.sent_round = 3, 2  # round 3 trained, never acknowledged
-    agent.store.store_update(3, b"an update the server never got")
+    progress = agent.client.progress
+    progress.last_completed_round, progress.sent_round = 3, 2  # round 3 trained, never acknowledged
+    agent.client.store.store_update(3, b"an update the server never got")
     agent._on_task(_signed_task(server, round=4, issued_at=time.time(), model_version=4))
     caplog.set_level(logging.WARNING)
     agent._step()
-    assert agent.store.stored_update(3) is None and agent.progress.sent_round == 3
+    assert agent.client.store.stored_update(3) is None and agent.client.progress.sent_round == 3
     assert "update dropped round=3 reason=round 3 closed before its update reached the server" in caplog.text
     agent._step()
     assert caplog.text.count("update dropped") == 1

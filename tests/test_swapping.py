@@ -160,12 +160,12 @@ def _stop(server, sniffer: Sniffer, fed: Federation) -> None:  # noqa: ANN001
 def _record_slot(agent, slot: str) -> list[NamedArrays]:  # noqa: ANN001
     """Copies of every model ``agent`` keeps in ``slot``, in order."""
     saved: list[NamedArrays] = []
-    save = agent.store.save_model
+    save = agent.client.store.save_model
 
     def recording(name: str, arrays: NamedArrays, round_number: int) -> None:
         if name == slot:
             saved.append({k: v.copy() for k, v in arrays.items()})
         save(name, arrays, round_number)
 
-    agent.store.save_model = recording
+    agent.client.store.save_model = recording
     return saved

@@ -162,7 +162,7 @@ def test_a_deployed_agent_trains_through_its_child_and_a_crash_does_not_stop_it(
     fed.threads[0] = threading.Thread(target=deployed.run, args=(fed.stop,), daemon=True)
     server, server_thread = fed.start_with_server()
     try:
-        wait_until(lambda: deployed.training is not None and deployed.runner.child is not None, 60, "training")
+        wait_until(lambda: deployed.client.training is not None and deployed.runner.child is not None, 60, "training")
         os.kill(deployed.runner.child.process.pid, signal.SIGKILL)
         wait_until(lambda: deployed.state == "failed", 30, "the failure to be reported")
         assert "killed by signal 9" in deployed._status().detail
@@ -173,7 +173,7 @@ def test_a_deployed_agent_trains_through_its_child_and_a_crash_does_not_stop_it(
     committed = [m for m in fed.metrics() if m.outcome == "committed"]
     assert [m.round for m in committed] == [1, 2, 3] and "agent-01" in committed[0].missed
     assert "agent-01" in committed[-1].accepted
-    assert deployed.errors >= 1 and deployed.progress.last_completed_round == 3
+    assert deployed.errors >= 1 and deployed.client.progress.last_completed_round == 3
 
 
 def test_ultralytics_keeps_its_settings_under_the_agent_state_dir_even_when_an_export_comes_first(tmp_path):

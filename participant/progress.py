@@ -1,10 +1,10 @@
-"""The agent's durable progress, so a restart neither skips nor repeats a round nor loses an update.
+"""A participant's durable progress, so a restart neither skips nor repeats a round nor loses an update.
 
-``state.json`` records the server run it belongs to, the last round this agent finished training, and
+``state.json`` records the run it belongs to, the last round this participant finished training, and
 the round and attempt whose update the broker last *acknowledged* (written only after the PUBACKs, so a
 crash mid-send leaves the update marked unsent). The update itself is kept as
 ``update-r<round>.safetensors`` until a newer round replaces it. ``task.json`` is the newest signed
-round task the agent accepted: after a restart a replayed older task is still recognised as older.
+round task the participant accepted: after a restart a replayed older task is still recognised as older.
 For strategies that keep each agent's model (model swapping), ``local.safetensors`` is this agent's
 model after its last round and ``inbox.safetensors`` the newest model the server sealed to it (a swap
 partner's): a round task names the one to start from by fingerprint, and both survive a restart.
@@ -28,7 +28,7 @@ RESIDUAL_FILE = "residual.safetensors"  # in the state dir: what top-k has not s
 
 
 @dataclass
-class AgentProgress:
+class Progress:
     run_id: str = ""
     last_completed_round: int = 0
     sent_round: int = 0
@@ -43,13 +43,13 @@ class ProgressStore:
         self.path = directory / "state.json"
         self.task_path = directory / "task.json"
 
-    def load(self) -> AgentProgress:
+    def load(self) -> Progress:
         if not self.path.exists():
-            return AgentProgress()
-        known = {f.name for f in dataclasses.fields(AgentProgress)}
-        return AgentProgress(**{k: v for k, v in read_json(self.path).items() if k in known})
+            return Progress()
+        known = {f.name for f in dataclasses.fields(Progress)}
+        return Progress(**{k: v for k, v in read_json(self.path).items() if k in known})
 
-    def save(self, progress: AgentProgress) -> None:
+    def save(self, progress: Progress) -> None:
         write_json(self.path, asdict(progress))
 
     def save_task(self, document: dict[str, Any]) -> None:

@@ -1,19 +1,19 @@
-"""The models an agent may start a round from besides the global one (model swapping).
+"""The models a participant may start a round from besides the global one (model swapping, FedAMN).
 
 ``local`` is this agent's own model after its last round, ``inbox`` the newest model the server
 sealed to it alone (a swap partner's, say), ``peers`` the newest bundle of models it sealed to it for
 the trainer to attend over (FedAMN), ``continued`` its model after its newest ``local`` round (model
-swapping: trained on, not uploaded; the next task that ``continues`` trains on from it). All are kept on
-disk (``agent.state.ProgressStore``), so a restart needs none of them again, and the server's are found by
-``models.weights.fingerprint``: the signed round task names the exact model to start from, and where it
+swapping: trained on, not uploaded; the next task that ``continues`` trains on from it). All are kept
+on disk (``participant.progress.ProgressStore``), so a restart needs none of them again, and the server's
+are found by ``models.weights.fingerprint``: the signed round task names the exact model to start from, and where it
 came from does not matter.
 """
 
 from __future__ import annotations
 
-from agent.state import MODEL_SLOTS, ProgressStore
 from models.serialization import SerializationError, loads
 from models.weights import NamedArrays, fingerprint
+from participant.progress import MODEL_SLOTS, ProgressStore
 
 SERVER_SLOTS = ("inbox", "peers")  # what the server sealed to this agent (``local`` is its own model)
 
