@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from broker_server.config import POOL, load_server_config
+from broker_server.config_summary import server_summary
 from broker_server.daemon import Aggregator
 from broker_server.noise import NORM_SLACK
 from common import toml
@@ -143,6 +144,7 @@ def test_server_toml_refuses_a_pool_that_cannot_work(tmp_path):
     layout = create_federation(tmp_path, SimSettings(agents=2, rounds=1, share_ratio=0.2), ("127.0.0.1", 1))
     path = layout.server_config
     assert load_server_config(path).pool_path == path.parent / "shared.npz"
+    assert f"pool={path.parent / 'shared.npz'}" in server_summary(load_server_config(path))  # skyfed server check
     override_toml(path, pool={"data": "missing.npz"})
     with pytest.raises(ConfigError, match="pool.data = 'missing.npz': shared data pool"):
         load_server_config(path)
