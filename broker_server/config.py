@@ -215,6 +215,9 @@ def pool_problem(config: ServerConfig) -> str:
         return f"pool.data: {exc}"
     if not len(data):
         return f"pool.data = {config.pool.data!r} holds no samples: give it some, or remove [pool]"
+    if int(data.y.max()) >= config.server.num_classes:
+        return (f"pool.data holds label {int(data.y.max())}, and server.num_classes is {config.server.num_classes}: "
+                "labels must be 0 .. num_classes - 1")  # fmt: skip
     return ""
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from broker_server.config_summary import server_summary
 from broker_server.daemon import Aggregator
 from broker_server.noise import NORM_SLACK
 from common import toml
-from models.datasets import load_dataset, load_digits
+from models.datasets import Dataset, load_dataset, load_digits
 from models.partition import share
 from participant.classifier import ClassifierTrainer
 from protocol.config import ConfigError
@@ -140,6 +141,22 @@ def test_the_aggregator_trains_its_pool_beside_agents_over_a_broker(tmp_path, br
     assert (fed.server_state / "pool").is_dir()  # its own state folder (momentum, the codec's residual)
 
 
+def test_a_pool_whose_training_fails_is_excused_and_the_round_goes_on(tmp_path, broker):
+    """The pool's data goes bad after the start check (labels the model has no class for): its training fails
+    on its thread, the server excuses it (``missed``) and closes the round on the agents' updates at once."""
+    fed = Federation(tmp_path, broker, rounds=1, agents=2, model="mlp_digits", share_ratio=0.25,
+                     strategy={"name": "fedavg"})  # fmt: skip
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    assert server.pool is not None
+    trainer = server.pool.runner.trainer
+    trainer.data = Dataset(trainer.data.x, trainer.data.y + 100)
+    started = time.monotonic()
+    fed.run(server)
+    [m] = fed.metrics()
+    assert sorted(m.accepted) == ["agent-01", "agent-02"] and m.missed == [POOL] and m.outcome == "committed"
+    assert time.monotonic() - started < 30  # not the round's 60 s deadline
+
+
 def test_server_toml_refuses_a_pool_that_cannot_work(tmp_path):
     layout = create_federation(tmp_path, SimSettings(agents=2, rounds=1, share_ratio=0.2), ("127.0.0.1", 1))
     path = layout.server_config
@@ -151,7 +168,11 @@ def test_server_toml_refuses_a_pool_that_cannot_work(tmp_path):
     override_toml(path, pool={"data": "shared.npz"}, strategy={"name": "fedswap"})
     with pytest.raises(ConfigError, match=r"\[pool\] with strategy fedswap"):
         load_server_config(path)
-    override_toml(path, strategy={"name": "fedavg"}, pool={"dat": "shared.npz"})
+    np.savez(path.parent / "labels.npz", x=np.zeros((4, 8, 8), np.float32), y=np.array([0, 1, 2, 10]))
+    override_toml(path, strategy={"name": "fedavg"}, pool={"data": "labels.npz"})
+    with pytest.raises(ConfigError, match="pool.data holds label 10, and server.num_classes is 10"):
+        load_server_config(path)
+    override_toml(path, pool={"dat": "shared.npz"})
     with pytest.raises(ConfigError, match="pool.dat is not a known key; did you mean 'data'"):
         load_server_config(path)
 
