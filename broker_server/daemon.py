@@ -205,7 +205,7 @@ class Aggregator(FleetChanges, PoolRounds, StatusReport, MqttDaemon):
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool, keep_deadline: bool = False) -> None:
         rs = self.engine.announce(self.clock(), keep_deadline=keep_deadline)
-        self._start_pool(self._publish_task())
+        task = self._publish_task()
         for agent in rs.pending:
             self._send_start(agent)
         self.phase = "training"
@@ -220,6 +220,7 @@ class Aggregator(FleetChanges, PoolRounds, StatusReport, MqttDaemon):
             ",".join(rs.probation) or "-",
             self.config.rounds.deadline_s,
         )
+        self._start_pool(task)
         self._publish_status(force=True)
 
     def _publish_task(self) -> RoundTask:
