@@ -19,6 +19,7 @@ from broker_server.noise import NORM_SLACK
 from common import toml
 from models.datasets import Dataset, load_dataset, load_digits
 from models.partition import share
+from models.serialization import dumps, load_file
 from participant.classifier import ClassifierTrainer
 from protocol.config import ConfigError
 from protocol.messages import MessageError, TrainSettings
@@ -112,6 +113,8 @@ def test_the_pools_update_is_refused_and_clipped_exactly_as_an_agents(tmp_path):
     row = _rows(tmp_path / "clip")[0]
     assert row["accepted"] == ["agent-01", "agent-02", "agent-03", POOL] and row["rejected"] == []
     assert row["aggregation"]["clipped"] == [POOL] and row["outcome"] == "committed"
+    model_bytes = len(dumps(load_file(tmp_path / "clip" / "global_model.safetensors")[0]))
+    assert row["bytes_down"] == 3 * model_bytes  # the pool trains in the server: it downloads nothing
 
 
 def test_the_pool_is_clipped_counted_and_charged_under_central_dp(tmp_path):
