@@ -242,7 +242,7 @@ def task_problem(config: ServerConfig) -> str:
                 '["car", "truck", "person"] (the names in your data.yaml)')  # fmt: skip
     if config.training.optimizer != "sgd":
         return (f"training.optimizer = {config.training.optimizer!r} is for classifier models; the detector trainer "
-                f"runs Ultralytics' SGD: remove training.optimizer or choose a classifier model")
+                f"runs Ultralytics' SGD: remove training.optimizer or choose a classifier model")  # fmt: skip
     if config.strategy.get("name") == "fedprox":
         return "strategy fedprox needs a proximal term in local training, which the detector trainer does not have"
     if config.strategy.get("name") == "fedamn":

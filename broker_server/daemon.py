@@ -39,11 +39,7 @@ from flcore.update import NotForThisRound, UpdateRejected
 from flcore.validation import reason_kind
 from models.serialization import dumps
 from protocol.daemon import MqttDaemon, Throttle
-from protocol.messages import (
-    AgentStatus,
-    RoundTask,
-    ServerStatus,
-)
+from protocol.messages import AgentStatus, RoundTask, ServerStatus
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Completed, Reassembler, TransferRejected

@@ -132,7 +132,8 @@ def share(parts: list[np.ndarray], ratio: float, mode: str, seed: int) -> Shared
         count = int(ratio * len(part))
         if count >= len(part) and len(part):
             raise ValueError(f"share-disjoint with share ratio {ratio} moves all {len(part)} samples of agent "
-                             f"{index + 1} into the pool, leaving it nothing to train on: use a smaller ratio")
+                             f"{index + 1} into the pool, leaving it nothing to train on: use a smaller "
+                             "ratio")  # fmt: skip
         moved = rng.permutation(part)[:count]
         shared.append(moved)
         kept.append(np.setdiff1d(part, moved))

@@ -186,10 +186,11 @@ def _add_sim_options(
                         "at --lr with torch's default weight decay")  # fmt: skip
     parser.add_argument("--share-ratio", type=float, default=0.0, metavar="R",
                         help="classify: carve R (in [0, 1)) of the agents' data into a pool the server trains on as "
-                        "participant server-pool ([pool] data; seed 002: hybrid data sharing; 0: no pool)")
+                        "participant server-pool ([pool] data; seed 002: hybrid data sharing; 0: no pool)")  # fmt: skip
     parser.add_argument("--share-mode", default="share-disjoint", choices=["unify", "share-disjoint"],
-                        help="with --share-ratio R: unify (floor(R*agents) agents drawn at random give all their data "
-                        "and do not run) or share-disjoint (every agent gives floor(R*n) of its n samples; default)")
+                        help="with --share-ratio R: unify (floor(R*agents) agents drawn at random give all their "
+                        "data and do not run) or share-disjoint (every agent gives floor(R*n) of its n samples; "
+                        "default)")  # fmt: skip
     parser.add_argument("--keep-momentum", action="store_true",
                         help="agents carry their SGD momentum across rounds (training.keep_momentum)")  # fmt: skip
     parser.add_argument("--image-size", type=int, default=160, help="detect: image and model input size (pixels)")

@@ -226,9 +226,9 @@ POOL_FILE = "shared.npz"  # the server's [pool] data, beside its server.toml
 
 
 def write_classify_data(
-    root: Path, names: list[str], partition_spec: str, seed: int, dataset: str = "digits",
+    root: Path, names: list[str], partition_spec: str, seed: int, dataset: str = "digits", *,
     sharing: Sharing | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """``dataset`` (``models.classify_data``) laid out for a federation: its evaluation set as
     ``root/server/test.npz`` (the server's ``eval_data``) and its pool partitioned across ``names``; each
     agent's share cut into ``root/<name>/data.npz`` (its ``agent.data``) and ``root/<name>/test.npz`` (its
@@ -286,8 +286,8 @@ def write_data(root: Path, settings: SimSettings) -> tuple[dict, dict, list[str]
             description = [f"{node_names(settings)[0]}: the union of " + "; ".join(description)]
         return server, {"data": "data/data.yaml"}, description
     names = node_names(settings)
-    train, test = write_classify_data(root, names, settings.partition, settings.seed, settings.dataset,
-                                      Sharing(settings.agents, settings.share_ratio, settings.share_mode))
+    sharing = Sharing(settings.agents, settings.share_ratio, settings.share_mode)
+    train, test = write_classify_data(root, names, settings.partition, settings.seed, settings.dataset, sharing=sharing)
     agent = {"data": "data.npz", "test_data": "test.npz"}
     description = describe_partition(train, test, names)
     if not (root / "server" / POOL_FILE).exists():

@@ -9,7 +9,9 @@ agents have local DP) and update encoding (the round's codec, with error feedbac
 state folder). Attackers' trainers are wrapped as ``sim.agent_host`` wraps them
 (``sim.attacks``). What is left out is the transport: no broker, no daemons, no sealing; an update goes
 from the trainer to ``RoundEngine.accept`` as the plaintext the server would have opened, and every
-selected agent delivers (no deadlines, no stragglers). ``bytes_down`` counts the models' plaintext (the
+selected agent delivers (no deadlines, no stragglers), then the server's shared pool if it has one
+(``[pool]``, ``broker_server.pool``); a refused update is listed in the round's ``rejected``, as the
+daemon lists it. ``bytes_down`` counts the models' plaintext (the
 daemons' counts add the sealing's few bytes per chunk). The output is ``skyfed sim``'s:
 ``metrics.jsonl``, ``curves.png`` and ``global_model.safetensors`` in ``--out``.
 """

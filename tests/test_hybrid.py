@@ -70,8 +70,9 @@ def test_the_sim_writes_the_pool_and_names_it_in_server_toml(tmp_path):
     server = toml.loads(layout.server_config.read_text())
     assert server["pool"] == {"data": "shared.npz"} and server["training"]["optimizer"] == "sgd"
     pool = load_dataset(layout.server_config.parent / "shared.npz")
-    agents = sum(len(load_dataset(p.parent / f)) for p in layout.agent_configs.values() for f in ("data.npz",
-                                                                                                 "test.npz"))
+    agents = sum(
+        len(load_dataset(p.parent / f)) for p in layout.agent_configs.values() for f in ("data.npz", "test.npz")
+    )
     assert len(pool) + agents == len(load_digits(seed=0)[0])  # every sample is either pooled or an agent's
     assert len(np.unique(pool.y)) <= 4  # shards:1 of 5 agents: each share holds about 2 of the 10 labels
     assert any(line.startswith(f"{POOL}: {len(pool)} samples") for line in layout.description)
@@ -140,7 +141,8 @@ def test_the_aggregator_trains_its_pool_beside_agents_over_a_broker(tmp_path, br
     metrics = fed.metrics()
     assert [m.round for m in metrics] == [1, 2]
     assert all(sorted(m.accepted) == ["agent-01", "agent-02", POOL] and m.outcome == "committed" for m in metrics), [
-        (m.accepted, m.outcome, m.rejected) for m in metrics]
+        (m.accepted, m.outcome, m.rejected) for m in metrics
+    ]
     assert (fed.server_state / "pool").is_dir()  # its own state folder (momentum, the codec's residual)
 
 
