@@ -86,6 +86,18 @@ class LimitsSection:
 
 
 @dataclass(frozen=True)
+class PoolSection:
+    """``[pool]``: a shared data pool (an ``.npz`` like an agent's) that the server trains on as one more
+    participant, ``server-pool``, every round (seed 002's hybrid data sharing; ``broker_server.pool``)."""
+
+    data: str = ""  # "": no pool
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.data)
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     path: Path
     server: ServerSection
@@ -97,6 +109,7 @@ class ServerConfig:
     bounds: InfluencePolicy = field(default_factory=InfluencePolicy)
     limits: LimitsSection = field(default_factory=LimitsSection)
     privacy: PrivacyPolicy = field(default_factory=PrivacyPolicy)
+    pool: PoolSection = field(default_factory=PoolSection)
 
     @property
     def state_dir(self) -> Path:
@@ -117,6 +130,12 @@ class ServerConfig:
         return existing_path(self.path, "server.eval_data", self.server.eval_data, "evaluation data")
 
     @property
+    def pool_path(self) -> Path | None:
+        if not self.pool.enabled:
+            return None
+        return existing_path(self.path, "pool.data", self.pool.data, "shared data pool (.npz)")
+
+    @property
     def init_weights_path(self) -> Path | None:
         if self.server.init_weights is None:
             return None
@@ -132,7 +151,7 @@ def load_server_config(path: Path) -> ServerConfig:
     check_tables(path, data, {"server": ServerSection, "broker": BrokerSettings, "keys": KeysSection,
                               "rounds": RoundRules, "training": TrainSettings, "strategy": None,
                               "bounds": InfluencePolicy, "limits": LimitsSection,
-                              "privacy": PrivacyPolicy})  # fmt: skip
+                              "privacy": PrivacyPolicy, "pool": PoolSection})  # fmt: skip
     try:
         config = ServerConfig(
             path=path,
@@ -145,6 +164,7 @@ def load_server_config(path: Path) -> ServerConfig:
             bounds=table(path, data, "bounds", InfluencePolicy, required=False),
             limits=table(path, data, "limits", LimitsSection, required=False),
             privacy=table(path, data, "privacy", PrivacyPolicy, required=False),
+            pool=table(path, data, "pool", PoolSection, required=False),
         )
         check_level("server.federation", config.server.federation)
         config.limits.to_limits(update_bytes=MiB)
@@ -159,12 +179,46 @@ def load_server_config(path: Path) -> ServerConfig:
     if config.server.model not in (*CLASSIFIERS, *YOLO_YAMLS):
         known = sorted([*CLASSIFIERS, *YOLO_YAMLS])
         raise ConfigError(f"{path}: server.model {config.server.model!r} is unknown; choose one of {known}")
-    if problem := task_problem(config):
+    if problem := task_problem(config) or pool_problem(config):
         raise ConfigError(f"{path}: {problem}")
     if config.server.rounds < 0:
         raise ConfigError(f"{path}: server.rounds must be >= 0 (0 = run forever), got {config.server.rounds}")
     config.identity_path, config.enrolled_dir, config.eval_path, config.init_weights_path  # noqa: B018 - fail now
     return config
+
+
+POOL = "server-pool"  # the shared pool's participant name: in a round's selected, accepted and metrics
+
+
+def pool_problem(config: ServerConfig) -> str:
+    """Why ``[pool]`` does not fit the rest of the configuration, or ``""``."""
+    from flcore.strategies import build_strategy
+    from models.datasets import load_dataset
+    from models.tasks import task_of
+    from security.keys import Keyring
+
+    if (path := config.pool_path) is None:
+        return ""
+    if task_of(config.server.model) != "classify":
+        return (f"pool.data is a classifier .npz and server.model {config.server.model} is a detector: remove [pool] "
+                "or choose a classifier model")  # fmt: skip
+    strategy = build_strategy(config.privacy.strategy_table(config.strategy)[0])
+    if strategy.keeps_models:
+        return (f"[pool] with strategy {strategy.name}: the strategy gives every participant its own start model, "
+                "and the pool trains from the global model: choose an averaging strategy (e.g. fedavg, fedprox, "
+                "trimmed-mean) or remove [pool]")  # fmt: skip
+    if POOL in Keyring.load_dir(config.enrolled_dir).names():
+        return f"an agent is enrolled as {POOL!r}, the shared pool's name: enrol it under another id or remove [pool]"
+    try:
+        data = load_dataset(path)
+    except ValueError as exc:
+        return f"pool.data: {exc}"
+    if not len(data):
+        return f"pool.data = {config.pool.data!r} holds no samples: give it some, or remove [pool]"
+    if int(data.y.max()) >= config.server.num_classes:
+        return (f"pool.data holds label {int(data.y.max())}, and server.num_classes is {config.server.num_classes}: "
+                "labels must be 0 .. num_classes - 1")  # fmt: skip
+    return ""
 
 
 def task_problem(config: ServerConfig) -> str:
@@ -186,6 +240,9 @@ def task_problem(config: ServerConfig) -> str:
     if not server.classes:
         return (f'server.classes must name the classes of detector {server.model}, in id order, e.g. classes = '
                 '["car", "truck", "person"] (the names in your data.yaml)')  # fmt: skip
+    if config.training.optimizer != "sgd":
+        return (f"training.optimizer = {config.training.optimizer!r} is for classifier models; the detector trainer "
+                f"runs Ultralytics' SGD: remove training.optimizer or choose a classifier model")  # fmt: skip
     if config.strategy.get("name") == "fedprox":
         return "strategy fedprox needs a proximal term in local training, which the detector trainer does not have"
     if config.strategy.get("name") == "fedamn":

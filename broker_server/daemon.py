@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from broker_server.accept import check_gates, largest_update_bytes
-from broker_server.config import ServerConfig
+from broker_server.config import POOL, ServerConfig
 from broker_server.disk import DiskWatch
 from broker_server.engine import RoundEngine
 from broker_server.evaluation import server_evaluator
@@ -25,6 +25,8 @@ from broker_server.groupkeys import GroupKeyDistributor
 from broker_server.ignored import IgnoredAgents
 from broker_server.metrics_log import log_round, log_run_finished
 from broker_server.model_resend import MODEL_STALL_S, ModelWaits
+from broker_server.pool import SharedPool
+from broker_server.pool_rounds import PoolRounds
 from broker_server.publisher import ModelPublisher
 from broker_server.reconnects import Reconnects
 from broker_server.registry import AgentRegistry, StatusRefused
@@ -37,10 +39,7 @@ from flcore.update import NotForThisRound, UpdateRejected
 from flcore.validation import reason_kind
 from models.serialization import dumps
 from protocol.daemon import MqttDaemon, Throttle
-from protocol.messages import (
-    AgentStatus,
-    ServerStatus,
-)
+from protocol.messages import AgentStatus, RoundTask, ServerStatus
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Completed, Reassembler, TransferRejected
@@ -54,7 +53,7 @@ RE_ENROL = "not signed by the key enrolled for this agent: if its key was re-mad
 REJECTION_LOG_INTERVAL_S = 10.0
 
 
-class Aggregator(FleetChanges, StatusReport, MqttDaemon):
+class Aggregator(FleetChanges, PoolRounds, StatusReport, MqttDaemon):
     """Runs rounds until ``server.rounds`` are done (or forever when it is 0, or with ``keep_running``)."""
 
     def __init__(
@@ -69,6 +68,7 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
         keyring = Keyring.load_dir(config.enrolled_dir)
         self.opener = Opener(identity=self.identity, federation=fed, senders=keyring)
         self.engine = RoundEngine(config, replay=self.opener.replay, evaluator=server_evaluator(config))
+        self.pool = SharedPool(config) if config.pool.enabled else None  # [pool]: trained as one more participant
         largest = largest_update_bytes(self.engine.float_spec, self.engine.codec)
         self.reassembler = Reassembler(self.opener, config.limits.to_limits(largest))
         self.registry = AgentRegistry(keyring, config.rounds.status_timeout_s)
@@ -162,6 +162,7 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
             self._reject(rejection.sender, rejection.reason)
         now = self.clock()
         self.trust.poll(now)
+        self._poll_pool()
         if self.disk.due(now):  # after a failed write, the next try waits (broker_server.disk)
             self._round_step(now)
         self._heal_retained(now)
@@ -200,7 +201,7 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool, keep_deadline: bool = False) -> None:
         rs = self.engine.announce(self.clock(), keep_deadline=keep_deadline)
-        self._publish_task()
+        task = self._publish_task()
         for agent in rs.pending:
             self._send_start(agent)
         self.phase = "training"
@@ -215,14 +216,17 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
             ",".join(rs.probation) or "-",
             self.config.rounds.deadline_s,
         )
+        self._start_pool(task)
         self._publish_status(force=True)
 
-    def _publish_task(self) -> None:
+    def _publish_task(self) -> RoundTask:
         """Sign and publish (retained) the open round's task as the engine has it now."""
         published = self.publisher.current
         assert published is not None
-        self.tasks.publish(round_task(self.engine, published, federation=self.topics.federation,
-                                      group_key_id=self.group_keys.key.key_id, now=self.clock()))  # fmt: skip
+        task = round_task(self.engine, published, federation=self.topics.federation,
+                          group_key_id=self.group_keys.key.key_id, now=self.clock())  # fmt: skip
+        self.tasks.publish(task)
+        return task
 
     def _note_model_wait(self, agent: str, status: AgentStatus | None) -> None:
         rs = self.engine.round_state
@@ -351,7 +355,7 @@ class Aggregator(FleetChanges, StatusReport, MqttDaemon):
         reason = printable(reason)
         kind = reason_kind(reason)
         self.rejections[kind] += 1
-        enrolled = agent in self.registry.keyring
+        enrolled = agent in self.registry.keyring or (agent == POOL and self.pool is not None)
         if enrolled and kind == "bad-signature":
             reason = f"bad-signature: {RE_ENROL}"
         held = self._rejection_log.allow(f"{agent if enrolled else '*'}:{kind}")

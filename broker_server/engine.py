@@ -24,7 +24,7 @@ import torch
 from broker_server.accept import RoundInputs, accept_update
 from broker_server.accountant import PrivacyLedger
 from broker_server.checkpoint import CheckpointStore, new_run_id
-from broker_server.config import ServerConfig
+from broker_server.config import POOL, ServerConfig
 from broker_server.disk import DiskError
 from broker_server.engine_fleet import FleetEvents
 from broker_server.engine_state import EngineState
@@ -178,7 +178,8 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         agents are left out while enough others are eligible; selected only to make up ``min_agents``,
         they are on probation: the round does not wait for them (backing off never stops a federation).
         Under privacy, agents without budget for a round are left out, and once fewer than
-        ``rounds.min_agents`` of the ``enrolled`` (default: the eligible) have budget, the run ends."""
+        ``rounds.min_agents`` of the ``enrolled`` (default: the eligible) have budget, the run ends. The
+        shared pool (``broker_server.pool``) joins, within its budget, every round its agents open."""
         if self.round_state is not None or self.finished:
             return None
         if self.config.privacy.enabled:
@@ -194,6 +195,8 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         seed = self.config.server.seed * 100_003 + number
         selected, probation = select_with_probation(eligible, available, self.rules, seed)
         plan = self.strategy.configure_train(self.config.training, number, self.pace.of(selected))
+        if self.config.pool.enabled and self.ledger.affords_a_round(POOL):  # the shared pool: one more participant
+            selected = [*selected, POOL]
         self.round_state = RoundState(
             round=number,
             attempt=0,

@@ -21,7 +21,7 @@ from dataclasses import replace
 import numpy as np
 
 from broker_server.accountant import PrivacyLedger
-from broker_server.config import ServerConfig
+from broker_server.config import POOL, ServerConfig
 from broker_server.disk import DiskError
 from broker_server.health import HealthBook
 from broker_server.metrics_log import round_metrics
@@ -57,7 +57,8 @@ class LocalRounds:
         unless they train on from local rounds (they already hold it)."""
         rs = self.round_state
         assert rs is not None
-        return 0 if self.continues() else sum(self.needs_global(agent) for agent in rs.selected)
+        # the shared pool (``broker_server.pool``) trains in the server: it downloads nothing
+        return 0 if self.continues() else sum(self.needs_global(agent) for agent in rs.selected if agent != POOL)
 
     def trained_news(self, status_of: Callable[[str], AgentStatus | None]) -> list[str]:
         """The agents the open ``local`` round still waits for whose standing signed status (``status_of``) says

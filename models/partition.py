@@ -12,6 +12,7 @@ Pure numpy: labels in, index arrays out.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -92,3 +93,48 @@ def holdout(labels: np.ndarray, fraction: float, seed: int | tuple[int, ...]) ->
 def label_histogram(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
     """(n_clients, num_classes) label counts, for reporting how skewed a split is."""
     return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts])
+
+
+SHARE_MODES = ("unify", "share-disjoint")
+
+
+@dataclass(frozen=True)
+class SharedSplit:
+    """The agents' shares after carving a shared pool out of them (seed 002's hybrid data sharing)."""
+
+    parts: list[np.ndarray]  # the shares of the agents that still run, in their original order
+    pool: np.ndarray  # positions given to the shared pool (empty: no pool)
+    gave_all: tuple[int, ...] = ()  # unify: the agents (by position in the input) that gave all and do not run
+
+
+def share(parts: list[np.ndarray], ratio: float, mode: str, seed: int) -> SharedSplit:
+    """Seed 002's ``_centralize_trainsets``: ``unify`` moves the whole share of ⌊ratio·N⌋ agents drawn at random
+    into the pool (those agents no longer run); ``share-disjoint`` moves ⌊ratio·nᵢ⌋ random samples of every
+    agent's share. Where the seed is silent: ratio 0 (or a count that rounds down to 0) gives no pool and
+    leaves the shares as they are; a ratio that would leave no agent (unify) or an agent with no samples
+    (share-disjoint, e.g. ratio 1) is refused rather than run a federation without agents."""
+    if mode not in SHARE_MODES:
+        raise ValueError(f"share mode must be one of {', '.join(SHARE_MODES)}, got {mode!r}")
+    if not 0 <= ratio <= 1:
+        raise ValueError(f"share ratio must be in [0, 1], got {ratio}")
+    rng = np.random.default_rng(seed)
+    empty = np.zeros(0, np.int64)
+    if mode == "unify":
+        count = int(ratio * len(parts))
+        if count >= len(parts):
+            raise ValueError(f"unify with share ratio {ratio} moves all {len(parts)} agents' data into the pool, "
+                             "leaving no agent to run: use a ratio below 1 (or more agents)")  # fmt: skip
+        gave = sorted(int(i) for i in rng.choice(len(parts), count, replace=False))
+        pool = np.sort(np.concatenate([empty, *(parts[i] for i in gave)]))
+        return SharedSplit([p for i, p in enumerate(parts) if i not in gave], pool, tuple(gave))
+    kept, shared = [], [empty]
+    for index, part in enumerate(parts):
+        count = int(ratio * len(part))
+        if count >= len(part) and len(part):
+            raise ValueError(f"share-disjoint with share ratio {ratio} moves all {len(part)} samples of agent "
+                             f"{index + 1} into the pool, leaving it nothing to train on: use a smaller "
+                             "ratio")  # fmt: skip
+        moved = rng.permutation(part)[:count]
+        shared.append(moved)
+        kept.append(np.setdiff1d(part, moved))
+    return SharedSplit(kept, np.sort(np.concatenate(shared)))

@@ -1,6 +1,7 @@
 """Local training and evaluation loops for classifiers (shared by the agent's trainer and the server).
 
-Plain PyTorch: SGD with momentum over mini-batches, cross-entropy loss, plus FedProx's proximal term
+Plain PyTorch: SGD with momentum (or AdamW, ``optimizer = "adamw"``: seed 002 compares the two) over
+mini-batches, cross-entropy loss, plus FedProx's proximal term
 (μ/2)·‖w − w_start‖² over the trainable parameters when ``prox_mu`` > 0 (Li et al. 2020, "Federated
 Optimization in Heterogeneous Networks", https://arxiv.org/abs/1812.06127). Runs on CUDA when present
 and on the CPU otherwise. The YOLO trainer (Ultralytics) will be a separate plug-in with its own loop.
@@ -45,22 +46,31 @@ def train_sgd(
     work: float = 1.0,
     prepare: Prepare | None = None,
     momentum_start: NamedArrays | None = None,
+    optimizer: str = "sgd",
 ) -> TrainOutcome:
     """Train ``model`` in place; return the sample count and the mean loss (without the proximal term)
     of the last epoch. ``work`` < 1 stops after that share of the epochs' mini-batches (at least one):
     FedProx's partial work, so a slow device still reports in time. ``prepare`` wraps the training
     objects first (the loop is the same for DP-SGD: Opacus' optimizer clips and adds noise in ``step``).
-    ``momentum_start`` (parameter name -> buffer) continues an earlier run's SGD momentum instead of zero."""
+    ``momentum_start`` (parameter name -> buffer) continues an earlier run's SGD momentum instead of zero.
+    ``optimizer`` is ``sgd`` (with ``momentum``) or ``adamw`` (``torch.optim.AdamW`` at ``lr``, its default betas
+    and weight decay 0.01; ``momentum`` and ``momentum_start`` do not apply to it)."""
     model.to(device).train()
     start = [p.detach().clone() for p in model.parameters()] if prox_mu > 0 else []
     unwrapped = model  # ``prepare`` may wrap the model and optimizer; parameters and momentum state stay these
-    sgd = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    restore_momentum(sgd, unwrapped, momentum_start or {})
-    optimizer: torch.optim.Optimizer = sgd
+    chosen: torch.optim.Optimizer
+    if optimizer == "adamw":
+        chosen = torch.optim.AdamW(model.parameters(), lr=lr)
+    elif optimizer == "sgd":
+        chosen = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+        restore_momentum(chosen, unwrapped, momentum_start or {})
+    else:  # protocol.messages.TrainSettings refuses other names first
+        raise ValueError(f"optimizer must be sgd or adamw, got {optimizer!r}")
+    stepper = chosen
     loss_fn = nn.CrossEntropyLoss()
     loader = to_loader(data, batch_size=batch_size, shuffle=True, seed=seed)
     if prepare is not None:
-        model, optimizer, loader = prepare(model, optimizer, loader)
+        model, stepper, loader = prepare(model, stepper, loader)
     last_loss = float("nan")
     steps_left = max(1, math.ceil(work * epochs * len(loader)))
     for _ in range(epochs):
@@ -72,16 +82,16 @@ def train_sgd(
                 break
             steps_left -= 1
             x, y = x.to(device), y.to(device)
-            optimizer.zero_grad(set_to_none=True)
+            stepper.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
             objective = loss + prox_mu / 2 * proximal(model, start) if start else loss
             objective.backward()
-            optimizer.step()
+            stepper.step()
             if len(y):  # a Poisson-sampled batch may be empty
                 total += loss.item() * len(y)
                 seen += len(y)
         last_loss = total / max(seen, 1)  # no batch at all: an empty dataset
-    return TrainOutcome(samples=len(data), loss=last_loss, momentum=collect_momentum(sgd, unwrapped))
+    return TrainOutcome(samples=len(data), loss=last_loss, momentum=collect_momentum(chosen, unwrapped))
 
 
 def restore_momentum(optimizer: torch.optim.Optimizer, model: nn.Module, buffers: NamedArrays) -> int:

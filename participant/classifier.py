@@ -1,4 +1,4 @@
-"""The classifier trainer: SGD (optionally DP-SGD through Opacus) of a PyTorch CNN or MLP on an ``.npz``.
+"""The classifier trainer: SGD or AdamW (optionally DP-SGD through Opacus) of a PyTorch CNN or MLP on an ``.npz``.
 
 With a local test split (``agent.test_data``) it first evaluates the model it starts from on it: that is
 the agent's C-SPE (its start model on its own test data), reported with its update. Under FedAMN (a
@@ -30,7 +30,8 @@ log = logging.getLogger("skyfed.agent")
 
 
 class ClassifierTrainer:
-    """SGD with momentum on this agent's dataset, with the round's epochs, batch size and learning rate."""
+    """SGD with momentum (or AdamW) on this agent's dataset, with the round's epochs, batch size, learning rate
+    and optimizer."""
 
     def __init__(
         self,
@@ -79,6 +80,7 @@ class ClassifierTrainer:
             work=settings.work,
             prepare=prepare,
             momentum_start=self.momentum.start(task, settings),
+            optimizer=settings.optimizer,
         )
         self.momentum.keep(task, settings, outcome.momentum)
         epsilon = None

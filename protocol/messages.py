@@ -19,6 +19,7 @@ from protocol.codecs import Codec
 from protocol.typed import SchemaError, build
 
 MAX_JSON_BYTES = 256 * 1024
+OPTIMIZERS = ("sgd", "adamw")  # TrainSettings.optimizer (models.training.train_sgd)
 
 M = TypeVar("M", bound="Message")
 
@@ -114,8 +115,14 @@ class TrainSettings(Message):
     keep_momentum: bool = False  # agents carry their SGD momentum across rounds (participant.momentum), not zeroed
     meta_epochs: int = 0  # FedAMN: the attention meta-network's epochs, when peers are given
     meta_lr: float = 0.01  # FedAMN: its Adam learning rate; both set by the strategy
+    optimizer: str = "sgd"  # classifiers' local optimizer: sgd (with momentum) or adamw; a task without it: sgd
 
     def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"training.optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.optimizer != "sgd" and self.keep_momentum:
+            raise ValueError("training.keep_momentum carries SGD's momentum across rounds: it needs training.optimizer "
+                             f"= \"sgd\", got {self.optimizer!r}")  # fmt: skip
         if not 0 < self.work <= 1:
             raise ValueError(f"work must be in (0, 1] (the share of the local epochs to run), got {self.work}")
         if self.meta_epochs < 0 or not self.meta_lr > 0:

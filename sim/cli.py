@@ -69,6 +69,9 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         init_weights=args.init_weights or "",
         share=args.share,
         codec=args.codec,
+        optimizer=args.optimizer,
+        share_ratio=args.share_ratio,
+        share_mode=args.share_mode,
     )
 
 
@@ -178,6 +181,16 @@ def _add_sim_options(
     parser.add_argument("--lr", type=float, default=None, help="default: 0.05 (classify), 0.01 (detect)")
     parser.add_argument("--momentum", type=float, default=0.9, metavar="BETA",
                         help="agents' SGD momentum, in [0, 1) (default 0.9; 0: plain SGD)")  # fmt: skip
+    parser.add_argument("--optimizer", default="sgd", metavar="sgd|adamw",
+                        help="agents' local optimizer (training.optimizer): sgd with --momentum (default), or adamw "
+                        "at --lr with torch's default weight decay")  # fmt: skip
+    parser.add_argument("--share-ratio", type=float, default=0.0, metavar="R",
+                        help="classify: carve R (in [0, 1)) of the agents' data into a pool the server trains on as "
+                        "participant server-pool ([pool] data; seed 002: hybrid data sharing; 0: no pool)")  # fmt: skip
+    parser.add_argument("--share-mode", default="share-disjoint", choices=["unify", "share-disjoint"],
+                        help="with --share-ratio R: unify (floor(R*agents) agents drawn at random give all their "
+                        "data and do not run) or share-disjoint (every agent gives floor(R*n) of its n samples; "
+                        "default)")  # fmt: skip
     parser.add_argument("--keep-momentum", action="store_true",
                         help="agents carry their SGD momentum across rounds (training.keep_momentum)")  # fmt: skip
     parser.add_argument("--image-size", type=int, default=160, help="detect: image and model input size (pixels)")

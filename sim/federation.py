@@ -20,7 +20,7 @@ import numpy as np
 
 from models import partition
 from models.classify_data import classify_data
-from models.datasets import save_npz
+from models.datasets import load_npz, save_npz
 from protocol.config import write_toml
 from security.keys import Identity, enroll
 
@@ -70,6 +70,9 @@ class SimSettings:
         ""  # detect: server.init_weights, a start checkpoint (.pt or an earlier global_model.safetensors)
     )
     codec: str = "fp32"  # server.codec: how agents encode updates (protocol.codecs)
+    optimizer: str = "sgd"  # training.optimizer: the agents' (and the pool's) local optimizer, sgd or adamw
+    share_ratio: float = 0.0  # seed 002: the share of the data carved out into the server's pool (0: no pool)
+    share_mode: str = "share-disjoint"  # how (models.partition.share): unify | share-disjoint
 
     def __post_init__(self) -> None:
         from agent.config import WORKERS
@@ -80,6 +83,7 @@ class SimSettings:
         from models.zoo import input_shape
         from participant.local_dp import LocalPrivacySection
         from protocol.codecs import Codec, CodecError
+        from protocol.messages import TrainSettings
         from protocol.typed import build
         from sim.attacks import SCOPES, Attack
         from sim.detection_data import class_probs, densities
@@ -149,6 +153,8 @@ class SimSettings:
             Codec.parse(self.codec)
         except CodecError as exc:
             raise ValueError(f"--codec: {exc}") from None
+        self._check_sharing()
+        TrainSettings(optimizer=self.optimizer, keep_momentum=self.keep_momentum)  # names a bad --optimizer
         bounds = build(InfluencePolicy, self.bounds, where="bounds", strict=True)
         privacy = build(PrivacyPolicy, self.privacy, where="privacy", strict=True)
         build_strategy(privacy.strategy_table(self.strategy)[0])
@@ -159,6 +165,25 @@ class SimSettings:
                              "agent's data, outside DP-SGD's accounting, so every agent declines from strategy.after "
                              "on: drop --ldp-*")  # fmt: skip
 
+    def _check_sharing(self) -> None:
+        """--share-ratio and --share-mode: a pool carved out of a classify task's partition, leaving agents to run
+        (a ratio below 1 leaves unify at least one agent: ⌊R·N⌋ < N)."""
+        if self.share_mode not in partition.SHARE_MODES:
+            raise ValueError(f"--share-mode must be one of {', '.join(partition.SHARE_MODES)}, got {self.share_mode!r}")
+        if not 0 <= self.share_ratio < 1:
+            raise ValueError(f"--share-ratio must be in [0, 1) (the share of the data given to the server's pool; "
+                             f"1 would leave the agents nothing), got {self.share_ratio}")  # fmt: skip
+        if self.share_ratio and self.task != "classify":
+            raise ValueError("--share-ratio needs --task classify (the pool is a classifier .npz)")
+        if self.attackers >= self.running_agents:
+            raise ValueError(f"--attackers must be below the {self.running_agents} agents that still run after "
+                             f"--share-mode unify, got {self.attackers}")  # fmt: skip
+
+    @property
+    def running_agents(self) -> int:
+        """The agents that run: all of them, less those whose whole share went into the pool (unify)."""
+        return self.agents - (int(self.share_ratio * self.agents) if self.share_mode == "unify" else 0)
+
     def _default_dataset_and_model(self) -> None:
         """An unset dataset is digits, an unset model the dataset's own."""
         data = classify_data(self.dataset or "digits")
@@ -167,11 +192,11 @@ class SimSettings:
 
     def attacker_names(self) -> list[str]:
         """Which agents attack: a reproducible draw from the seed."""
-        return sorted(random.Random(self.seed).sample(agent_names(self.agents), self.attackers))
+        return sorted(random.Random(self.seed).sample(agent_names(self.running_agents), self.attackers))
 
     def slow_names(self) -> list[str]:
         """Which honest agents are slow: a reproducible draw from the seed."""
-        honest = [name for name in agent_names(self.agents) if name not in self.attacker_names()]
+        honest = [name for name in agent_names(self.running_agents) if name not in self.attacker_names()]
         return sorted(random.Random(f"{self.seed}-slow").sample(honest, self.slow_agents))
 
 
@@ -187,20 +212,40 @@ def agent_names(count: int) -> list[str]:
     return [f"agent-{i:02d}" for i in range(1, count + 1)]
 
 
+@dataclass(frozen=True)
+class Sharing:
+    """Seed 002's hybrid data sharing in a sim: ``ratio`` of the partition's ``shares`` (agents before unify)
+    carved out by ``mode`` into the server's pool (``models.partition.share``)."""
+
+    shares: int
+    ratio: float = 0.0
+    mode: str = "share-disjoint"
+
+
+POOL_FILE = "shared.npz"  # the server's [pool] data, beside its server.toml
+
+
 def write_classify_data(
-    root: Path, names: list[str], partition_spec: str, seed: int, dataset: str = "digits"
-) -> tuple[np.ndarray, np.ndarray]:
+    root: Path, names: list[str], partition_spec: str, seed: int, dataset: str = "digits", *,
+    sharing: Sharing | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """``dataset`` (``models.classify_data``) laid out for a federation: its evaluation set as
     ``root/server/test.npz`` (the server's ``eval_data``) and its pool partitioned across ``names``; each
     agent's share cut into ``root/<name>/data.npz`` (its ``agent.data``) and ``root/<name>/test.npz`` (its
-    ``agent.test_data``: LOCAL_TEST_FRACTION of it, stratified by label, never trained on). Returns the label
+    ``agent.test_data``: LOCAL_TEST_FRACTION of it, stratified by label, never trained on). With ``sharing``,
+    the partition makes ``sharing.shares`` shares and the server's pool (``root/server/shared.npz``) is carved
+    out of them before the agents hold out their test splits; ``names`` are the agents left. Returns the label
     histograms per agent of the training files and of the local test splits."""
     pool, evaluation = classify_data(dataset).load(seed)
-    parts = partition.parse(partition_spec)(pool.y, len(names), seed)
+    sharing = sharing or Sharing(len(names))
+    split = partition.share(partition.parse(partition_spec)(pool.y, sharing.shares, seed), sharing.ratio,
+                            sharing.mode, seed)  # fmt: skip
     (root / "server").mkdir(parents=True, exist_ok=True)
     save_npz(root / "server" / "test.npz", evaluation)
+    if len(split.pool):
+        save_npz(root / "server" / POOL_FILE, pool.subset(split.pool))
     trains, tests = [], []
-    for index, (name, share) in enumerate(zip(names, parts, strict=True)):
+    for index, (name, share) in enumerate(zip(names, split.parts, strict=True)):
         kept, held = partition.holdout(pool.y[share], LOCAL_TEST_FRACTION, seed=(seed, index))
         trains.append(share[kept])
         tests.append(share[held])
@@ -212,7 +257,7 @@ def write_classify_data(
 
 def node_names(settings: SimSettings) -> list[str]:
     """The agents that run: one per share of the data, or one holding it all (``pooled``)."""
-    return agent_names(1 if settings.pooled else settings.agents)
+    return agent_names(1 if settings.pooled else settings.running_agents)
 
 
 def write_data(root: Path, settings: SimSettings) -> tuple[dict, dict, list[str]]:
@@ -240,14 +285,24 @@ def write_data(root: Path, settings: SimSettings) -> tuple[dict, dict, list[str]
             pool([root / "pool" / n / "data" / "data.yaml" for n in names], root / node_names(settings)[0] / "data")
             description = [f"{node_names(settings)[0]}: the union of " + "; ".join(description)]
         return server, {"data": "data/data.yaml"}, description
-    train, test = write_classify_data(root, names, settings.partition, settings.seed, settings.dataset)
+    names = node_names(settings)
+    sharing = Sharing(settings.agents, settings.share_ratio, settings.share_mode)
+    train, test = write_classify_data(root, names, settings.partition, settings.seed, settings.dataset, sharing=sharing)
     agent = {"data": "data.npz", "test_data": "test.npz"}
-    return {"eval_data": "test.npz"}, agent, describe_partition(train, test, names)
+    description = describe_partition(train, test, names)
+    if not (root / "server" / POOL_FILE).exists():
+        return {"eval_data": "test.npz"}, agent, description
+    shared = load_npz(root / "server" / POOL_FILE)
+    labels = ",".join(str(label) for label in np.unique(shared.y))
+    description.append(f"server-pool: {len(shared)} samples, labels {labels} ({settings.share_mode}, share ratio "
+                       f"{settings.share_ratio:g} of {settings.agents} agents' data)")  # fmt: skip
+    return {"eval_data": "test.npz", "pool": POOL_FILE}, agent, description
 
 
 def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]) -> FederationLayout:
     """Write everything a federation of ``settings.agents`` agents needs under ``root``."""
     server_data, agent_data, description = write_data(root, settings)
+    pool_data = server_data.pop("pool", None)  # [pool] data: the server's shared pool, when the sim carved one
     trainer = "detector" if settings.task == "detect" else "classifier"
     broker_table = {"host": broker[0], "port": broker[1]}
     selected = max(1, math.ceil(settings.fraction * len(node_names(settings))))  # a round's agents
@@ -283,11 +338,13 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
                 "lr": settings.lr,
                 "momentum": settings.momentum,
                 "keep_momentum": settings.keep_momentum,
+                "optimizer": settings.optimizer,
                 **({"image_size": settings.image_size} if settings.task == "detect" else {}),
             },
             "strategy": settings.strategy,
             "bounds": settings.bounds,
             "privacy": settings.privacy,
+            **({"pool": {"data": pool_data}} if pool_data else {}),
         },
     )
     agent_configs: dict[str, Path] = {}

@@ -9,7 +9,9 @@ agents have local DP) and update encoding (the round's codec, with error feedbac
 state folder). Attackers' trainers are wrapped as ``sim.agent_host`` wraps them
 (``sim.attacks``). What is left out is the transport: no broker, no daemons, no sealing; an update goes
 from the trainer to ``RoundEngine.accept`` as the plaintext the server would have opened, and every
-selected agent delivers (no deadlines, no stragglers). ``bytes_down`` counts the models' plaintext (the
+selected agent delivers (no deadlines, no stragglers), then the server's shared pool if it has one
+(``[pool]``, ``broker_server.pool``); a refused update is listed in the round's ``rejected``, as the
+daemon lists it. ``bytes_down`` counts the models' plaintext (the
 daemons' counts add the sealing's few bytes per chunk). The output is ``skyfed sim``'s:
 ``metrics.jsonl``, ``curves.png`` and ``global_model.safetensors`` in ``--out``.
 """
@@ -27,12 +29,13 @@ import torch
 from agent.config import load_agent_config
 from agent.device import torch_device
 from agent.trainers import build_trainer
-from broker_server.config import load_server_config
+from broker_server.config import POOL, load_server_config
 from broker_server.engine import RoundEngine
 from broker_server.evaluation import server_evaluator
+from broker_server.pool import SharedPool, local_update
 from broker_server.publisher import PublishedModel
 from broker_server.round_task import round_task
-from flcore.update import encode_update
+from flcore.update import UpdateRejected, encode_update
 from models.serialization import dumps
 from models.weights import NamedArrays, float_part
 from participant.local_dp import PrivacyBudget
@@ -40,7 +43,6 @@ from participant.progress import RESIDUAL_FILE
 from participant.trainer import PeerContext, Trainer
 from protocol.messages import RoundTask
 from protocol.transfer import Completed
-from security.envelope import NO_DIGEST, Manifest
 from security.replay import ReplayGuard
 from sim.attacks import Attack, AttackingTrainer
 from sim.federation import SimSettings, create_federation
@@ -90,9 +92,25 @@ def _deliver(engine: RoundEngine, agent: InProcessAgent, task: RoundTask) -> Non
     base_sha256 = "" if start.source == "global" else start.sha256
     data, _ = encode_update(task, base, result, residual=agent.residual, base_sha256=base_sha256,
                             local_delta=local_delta)  # fmt: skip
-    manifest = Manifest(task.federation, "update", task.round, agent.name, "server", bytes(16), time.time(),
-                        len(data), len(data), 1, NO_DIGEST)  # fmt: skip
-    engine.accept(Completed(manifest, memoryview(data), len(data)))
+    _accept(engine, local_update(task, agent.name, data, wire_bytes=len(data)))
+
+
+def _accept(engine: RoundEngine, update: Completed) -> None:
+    """The update into the round; a refusal is recorded in the round's metrics, as the daemon records it."""
+    try:
+        engine.accept(update)
+    except UpdateRejected as exc:
+        engine.reject(update.manifest.sender, exc.reason)
+
+
+def _deliver_pool(engine: RoundEngine, pool: SharedPool, task: RoundTask) -> None:
+    """The shared pool trains (on its thread, waited for here) and its update goes through the acceptance."""
+    pool.start(task, engine.global_arrays)
+    result = pool.wait()
+    if result is None or result.update is None:
+        engine.gave_up(POOL, task.round, f"its training failed: {result.reason if result else 'no job'}")
+        return
+    _accept(engine, result.update)
 
 
 def run_in_process(settings: SimSettings, out: Path, *, echo: Callable[[str], None] = print) -> SimResult:
@@ -106,6 +124,7 @@ def run_in_process(settings: SimSettings, out: Path, *, echo: Callable[[str], No
     config = load_server_config(layout.server_config)
     engine = RoundEngine(config, replay=ReplayGuard(3600), evaluator=server_evaluator(config))
     agents = {a.name: a for a in _agents(layout.agent_configs, settings)}
+    pool = SharedPool(config) if config.pool.enabled else None
     echo(f"in process: {len(agents)} agents, the round engine and their trainers (no broker, no daemons)")
     metrics = []
     while not engine.finished:
@@ -119,9 +138,13 @@ def run_in_process(settings: SimSettings, out: Path, *, echo: Callable[[str], No
         global_model = PublishedModel(engine.version, f"{engine.version:064x}", 1, 0)  # no broker: a stand-in digest
         task = round_task(engine, global_model, federation=settings.federation, group_key_id="", now=time.time())
         for name in rs.selected:
+            if name == POOL:
+                continue
             agent = agents[name]
             if not agent.silent and (agent.budget is None or not agent.budget.refusal(task, name)):
                 _deliver(engine, agent, task)
+        if pool is not None and POOL in rs.selected:
+            _deliver_pool(engine, pool, task)
         metrics.append(engine.close(time.time(), model_wire_bytes=len(dumps(engine.global_arrays))))
         echo(format_round(metrics[-1], time.monotonic() - started))
     extra = {"in_process": True, "attackers": settings.attacker_names(), "attack": settings.attack or None}
