@@ -26,23 +26,11 @@ from pathlib import Path
 from broker_server.groupkeys import GroupKeyDistributor
 from broker_server.ignored import IgnoredAgents
 from broker_server.registry import AgentRegistry
-from security.keys import GroupKey, KeyFileError, PublicIdentity, revoked_names
+from security.keys import GroupKey, KeyFileError, PublicIdentity, revoked_names, snapshot
 
 log = logging.getLogger("skyfed.server")
 
 WATCH_INTERVAL_S = 1.0
-Snapshot = dict[str, tuple[int, int]]  # agent -> (size, mtime_ns) of its .pub
-
-
-def snapshot(directory: Path) -> Snapshot:
-    files: Snapshot = {}
-    for path in directory.glob("*.pub"):
-        try:
-            stat = path.stat()
-        except OSError:  # removed between listing and stat
-            continue
-        files[path.stem] = (stat.st_size, stat.st_mtime_ns)
-    return files
 
 
 class TrustKeeper:

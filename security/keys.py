@@ -239,6 +239,21 @@ def revoked_names(directory: Path) -> set[str]:
     return {p.stem for p in (directory / REVOKED).glob("*.pub")}
 
 
+Snapshot = dict[str, tuple[int, int]]  # name -> (size, mtime_ns) of its .pub
+
+
+def snapshot(directory: Path) -> Snapshot:
+    """An enrolment folder's ``.pub`` files by name, to notice enrolments and revocations without a restart."""
+    files: Snapshot = {}
+    for path in directory.glob("*.pub"):
+        try:
+            stat = path.stat()
+        except OSError:  # removed between listing and stat
+            continue
+        files[path.stem] = (stat.st_size, stat.st_mtime_ns)
+    return files
+
+
 @dataclass(frozen=True)
 class GroupKey:
     """The federation's symmetric key for the broadcast global model; ``key_id`` names its generation."""

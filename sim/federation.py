@@ -70,6 +70,7 @@ class SimSettings:
         ""  # detect: server.init_weights, a start checkpoint (.pt or an earlier global_model.safetensors)
     )
     codec: str = "fp32"  # server.codec: how agents encode updates (protocol.codecs)
+    mode: str = "client"  # "peer": no server, the agents federate among themselves (sim.peer_run, agent.peer)
 
     def __post_init__(self) -> None:
         from agent.config import WORKERS
@@ -130,6 +131,10 @@ class SimSettings:
             Attack.parse(self.attack)
         if self.in_process and self.slow_agents:
             raise ValueError("--in-process runs its agents at one speed (no deadlines): drop --slow-agents")
+        if self.mode == "peer":
+            self._check_peer_mode()
+        elif self.mode != "client":
+            raise ValueError(f"--mode must be client or peer, got {self.mode!r}")
         if self.attack_scope not in SCOPES:
             raise ValueError(f"--attack-scope must be one of {', '.join(SCOPES)}, got {self.attack_scope!r}")
         if self.task == "detect":
@@ -158,6 +163,19 @@ class SimSettings:
             raise ValueError("--strategy fedamn with local DP: the attention meta-network also trains on each "
                              "agent's data, outside DP-SGD's accounting, so every agent declines from strategy.after "
                              "on: drop --ldp-*")  # fmt: skip
+
+    def _check_peer_mode(self) -> None:
+        """What a peer-mode run cannot do (yet): say so now, naming the flag."""
+        unsupported = [(self.task != "classify", "--task detect"), (self.in_process, "--in-process"),
+                       (bool(self.privacy), "--dp-*"), (self.fraction < 1, "--fraction"),
+                       (self.codec != "fp32", "--codec"), (self.attack == "silent", "--attack silent")]  # fmt: skip
+        for bad, flag in unsupported:
+            if bad:
+                raise ValueError(f"{flag} is not available with --mode peer: drop it")
+        from agent.peer.plan import FederationSection
+        from sim.peer_federation import peer_plan
+
+        FederationSection(**peer_plan(self))  # the peers' plan, checked as each peer checks it at start
 
     def _default_dataset_and_model(self) -> None:
         """An unset dataset is digits, an unset model the dataset's own."""
