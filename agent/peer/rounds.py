@@ -2,9 +2,10 @@
 
     gathering → (joining →) training → waiting → … → electing → done
 
-*gathering*: for ``join_wait_s`` it reads the retained memberships; if a member is past round 1 it is a
-late joiner (*joining*): members seal their current model to it (``peer-model``) and it starts from the
-coordinate-wise median of two or more (the one it has once ``round_timeout_s`` passed). Else every peer
+*gathering*: for ``join_wait_s`` it reads the retained memberships, then waits until ``threshold`` peers
+are members (at most ``round_timeout_s`` more: a federation starts as a server's waits for its agents); if
+a member is past round 1 it is a late joiner (*joining*): members seal their current model to it
+(``peer-model``) and it starts from the coordinate-wise median of two or more (the one it has once ``round_timeout_s`` passed). Else every peer
 starts round 1 from the same model (``federation.model``, seeded by ``federation.seed``).
 *training*: the runner trains from this peer's model m_r; the change Δ (``flcore.update.encode_update``)
 is checked like any peer's and sealed to every current member, also to one that appears later in the
@@ -101,7 +102,7 @@ class PeerRounds:
             if connected and self.connected_at is None:
                 self.connected_at = now
             if self.connected_at is not None and now - self.connected_at >= self.plan.join_wait_s:
-                self._join(now)
+                self._join(now, now - self.connected_at)
         elif self.phase == "joining":
             self._check_catch_up(now)
         elif self.phase == "training":
@@ -113,8 +114,8 @@ class PeerRounds:
             self._check_election(now)
 
     def announce(self) -> None:
-        """(Re)connected: say where this peer stands."""
-        if self.phase not in ("gathering", "done"):
+        """(Re)connected: say where this peer stands (while gathering: a member before its first round)."""
+        if self.phase != "done":
             self.node.publish_member("joining" if self.phase == "joining" else "member", self.round)
 
     def describe(self) -> str:
@@ -136,8 +137,12 @@ class PeerRounds:
             self.election.claims.pop(peer, None)
 
     # joining -----------------------------------------------------------------------------------------
-    def _join(self, now: float) -> None:
+    def _join(self, now: float, waited: float) -> None:
+        """Start round 1 once ``threshold`` peers are here (or ``round_timeout_s`` more passed), or catch up."""
         others = {p: self.node.roster.members[p].round for p in self.node.members() if p != self.me}
+        few = len(others) + 1 < self.plan.threshold and waited < self.plan.join_wait_s + self.plan.round_timeout_s
+        if few and not any(r > 1 for r in others.values()):
+            return
         if any(r > 1 for r in others.values()):
             log.info("joining late: members %s are past round 1; asking for their models", others)
             self.phase, self.since = "joining", now
