@@ -5,8 +5,9 @@
 *gathering*: for ``join_wait_s`` it reads the retained memberships, then waits until ``threshold`` peers
 are members (at most ``round_timeout_s`` more: a federation starts as a server's waits for its agents); if
 a member is past round 1 it is a late joiner (*joining*): members seal their current model to it
-(``peer-model``) and it starts from the coordinate-wise median of two or more (the one it has once ``round_timeout_s`` passed). Else every peer
-starts round 1 from the same model (``federation.model``, seeded by ``federation.seed``).
+(``peer-model``) and it starts from the coordinate-wise median of two or more (the one it has once
+``round_timeout_s`` passed). Else every peer starts round 1 from the same model (``federation.model``,
+seeded by ``federation.seed``).
 *training*: the runner trains from this peer's model m_r; the change Δ (``flcore.update.encode_update``)
 is checked like any peer's and sealed to every current member, also to one that appears later in the
 round. *waiting*: until it holds ``threshold`` valid updates (capped at the current members, so a peer
