@@ -33,6 +33,7 @@ from security.signing import signed_payload
 from sim.attacks import Attack, AttackingTrainer
 from sim.federation import SimSettings
 from sim.peer_federation import create_peer_federation
+from sim.slow import SlowTrainer
 from tests.fedharness import override_toml, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,3 +240,17 @@ def test_bad_peer_plans_fail_at_start_naming_the_key(tmp_path, broker):
     override_toml(path, keys={"server": "agent-01.key"})
     with pytest.raises(ConfigError, match="keys.enrolled"):
         load_agent_config(path)
+
+
+def test_a_late_joiner_starts_from_the_median_of_the_members_models(tmp_path, broker, peers, caplog):
+    configs = peer_configs(tmp_path, broker, rounds=4, threshold=2)
+    caplog.set_level(logging.INFO)
+    for name in ("agent-01", "agent-02"):
+        peers.start(configs[name], wrap=lambda inner: SlowTrainer(inner, 4.0))
+    wait_until(lambda: read_metrics(state(configs["agent-01"])), 60, "round 1 of the first two")
+    late = peers.start(configs["agent-03"])
+    peers.wait_done(list(configs))
+    assert "caught up from=agent-01,agent-02" in caplog.text
+    lines = read_metrics(state(configs["agent-03"]))
+    assert lines and lines[0]["round"] >= 2 and lines[-1]["round"] == 4
+    assert late.work.done
