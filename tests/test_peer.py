@@ -240,6 +240,9 @@ def test_bad_peer_plans_fail_at_start_naming_the_key(tmp_path, broker):
     override_toml(path, keys={"server": "agent-01.key"})
     with pytest.raises(ConfigError, match="keys.enrolled"):
         load_agent_config(path)
+    override_toml(path, federation={"mode": "client"})  # the plan keys left in: a client gets its plan from the server
+    with pytest.raises(ConfigError, match='round plan keys are for mode = "peer"'):
+        load_agent_config(path)
 
 
 def test_a_late_joiner_starts_from_the_median_of_the_members_models(tmp_path, broker, peers, caplog):
