@@ -33,6 +33,7 @@ from security.signing import signed_payload
 from sim.attacks import Attack, AttackingTrainer
 from sim.federation import SimSettings
 from sim.peer_federation import create_peer_federation
+from sim.run import run_sim
 from sim.slow import SlowTrainer
 from tests.fedharness import override_toml, wait_until
 
@@ -257,3 +258,14 @@ def test_a_late_joiner_starts_from_the_median_of_the_members_models(tmp_path, br
     lines = read_metrics(state(configs["agent-03"]))
     assert lines and lines[0]["round"] >= 2 and lines[-1]["round"] == 4
     assert late.work.done
+
+
+def test_skyfed_sim_mode_peer_writes_a_line_per_round_and_peer_and_the_elected_model(tmp_path, broker):
+    settings = SimSettings(mode="peer", agents=2, rounds=2, partition="iid", epochs=1, deadline_s=30)
+    result = run_sim(settings, tmp_path / "out", broker_address=broker.address, echo=lambda line: None)
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [(line["round"], line["peer"]) for line in lines] == [(1, "agent-01"), (1, "agent-02"), (2, "agent-01"),
+                                                                 (2, "agent-02")]  # fmt: skip
+    assert all(line["aggregated_from"] == ["agent-01", "agent-02"] and "accuracy" in line["eval"] for line in lines)
+    assert set(load_file(tmp_path / "out" / "global_model.safetensors")[0]) == set(initial_model("digits_cnn", 10, 0))
+    assert result.final_eval["accuracy"] > 0.5  # the elected model on the centralized sim's evaluation set
