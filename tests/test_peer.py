@@ -269,3 +269,12 @@ def test_skyfed_sim_mode_peer_writes_a_line_per_round_and_peer_and_the_elected_m
     assert all(line["aggregated_from"] == ["agent-01", "agent-02"] and "accuracy" in line["eval"] for line in lines)
     assert set(load_file(tmp_path / "out" / "global_model.safetensors")[0]) == set(initial_model("digits_cnn", 10, 0))
     assert result.final_eval["accuracy"] > 0.5  # the elected model on the centralized sim's evaluation set
+
+
+def test_the_example_peer_config_is_valid_apart_from_its_paths(tmp_path, broker):
+    path = peer_configs(tmp_path, broker)["agent-01"].parent / "example.toml"
+    path.write_text((ROOT / "deploy" / "examples" / "peer.toml").read_text())
+    override_toml(path, agent={"id": "agent-01", "data": "data.npz", "test_data": "test.npz", "state_dir": "state"},
+                  keys={"identity": "agent-01.key", "enrolled": "enrolled"})  # fmt: skip
+    config = load_agent_config(path)
+    assert config.peer_mode and config.federation.threshold == 4 and config.federation.build_strategy().name == "fedavg"
