@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from agent.config import load_agent_config
-from agent.peer.messages import PeerMember
+from agent.peer.election import Election
+from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.node import PeerNode
 from agent.peer.rounds import BEST_FILE, initial_model, read_metrics
 from agent.runner import in_process_runner
@@ -278,3 +279,13 @@ def test_the_example_peer_config_is_valid_apart_from_its_paths(tmp_path, broker)
                   keys={"identity": "agent-01.key", "enrolled": "enrolled"})  # fmt: skip
     config = load_agent_config(path)
     assert config.peer_mode and config.federation.threshold == 4 and config.federation.build_strategy().name == "fedavg"
+
+
+def test_a_best_model_claim_left_retained_by_an_earlier_run_does_not_count():
+    own = PeerBest("sim", "agent-01", 2, 0.9, "a" * 64, session=5.0)
+    election = Election("agent-01", own, margin=0.05, started=0.0)
+    election.note(PeerBest("sim", "agent-02", 2, 1.0, "b" * 64, session=1.0))  # agent-02's claim of its last run
+    sessions = {"agent-01": 5.0, "agent-02": 7.0}  # agent-02 is a member again, in a new connection
+    assert not election.complete(sessions) and election.leader(sessions).peer == "agent-01"
+    election.note(PeerBest("sim", "agent-02", 2, 0.8, "c" * 64, session=7.0))
+    assert election.complete(sessions) and election.leader(sessions).peer == "agent-01"

@@ -33,14 +33,18 @@ class Election:
         if math.isfinite(claim.score):
             self.claims[claim.peer] = claim
 
-    def complete(self, members: list[str]) -> bool:
-        """Every current member has claimed."""
-        return all(peer in self.claims for peer in members)
+    def counted(self, sessions: dict[str, float]) -> dict[str, PeerBest]:
+        """The claims of this peer and of the current members (``sessions``: member → its membership's
+        session) made in their current membership."""
+        return {peer: c for peer, c in self.claims.items() if peer == self.me or sessions.get(peer) == c.session}
 
-    def leader(self, members: list[str]) -> PeerBest:
-        """The best claim among current members and this peer."""
-        counted = [c for peer, c in self.claims.items() if peer in members or peer == self.me]
-        return min(counted, key=lambda c: (-c.score, c.peer))
+    def complete(self, sessions: dict[str, float]) -> bool:
+        """Every current member has claimed."""
+        return set(sessions) <= set(self.counted(sessions)) | {self.me}
+
+    def leader(self, sessions: dict[str, float]) -> PeerBest:
+        """The best claim counted."""
+        return min(self.counted(sessions).values(), key=lambda c: (-c.score, c.peer))
 
     def judge(self, claim: PeerBest, model: NamedArrays, own_model: NamedArrays, score: float) -> str:
         """"" to adopt ``model`` (the winner's, scored ``score`` here), else why it is refused."""

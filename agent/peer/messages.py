@@ -34,7 +34,8 @@ class PeerMember(Message):
 
 @dataclass(frozen=True)
 class PeerBest(Message):
-    """BestAgg: this peer's final model scored on its own validation split."""
+    """BestAgg: this peer's final model scored on its own validation split. ``session`` is the connection
+its membership names: a claim retained from an earlier run does not count in this one."""
 
     SCHEMA: ClassVar[str] = "skyfed.peer-best/1"
     federation: str
@@ -42,6 +43,7 @@ class PeerBest(Message):
     round: int
     score: float
     sha256: str
+    session: float
 
 
 @dataclass(frozen=True)

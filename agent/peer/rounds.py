@@ -315,7 +315,7 @@ class PeerRounds:
     def _elect(self, evaluation: dict[str, float]) -> None:
         score = headline(evaluation)
         own = PeerBest(self.node.topics.federation, self.me, self.round, float(score if score is not None else -1),
-                       fingerprint(self.model))  # fmt: skip
+                       fingerprint(self.model), self.node.session)  # fmt: skip
         self.election = Election(self.me, own, self.plan.best_margin, time.monotonic())
         for claim in self.claims.values():
             self.election.note(claim)
@@ -326,11 +326,12 @@ class PeerRounds:
         election = self.election
         assert election is not None
         members = self.node.members()
+        sessions = {peer: self.node.roster.members[peer].session for peer in members}
         timed_out = now - self.since >= self.plan.round_timeout_s
         if self.leader is None:
-            if not election.complete(members) and not timed_out:
+            if not election.complete(sessions) and not timed_out:
                 return
-            self.leader = election.leader(members)
+            self.leader = election.leader(sessions)
             log.info("best model claims %s leader=%s", {p: c.score for p, c in sorted(election.claims.items())},
                      self.leader.peer)  # fmt: skip
             if self.leader.peer == self.me:
