@@ -70,6 +70,9 @@ class PeerNode(MqttDaemon):
         log.info("peer started id=%s federation=%s enrolled=%d rounds=%d threshold=%d strategy=%s",
                  self.id, self.topics.federation, len(self.roster.keyring), plan.rounds, plan.threshold,
                  self.work.strategy.name)  # fmt: skip
+        if self.id not in self.roster.keyring:
+            log.warning("this peer's own key is not in keys.enrolled (%s): the other peers refuse its membership and "
+                        "models; enrol it in every peer's folder", self.config.enrolled_dir)  # fmt: skip
 
     def handle(self, topic: str, payload: bytes) -> None:
         where = self.topics.peer_of(topic)

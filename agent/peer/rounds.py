@@ -161,6 +161,9 @@ class PeerRounds:
 
     def _check_catch_up(self, now: float) -> None:
         waited = now - self.since >= self.plan.round_timeout_s
+        if waited and not self.catchup:
+            self.node.warn("catch-up", "joining late: no member has sent its model after %.0f s (members: %s)",
+                           now - self.since, ",".join(self.node.members()) or "none")  # fmt: skip
         if len(self.catchup) < 2 and not (waited and self.catchup):
             return
         rounds = [r for r, _ in self.catchup.values()]
