@@ -179,7 +179,7 @@ def nan_trainer(inner: Trainer) -> Trainer:
 
 
 def test_hostile_peers_are_bounded_refused_and_cannot_win_the_election(tmp_path, broker, peers):
-    configs = peer_configs(tmp_path, broker, agents=4, bounds={"clip": "adaptive"}, round_timeout_s=8.0)
+    configs = peer_configs(tmp_path, broker, agents=4, bounds={"clip": "adaptive"}, round_timeout_s=12.0)
     honest = ["agent-01", "agent-02"]
     for name in honest:
         peers.start(configs[name])
