@@ -2,15 +2,20 @@
 ``flcore.update.parse_update``, values and invariants with ``flcore.validation.check_values``), kept
 until the round aggregates with the shared bounds and strategy (``flcore.aggregation``).
 
-Every peer aggregates the round's updates in the order of the senders' ids, so peers holding the same
-updates compute the same model, bit for bit. An update trained from another start model than this
-peer's (after a round some peers closed on a threshold, the peers' models differ) is still a change
-over the round's model: it is taken, and the round's detail names its sender under ``other_base``.
+A peer sends its trained model in the update format (``encode_model``: its change over zero, with the
+fingerprint of the model it trained from), and each receiver takes the change from its own model. When
+every peer starts the round from the same model m_r, that change is bit for bit the sender's
+Δ = trained − m_r, and every peer aggregates the round's updates in the order of the senders' ids, so
+they compute the same model, bit for bit: the centralized FedAvg of the same updates. After a round some
+peers closed on a threshold, the peers' models differ; a change over the receiver's own model then also
+pulls the peers' models together (SmartFed averages models), where a delta over the sender's model would
+let them drift apart for good. The round's detail names such senders under ``other_base``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,10 +24,19 @@ from flcore.aggregation import bounded_contributions, change_limit, check_new_mo
 from flcore.bounds import InfluencePolicy
 from flcore.rounds import UpdateRecord
 from flcore.strategies.base import Strategy
-from flcore.update import UpdateMeta, UpdateMetaError, UpdateRejected, float_layout, parse_update
+from flcore.update import (
+    TrainResult,
+    UpdateMeta,
+    UpdateMetaError,
+    UpdateRejected,
+    encode_update,
+    float_layout,
+    parse_update,
+)
 from flcore.validation import check_values, positive_ranges
 from models.serialization import SerializationError, read_header
 from models.weights import NamedArrays, fingerprint, flatten, float_part, spec_of, with_floats
+from protocol.messages import RoundTask
 
 
 @dataclass
@@ -60,11 +74,12 @@ class RoundCollector:
             raise UpdateRejected("duplicate")
         parsed = parse_update(data, expected_spec=self.spec, round_number=self.round, model_version=self.round - 1,
                               base_sha256=claimed_base(data))  # fmt: skip
-        scan = check_values(parsed.delta, self.vector, self.positive, self.policy)
+        change = np.subtract(parsed.delta, self.vector, dtype=np.float32)  # the sender's model, from this peer's
+        scan = check_values(change, self.vector, self.positive, self.policy)
         meta = parsed.meta
         record = UpdateRecord(agent=sender, samples=meta.weight, loss=meta.loss, norm=scan.norm, wire_bytes=wire_bytes,
                               local_eval=meta.local_eval, start_eval=meta.start_eval)  # fmt: skip
-        update = PeerUpdate(record, np.array(parsed.delta, np.float32), meta.base_sha256)
+        update = PeerUpdate(record, change, meta.base_sha256)
         self.updates[sender] = update
         return update
 
@@ -90,6 +105,14 @@ class RoundCollector:
         if other := [p for p in peers if self.updates[p].base_sha256 != self.sha256]:
             detail["other_base"] = other
         return with_floats(self.model, result.global_vector, self.spec), detail
+
+
+def encode_model(task: RoundTask, start: NamedArrays, result: TrainResult, residual: Path) -> bytes:
+    """A peer's trained model in the update format (``flcore.update``: its change over zero), naming the
+    model ``start`` it trained from by fingerprint."""
+    zero = {name: np.zeros_like(array) for name, array in float_part(start).items()}
+    data, _ = encode_update(task, zero, result, residual=residual, base_sha256=fingerprint(start))
+    return data
 
 
 def claimed_base(data: bytes | bytearray | memoryview) -> str:

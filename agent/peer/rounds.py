@@ -8,13 +8,14 @@ a member is past round 1 it is a late joiner (*joining*): members seal their cur
 (``peer-model``) and it starts from the coordinate-wise median of two or more (the one it has once
 ``round_timeout_s`` passed). Else every peer starts round 1 from the same model (``federation.model``,
 seeded by ``federation.seed``).
-*training*: the runner trains from this peer's model m_r; the change Δ (``flcore.update.encode_update``)
-is checked like any peer's and sealed to every current member, also to one that appears later in the
-round. *waiting*: until it holds ``threshold`` valid updates (capped at the current members, so a peer
-that left is not waited for) or ``round_timeout_s`` passed since its own was ready; then
-m_{r+1} = m_r + the strategy's aggregate (``agent.peer.collect``), scored on its validation split and
-written as one line of ``metrics.jsonl``. An update for the next round is held until then; older ones are
-refused. *electing*: BestAgg (``agent.peer.election``); the adopted model is ``best_model.safetensors``.
+*training*: the runner trains from this peer's model m_r; the trained model, in the update format
+(``agent.peer.collect.encode_model``), is checked like any peer's and sealed to every current member, also to
+one that appears later in the round; each peer takes its change from its own model. *waiting*: until it holds
+``threshold`` valid updates (capped at the current members, so a peer that left is not waited for) or
+``round_timeout_s`` passed since its own was ready; then m_{r+1} = m_r + the strategy's aggregate
+(``agent.peer.collect``), scored on its validation split and written as one line of ``metrics.jsonl``. An
+update for the next round is held until then; older ones are refused. *electing*: BestAgg
+(``agent.peer.election``); the adopted model is ``best_model.safetensors``.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.config import AgentConfig
-from agent.peer.collect import RoundCollector, coordinate_median, same_layout
+from agent.peer.collect import RoundCollector, coordinate_median, encode_model, same_layout
 from agent.peer.election import Election
 from agent.peer.messages import PeerBest, PeerRoundMetrics
 from common.files import atomic_write
-from flcore.update import UpdateRejected, encode_update
+from flcore.update import UpdateRejected
 from models.serialization import SerializationError, dumps, loads, save_file
 from models.weights import NamedArrays, fingerprint
 from participant.jobs import Job, Runner, Trained
@@ -206,8 +207,7 @@ class PeerRounds:
             return
         self.training, self.train_s = None, now - self.since
         if isinstance(outcome, Trained) and self.task is not None:
-            data, _ = encode_update(self.task, self.model, outcome.result, residual=self.state_dir / "residual",
-                                    base_sha256=self.collector.sha256)  # fmt: skip
+            data = encode_model(self.task, self.model, outcome.result, self.state_dir / "residual")
             if self._accept(self.me, data, 0):
                 self.own_update = data
             log.info("trained round=%d samples=%d loss=%.4f seconds=%.2f", self.round, outcome.result.samples,
