@@ -28,6 +28,10 @@ def run_agent(args: argparse.Namespace) -> int:
     def build() -> MqttDaemon:
         config = load_checked_agent_config(Path(args.config))
         hold_state_dir(config.state_dir, "agent.state_dir")  # before anything reads or writes it
+        if config.peer_mode:  # federation.mode = "peer": no server (agent.peer)
+            from agent.peer.node import PeerNode
+
+            return PeerNode(config)
         from agent.daemon import EdgeAgent  # PyTorch: seconds, so only once the config is known good
 
         return EdgeAgent(config)
@@ -50,7 +54,8 @@ def check_agent(args: argparse.Namespace) -> int:
         from agent.profile import read_start_files
 
         config = load_checked_agent_config(Path(args.config), create=False)
-        read_start_files(config)  # the keys and the data, as `agent run` reads them
+        if not config.peer_mode:  # a peer reads its enrolled folder, checked by the config already
+            read_start_files(config)  # the keys and the data, as `agent run` reads them
         return config
 
     return report_check("skyfed agent check", load, summary)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent.device import check_device_spec
+from agent.peer.plan import FederationSection
 from agent.telemetry import GatePolicy, TelemetrySection, check_gate_sources
 from participant.local_dp import LocalPrivacySection
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
@@ -35,7 +36,8 @@ class AgentSection:
 @dataclass(frozen=True)
 class KeysSection:
     identity: str
-    server: str
+    server: str = ""  # client mode: the server's public key
+    enrolled: str = ""  # peer mode: the folder of every peer's .pub (``revoked/`` inside it), as the server's
 
 
 TRAINERS = ("classifier", "detector")
@@ -79,6 +81,11 @@ class AgentConfig:
     privacy: LocalPrivacySection = field(default_factory=LocalPrivacySection)  # local DP-SGD; off by default
     gate: GatePolicy = field(default_factory=GatePolicy)  # when the device skips rounds (agent.telemetry)
     telemetry: TelemetrySection = field(default_factory=TelemetrySection)  # where device state comes from
+    federation: FederationSection = field(default_factory=FederationSection)  # client or peer mode (agent.peer)
+
+    @property
+    def peer_mode(self) -> bool:
+        return self.federation.mode == "peer"
 
     @property
     def state_dir(self) -> Path:
@@ -108,13 +115,18 @@ class AgentConfig:
     def server_key_path(self) -> Path:
         return existing_path(self.path, "keys.server", self.keys.server, "server public key")
 
+    @property
+    def enrolled_dir(self) -> Path:
+        """Peer mode: the enrolled peers' public keys."""
+        return existing_path(self.path, "keys.enrolled", self.keys.enrolled, "enrolled-peers folder")
+
 
 def load_agent_config(path: Path) -> AgentConfig:
     """Parse and check ``agent.toml``; raise ``ConfigError`` naming the key and the fix."""
     data = read_toml(path)
     check_tables(path, data, {"agent": AgentSection, "broker": BrokerSettings, "keys": KeysSection,
                               "training": TrainingSection, "privacy": LocalPrivacySection, "gate": GatePolicy,
-                              "telemetry": TelemetrySection})  # fmt: skip
+                              "telemetry": TelemetrySection, "federation": FederationSection})  # fmt: skip
     try:
         config = AgentConfig(
             path=path,
@@ -125,6 +137,7 @@ def load_agent_config(path: Path) -> AgentConfig:
             privacy=table(path, data, "privacy", LocalPrivacySection, required=False),
             gate=table(path, data, "gate", GatePolicy, required=False),
             telemetry=table(path, data, "telemetry", TelemetrySection, required=False),
+            federation=table(path, data, "federation", FederationSection, required=False),
         )
         check_gate_sources(config.gate, config.telemetry)
         check_level("agent.id", config.agent.id)
@@ -134,9 +147,25 @@ def load_agent_config(path: Path) -> AgentConfig:
         if config.training.trainer == "detector" and config.privacy.enabled:
             raise ValueError('[privacy] (local DP-SGD) works with training.trainer = "classifier" only; remove it')
         check_level("agent.federation", config.agent.federation)
+        check_keys(config)
     except ConfigError:
         raise
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    config.data_path, config.test_data_path, config.identity_path, config.server_key_path  # noqa: B018 - fail now
+    config.data_path, config.test_data_path, config.identity_path  # noqa: B018 - fail now
+    config.enrolled_dir if config.peer_mode else config.server_key_path  # noqa: B018
     return config
+
+
+def check_keys(config: AgentConfig) -> None:
+    """Client mode trusts the server's key; peer mode the enrolled peers' folder, and needs a local test split
+    (its validation split: BestAgg scores models on it)."""
+    if config.peer_mode:
+        if not config.keys.enrolled or config.keys.server:
+            raise ValueError('keys.enrolled (the folder of every peer\'s .pub) is required with federation.mode = '
+                             '"peer", and keys.server is not (there is no server): fix [keys]')  # fmt: skip
+        if config.training.trainer != "classifier" or not config.agent.test_data:
+            raise ValueError('federation.mode = "peer" needs training.trainer = "classifier" and agent.test_data '
+                             "(its local validation split, which BestAgg scores models on)")  # fmt: skip
+    elif not config.keys.server:
+        raise ValueError("keys.server (the server's public key) is required in client mode: set it in [keys]")

@@ -2,11 +2,11 @@
 
 In order: the round gates (a round is open, the update is for it, the sender was selected and has not
 been accepted yet), the structure (``flcore.update.parse_update``, which decodes an encoded update), then
-one pass over the values (``onepass.scan``: finite, L2 norm, folded into a streaming strategy when the
-bounds known so far allow it), the outright norm limit, the model's invariants (no negative running
-variance), and finally the update is written to the update store before the round state records it.
-A refusal raises ``UpdateRejected`` and leaves the round exactly as it was (a fold already made is
-subtracted again).
+one pass over the values (``flcore.validation.check_values``, as a peer checks them: finite, L2 norm,
+folded into a streaming strategy when the bounds known so far allow it), the outright norm limit, the
+model's invariants (no negative running variance), and finally the update is written to the update store
+before the round state records it. A refusal raises ``UpdateRejected`` and leaves the round exactly
+as it was (a fold already made is subtracted again).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import numpy as np
 
 from broker_server.update_store import UpdateStore
 from flcore.bounds import InfluencePolicy, tentative
-from flcore.onepass import NonFiniteUpdate, axpy, scan
+from flcore.onepass import axpy
 from flcore.rounds import RoundState, UpdateRecord
 from flcore.strategies.base import Strategy
-from flcore.update import MAX_LOCAL_EVAL, NotForThisRound, UpdateMeta, UpdateRejected, parse_update
-from flcore.validation import check_invariants
+from flcore.update import MAX_LOCAL_EVAL, NotForThisRound, UpdateMeta, parse_update
+from flcore.validation import check_values
 from models.serialization import dumps
 from models.weights import TensorRange, TensorSpec
 from protocol.codecs import FP32, Codec, encode
@@ -101,15 +101,9 @@ def accept_update(
         parsed.meta.weight,
     )
     fold = strategy.fold_plan(bounds) if strategy.fold_on_accept else None
-    try:
-        result = scan(parsed.delta, fold)
-    except NonFiniteUpdate as exc:
-        raise UpdateRejected(f"non-finite-values: {exc}") from None
+    result = check_values(parsed.delta, inputs.base_vector, inputs.positive, policy, fold)
     folded = fold.weight if (fold is not None and result.folded) else 0.0
     try:
-        if policy.max_update_norm > 0 and result.norm > policy.max_update_norm:
-            raise UpdateRejected(f"norm-too-large: {result.norm:.4g} > {policy.max_update_norm:.4g}")
-        check_invariants(parsed.delta, inputs.base_vector, inputs.positive)
         store.put(state.round, agent, parsed.stored)
     except BaseException:
         if folded and fold is not None:

@@ -14,8 +14,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-
 from broker_server.accountant import PrivacyLedger
 from broker_server.checkpoint import Checkpoint, CheckpointStore
 from broker_server.config import ServerConfig
@@ -27,9 +25,10 @@ from flcore.agent_models import Assignment
 from flcore.election import BestModel
 from flcore.rounds import RoundState
 from flcore.strategies.base import Strategy
+from flcore.update import float_layout
 from flcore.validation import positive_ranges
-from models.serialization import dumps, float32_region, save_file
-from models.weights import NamedArrays, flatten, float_part
+from models.serialization import save_file
+from models.weights import NamedArrays
 from security.replay import ReplayGuard
 
 
@@ -67,9 +66,7 @@ class EngineState:
 
     def _set_model(self, arrays: NamedArrays) -> None:
         self.global_arrays = arrays
-        floats = {k: v.astype(np.float32) for k, v in float_part(arrays).items()}
-        _, self.float_spec, _ = float32_region(dumps(floats))
-        self.global_vector = flatten(floats, self.float_spec)
+        self.float_spec, self.global_vector = float_layout(arrays)
         self.positive = positive_ranges(self.float_spec)
 
     def checkpoint(self, last_metrics: dict | None = None) -> None:

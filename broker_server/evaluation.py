@@ -1,50 +1,16 @@
-"""Server-side evaluation of a candidate global model on the optional validation set (``server.eval_data``).
-
-The evaluator follows the model's task: accuracy and loss on an ``.npz`` for classifiers; mAP@.5 and
-mAP@.5:.95 from Ultralytics' own ``DetectionValidator`` on a YOLO ``data.yaml``'s val split for detectors.
-``protocol.messages.headline`` is the one number rounds are compared by (election, logs, tables).
-"""
+"""Server-side evaluation of a candidate global model on the optional validation set (``server.eval_data``),
+with the evaluators of ``models.evaluators`` (which a peer uses on its local validation split too)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from models.datasets import load_dataset
-from models.tasks import task_of
-from models.training import evaluate
-from models.weights import NamedArrays, load_arrays
-from models.zoo import build_model, pick_device
+from models.evaluators import ClassifierEvaluator, Evaluator, build_evaluator
 
 if TYPE_CHECKING:
     from broker_server.config import ServerConfig
 
-Evaluator = Callable[[NamedArrays], dict[str, float]]
-
-
-class ClassifierEvaluator:
-    """Accuracy and loss of named arrays for one model architecture; builds the model once."""
-
-    def __init__(self, model_name: str, num_classes: int, data_path: Path) -> None:
-        self.model = build_model(model_name, num_classes=num_classes)
-        self.data = load_dataset(data_path)
-        self.device = pick_device()
-
-    def __call__(self, arrays: NamedArrays) -> dict[str, float]:
-        load_arrays(self.model, arrays)
-        return {k: round(v, 6) for k, v in evaluate(self.model, self.data, self.device).items()}
-
-
-def build_evaluator(
-    model_name: str, num_classes: int, data_path: Path, *, image_size: int, work_dir: Path
-) -> Evaluator:
-    """The evaluator for ``model_name``'s task on the data at ``data_path``."""
-    if task_of(model_name) == "detect":
-        from models.yolo_eval import DetectionEvaluator
-
-        return DetectionEvaluator(model_name, data_path, image_size=image_size, work_dir=work_dir)
-    return ClassifierEvaluator(model_name, num_classes, data_path)
+__all__ = ["ClassifierEvaluator", "Evaluator", "build_evaluator", "server_evaluator"]
 
 
 def server_evaluator(config: ServerConfig) -> Evaluator | None:

@@ -22,12 +22,12 @@ import numpy as np
 from scipy.linalg.blas import sdot
 
 from flcore.agent_models import Assignment, Holding, ModelBank
-from flcore.bounds import Influence, InfluencePolicy, bound_influence, lower_median
+from flcore.aggregation import bounded_contributions, change_limit, check_new_model
+from flcore.bounds import Influence, InfluencePolicy, lower_median
 from flcore.onepass import axpy
 from flcore.rounds import RoundState
 from flcore.strategies.base import Contribution, KeptModels, RoundResult, StartPlan, Strategy
 from flcore.update import UpdateRejected
-from flcore.validation import check_invariants, positive_ranges
 from models.weights import (
     NamedArrays,
     TensorSpec,
@@ -113,15 +113,8 @@ class BoundInfluence(Step):
     name: str = "bound"
 
     def run(self, ctx: RoundContext) -> None:
-        updates = ctx.state.updates
-        norms = np.array([u.norm for u in updates])
         policy = self.policy if self.clip_norm is None else replace(self.policy, clip_norm=self.clip_norm())
-        influence = bound_influence(policy=policy, norms=norms, samples=np.array([u.samples for u in updates]))
-        ctx.influence = influence
-        ctx.contributions = [
-            Contribution(u.agent, ctx.open_delta(u.agent), float(capped), float(scale), u.norm, u.folded)
-            for u, capped, scale in zip(updates, influence.samples, influence.scales, strict=True)
-        ]
+        ctx.influence, ctx.contributions = bounded_contributions(policy, ctx.state.updates, ctx.open_delta)
 
 
 @dataclass
@@ -271,25 +264,13 @@ class CheckModel(Step):
 
     def run(self, ctx: RoundContext) -> None:
         assert ctx.result is not None and ctx.influence is not None
-        change = ctx.result.global_vector - ctx.global_vector
-        norm = math.sqrt(float(sdot(change, change))) if change.size else 0.0
-        if not math.isfinite(norm) or not np.isfinite(ctx.result.global_vector).all():
-            raise RoundRejected("non-finite-model", offenders(ctx.contributions))
-        if self.private:
-            ctx.candidate = with_floats(ctx.global_arrays, ctx.result.global_vector, ctx.float_spec)
-            return
-        try:  # the same invariants every accepted update met (a strategy that extrapolates may break them)
-            check_invariants(change, ctx.global_vector, positive_ranges(ctx.float_spec))
+        published = ctx.plan.publish  # else the result is only evaluated; kept models have their own bound
+        limit = change_limit(self.policy, ctx.influence, self.bounded_by_clip) if published else math.inf
+        try:  # the same invariants every accepted update met, unless private
+            check_new_model(ctx.result.global_vector, ctx.global_vector, ctx.float_spec, limit=limit,
+                            invariants=not self.private)  # fmt: skip
         except UpdateRejected as exc:
             raise RoundRejected(exc.reason, offenders(ctx.contributions)) from None
-        limits = []
-        if self.policy.max_change_norm > 0:
-            limits.append(self.policy.max_change_norm)
-        if self.bounded_by_clip and math.isfinite(ctx.influence.clip_bound):
-            limits.append(ctx.influence.clip_bound * (1 + 1e-3))
-        published = ctx.plan.publish  # else the result is only evaluated; kept models have their own bound
-        if published and limits and norm > min(limits):
-            raise RoundRejected(f"change-too-large: {norm:.4g} > {min(limits):.4g}", offenders(ctx.contributions))
         ctx.candidate = with_floats(ctx.global_arrays, ctx.result.global_vector, ctx.float_spec)
 
 

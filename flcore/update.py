@@ -20,7 +20,7 @@ import numpy as np
 
 from common.untrusted_json import parse_untrusted_json
 from models.serialization import SerializationError, dumps, float32_region, loads, read_header
-from models.weights import NamedArrays, TensorSpec, delta, flatten, unflatten
+from models.weights import NamedArrays, TensorSpec, delta, flatten, float_part, unflatten
 from protocol.codecs import FP32, Codec, CodecError, ErrorFeedback, compress, decode
 from protocol.messages import RoundTask
 
@@ -164,6 +164,14 @@ class ParsedUpdate:
     meta: UpdateMeta
     delta: np.ndarray  # float32 in the model's float layout: a zero-copy view into the received bytes under fp32
     stored: bytes | bytearray | memoryview  # what the update store keeps: float32 safetensors, like an fp32 update
+
+
+def float_layout(arrays: NamedArrays) -> tuple[tuple[TensorSpec, ...], np.ndarray]:
+    """How an update over the model ``arrays`` lays out its float32 tensors (``spec``, the ``expected_spec`` of
+    ``parse_update``) and the model's floats as one vector in that layout."""
+    floats = {k: v.astype(np.float32) for k, v in float_part(arrays).items()}
+    _, spec, _ = float32_region(dumps(floats))
+    return spec, flatten(floats, spec)
 
 
 def describe_spec_mismatch(got: tuple[TensorSpec, ...], expected: tuple[TensorSpec, ...]) -> str:

@@ -9,13 +9,16 @@ own: a negative BatchNorm running variance (PyTorch's ``*.running_var``) makes e
 NaN. Honest training never produces one (it is an average of variances); a sign-flipped or rescaled
 update easily does. Since clipping, averaging, medians and trimmed means all keep each value inside the
 range of the valid inputs, an aggregate of valid updates is valid too. A rejected update never reaches
-a strategy.
+a strategy. ``check_values`` is the value half of accepting an update, shared by the server's accept path
+(``broker_server.accept``) and a peer's (``agent.peer``): one function, so both refuse the same updates.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from flcore.bounds import InfluencePolicy
+from flcore.onepass import Fold, NonFiniteUpdate, Scan, axpy, scan
 from flcore.update import UpdateRejected
 from models.weights import TensorRange, TensorSpec, ranges_of
 
@@ -39,3 +42,29 @@ def check_invariants(delta: np.ndarray, global_vector: np.ndarray, ranges: tuple
             raise UpdateRejected(
                 f"invalid-running-var: {r.name} would become negative (min {float(applied.min()):.3g})"
             )
+
+
+def check_values(
+    delta: np.ndarray,
+    base_vector: np.ndarray,
+    positive: tuple[TensorRange, ...],
+    policy: InfluencePolicy,
+    fold: Fold | None = None,
+) -> Scan:
+    """Every value finite, the L2 norm within ``policy.max_update_norm`` (when set) and the model's invariants
+    kept, in one pass that also folds the delta into ``fold`` when its bounds allow; raise ``UpdateRejected``
+    with the reason otherwise, leaving ``fold.into`` as it was."""
+    try:
+        result = scan(delta, fold)
+    except NonFiniteUpdate as exc:
+        raise UpdateRejected(f"non-finite-values: {exc}") from None
+    folded = fold.weight if (fold is not None and result.folded) else 0.0
+    try:
+        if policy.max_update_norm > 0 and result.norm > policy.max_update_norm:
+            raise UpdateRejected(f"norm-too-large: {result.norm:.4g} > {policy.max_update_norm:.4g}")
+        check_invariants(delta, base_vector, positive)
+    except UpdateRejected:
+        if folded and fold is not None:
+            axpy(delta, fold.into, -folded)  # leave the running sum as it was
+        raise
+    return result

@@ -98,3 +98,27 @@ class Topics:
         if len(parts) == 5 and parts[:3] == [ROOT, self.federation, "model"] and parts[3].isdigit():
             return int(parts[3])
         return None
+
+    # peer mode (agent.peer): every peer writes only under its own ``peer/<id>/`` ------------------------
+    def peer_member(self, peer: str) -> str:
+        return f"{self.prefix}/peer/{peer}/member"
+
+    def peer_best(self, peer: str) -> str:
+        return f"{self.prefix}/peer/{peer}/best"
+
+    def peer_metrics(self, peer: str) -> str:
+        return f"{self.prefix}/peer/{peer}/metrics"
+
+    def peer_to(self, sender: str, recipient: str) -> str:
+        return f"{self.prefix}/peer/{sender}/to/{recipient}"
+
+    def peer_wildcard(self, leaf: str) -> str:
+        """``peer/+/<leaf>``: every peer's ``member``, ``best``, ``metrics``, or ``to/<recipient>``."""
+        return f"{self.prefix}/peer/+/{leaf}"
+
+    def peer_of(self, topic: str) -> tuple[str, str] | None:
+        """``(peer, leaf)`` of ``…/peer/<peer>/<leaf>`` (leaf ``to/<recipient>`` for sealed chunks), or None."""
+        parts = topic.split("/")
+        if len(parts) >= 5 and parts[:3] == [ROOT, self.federation, "peer"]:
+            return parts[3], "/".join(parts[4:])
+        return None

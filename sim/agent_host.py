@@ -20,6 +20,7 @@ from pathlib import Path
 
 from agent.config import load_agent_config
 from agent.daemon import EdgeAgent
+from agent.peer.node import PeerNode
 from agent.runner import in_process_runner
 from common.lock import hold_state_dir
 from protocol.daemon import configure_logging, stop_on_signals
@@ -27,7 +28,7 @@ from sim.attacks import SCOPES, Attack, AttackingTrainer, SilentAgent
 from sim.slow import SlowTrainer
 
 
-def build_agents(args: argparse.Namespace) -> list[EdgeAgent]:
+def build_agents(args: argparse.Namespace) -> list[EdgeAgent | PeerNode]:
     """The hosted agents, attackers' and slow agents' trainers wrapped."""
     attack = Attack.parse(args.attack) if args.attacker else None
     slow = {Path(path).resolve() for path in args.slow}
@@ -36,7 +37,10 @@ def build_agents(args: argparse.Namespace) -> list[EdgeAgent]:
         config = load_agent_config(Path(path))
         hold_state_dir(config.state_dir, "agent.state_dir")  # one daemon per folder, as `skyfed agent run`
         silent = attacking and attack is not None and attack.kind == "silent"
-        agent = (SilentAgent if silent else EdgeAgent)(config, runner=in_process_runner(config))
+        if config.peer_mode:  # a peer (agent.peer), trainer wrapped the same way
+            agent = PeerNode(config, runner=in_process_runner(config))
+        else:
+            agent = (SilentAgent if silent else EdgeAgent)(config, runner=in_process_runner(config))
         if attacking and not silent:
             agent.runner.trainer = AttackingTrainer(agent.runner.trainer, attack, agent.id, args.scope)
         if Path(path).resolve() in slow:

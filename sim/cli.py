@@ -72,6 +72,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         optimizer=args.optimizer,
         share_ratio=args.share_ratio,
         share_mode=args.share_mode,
+        mode=args.mode,
     )
 
 
@@ -142,6 +143,11 @@ def _add_sim_options(
     parser: argparse.ArgumentParser, *, agents: int, rounds: int, partition: str | None, out: str, federation: str
 ) -> None:
     parser.add_argument("--agents", type=int, default=agents)
+    parser.add_argument(
+        "--mode", default="client", choices=("client", "peer"),
+        help="client: a server aggregates (default); peer: no server, the agents federate among themselves "
+        "(SmartFed's DFL; --strategy-option threshold=N is each peer's threshold, --deadline its round timeout)",
+    )  # fmt: skip
     parser.add_argument(
         "--agents-per-process", type=int, default=1, metavar="K",
         help="host K agents in one OS process (each still its own MQTT connection, keys and state): PyTorch is "

@@ -73,6 +73,7 @@ class SimSettings:
     optimizer: str = "sgd"  # training.optimizer: the agents' (and the pool's) local optimizer, sgd or adamw
     share_ratio: float = 0.0  # seed 002: the share of the data carved out into the server's pool (0: no pool)
     share_mode: str = "share-disjoint"  # how (models.partition.share): unify | share-disjoint
+    mode: str = "client"  # "peer": no server, the agents federate among themselves (sim.peer_run, agent.peer)
 
     def __post_init__(self) -> None:
         from agent.config import WORKERS
@@ -134,6 +135,10 @@ class SimSettings:
             Attack.parse(self.attack)
         if self.in_process and self.slow_agents:
             raise ValueError("--in-process runs its agents at one speed (no deadlines): drop --slow-agents")
+        if self.mode == "peer":
+            self._check_peer_mode()
+        elif self.mode != "client":
+            raise ValueError(f"--mode must be client or peer, got {self.mode!r}")
         if self.attack_scope not in SCOPES:
             raise ValueError(f"--attack-scope must be one of {', '.join(SCOPES)}, got {self.attack_scope!r}")
         if self.task == "detect":
@@ -183,6 +188,20 @@ class SimSettings:
     def running_agents(self) -> int:
         """The agents that run: all of them, less those whose whole share went into the pool (unify)."""
         return self.agents - (int(self.share_ratio * self.agents) if self.share_mode == "unify" else 0)
+
+    def _check_peer_mode(self) -> None:
+        """What a peer-mode run cannot do (yet): say so now, naming the flag."""
+        unsupported = [(self.task != "classify", "--task detect"), (self.in_process, "--in-process"),
+                       (bool(self.privacy), "--dp-*"), (self.fraction < 1, "--fraction"),
+                       (self.codec != "fp32", "--codec"), (self.attack == "silent", "--attack silent"),
+                       (self.share_ratio > 0, "--share-ratio"), (self.optimizer != "sgd", "--optimizer")]  # fmt: skip
+        for bad, flag in unsupported:
+            if bad:
+                raise ValueError(f"{flag} is not available with --mode peer: drop it")
+        from agent.peer.plan import FederationSection
+        from sim.peer_federation import peer_plan
+
+        FederationSection(**peer_plan(self))  # the peers' plan, checked as each peer checks it at start
 
     def _default_dataset_and_model(self) -> None:
         """An unset dataset is digits, an unset model the dataset's own."""

@@ -131,6 +131,10 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
         from sim.inprocess import run_in_process  # it builds on this module
 
         return run_in_process(settings, out, echo=echo)
+    if settings.mode == "peer":
+        from sim.peer_run import run_peer_sim  # it builds on this module
+
+        return run_peer_sim(settings, out, broker_address=broker_address, echo=echo)
     out = out.resolve()  # the daemons get absolute paths: relative ones would name other files from their folder
     out.mkdir(parents=True, exist_ok=True)
     work = out / "federation"  # keys, configs, data, state and logs of every node

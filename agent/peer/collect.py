@@ -1,0 +1,139 @@
+"""One round's peer updates: each checked exactly as the server checks an agent's (structure with
+``flcore.update.parse_update``, values and invariants with ``flcore.validation.check_values``), kept
+until the round aggregates with the shared bounds and strategy (``flcore.aggregation``).
+
+A peer sends its trained model in the update format (``encode_model``: its change over zero, with the
+fingerprint of the model it trained from), and each receiver takes the change from its own model. When
+every peer starts the round from the same model m_r, that change is bit for bit the sender's
+Δ = trained − m_r, and every peer aggregates the round's updates in the order of the senders' ids, so
+they compute the same model, bit for bit: the centralized FedAvg of the same updates. After a round some
+peers closed on a threshold, the peers' models differ; a change over the receiver's own model then also
+pulls the peers' models together (SmartFed averages models), where a delta over the sender's model would
+let them drift apart for good. The round's detail names such senders under ``other_base``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flcore.aggregation import bounded_contributions, change_limit, check_new_model
+from flcore.bounds import InfluencePolicy
+from flcore.rounds import UpdateRecord
+from flcore.strategies.base import Strategy
+from flcore.update import (
+    TrainResult,
+    UpdateMeta,
+    UpdateMetaError,
+    UpdateRejected,
+    encode_update,
+    float_layout,
+    parse_update,
+)
+from flcore.validation import check_values, positive_ranges
+from models.serialization import SerializationError, read_header
+from models.weights import NamedArrays, fingerprint, flatten, float_part, spec_of, with_floats
+from protocol.messages import RoundTask
+
+
+@dataclass
+class PeerUpdate:
+    record: UpdateRecord
+    delta: np.ndarray  # float32, this process's own copy
+    base_sha256: str
+
+
+@dataclass
+class RoundCollector:
+    """The updates of round ``round`` over this peer's model ``model`` (version ``round - 1``)."""
+
+    round: int
+    model: NamedArrays
+    policy: InfluencePolicy
+    updates: dict[str, PeerUpdate] = field(default_factory=dict)
+    rejected: list[dict[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.spec, self.vector = float_layout(self.model)
+        self.positive = positive_ranges(self.spec)
+        self.sha256 = fingerprint(self.model)
+
+    def accept(self, sender: str, data: bytes | bytearray | memoryview, wire_bytes: int) -> PeerUpdate:
+        """Check and keep ``sender``'s update, or raise ``UpdateRejected`` (recorded in ``rejected``)."""
+        try:
+            return self._accept(sender, data, wire_bytes)
+        except UpdateRejected as exc:
+            self.rejected.append({"peer": sender, "reason": exc.reason})
+            raise
+
+    def _accept(self, sender: str, data: bytes | bytearray | memoryview, wire_bytes: int) -> PeerUpdate:
+        if sender in self.updates:
+            raise UpdateRejected("duplicate")
+        parsed = parse_update(data, expected_spec=self.spec, round_number=self.round, model_version=self.round - 1,
+                              base_sha256=claimed_base(data))  # fmt: skip
+        change = np.subtract(parsed.delta, self.vector, dtype=np.float32)  # the sender's model, from this peer's
+        scan = check_values(change, self.vector, self.positive, self.policy)
+        meta = parsed.meta
+        record = UpdateRecord(agent=sender, samples=meta.weight, loss=meta.loss, norm=scan.norm, wire_bytes=wire_bytes,
+                              local_eval=meta.local_eval, start_eval=meta.start_eval)  # fmt: skip
+        update = PeerUpdate(record, change, meta.base_sha256)
+        self.updates[sender] = update
+        return update
+
+    def drop(self, peer: str, reason: str) -> None:
+        """Forget ``peer``'s update (revoked during the round)."""
+        if self.updates.pop(peer, None) is not None:
+            self.rejected.append({"peer": peer, "reason": reason})
+
+    def aggregate(self, strategy: Strategy) -> tuple[NamedArrays, dict[str, Any]]:
+        """The next model: this one plus the strategy's aggregate of the bounded updates; ``UpdateRejected``
+        when the result must not replace it (non-finite, invalid running variance, moved too far)."""
+        peers = sorted(self.updates)
+        records = [self.updates[p].record for p in peers]
+        influence, contributions = bounded_contributions(self.policy, records, lambda p: self.updates[p].delta)
+        strategy.begin(self.vector, self.spec)
+        result = strategy.aggregate(self.vector, contributions)
+        check_new_model(result.global_vector, self.vector, self.spec,
+                        limit=change_limit(self.policy, influence, strategy.bounded_by_clip))  # fmt: skip
+        strategy.on_commit(result)
+        norms = np.array([r.norm for r in records])
+        claimed = np.array([r.samples for r in records], np.float64)
+        detail = {**influence.describe(peers, claimed, norms), **result.detail}
+        if other := [p for p in peers if self.updates[p].base_sha256 != self.sha256]:
+            detail["other_base"] = other
+        return with_floats(self.model, result.global_vector, self.spec), detail
+
+
+def encode_model(task: RoundTask, start: NamedArrays, result: TrainResult, residual: Path) -> bytes:
+    """A peer's trained model in the update format (``flcore.update``: its change over zero), naming the
+    model ``start`` it trained from by fingerprint."""
+    zero = {name: np.zeros_like(array) for name, array in float_part(start).items()}
+    data, _ = encode_update(task, zero, result, residual=residual, base_sha256=fingerprint(start))
+    return data
+
+
+def claimed_base(data: bytes | bytearray | memoryview) -> str:
+    """The start model an update says it was trained from ("" when its header is unreadable: ``parse_update``
+    then refuses it with the reason)."""
+    try:
+        return UpdateMeta.from_metadata(read_header(data).metadata).base_sha256
+    except (SerializationError, UpdateMetaError):
+        return ""
+
+
+def same_layout(model: NamedArrays, other: NamedArrays) -> bool:
+    """Whether two models have the same tensors (names, dtypes, shapes), in whatever order."""
+    return {s.name: s for s in spec_of(model)} == {s.name: s for s in spec_of(other)}
+
+
+def coordinate_median(models: list[NamedArrays]) -> NamedArrays:
+    """A late joiner's start model from members' models (of one layout, ``same_layout``): the coordinate-wise
+    median of their floating tensors (one hostile member cannot pick it when there are 3 or more), the other
+    entries of the first."""
+    first = models[0]
+    spec = spec_of(float_part(first))
+    stacked = np.stack([flatten(float_part(m), spec) for m in models])
+    return with_floats(first, np.median(stacked, axis=0).astype(np.float32), spec)

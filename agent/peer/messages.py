@@ -1,0 +1,67 @@
+"""What peers publish about themselves, each signed with the peer's Ed25519 key (``security.signing``) and
+retained under its own ``peer/<id>/`` subtree (the broker ACL lets only that peer write there):
+``member`` (its membership; its last will is a signed ``left``), ``best`` (BestAgg's claim) and
+``metrics`` (its last round, for operators)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from protocol.messages import Message
+
+MEMBER_STATES = ("member", "joining", "left")
+
+
+@dataclass(frozen=True)
+class PeerMember(Message):
+    """``joining``: a late joiner waiting for members' models; ``member``: it trains ``round`` now;
+    ``left``: gone (a clean stop or its last will). ``session`` is its connection's time: a ``left`` of
+    an earlier connection replayed does not remove a peer that came back."""
+
+    SCHEMA: ClassVar[str] = "skyfed.peer-member/1"
+    federation: str
+    peer: str
+    state: str
+    round: int
+    session: float
+    issued_at: float
+
+    def __post_init__(self) -> None:
+        if self.state not in MEMBER_STATES:
+            raise ValueError(f"state must be one of {', '.join(MEMBER_STATES)}, got {self.state!r}")
+
+
+@dataclass(frozen=True)
+class PeerBest(Message):
+    """BestAgg: this peer's final model scored on its own validation split. ``session`` is the connection
+its membership names: a claim retained from an earlier run does not count in this one."""
+
+    SCHEMA: ClassVar[str] = "skyfed.peer-best/1"
+    federation: str
+    peer: str
+    round: int
+    score: float
+    sha256: str
+    session: float
+
+
+@dataclass(frozen=True)
+class PeerRoundMetrics(Message):
+    """One line of a peer's ``metrics.jsonl``: one round as this peer saw it."""
+
+    SCHEMA: ClassVar[str] = "skyfed.peer-metrics/1"
+    peer: str
+    round: int
+    outcome: str  # "aggregated" | "rejected" (the aggregate was refused: the model stays)
+    eval: dict[str, float]
+    aggregated_from: list[str]
+    rejected: list[dict[str, str]] = field(default_factory=list)
+    members: list[str] = field(default_factory=list)
+    reason: str = ""
+    round_s: float = 0.0
+    train_s: float = 0.0
+    wait_s: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    aggregation: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,208 @@
+"""The peer daemon (``skyfed agent run`` with ``federation.mode = "peer"``): MQTT, keys and membership.
+
+One MQTT connection and one loop (``protocol.daemon.MqttDaemon``), as the edge agent's. It announces
+itself on its retained, signed ``peer/<id>/member`` (its last will is a signed ``left``), follows the
+other peers' (``agent.peer.roster``: only enrolled, unrevoked peers count), opens the chunks sealed to
+it on ``peer/+/to/<id>`` (``protocol.transfer.Reassembler`` with a ``security.envelope.Opener`` over the
+enrolled keys) and hands the round work to ``agent.peer.rounds.PeerRounds``. Every refusal (a forged
+membership, a stranger's chunk, a bad update) is logged with its reason, throttled, and survived.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import paho.mqtt.client as paho
+
+from agent.config import AgentConfig
+from agent.inbox import MODEL_LIMITS
+from agent.peer.messages import PeerBest, PeerMember
+from agent.peer.roster import MembershipRefused, Roster
+from agent.peer.rounds import PeerRounds
+from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
+from models.weights import NamedArrays
+from participant.jobs import Runner
+from participant.upload import Upload, send_sealed
+from protocol.daemon import MqttDaemon, Throttle
+from protocol.messages import MAX_JSON_BYTES, MessageError
+from protocol.mqtt import MqttClient, Will
+from protocol.topics import Topics
+from protocol.transfer import Reassembler, TransferRejected
+from security.envelope import Opener
+from security.keys import Identity
+from security.signing import InvalidDocument, signed_payload, verify_document
+
+log = logging.getLogger("skyfed.peer")
+KINDS = frozenset({"peer-update", "peer-model"})
+Evaluator = Callable[[NamedArrays], dict[str, float]]
+
+
+class PeerNode(MqttDaemon):
+    def __init__(
+        self, config: AgentConfig, *, runner: Runner | None = None, evaluator: Evaluator | None = None
+    ) -> None:
+        self.config = config
+        self.id = config.agent.id
+        self.topics = Topics(config.agent.federation)
+        self.identity = Identity.load(config.identity_path)
+        if self.identity.name != self.id:
+            raise ValueError(f"{config.identity_path} holds the key of {self.identity.name!r}, not of agent.id "
+                             f"{self.id!r}: fix keys.identity")  # fmt: skip
+        self.roster = Roster(self.id, self.topics.federation, config.enrolled_dir)
+        opener = Opener(identity=self.identity, federation=self.topics.federation, senders=self.roster.keyring)
+        self.reassembler = Reassembler(opener, MODEL_LIMITS)
+        self.uploads: list[Upload] = []
+        self._log = Throttle(10.0)
+        self.session = self._next_session = 0.0
+        self._announce = False
+        self.work = PeerRounds(self, config, runner=runner, evaluator=evaluator)
+        super().__init__(MqttClient(self.id, config.broker, will=self._next_will, on_connect=self._on_connect), log)
+
+    # MqttDaemon --------------------------------------------------------------------------------------
+    def subscriptions(self) -> list[str]:
+        return [self.topics.peer_wildcard("member"), self.topics.peer_wildcard("best"),
+                self.topics.peer_wildcard(f"to/{self.id}")]  # fmt: skip
+
+    def on_start(self) -> None:
+        plan = self.config.federation
+        log.info("peer started id=%s federation=%s enrolled=%d rounds=%d threshold=%d strategy=%s",
+                 self.id, self.topics.federation, len(self.roster.keyring), plan.rounds, plan.threshold,
+                 self.work.strategy.name)  # fmt: skip
+        if self.id not in self.roster.keyring:
+            log.warning("this peer's own key is not in keys.enrolled (%s): the other peers refuse its membership and "
+                        "models; enrol it in every peer's folder", self.config.enrolled_dir)  # fmt: skip
+
+    def handle(self, topic: str, payload: bytes) -> None:
+        where = self.topics.peer_of(topic)
+        if where is None:
+            return
+        peer, leaf = where
+        if leaf == "member":
+            self._on_member(peer, payload)
+        elif leaf == "best":
+            self._on_best(peer, payload)
+        elif leaf == f"to/{self.id}":
+            self._on_chunk(peer, payload)
+
+    def tick(self) -> None:
+        for peer in self.roster.poll(time.monotonic()):
+            self.work.drop(peer, "revoked")
+        for rejection in self.reassembler.expire():
+            self.warn("transfer-timeout", "transfer expired reason=%s", rejection.reason)
+        self.uploads = [u for u in self.uploads if u.check(self.mqtt) == "waiting"]
+        if self._announce and self.mqtt.connected.is_set():
+            self._announce = False
+            self.work.announce()
+        self.work.step(self.mqtt.connected.is_set())
+
+    def finished(self) -> bool:
+        return self.work.done and not self.uploads
+
+    def systemd_status(self) -> str:
+        return self.work.describe()
+
+    def publish_final_status(self) -> paho.MQTTMessageInfo | None:
+        self.work.close()
+        return self.publish_member("left", self.work.round)
+
+    def _next_will(self) -> Will:
+        self._next_session = time.time()
+        left = PeerMember(self.topics.federation, self.id, "left", 0, self._next_session, self._next_session)
+        return Will(self.topics.peer_member(self.id), signed_payload(left.to_dict(), self.identity))
+
+    def _on_connect(self) -> None:
+        self.session = self._next_session
+        self._announce = True  # the loop re-publishes the membership (a restarted broker may have lost it)
+
+    @property
+    def runner(self) -> Runner:
+        """The trainer's runner (``sim.agent_host`` wraps an in-process runner's trainer)."""
+        return self.work.runner
+
+    # what the round work uses ------------------------------------------------------------------------
+    def members(self) -> list[str]:
+        """Current trusted members, this peer included once it is one."""
+        return self.roster.current()
+
+    def publish_member(self, state: str, round_number: int) -> paho.MQTTMessageInfo:
+        member = PeerMember(self.topics.federation, self.id, state, round_number, self.session, time.time())
+        self.roster.members[self.id] = member  # its own counts at once, not when the broker echoes it
+        return self._publish_signed(self.topics.peer_member(self.id), member.to_dict())
+
+    def publish_best(self, best: PeerBest) -> None:
+        self._publish_signed(self.topics.peer_best(self.id), best.to_dict())
+
+    def publish_metrics(self, body: dict) -> None:
+        self._publish_signed(self.topics.peer_metrics(self.id), body)
+
+    def _publish_signed(self, topic: str, body: dict) -> paho.MQTTMessageInfo:
+        return self.mqtt.publish(topic, signed_payload(body, self.identity), retain=True)
+
+    def seal_to(self, peer: str, kind: str, round_number: int, data: bytes) -> int:
+        """Seal ``data`` to ``peer`` on ``peer/<me>/to/<peer>``; the bytes handed to the broker (0: unknown peer)."""
+        recipient = self.roster.keyring.get(peer)
+        if recipient is None:
+            return 0
+        upload = send_sealed(self.mqtt, self.topics.peer_to(self.id, peer), data, sender=self.identity,
+                             recipient=recipient, federation=self.topics.federation, kind=kind,
+                             round=round_number)  # fmt: skip
+        self.uploads.append(upload)
+        return upload.size
+
+    def warn(self, key: str, message: str, *args: object) -> None:
+        held = self._log.allow(key)
+        if held is not None:
+            log.warning(message + (" held_back=%d" if held else ""), *args, *((held,) if held else ()))
+
+    # received ----------------------------------------------------------------------------------------
+    def _on_member(self, peer: str, payload: bytes) -> None:
+        if peer == self.id:
+            return  # its own, echoed back (or retained from its last run): it knows better
+        try:
+            member = self.roster.consider(peer, payload)
+        except MembershipRefused as exc:
+            self.warn(f"member-{peer}-{exc.reason}", "membership refused peer=%s reason=%s", peer, exc.reason)
+            return
+        if member is not None:
+            log.info("membership peer=%s state=%s round=%d members=%s", peer, member.state, member.round,
+                     ",".join(self.members()))  # fmt: skip
+            if member.state == "joining":
+                self.work.catch_up(peer, member.session)
+
+    def _on_best(self, peer: str, payload: bytes) -> None:
+        if not payload or peer == self.id:
+            return
+        try:
+            document = parse_untrusted_json(payload, max_bytes=MAX_JSON_BYTES)
+            best = PeerBest.from_dict(verify_document(document, self.roster.keyring))
+        except (UntrustedJsonError, MessageError) as exc:
+            self.warn(f"best-{peer}", "best model claim refused peer=%s reason=malformed: %s", peer, exc)
+            return
+        except InvalidDocument as exc:
+            reason = self.roster.why_untrusted(peer) if exc.reason == "unknown-signer" else exc.reason
+            self.warn(f"best-{peer}", "best model claim refused peer=%s reason=%s", peer, reason)
+            return
+        if best.peer != peer or document["signer"] != peer or best.federation != self.topics.federation:
+            self.warn(f"best-{peer}", "best model claim refused peer=%s reason=peer-mismatch", peer)
+            return
+        self.work.note_claim(best)
+
+    def _on_chunk(self, peer: str, payload: bytes) -> None:
+        try:
+            completed = self.reassembler.feed(payload, topic_sender=peer, kinds=KINDS)
+        except TransferRejected as exc:
+            reason = self.roster.why_untrusted(peer) if exc.reason == "unknown-sender" else exc.reason
+            self.warn(f"chunk-{peer}-{reason}", "transfer refused peer=%s reason=%s", peer, reason)
+            return
+        if completed is None:
+            return
+        if peer not in self.members():
+            self.warn(f"nonmember-{peer}", "%s refused peer=%s reason=not-a-member", completed.manifest.kind, peer)
+            return
+        manifest = completed.manifest
+        if manifest.kind == "peer-update":
+            self.work.receive_update(peer, manifest.round, completed.data, completed.wire_bytes)
+        else:
+            self.work.receive_model(peer, manifest.round, completed.data)

@@ -1,0 +1,109 @@
+"""``[federation]`` of agent.toml: client mode (an edge agent of a server) or peer mode, and in peer mode the
+round plan every peer must agree on, checked completely at start (an error names the key and the fix).
+
+    [federation]
+    mode = "peer"
+    model = "digits_cnn"        # every peer builds the same start model from it and ``seed``
+    rounds = 5
+    threshold = 3               # peer updates (its own included) a peer waits for; capped at the current members
+    round_timeout_s = 120.0     # then it aggregates what it has
+    [federation.strategy]       # as server.toml's [strategy]: fedavg, median, trimmed-mean, krum, ...
+    name = "fedavg"
+    [federation.bounds]         # as server.toml's [bounds] (flcore.bounds)
+    clip = "adaptive"
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+MODES = ("client", "peer")
+# Stateless strategies over one model (no server optimizer's moments, no kept per-agent models) peers can share.
+PEER_STRATEGIES = ("fedavg", "median", "trimmed-mean", "krum", "centered-clip")
+PEER_STRATEGY = "fedavg"  # no server default to defer to: the seed's own (SmartFed averages)
+
+
+@dataclass(frozen=True)
+class FederationSection:
+    mode: str = "client"
+    model: str = ""
+    num_classes: int = 10
+    rounds: int = 0
+    threshold: int = 0
+    round_timeout_s: float = 120.0
+    join_wait_s: float = 3.0  # at start: how long retained memberships are gathered before the first round
+    epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    seed: int = 0  # the shared start model's seed
+    best_margin: float = 0.05  # BestAgg: a claimed best this much worse (headline score) on the own split is refused
+    strategy: dict[str, Any] = field(default_factory=dict)
+    bounds: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"federation.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.mode == "client":
+            if any(getattr(self, f.name) != (f.default_factory() if f.default is MISSING else f.default)  # type: ignore[misc]
+                   for f in fields(self)):  # fmt: skip
+                raise ValueError('federation: the round plan keys are for mode = "peer"; in client mode the '
+                                 "server sends the plan: remove them")  # fmt: skip
+            return
+        self._check_peer_plan()
+
+    def _check_peer_plan(self) -> None:
+        from models.tasks import task_of
+
+        if not self.model:
+            raise ValueError('federation.model is required with mode = "peer" (e.g. model = "digits_cnn")')
+        try:
+            task_of(self.model)
+        except ValueError as exc:
+            raise ValueError(f"federation.{exc}") from None
+        checks = (
+            ("rounds", self.rounds >= 1, "a whole number >= 1"),
+            ("threshold", self.threshold >= 1, "a whole number >= 1 (SmartFed's static threshold: how many peer "
+             "updates, its own included, a peer waits for; set it to the number of peers to wait for all)"),
+            ("round_timeout_s", self.round_timeout_s > 0, "> 0 seconds"),
+            ("join_wait_s", self.join_wait_s >= 0, ">= 0 seconds"),
+            ("epochs", self.epochs >= 1, ">= 1"),
+            ("batch_size", self.batch_size >= 1, ">= 1"),
+            ("lr", self.lr > 0, "> 0"),
+            ("momentum", 0 <= self.momentum < 1, "in [0, 1)"),
+            ("num_classes", self.num_classes >= 2, ">= 2"),
+            ("best_margin", self.best_margin >= 0, ">= 0"),
+        )  # fmt: skip
+        for key, ok, what in checks:
+            if not ok:
+                raise ValueError(f"federation.{key} must be {what}, got {getattr(self, key)!r}")
+        self.build_strategy()
+        self.influence_policy()
+
+    def build_strategy(self):  # noqa: ANN201 - flcore's Strategy, imported here only
+        """A fresh strategy from ``[federation.strategy]`` (its errors name the key)."""
+        from flcore.strategies import build_strategy
+
+        table = {"name": PEER_STRATEGY, **self.strategy}
+        for key in ("threshold", "elect_best"):
+            if key in table:
+                raise ValueError(f"federation.strategy.{key} is a server setting: use federation.threshold "
+                                 "(peers always elect the best model at the end)")  # fmt: skip
+        try:
+            strategy = build_strategy(table)
+        except ValueError as exc:
+            raise ValueError(f"federation.{exc}") from None
+        if strategy.name not in PEER_STRATEGIES:
+            raise ValueError(f"federation.strategy.name {strategy.name!r} does not work between peers; choose one "
+                             f"of {', '.join(PEER_STRATEGIES)}")  # fmt: skip
+        return strategy
+
+    def influence_policy(self):  # noqa: ANN201
+        from flcore.bounds import InfluencePolicy
+        from protocol.typed import SchemaError, build
+
+        try:
+            return build(InfluencePolicy, self.bounds, where="bounds", strict=True)
+        except (SchemaError, ValueError) as exc:
+            raise ValueError(f"federation.{exc}") from None

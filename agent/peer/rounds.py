@@ -1,0 +1,372 @@
+"""A peer's rounds, step by step from its loop (docs/architecture.md, "Peer mode"):
+
+    gathering → (joining →) training → waiting → … → electing → done
+
+*gathering*: for ``join_wait_s`` it reads the retained memberships, then waits until ``threshold`` peers
+are members (at most ``round_timeout_s`` more: a federation starts as a server's waits for its agents); if
+a member is past round 1 it is a late joiner (*joining*): members seal their current model to it
+(``peer-model``) and it starts from the coordinate-wise median of two or more (the one it has once
+``round_timeout_s`` passed). Else every peer starts round 1 from the same model (``federation.model``,
+seeded by ``federation.seed``).
+*training*: the runner trains from this peer's model m_r; the trained model, in the update format
+(``agent.peer.collect.encode_model``), is checked like any peer's and sealed to every current member, also to
+one that appears later in the round; each peer takes its change from its own model. *waiting*: until it holds
+``threshold`` valid updates (capped at the current members, so a peer that left is not waited for) or
+``round_timeout_s`` passed since its own was ready; then m_{r+1} = m_r + the strategy's aggregate
+(``agent.peer.collect``), scored on its validation split and written as one line of ``metrics.jsonl``. An
+update for the next round is held until then; older ones are refused. *electing*: BestAgg
+(``agent.peer.election``); the adopted model is ``best_model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.config import AgentConfig
+from agent.peer.collect import RoundCollector, coordinate_median, encode_model, same_layout
+from agent.peer.election import Election
+from agent.peer.messages import PeerBest, PeerRoundMetrics
+from common.files import atomic_write
+from flcore.update import UpdateRejected
+from models.serialization import SerializationError, dumps, loads, save_file
+from models.weights import NamedArrays, fingerprint
+from participant.jobs import Job, Runner, Trained
+from protocol.messages import RoundTask, TrainSettings, headline
+
+if TYPE_CHECKING:
+    from agent.peer.node import Evaluator, PeerNode
+
+log = logging.getLogger("skyfed.peer")
+METRICS_FILE = "metrics.jsonl"
+BEST_FILE = "best_model.safetensors"
+
+
+def initial_model(model: str, num_classes: int, seed: int) -> NamedArrays:
+    """The start model every peer builds alike (as the server seeds its first global model)."""
+    import torch
+
+    from models.weights import to_arrays
+    from models.zoo import build_model
+
+    torch.manual_seed(seed)
+    return to_arrays(build_model(model, num_classes=num_classes))
+
+
+class PeerRounds:
+    def __init__(self, node: PeerNode, config: AgentConfig, *, runner: Runner | None, evaluator: Evaluator | None):
+        self.node = node
+        self.me = config.agent.id
+        self.plan = config.federation
+        self.state_dir = config.state_dir
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.strategy = self.plan.build_strategy()
+        self.policy = self.plan.influence_policy()
+        if runner is None:
+            from agent.runner import ChildRunner
+
+            runner = ChildRunner(config)
+        self.runner = runner
+        if evaluator is None:
+            from models.evaluators import build_evaluator
+
+            evaluator = build_evaluator(self.plan.model, self.plan.num_classes, config.test_data_path,  # type: ignore[arg-type]
+                                        image_size=640, work_dir=self.state_dir / "eval")  # fmt: skip
+        self.evaluate = evaluator
+        self.model = initial_model(self.plan.model, self.plan.num_classes, self.plan.seed)
+        self.phase, self.round, self.done = "gathering", 0, False
+        self.since = time.monotonic()  # when the current phase began (gathering: when connected)
+        self.connected_at: float | None = None
+        self.collector: RoundCollector | None = None
+        self.training: Job | None = None
+        self.train_s = 0.0
+        self.own_update: bytes | None = None
+        self.sent_to: set[str] = set()
+        self.bytes_sent = 0
+        self.held: dict[str, tuple[int, bytes, int]] = {}  # sender -> (round, update, wire bytes): the next round's
+        self.catchup: dict[str, tuple[int, NamedArrays]] = {}
+        self.served: set[tuple[str, float]] = set()  # (joiner, session) sent its catch-up model
+        self.claims: dict[str, PeerBest] = {}
+        self.election: Election | None = None
+        self.final_models: dict[str, NamedArrays] = {}
+        self.leader: PeerBest | None = None  # the election's winning claim, once decided
+        self.task: RoundTask | None = None
+        (self.state_dir / METRICS_FILE).unlink(missing_ok=True)
+
+    # the loop ----------------------------------------------------------------------------------------
+    def step(self, connected: bool) -> None:
+        self.runner.release_idle()
+        now = time.monotonic()
+        if self.phase == "gathering":
+            if connected and self.connected_at is None:
+                self.connected_at = now
+            if self.connected_at is not None and now - self.connected_at >= self.plan.join_wait_s:
+                self._join(now, now - self.connected_at)
+        elif self.phase == "joining":
+            self._check_catch_up(now)
+        elif self.phase == "training":
+            self._check_training(now)
+        elif self.phase == "waiting":
+            self._send_own()
+            self._check_waiting(now)
+        elif self.phase == "electing":
+            self._check_election(now)
+
+    def announce(self) -> None:
+        """(Re)connected: say where this peer stands (while gathering: a member before its first round)."""
+        if self.phase != "done":
+            self.node.publish_member("joining" if self.phase == "joining" else "member", self.round)
+
+    def describe(self) -> str:
+        return f"round {self.round}: {self.phase}" if self.round else self.phase
+
+    def close(self) -> None:
+        if self.training is not None:
+            self.training.cancel("the peer is stopping")
+        self.runner.close()
+
+    def drop(self, peer: str, reason: str) -> None:
+        """``peer`` was revoked: its update of this round and any it sent ahead no longer count."""
+        if self.collector is not None:
+            self.collector.drop(peer, reason)
+        self.held.pop(peer, None)
+        self.catchup.pop(peer, None)
+        self.claims.pop(peer, None)
+        if self.election is not None:
+            self.election.claims.pop(peer, None)
+
+    # joining -----------------------------------------------------------------------------------------
+    def _join(self, now: float, waited: float) -> None:
+        """Start round 1 once ``threshold`` peers are here (or ``round_timeout_s`` more passed), or catch up."""
+        others = {p: self.node.roster.members[p].round for p in self.node.members() if p != self.me}
+        few = len(others) + 1 < self.plan.threshold and waited < self.plan.join_wait_s + self.plan.round_timeout_s
+        if few and not any(r > 1 for r in others.values()):
+            return
+        if any(r > 1 for r in others.values()):
+            log.info("joining late: members %s are past round 1; asking for their models", others)
+            self.phase, self.since = "joining", now
+            self.node.publish_member("joining", 0)
+            return
+        self._start_round(1, self.model)
+
+    def catch_up(self, joiner: str, session: float) -> None:
+        """A late joiner announced itself: seal this peer's current model to it, once per connection."""
+        if self.phase not in ("training", "waiting") or (joiner, session) in self.served:
+            return
+        self.served.add((joiner, session))
+        sent = self.node.seal_to(joiner, "peer-model", self.round, dumps(self.model))
+        log.info("catch-up model sent peer=%s round=%d bytes=%d", joiner, self.round, sent)
+
+    def _check_catch_up(self, now: float) -> None:
+        waited = now - self.since >= self.plan.round_timeout_s
+        if waited and not self.catchup:
+            self.node.warn("catch-up", "joining late: no member has sent its model after %.0f s (members: %s)",
+                           now - self.since, ",".join(self.node.members()) or "none")  # fmt: skip
+        if len(self.catchup) < 2 and not (waited and self.catchup):
+            return
+        rounds = [r for r, _ in self.catchup.values()]
+        start = coordinate_median([m for _, m in self.catchup.values()])
+        log.info("caught up from=%s rounds=%s starting round=%d", ",".join(sorted(self.catchup)), rounds, max(rounds))
+        self.catchup.clear()
+        self._start_round(max(rounds), start)
+
+    # a round -----------------------------------------------------------------------------------------
+    def _start_round(self, round_number: int, model: NamedArrays) -> None:
+        self.round, self.model = round_number, model
+        self.collector = RoundCollector(round_number, model, self.policy)
+        self.own_update, self.sent_to, self.bytes_sent = None, set(), 0
+        self.node.publish_member("member", round_number)
+        self.task = self._task(round_number)
+        self.training = self.runner.train(model, self.task)
+        self.phase, self.since = "training", time.monotonic()
+        held, self.held = self.held, {}
+        for sender, (held_round, data, wire) in sorted(held.items()):
+            if held_round == round_number:
+                self._accept(sender, data, wire)
+            else:
+                log.warning("update dropped round=%d peer=%s reason=late: now round %d", held_round, sender,
+                            round_number)  # fmt: skip
+
+    def _task(self, round_number: int) -> RoundTask:
+        """The round as the trainer and ``encode_update`` read it: this peer's own plan, nobody's order."""
+        plan = self.plan
+        train = TrainSettings(epochs=plan.epochs, batch_size=plan.batch_size, lr=plan.lr, momentum=plan.momentum)
+        return RoundTask(federation=self.node.topics.federation, round=round_number, attempt=0,
+                         strategy=self.strategy.name, model=plan.model, num_classes=plan.num_classes,
+                         model_version=round_number - 1, model_sha256=fingerprint(self.model), model_chunks=0,
+                         group_key_id="", selected=[self.me], pending=[], deadline=0.0, issued_at=time.time(),
+                         train=train, run_id=f"peer-{plan.seed}")  # fmt: skip
+
+    def _check_training(self, now: float) -> None:
+        assert self.training is not None and self.collector is not None
+        outcome = self.training.poll()
+        if outcome is None:
+            return
+        self.training, self.train_s = None, now - self.since
+        if isinstance(outcome, Trained) and self.task is not None:
+            data = encode_model(self.task, self.model, outcome.result, self.state_dir / "residual")
+            if self._accept(self.me, data, 0):
+                self.own_update = data
+            log.info("trained round=%d samples=%d loss=%.4f seconds=%.2f", self.round, outcome.result.samples,
+                     outcome.result.loss, self.train_s)  # fmt: skip
+        else:
+            log.error("training round=%d gave no update: %s", self.round, outcome)
+        self.phase, self.since = "waiting", now
+
+    def _send_own(self) -> None:
+        """To every current member it has not gone to yet (one that joined during the round too)."""
+        if self.own_update is None:
+            return
+        for peer in self.node.members():
+            if peer != self.me and peer not in self.sent_to:
+                self.sent_to.add(peer)
+                self.bytes_sent += self.node.seal_to(peer, "peer-update", self.round, self.own_update)
+
+    def _check_waiting(self, now: float) -> None:
+        assert self.collector is not None
+        needed = min(self.plan.threshold, len(set(self.node.members()) | {self.me}))
+        timed_out = now - self.since >= self.plan.round_timeout_s
+        if len(self.collector.updates) < needed and not timed_out:
+            return
+        if timed_out:
+            log.warning("round %d timed out after %.0f s with %d of %d updates", self.round,
+                        self.plan.round_timeout_s, len(self.collector.updates), needed)  # fmt: skip
+        self._finish_round(now)
+
+    def _finish_round(self, now: float) -> None:
+        collector = self.collector
+        assert collector is not None
+        outcome, reason, detail, model = "aggregated", "", {}, self.model
+        if not collector.updates:
+            outcome, reason = "rejected", "no-updates"
+        else:
+            try:
+                model, detail = collector.aggregate(self.strategy)
+            except UpdateRejected as exc:
+                outcome, reason = "rejected", exc.reason
+        evaluation = self.evaluate(model)
+        line = PeerRoundMetrics(peer=self.me, round=self.round, outcome=outcome, eval=evaluation,
+                                aggregated_from=sorted(collector.updates) if outcome == "aggregated" else [],
+                                rejected=collector.rejected, members=self.node.members(), reason=reason,
+                                round_s=round(self.train_s + now - self.since, 3), train_s=round(self.train_s, 3),
+                                wait_s=round(now - self.since, 3), bytes_sent=self.bytes_sent,
+                                bytes_received=sum(u.record.wire_bytes for u in collector.updates.values()),
+                                aggregation=detail)  # fmt: skip
+        self._write_metrics(line)
+        log.info("round %d %s from=%s accuracy=%s rejected=%d%s", self.round, outcome,
+                 ",".join(line.aggregated_from) or "-", headline(evaluation), len(collector.rejected),
+                 f" reason={reason}" if reason else "")  # fmt: skip
+        if self.round >= self.plan.rounds:
+            self.model = model
+            return self._elect(evaluation)
+        self._start_round(self.round + 1, model)
+
+    def _write_metrics(self, line: PeerRoundMetrics) -> None:
+        with open(self.state_dir / METRICS_FILE, "ab") as handle:
+            handle.write(line.to_json() + b"\n")
+        self.node.publish_metrics(line.to_dict())
+
+    # received ----------------------------------------------------------------------------------------
+    def receive_update(self, sender: str, round_number: int, data: memoryview, wire_bytes: int) -> None:
+        current = self.phase in ("training", "waiting")
+        if current and round_number == self.round:
+            self._accept(sender, data, wire_bytes)
+        elif round_number == self.round + 1 or (self.phase in ("gathering", "joining") and round_number >= 1):
+            self.held[sender] = (round_number, bytes(data), wire_bytes)  # one per sender: bounded
+        else:
+            self.node.warn(f"round-{sender}", "update refused round=%d peer=%s reason=wrong-round: this peer is in "
+                           "round %d (%s)", round_number, sender, self.round, self.phase)  # fmt: skip
+
+    def _accept(self, sender: str, data: bytes | memoryview, wire_bytes: int) -> bool:
+        assert self.collector is not None
+        try:
+            update = self.collector.accept(sender, data, wire_bytes)
+        except UpdateRejected as exc:
+            self.node.warn(f"update-{sender}-{exc.reason[:20]}", "update refused round=%d peer=%s reason=%s",
+                           self.round, sender, exc.reason)  # fmt: skip
+            return False
+        log.info("update accepted round=%d peer=%s norm=%.4g weight=%d", self.round, sender, update.record.norm,
+                 update.record.samples)  # fmt: skip
+        return True
+
+    def receive_model(self, sender: str, round_number: int, data: memoryview) -> None:
+        try:
+            arrays = {name: a.copy() for name, a in loads(data)[0].items()}
+        except SerializationError as exc:
+            self.node.warn(f"model-{sender}", "model refused peer=%s reason=malformed: %s", sender, exc)
+            return
+        if not same_layout(arrays, self.model):
+            self.node.warn(f"model-{sender}", "model refused peer=%s reason=wrong-tensors", sender)
+            return
+        if self.phase == "joining":
+            self.catchup[sender] = (round_number, arrays)
+        elif round_number == self.plan.rounds + 1:
+            self.final_models[sender] = arrays
+        else:
+            self.node.warn(f"model-{sender}", "model ignored peer=%s round=%d reason=not-expected", sender,
+                           round_number)  # fmt: skip
+
+    def note_claim(self, claim: PeerBest) -> None:
+        self.claims[claim.peer] = claim
+        if self.election is not None:
+            self.election.note(claim)
+
+    # BestAgg -----------------------------------------------------------------------------------------
+    def _elect(self, evaluation: dict[str, float]) -> None:
+        score = headline(evaluation)
+        own = PeerBest(self.node.topics.federation, self.me, self.round, float(score if score is not None else -1),
+                       fingerprint(self.model), self.node.session)  # fmt: skip
+        self.election = Election(self.me, own, self.plan.best_margin, time.monotonic())
+        for claim in self.claims.values():
+            self.election.note(claim)
+        self.node.publish_best(own)
+        self.phase, self.since = "electing", time.monotonic()
+
+    def _check_election(self, now: float) -> None:
+        election = self.election
+        assert election is not None
+        members = self.node.members()
+        sessions = {peer: self.node.roster.members[peer].session for peer in members}
+        timed_out = now - self.since >= self.plan.round_timeout_s
+        if self.leader is None:
+            if not election.complete(sessions) and not timed_out:
+                return
+            self.leader = election.leader(sessions)
+            log.info("best model claims %s leader=%s", {p: c.score for p, c in sorted(election.claims.items())},
+                     self.leader.peer)  # fmt: skip
+            if self.leader.peer == self.me:
+                for peer in members:
+                    if peer != self.me:
+                        self.node.seal_to(peer, "peer-model", self.plan.rounds + 1, dumps(self.model))
+                return self._adopt(self.me, "")
+            self.since = now
+            return None
+        model = self.final_models.get(self.leader.peer)
+        if model is None:
+            if timed_out:
+                self._adopt(self.me, f"{self.leader.peer}'s model never came")
+            return None
+        score = headline(self.evaluate(model))
+        refusal = election.judge(self.leader, model, self.model, score if score is not None else float("nan"))
+        if refusal:
+            log.warning("best model refused peer=%s claimed=%.4f reason=%s", self.leader.peer, self.leader.score,
+                        refusal)  # fmt: skip
+            return self._adopt(self.me, refusal)
+        self.model = model
+        return self._adopt(self.leader.peer, "")
+
+    def _adopt(self, owner: str, why_own: str) -> None:
+        save_file(self.state_dir / BEST_FILE, self.model)
+        record = {"peer": self.me, "adopted_from": owner, "sha256": fingerprint(self.model), "refused": why_own}
+        atomic_write(self.state_dir / "election.json", json.dumps(record).encode())
+        log.info("best model adopted from=%s%s", owner, f" (kept its own: {why_own})" if why_own else "")
+        self.phase, self.done = "done", True
+
+
+def read_metrics(state_dir: Path) -> list[dict]:
+    """A peer's ``metrics.jsonl`` lines."""
+    path = state_dir / METRICS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []

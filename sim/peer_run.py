@@ -1,0 +1,99 @@
+"""``skyfed sim --mode peer``: a broker and N peers (``agent.peer``) as separate processes, no server.
+
+Each peer is ``skyfed agent run`` on its generated agent.toml (attackers and slow peers in
+``sim.agent_host``, as in the centralized sim). Each writes its own ``metrics.jsonl`` (one line per round);
+this module merges them into ``--out/metrics.jsonl`` (one line per round and peer, ``peer``, ``round``,
+``eval``, ``aggregated_from``, …) and writes the model most peers adopted in the BestAgg election as
+``global_model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
+
+from agent.peer.rounds import BEST_FILE, read_metrics
+from protocol.mqtt import BrokerSettings
+from sim.broker import start_broker
+from sim.federation import SimSettings
+from sim.peer_federation import create_peer_federation
+from sim.run import SimResult, _spawn_agents, _terminate
+
+
+def run_peer_sim(settings: SimSettings, out: Path, *, broker_address: str | None = None, echo=print) -> SimResult:  # noqa: ANN001
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "federation"
+    shutil.rmtree(work, ignore_errors=True)
+    started = time.monotonic()
+    with ExitStack() as stack:
+        if broker_address is None:
+            broker = stack.enter_context(start_broker(data_dir=work / "broker"))
+            host, port = broker.host, broker.port
+            echo(f"broker: {broker.kind} on {broker.address} (started for this run); no server: peer mode")
+        else:
+            given = BrokerSettings.from_address(broker_address)
+            host, port = given.host, given.port
+        layout = create_peer_federation(work, settings, (host, port))
+        for line in layout.description:
+            echo(f"  {line}")
+        if attackers := settings.attacker_names():
+            echo(f"  attackers ({settings.attack}, {settings.attack_scope}): {', '.join(attackers)}")
+        logs = work / "logs"
+        logs.mkdir()
+        peers = _spawn_agents(layout.agent_configs, settings, logs)
+        stack.callback(_terminate, peers)
+        deadline = time.monotonic() + settings.rounds * (settings.deadline_s * 3) + 120
+        shown: set[tuple[str, int]] = set()
+        while any(p.poll() is None for p in peers) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            for line in merged_metrics(work, list(layout.agent_configs)):
+                if (line["peer"], line["round"]) not in shown:
+                    shown.add((line["peer"], line["round"]))
+                    echo(format_peer_round(line, time.monotonic() - started))
+        if any(p.poll() is None for p in peers):
+            raise RuntimeError(f"the peers did not finish within the time allowed (logs in {logs})")
+    return collect_peer_results(work, out, list(layout.agent_configs), settings, started)
+
+
+def merged_metrics(work: Path, names: list[str]) -> list[dict]:
+    lines = [line for name in names for line in read_metrics(work / name / "state")]
+    return sorted(lines, key=lambda line: (line["round"], line["peer"]))
+
+
+def format_peer_round(line: dict, elapsed_s: float) -> str:
+    accuracy = line["eval"].get("accuracy")
+    return (f"round {line['round']:3d}  {line['peer']}  accuracy {accuracy if accuracy is None else f'{accuracy:.4f}'}"
+            f"  from {len(line['aggregated_from'])}  rejected {len(line['rejected'])}  round_s {line['round_s']:6.2f}"
+            f"  MB sent {line['bytes_sent'] / 1e6:.3f}  elapsed_s {elapsed_s:6.1f}")  # fmt: skip
+
+
+def collect_peer_results(work: Path, out: Path, names: list[str], settings: SimSettings, started: float) -> SimResult:
+    """Merged metrics (with who attacked) and the elected model: the one most peers adopted."""
+    extra = {"attackers": settings.attacker_names(), "attack": settings.attack or None, "mode": "peer"}
+    lines = merged_metrics(work, names)
+    (out / "metrics.jsonl").write_text("".join(json.dumps({**line, **extra}) + "\n" for line in lines))
+    elections = {name: json.loads(p.read_text()) for name in names if (p := work / name / "state" / "election.json")
+                 .exists()}  # fmt: skip
+    votes = Counter(e["sha256"] for name, e in elections.items() if name not in extra["attackers"])
+    final_eval: dict = {}
+    if votes:
+        sha = votes.most_common(1)[0][0]
+        holder = next(name for name, e in sorted(elections.items()) if e["sha256"] == sha)
+        shutil.copy(work / holder / "state" / BEST_FILE, out / "global_model.safetensors")
+        final_eval = shared_test_evaluation(work, settings, out / "global_model.safetensors")
+    (out / "election.json").write_text(json.dumps(elections, indent=1))
+    return SimResult(out=out, metrics=[], seconds=time.monotonic() - started, final_eval=final_eval)
+
+
+def shared_test_evaluation(work: Path, settings: SimSettings, model: Path) -> dict:
+    """The elected model on the evaluation set the centralized sim's server uses (``server/test.npz``), so the
+    two modes' final accuracies compare."""
+    from models.evaluators import ClassifierEvaluator
+    from models.serialization import load_file
+
+    return ClassifierEvaluator(settings.model, 10, work / "server" / "test.npz")(load_file(model)[0])
