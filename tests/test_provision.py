@@ -24,7 +24,7 @@ from cryptography import x509
 
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
-from protocol.mqtt import BrokerSettings, MqttClient, TlsSettings
+from protocol.mqtt import TlsSettings
 from security.broker_files import acl_text, mosquitto_conf_text
 from security.envelope import InvalidEnvelope, Opener
 from security.keys import GroupKey, Identity, Keyring, PublicIdentity
@@ -33,6 +33,7 @@ from sim.broker import free_port, start_broker
 from sim.federation import write_classify_data
 from skyfed import main
 from tests.fedharness import hosted_agent, override_toml, wait_until
+from tests.tlsharness import Client, add_observer, connects
 
 ROOT = Path(__file__).resolve().parent.parent
 FED = "fleet"
@@ -123,46 +124,6 @@ def test_the_deploy_examples_are_what_provision_writes():
 
 
 # --- a real broker from the generated files ------------------------------------------------------------
-class Client:
-    """A raw paho client with one node's provisioned certificate, recording what it receives."""
-
-    def __init__(self, folder: Path, name: str, port: int) -> None:
-        self.received: list[tuple[str, bytes]] = []
-        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"{name}-raw")
-        self.client.tls_set(ca_certs=str(folder / "ca.crt"), certfile=str(folder / f"{name}.crt"),
-                            keyfile=str(folder / f"{name}.crt.key"))  # fmt: skip
-        self.client.on_message = lambda _c, _u, m: self.received.append((m.topic, m.payload))
-        self.client.connect("127.0.0.1", port)
-        self.client.loop_start()
-        wait_until(self.client.is_connected, 5, f"{name} connected")
-
-    def publish(self, topic: str, payload: bytes) -> None:
-        """Status topics are retained, as the daemons publish them."""
-        self.client.publish(topic, payload, qos=1, retain=topic.endswith("/status")).wait_for_publish(5)
-
-    def topics(self) -> set[str]:
-        return {topic for topic, _ in self.received}
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-
-def connects(tls: TlsSettings, port: int) -> bool:
-    client = MqttClient("probe", BrokerSettings("127.0.0.1", port, tls=tls), persistent=False)
-    try:
-        return client.start(timeout_s=2)
-    finally:
-        client.stop()
-
-
-def add_observer(out: Path) -> None:
-    """The broker's own view for the tests: a client ``observer`` that may read every topic. The client
-    id is the certificate name, so it cannot share the server's certificate while the server runs."""
-    acl = out / "broker" / "skyfed.acl"
-    acl.write_text(acl.read_text() + "\nuser observer\ntopic read skyfed/#\n")
-
-
 @pytest.fixture
 def provisioned(workdir):
     port = free_port()
@@ -195,12 +156,12 @@ def test_the_generated_acl_confines_agents_and_monitors(provisioned):
         time.sleep(0.5)
         a1.publish(f"skyfed/{FED}/agent/a2/update", b"forged")
         a1.publish(f"skyfed/{FED}/agent/a1/update", b"own")
-        a2.publish(f"skyfed/{FED}/agent/a2/status", b"a2 status")
-        monitor.publish(f"skyfed/{FED}/server/status", b"monitor forged status")
-        monitor.publish(f"skyfed/{FED}/agent/monitor/status", b"monitor as agent")
+        a2.publish(f"skyfed/{FED}/agent/a2/status", b"a2 status", retain=True)
+        monitor.publish(f"skyfed/{FED}/server/status", b"monitor forged status", retain=True)
+        monitor.publish(f"skyfed/{FED}/agent/monitor/status", b"monitor as agent", retain=True)
         server.publish(f"skyfed/{FED}/agent/a2/inbox", b"for a2")
         server.publish(f"skyfed/{FED}/agent/a1/inbox", b"for a1")
-        server.publish(f"skyfed/{FED}/server/status", b"server status")
+        server.publish(f"skyfed/{FED}/server/status", b"server status", retain=True)
         wait_until(lambda: f"skyfed/{FED}/agent/a1/update" in server.topics(), 5, "a1's own update")
         wait_until(lambda: f"skyfed/{FED}/agent/a1/inbox" in a1.topics(), 5, "a1's own inbox")
         wait_until(lambda: len(monitor.received) >= 2, 5, "status seen by the monitor")

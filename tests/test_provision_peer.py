@@ -14,18 +14,17 @@ import threading
 import time
 from pathlib import Path
 
-import paho.mqtt.client as paho
 import pytest
 from cryptography import x509
 
 from common import toml
-from protocol.mqtt import BrokerSettings, MqttClient, TlsSettings
 from security.broker_files import peer_acl_text
 from security.keys import PublicIdentity
 from security.pki import Issued, issue
 from sim.broker import free_port, start_broker
 from skyfed import main
 from tests.fedharness import wait_until
+from tests.tlsharness import Client, add_observer, connects, node_tls
 
 FED = "fleet"
 PEERS = f"skyfed/{FED}/peer"
@@ -121,51 +120,6 @@ def test_revoking_a_peer_on_disk_and_a_revoked_id_is_never_provisioned_again(wor
 
 
 # --- a real broker from the generated files ------------------------------------------------------------
-class Client:
-    """A raw paho client with one node's provisioned certificate, recording what it receives."""
-
-    def __init__(self, folder: Path, name: str, port: int, *subscriptions: str) -> None:
-        self.received: list[tuple[str, bytes]] = []
-        self.granted: list[int] = []
-        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=name)
-        self.client.tls_set(ca_certs=str(folder / "ca.crt"), certfile=str(folder / f"{name}.crt"),
-                            keyfile=str(folder / f"{name}.crt.key"))  # fmt: skip
-        self.client.on_message = lambda _c, _u, m: self.received.append((m.topic, m.payload))
-        self.client.on_subscribe = lambda _c, _u, _m, codes, _p: self.granted.extend(c.value for c in codes)
-        self.client.connect("127.0.0.1", port)
-        self.client.loop_start()
-        wait_until(self.client.is_connected, 5, f"{name} connected")
-        for topic in subscriptions:
-            self.client.subscribe(topic, 1)
-        wait_until(lambda: len(self.granted) == len(subscriptions), 5, f"{name}'s subscriptions answered")
-
-    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
-        self.client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(5)
-
-    def topics(self) -> set[str]:
-        return {topic for topic, _ in self.received}
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-
-def connects(folder: Path, name: str, port: int) -> bool:
-    tls = TlsSettings(str(folder / "ca.crt"), str(folder / f"{name}.crt"), str(folder / f"{name}.crt.key"))
-    client = MqttClient("probe", BrokerSettings("127.0.0.1", port, tls=tls), persistent=False)
-    try:
-        return client.start(timeout_s=2)
-    finally:
-        client.stop()
-
-
-def add_observer(out: Path) -> None:
-    """The broker's own view for the tests: ``observer`` reads every topic (a message it does not see,
-    the broker dropped)."""
-    acl = out / "broker" / "skyfed.acl"
-    acl.write_text(acl.read_text() + "\nuser observer\ntopic read skyfed/#\n")
-
-
 @pytest.fixture
 def peer_broker(workdir):
     port = free_port()
@@ -216,9 +170,9 @@ def test_the_generated_acl_confines_each_peer_to_its_own_topics_and_revocation_s
         broker.reload()
         for name in ("p1", "p2"):
             assert enrolled(peers / name / "enrolled") == (["p1", "p2"], ["p3"])
-        wait_until(lambda: not connects(peers / "p3", "p3", port), 10, "the broker refuses p3 (CRL)")
+        wait_until(lambda: not connects(node_tls(peers / "p3", "p3"), port), 10, "the broker refuses p3 (CRL)")
         p2.close()
-        assert connects(peers / "p2", "p2", port)  # the others still get in
+        assert connects(node_tls(peers / "p2", "p2"), port)  # the others still get in
     finally:
         for client in clients:
             client.close()
