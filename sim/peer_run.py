@@ -17,11 +17,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from agent.peer.rounds import BEST_FILE, read_metrics
-from protocol.mqtt import BrokerSettings
-from sim.broker import start_broker
 from sim.federation import SimSettings
 from sim.peer_federation import create_peer_federation
-from sim.run import SimResult, _spawn_agents, _terminate
+from sim.run import SimResult, _spawn_agents, _terminate, run_broker
 
 
 def run_peer_sim(settings: SimSettings, out: Path, *, broker_address: str | None = None, echo=print) -> SimResult:  # noqa: ANN001
@@ -31,13 +29,7 @@ def run_peer_sim(settings: SimSettings, out: Path, *, broker_address: str | None
     shutil.rmtree(work, ignore_errors=True)
     started = time.monotonic()
     with ExitStack() as stack:
-        if broker_address is None:
-            broker = stack.enter_context(start_broker(data_dir=work / "broker"))
-            host, port = broker.host, broker.port
-            echo(f"broker: {broker.kind} on {broker.address} (started for this run); no server: peer mode")
-        else:
-            given = BrokerSettings.from_address(broker_address)
-            host, port = given.host, given.port
+        host, port = run_broker(stack, work, broker_address, echo, "; no server: peer mode")
         layout = create_peer_federation(work, settings, (host, port))
         for line in layout.description:
             echo(f"  {line}")

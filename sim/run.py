@@ -125,6 +125,17 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
+def run_broker(stack: ExitStack, work: Path, broker_address: str | None, echo, note: str = "") -> tuple[str, int]:  # noqa: ANN001
+    """The run's broker: ``broker_address`` when given, else one started for this run (stopped by ``stack``)."""
+    if broker_address is not None:
+        given = BrokerSettings.from_address(broker_address)
+        echo(f"broker: {broker_address} (given){note}")
+        return given.host, given.port
+    broker = stack.enter_context(start_broker(data_dir=work / "broker"))
+    echo(f"broker: {broker.kind} on {broker.address} (started for this run){note}")
+    return broker.host, broker.port
+
+
 def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = None, echo=print) -> SimResult:  # noqa: ANN001
     """Run the federation to completion and leave metrics.jsonl, curves.png and the model in ``out``."""
     if settings.in_process:
@@ -141,14 +152,7 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
     shutil.rmtree(work, ignore_errors=True)
     started = time.monotonic()
     with ExitStack() as stack:
-        if broker_address is None:
-            broker = stack.enter_context(start_broker(data_dir=work / "broker"))
-            host, port = broker.host, broker.port
-            echo(f"broker: {broker.kind} on {broker.address} (started for this run)")
-        else:
-            settings_b = BrokerSettings.from_address(broker_address)
-            host, port = settings_b.host, settings_b.port
-            echo(f"broker: {broker_address} (given)")
+        host, port = run_broker(stack, work, broker_address, echo)
         layout = create_federation(work, settings, (host, port))
         for line in layout.description:
             echo(f"  {line}")
