@@ -37,6 +37,7 @@ from flcore.validation import check_values, positive_ranges
 from models.serialization import SerializationError, read_header
 from models.weights import NamedArrays, fingerprint, flatten, float_part, spec_of, with_floats
 from protocol.messages import RoundTask
+from protocol.transfer import MiB, TransferLimits
 
 
 @dataclass
@@ -129,6 +130,18 @@ def same_layout(model: NamedArrays, other: NamedArrays) -> bool:
     return {s.name: s for s in spec_of(model)} == {s.name: s for s in spec_of(other)}
 
 
+def model_refusal(model: NamedArrays, own: NamedArrays, round_number: int, last_round: int) -> str:
+    """Why a member's ``peer-model`` (a catch-up model or the elected one, round ``last_round``) is refused,
+    "" if it is not: a joiner adopts a catch-up model whole, so it must be usable."""
+    if not same_layout(model, own):
+        return "wrong-tensors"
+    if not 1 <= round_number <= last_round:
+        return f"bad-round: {round_number}"
+    if not all(np.isfinite(a).all() for a in float_part(model).values()):
+        return "non-finite-model"
+    return ""
+
+
 def coordinate_median(models: list[NamedArrays]) -> NamedArrays:
     """A late joiner's start model from members' models (of one layout, ``same_layout``): the coordinate-wise
     median of their floating tensors (one hostile member cannot pick it when there are 3 or more), the other
@@ -137,3 +150,13 @@ def coordinate_median(models: list[NamedArrays]) -> NamedArrays:
     spec = spec_of(float_part(first))
     stacked = np.stack([flatten(float_part(m), spec) for m in models])
     return with_floats(first, np.median(stacked, axis=0).astype(np.float32), spec)
+
+
+def transfer_limits(model: NamedArrays) -> TransferLimits:
+    """What a peer accepts from each member: nothing a peer sends (an update in fp32, or a whole model) is much
+    larger than the shared model itself, so a transfer may be twice its size plus 1 MiB of header, and a sender
+    may hold two such transfers half-received (an update and a model); all members together, 2 GiB (as before).
+    A hostile member then holds that much of a peer's memory at most, never the quota the others need."""
+    largest = 2 * sum(a.nbytes for a in model.values()) + MiB
+    return TransferLimits(max_bytes=largest, max_partial_per_sender=2, max_pending_bytes_per_sender=2 * largest + MiB,
+                          max_pending_bytes=max(2048 * MiB, 8 * largest))  # fmt: skip

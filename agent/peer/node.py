@@ -17,7 +17,7 @@ from collections.abc import Callable
 import paho.mqtt.client as paho
 
 from agent.config import AgentConfig
-from agent.inbox import MODEL_LIMITS
+from agent.peer.collect import transfer_limits
 from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.roster import MembershipRefused, Roster
 from agent.peer.rounds import PeerRounds
@@ -51,13 +51,13 @@ class PeerNode(MqttDaemon):
             raise ValueError(f"{config.identity_path} holds the key of {self.identity.name!r}, not of agent.id "
                              f"{self.id!r}: fix keys.identity")  # fmt: skip
         self.roster = Roster(self.id, self.topics.federation, config.enrolled_dir)
-        opener = Opener(identity=self.identity, federation=self.topics.federation, senders=self.roster.keyring)
-        self.reassembler = Reassembler(opener, MODEL_LIMITS)
         self.uploads: list[Upload] = []
         self._log = Throttle(10.0)
         self.session = self._next_session = 0.0
         self._announce = False
         self.work = PeerRounds(self, config, runner=runner, evaluator=evaluator)
+        opener = Opener(identity=self.identity, federation=self.topics.federation, senders=self.roster.keyring)
+        self.reassembler = Reassembler(opener, transfer_limits(self.work.model))
         super().__init__(MqttClient(self.id, config.broker, will=self._next_will, on_connect=self._on_connect), log)
 
     # MqttDaemon --------------------------------------------------------------------------------------
@@ -169,7 +169,7 @@ class PeerNode(MqttDaemon):
             log.info("membership peer=%s state=%s round=%d members=%s", peer, member.state, member.round,
                      ",".join(self.members()))  # fmt: skip
             if member.state == "joining":
-                self.work.catch_up(peer, member.session)
+                self.work.catch_up(peer)
 
     def _on_best(self, peer: str, payload: bytes) -> None:
         if not payload or peer == self.id:

@@ -26,11 +26,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from agent.config import AgentConfig
-from agent.peer.collect import RoundCollector, coordinate_median, encode_model, same_layout
+from agent.peer.collect import RoundCollector, coordinate_median, encode_model, model_refusal
 from agent.peer.election import Election
 from agent.peer.messages import PeerBest, PeerRoundMetrics
 from common.files import atomic_write
+from flcore.bounds import lower_median
 from flcore.update import UpdateRejected
 from models.serialization import SerializationError, dumps, loads, save_file
 from models.weights import NamedArrays, fingerprint
@@ -88,7 +91,7 @@ class PeerRounds:
         self.bytes_sent = 0
         self.held: dict[str, tuple[int, bytes, int]] = {}  # sender -> (round, update, wire bytes): the next round's
         self.catchup: dict[str, tuple[int, NamedArrays]] = {}
-        self.served: set[tuple[str, float]] = set()  # (joiner, session) sent its catch-up model
+        self.served: dict[str, int] = {}  # joiner -> the round it was last sent this peer's model
         self.claims: dict[str, PeerBest] = {}
         self.election: Election | None = None
         self.final_models: dict[str, NamedArrays] = {}
@@ -141,37 +144,49 @@ class PeerRounds:
     # joining -----------------------------------------------------------------------------------------
     def _join(self, now: float, waited: float) -> None:
         """Start round 1 once ``threshold`` peers are here (or ``round_timeout_s`` more passed), or catch up."""
-        others = {p: self.node.roster.members[p].round for p in self.node.members() if p != self.me}
+        others = self._member_rounds()
+        late = bool(others) and lower_median(np.array(list(others.values()))) > 1
         few = len(others) + 1 < self.plan.threshold and waited < self.plan.join_wait_s + self.plan.round_timeout_s
-        if few and not any(r > 1 for r in others.values()):
+        if few and not late:
             return
-        if any(r > 1 for r in others.values()):
+        if late:
             log.info("joining late: members %s are past round 1; asking for their models", others)
             self.phase, self.since = "joining", now
             self.node.publish_member("joining", 0)
             return
         self._start_round(1, self.model)
 
-    def catch_up(self, joiner: str, session: float) -> None:
-        """A late joiner announced itself: seal this peer's current model to it, once per connection."""
-        if self.phase not in ("training", "waiting") or (joiner, session) in self.served:
+    def catch_up(self, joiner: str) -> None:
+        """A late joiner announced itself: seal this peer's current model to it, once per round (a ``joining``
+        costs its sender a signature, the answer a whole model: a peer re-announcing itself gets no more)."""
+        if self.phase not in ("training", "waiting") or self.served.get(joiner) == self.round:
             return
-        self.served.add((joiner, session))
+        self.served[joiner] = self.round
         sent = self.node.seal_to(joiner, "peer-model", self.round, dumps(self.model))
         log.info("catch-up model sent peer=%s round=%d bytes=%d", joiner, self.round, sent)
 
     def _check_catch_up(self, now: float) -> None:
+        """Two members' models, or ``round_timeout_s``: start from their coordinate-wise median (from its own
+        model when none came) at the members' round."""
         waited = now - self.since >= self.plan.round_timeout_s
-        if waited and not self.catchup:
-            self.node.warn("catch-up", "joining late: no member has sent its model after %.0f s (members: %s)",
-                           now - self.since, ",".join(self.node.members()) or "none")  # fmt: skip
-        if len(self.catchup) < 2 and not (waited and self.catchup):
+        if len(self.catchup) < 2 and not waited:
             return
-        rounds = [r for r, _ in self.catchup.values()]
+        others = self._member_rounds()
+        start_round = min(self.plan.rounds, max(1, int(lower_median(np.array(list(others.values()) or [1])))))
+        if not self.catchup:  # a member's claim to be past round 1 that nobody backs with a model cannot stall it
+            log.warning("joining late: no member has sent its model after %.0f s (members: %s); starting round %d "
+                        "from its own model", now - self.since, others, start_round)  # fmt: skip
+            return self._start_round(start_round, self.model)
         start = coordinate_median([m for _, m in self.catchup.values()])
-        log.info("caught up from=%s rounds=%s starting round=%d", ",".join(sorted(self.catchup)), rounds, max(rounds))
+        log.info("caught up from=%s rounds=%s members=%s starting round=%d", ",".join(sorted(self.catchup)),
+                 [r for r, _ in self.catchup.values()], others, start_round)  # fmt: skip
         self.catchup.clear()
-        self._start_round(max(rounds), start)
+        return self._start_round(start_round, start)
+
+    def _member_rounds(self) -> dict[str, int]:
+        """The round each other current member's signed membership names. Their lower median (not one member's
+        word) decides whether this peer joins late and at which round: a single member cannot move it."""
+        return {p: self.node.roster.members[p].round for p in self.node.members() if p != self.me}
 
     # a round -----------------------------------------------------------------------------------------
     def _start_round(self, round_number: int, model: NamedArrays) -> None:
@@ -298,8 +313,9 @@ class PeerRounds:
         except SerializationError as exc:
             self.node.warn(f"model-{sender}", "model refused peer=%s reason=malformed: %s", sender, exc)
             return
-        if not same_layout(arrays, self.model):
-            self.node.warn(f"model-{sender}", "model refused peer=%s reason=wrong-tensors", sender)
+        refusal = model_refusal(arrays, self.model, round_number, self.plan.rounds + 1)
+        if refusal:
+            self.node.warn(f"model-{sender}-{refusal[:12]}", "model refused peer=%s reason=%s", sender, refusal)
             return
         if self.phase == "joining":
             self.catchup[sender] = (round_number, arrays)

@@ -1,0 +1,152 @@
+"""Peer mode against an enrolled peer gone rogue (agent-03: its own valid keys, publishing only on its own
+``peer/agent-03/…`` topics, as the provisioned ACL allows): what it sends is refused or bounded, and it cannot
+stall the honest peers. Most cases feed the real receiving path (``PeerNode.handle``: signatures, sealing,
+reassembly, the round checks) directly; the stall case runs the daemons over a real broker."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.config import load_agent_config
+from agent.peer.messages import PeerMember
+from agent.peer.node import PeerNode
+from agent.peer.rounds import read_metrics
+from agent.runner import in_process_runner
+from models.serialization import dumps
+from protocol.mqtt import BrokerSettings, MqttClient
+from protocol.topics import Topics
+from security.envelope import seal
+from security.keys import Identity
+from security.signing import signed_payload
+from tests.test_peer import Peers, peer_configs, state
+
+ROGUE = "agent-03"
+TOPICS = Topics("sim")
+
+
+@pytest.fixture
+def peers():
+    running = Peers()
+    yield running
+    running.close()
+
+
+def rogue_identity(configs: dict[str, Path]) -> Identity:
+    return Identity.load(configs[ROGUE].parent / f"{ROGUE}.key")
+
+
+def membership(rogue: Identity, state_: str = "member", round_number: int = 1, session: float | None = None) -> bytes:
+    session = time.time() if session is None else session
+    return signed_payload(PeerMember("sim", ROGUE, state_, round_number, session, time.time()).to_dict(), rogue)
+
+
+def idle_node(configs: dict[str, Path], name: str = "agent-01") -> PeerNode:
+    """A peer that is not running its loop: the test hands it messages as the broker would."""
+    config = load_agent_config(configs[name])
+    return PeerNode(config, runner=in_process_runner(config))
+
+
+def sealed_to(node: PeerNode, rogue: Identity, kind: str, round_number: int, data: bytes, **options) -> list[bytes]:
+    _, chunks = seal(data, sender=rogue, federation="sim", kind=kind, round=round_number,
+                     recipient=node.roster.keyring.get(node.id), **options)  # fmt: skip
+    return [bytes(c) for c in chunks]
+
+
+def feed(node: PeerNode, chunks: list[bytes]) -> None:
+    for chunk in chunks:
+        node.handle(TOPICS.peer_to(ROGUE, node.id), chunk)
+
+
+def test_a_membership_claiming_a_later_round_does_not_stall_the_federation(tmp_path, broker, peers):
+    """On main every honest peer saw one member "past round 1", turned late joiner, and waited for catch-up
+    models that nobody sends (members answer only while in a round): the federation never started."""
+    configs = peer_configs(tmp_path, broker, threshold=2, round_timeout_s=4.0)
+    rogue = MqttClient(ROGUE, BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+    assert rogue.start(timeout_s=10)
+    try:
+        info = rogue.publish(TOPICS.peer_member(ROGUE), membership(rogue_identity(configs), round_number=5),
+                             retain=True)  # fmt: skip
+        assert MqttClient.wait_published([info], 10)
+        honest = ["agent-01", "agent-02"]
+        for name in honest:
+            peers.start(configs[name])
+        peers.wait_done(honest, timeout_s=40)
+    finally:
+        rogue.stop()
+    for name in honest:
+        assert [line["aggregated_from"] for line in read_metrics(state(configs[name]))] == [honest]
+
+
+def test_a_catch_up_model_that_is_not_finite_or_names_an_impossible_round_is_refused(tmp_path, broker, caplog):
+    configs = peer_configs(tmp_path, broker, rounds=3)
+    node = idle_node(configs)
+    rogue = rogue_identity(configs)
+    node.handle(TOPICS.peer_member(ROGUE), membership(rogue, round_number=2))
+    node.work.phase = "joining"  # it found a member past round 1 and asked for models
+    model = node.work.model
+    nan = {k: np.full_like(v, np.nan) if v.dtype.kind == "f" else v for k, v in model.items()}
+    caplog.set_level(logging.INFO)
+    feed(node, sealed_to(node, rogue, "peer-model", 2, dumps(nan)))
+    feed(node, sealed_to(node, rogue, "peer-model", 10**9, dumps(model)))  # would make it jump past the last round
+    feed(node, sealed_to(node, rogue, "peer-model", 0, dumps(model)))
+    assert node.work.catchup == {}
+    assert f"model refused peer={ROGUE} reason=non-finite-model" in caplog.text
+    assert f"model refused peer={ROGUE} reason=bad-round: 1000000000" in caplog.text
+
+
+def test_a_lone_catch_up_answer_starts_the_joiner_at_the_members_median_round_not_at_the_senders(tmp_path, broker):
+    configs = peer_configs(tmp_path, broker, rounds=9)
+    node = idle_node(configs)
+    rogue = rogue_identity(configs)
+    node.handle(TOPICS.peer_member(ROGUE), membership(rogue, round_number=3))
+    node.work.phase, node.work.since = "joining", time.monotonic() - 100  # round_timeout_s (20 s) has passed
+    feed(node, sealed_to(node, rogue, "peer-model", 9, dumps(node.work.model)))  # it says the federation is at 9
+    node.work.step(connected=False)
+    assert node.work.phase == "training" and node.work.round == 3  # its signed membership said 3
+    node.work.close()
+
+
+def test_a_joiner_nobody_answers_starts_on_its_own_after_the_round_timeout(tmp_path, broker):
+    configs = peer_configs(tmp_path, broker, rounds=4)
+    node = idle_node(configs)
+    node.handle(TOPICS.peer_member(ROGUE), membership(rogue_identity(configs), round_number=3))
+    node.work.phase, node.work.since = "joining", time.monotonic() - 100
+    node.work.step(connected=False)
+    assert node.work.phase == "training" and node.work.round == 3
+    node.work.close()
+
+
+def test_a_peer_announcing_itself_as_joiner_again_and_again_gets_one_catch_up_model_per_round(tmp_path, broker,
+                                                                                               caplog):  # fmt: skip
+    """Each signed ``joining`` (a new session each time: cheap to make) made every member seal and send its
+    whole model again: a few hundred bytes in, a model per member out."""
+    configs = peer_configs(tmp_path, broker)
+    node = idle_node(configs)
+    node.work.phase = "waiting"  # in a round: it answers joiners
+    caplog.set_level(logging.INFO)
+    rogue = rogue_identity(configs)
+    for session in range(1, 21):
+        node.handle(TOPICS.peer_member(ROGUE), membership(rogue, "joining", 0, session=float(session)))
+    assert caplog.text.count(f"catch-up model sent peer={ROGUE}") == 1
+    assert len(node.uploads) == 1
+
+
+def test_a_transfer_larger_than_the_model_could_be_is_refused_before_it_holds_memory(tmp_path, broker, caplog):
+    """On main a peer took transfers of up to 1 GiB from each member (2 GiB pending, the whole global quota
+    for one sender): a rogue could hold that much memory on every peer and starve the honest transfers."""
+    configs = peer_configs(tmp_path, broker)
+    node = idle_node(configs)
+    rogue = rogue_identity(configs)
+    node.handle(TOPICS.peer_member(ROGUE), membership(rogue))
+    caplog.set_level(logging.INFO)
+    chunks = sealed_to(node, rogue, "peer-update", 1, bytes(48 << 20), chunk_size=16 << 20)
+    feed(node, chunks[:1])  # a first chunk: on main it opened a 48 MiB transfer and was held
+    assert f"transfer refused peer={ROGUE} reason=too-large" in caplog.text
+    assert node.reassembler.pending_bytes() == 0
+    limits = node.reassembler.limits
+    assert limits.max_pending_bytes_per_sender < limits.max_pending_bytes  # one sender cannot fill the quota
