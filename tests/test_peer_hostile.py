@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from agent.config import load_agent_config
-from agent.peer.messages import PeerMember
+from agent.peer.election import Election
+from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.node import PeerNode
 from agent.peer.rounds import read_metrics
 from agent.runner import in_process_runner
@@ -150,3 +151,16 @@ def test_a_transfer_larger_than_the_model_could_be_is_refused_before_it_holds_me
     assert node.reassembler.pending_bytes() == 0
     limits = node.reassembler.limits
     assert limits.max_pending_bytes_per_sender < limits.max_pending_bytes  # one sender cannot fill the quota
+
+
+def test_after_the_leaders_model_is_refused_the_next_best_claim_leads_down_to_the_own():
+    own = PeerBest("sim", "agent-01", 2, 0.7, "a" * 64, session=1.0)
+    election = Election("agent-01", own, margin=0.05, started=0.0)
+    for peer, score in ((ROGUE, 1.0), ("agent-02", 0.9)):
+        election.note(PeerBest("sim", peer, 2, score, "b" * 64, session=1.0))
+    sessions = {"agent-02": 1.0, ROGUE: 1.0}
+    assert election.leader(sessions).peer == ROGUE  # its claim is only a claim
+    election.passed[ROGUE] = "worse-here"
+    assert election.leader(sessions).peer == "agent-02"
+    election.passed["agent-02"] = "its model never came"
+    assert election.leader(sessions).peer == "agent-01"

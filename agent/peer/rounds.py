@@ -348,7 +348,7 @@ class PeerRounds:
         sessions = {peer: self.node.roster.members[peer].session for peer in members}
         timed_out = now - self.since >= self.plan.round_timeout_s
         if self.leader is None:
-            if not election.complete(sessions) and not timed_out:
+            if not election.complete(sessions) and not timed_out and not election.passed:
                 return
             self.leader = election.leader(sessions)
             log.info("best model claims %s leader=%s", {p: c.score for p, c in sorted(election.claims.items())},
@@ -357,28 +357,37 @@ class PeerRounds:
                 for peer in members:
                     if peer != self.me:
                         self.node.seal_to(peer, "peer-model", self.plan.rounds + 1, dumps(self.model))
-                return self._adopt(self.me, "")
+                return self._adopt(self.me)
             self.since = now
             return None
         model = self.final_models.get(self.leader.peer)
         if model is None:
             if timed_out:
-                self._adopt(self.me, f"{self.leader.peer}'s model never came")
+                self._pass_leader(now, "its model never came")
             return None
         score = headline(self.evaluate(model))
         refusal = election.judge(self.leader, model, self.model, score if score is not None else float("nan"))
         if refusal:
-            log.warning("best model refused peer=%s claimed=%.4f reason=%s", self.leader.peer, self.leader.score,
-                        refusal)  # fmt: skip
-            return self._adopt(self.me, refusal)
+            return self._pass_leader(now, refusal)
         self.model = model
-        return self._adopt(self.leader.peer, "")
+        return self._adopt(self.leader.peer)
 
-    def _adopt(self, owner: str, why_own: str) -> None:
+    def _pass_leader(self, now: float, refusal: str) -> None:
+        """The leader's model is refused (or never came): the next best claim leads, down to this peer's own, so a
+        peer lying about its score costs the others one look (or ``round_timeout_s``), not the election."""
+        election, leader = self.election, self.leader
+        assert election is not None and leader is not None
+        log.warning("best model refused peer=%s claimed=%.4f reason=%s", leader.peer, leader.score, refusal)
+        election.passed[leader.peer] = refusal
+        self.leader, self.since = None, now
+
+    def _adopt(self, owner: str) -> None:
+        assert self.election is not None
         save_file(self.state_dir / BEST_FILE, self.model)
-        record = {"peer": self.me, "adopted_from": owner, "sha256": fingerprint(self.model), "refused": why_own}
+        refused = "; ".join(f"{peer}: {why}" for peer, why in self.election.passed.items())
+        record = {"peer": self.me, "adopted_from": owner, "sha256": fingerprint(self.model), "refused": refused}
         atomic_write(self.state_dir / "election.json", json.dumps(record).encode())
-        log.info("best model adopted from=%s%s", owner, f" (kept its own: {why_own})" if why_own else "")
+        log.info("best model adopted from=%s%s", owner, f" (refused: {refused})" if refused else "")
         self.phase, self.done = "done", True
 
 
