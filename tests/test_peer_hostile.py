@@ -164,3 +164,26 @@ def test_after_the_leaders_model_is_refused_the_next_best_claim_leads_down_to_th
     assert election.leader(sessions).peer == "agent-02"
     election.passed["agent-02"] = "its model never came"
     assert election.leader(sessions).peer == "agent-01"
+
+
+def test_a_member_that_never_sends_costs_one_round_timeout_not_one_per_round(tmp_path, broker, peers):
+    """threshold = every peer, and agent-03 a member that sends nothing: on main every round (and the election)
+    waited the whole ``round_timeout_s`` for it (measured: 5.0 s a round where training takes 0.1 s)."""
+    configs = peer_configs(tmp_path, broker, threshold=3, round_timeout_s=4.0, rounds=3)
+    rogue = MqttClient(ROGUE, BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+    assert rogue.start(timeout_s=10)
+    honest = ["agent-01", "agent-02"]
+    try:
+        info = rogue.publish(TOPICS.peer_member(ROGUE), membership(rogue_identity(configs), round_number=0),
+                             retain=True)  # fmt: skip
+        assert MqttClient.wait_published([info], 10)
+        for name in honest:
+            peers.start(configs[name])
+        peers.wait_done(honest, timeout_s=60)
+    finally:
+        rogue.stop()
+    for name in honest:
+        lines = read_metrics(state(configs[name]))
+        assert [line["aggregated_from"] for line in lines] == [honest] * 3
+        assert lines[0]["wait_s"] >= 4.0  # the first round waited for it
+        assert all(line["wait_s"] < 2.0 for line in lines[1:])  # the next ones did not

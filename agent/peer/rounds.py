@@ -11,8 +11,9 @@ seeded by ``federation.seed``).
 *training*: the runner trains from this peer's model m_r; the trained model, in the update format
 (``agent.peer.collect.encode_model``), is checked like any peer's and sealed to every current member, also to
 one that appears later in the round; each peer takes its change from its own model. *waiting*: until it holds
-``threshold`` valid updates (capped at the current members, so a peer that left is not waited for) or
-``round_timeout_s`` passed since its own was ready; then m_{r+1} = m_r + the strategy's aggregate
+``threshold`` valid updates (capped at the current members, so a peer that left is not waited for, nor one
+that sent nothing in a round that timed out, until it sends an update again) or ``round_timeout_s`` passed since its
+own was ready; then m_{r+1} = m_r + the strategy's aggregate
 (``agent.peer.collect``), scored on its validation split and written as one line of ``metrics.jsonl``. An
 update for the next round is held until then; older ones are refused. *electing*: BestAgg
 (``agent.peer.election``); the adopted model is ``best_model.safetensors``.
@@ -88,6 +89,7 @@ class PeerRounds:
         self.train_s = 0.0
         self.own_update: bytes | None = None
         self.sent_to: set[str] = set()
+        self.silent: set[str] = set()  # members that sent nothing in a round that timed out, since: not waited for
         self.bytes_sent = 0
         self.held: dict[str, tuple[int, bytes, int]] = {}  # sender -> (round, update, wire bytes): the next round's
         self.catchup: dict[str, tuple[int, NamedArrays]] = {}
@@ -242,13 +244,17 @@ class PeerRounds:
 
     def _check_waiting(self, now: float) -> None:
         assert self.collector is not None
-        needed = min(self.plan.threshold, len(set(self.node.members()) | {self.me}))
+        members = set(self.node.members()) | {self.me}
+        needed = min(self.plan.threshold, len(members - self.silent))
         timed_out = now - self.since >= self.plan.round_timeout_s
         if len(self.collector.updates) < needed and not timed_out:
             return
         if timed_out:
-            log.warning("round %d timed out after %.0f s with %d of %d updates", self.round,
-                        self.plan.round_timeout_s, len(self.collector.updates), needed)  # fmt: skip
+            missing = sorted(members - set(self.collector.updates) - {self.me})
+            log.warning("round %d timed out after %.0f s with %d of %d updates; not waited for until they "
+                        "send again: %s", self.round, self.plan.round_timeout_s, len(self.collector.updates), needed,
+                        ",".join(missing) or "-")  # fmt: skip
+            self.silent.update(missing)
         self._finish_round(now)
 
     def _finish_round(self, now: float) -> None:
@@ -286,6 +292,7 @@ class PeerRounds:
 
     # received ----------------------------------------------------------------------------------------
     def receive_update(self, sender: str, round_number: int, data: memoryview, wire_bytes: int) -> None:
+        self.silent.discard(sender)  # alive: a straggler is waited for again (security/README.md, "Peer mode")
         current = self.phase in ("training", "waiting")
         if current and round_number == self.round:
             self._accept(sender, data, wire_bytes)
@@ -348,7 +355,8 @@ class PeerRounds:
         sessions = {peer: self.node.roster.members[peer].session for peer in members}
         timed_out = now - self.since >= self.plan.round_timeout_s
         if self.leader is None:
-            if not election.complete(sessions) and not timed_out and not election.passed:
+            waited_for = {peer: session for peer, session in sessions.items() if peer not in self.silent}
+            if not election.complete(waited_for) and not timed_out and not election.passed:
                 return
             self.leader = election.leader(sessions)
             log.info("best model claims %s leader=%s", {p: c.score for p, c in sorted(election.claims.items())},
