@@ -187,3 +187,24 @@ def test_a_member_that_never_sends_costs_one_round_timeout_not_one_per_round(tmp
         assert [line["aggregated_from"] for line in lines] == [honest] * 3
         assert lines[0]["wait_s"] >= 4.0  # the first round waited for it
         assert all(line["wait_s"] < 2.0 for line in lines[1:])  # the next ones did not
+
+
+def test_unasked_models_a_nan_score_and_a_second_session_change_nothing(tmp_path, broker, caplog):
+    configs = peer_configs(tmp_path, broker, rounds=2)
+    node = idle_node(configs)
+    rogue = rogue_identity(configs)
+    node.handle(TOPICS.peer_member(ROGUE), membership(rogue, session=100.0))
+    node.work.phase = "waiting"  # in round 0 of 2: neither joining nor electing
+    caplog.set_level(logging.INFO)
+    feed(node, sealed_to(node, rogue, "peer-model", 1, dumps(node.work.model)))  # a catch-up nobody asked for
+    assert f"model ignored peer={ROGUE} round=1 reason=not-expected" in caplog.text and not node.work.catchup
+    feed(node, sealed_to(node, rogue, "peer-model", 3, dumps(node.work.model)))  # "the elected model", unelected
+    assert set(node.work.final_models) == {ROGUE}  # kept aside: adopted only from the leader, by fingerprint
+    claim = signed_payload(PeerBest("sim", ROGUE, 2, 0.25, "a" * 64, 100.0).to_dict(), rogue)
+    node.handle(TOPICS.peer_best(ROGUE), claim.replace(b"0.25", b"NaN"))  # NaN cannot be signed as JSON: written in
+    assert f"best model claim refused peer={ROGUE} reason=malformed" in caplog.text
+    node.work._elect({"accuracy": 0.5})
+    assert set(node.work.election.claims) == {"agent-01"}  # a NaN score is no claim
+    node.handle(TOPICS.peer_member(ROGUE), membership(rogue, session=200.0))  # a second session: it replaces the first
+    node.handle(TOPICS.peer_member(ROGUE), membership(rogue, "left", session=100.0))  # the first one's will: too old
+    assert node.roster.members[ROGUE].session == 200.0
