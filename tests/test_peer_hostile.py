@@ -208,3 +208,19 @@ def test_unasked_models_a_nan_score_and_a_second_session_change_nothing(tmp_path
     node.handle(TOPICS.peer_member(ROGUE), membership(rogue, session=200.0))  # a second session: it replaces the first
     node.handle(TOPICS.peer_member(ROGUE), membership(rogue, "left", session=100.0))  # the first one's will: too old
     assert node.roster.members[ROGUE].session == 200.0
+
+
+def test_refusals_that_differ_only_in_their_values_are_logged_once_per_kind(tmp_path, broker, caplog):
+    """The throttle's key held the whole reason (``malformed: … got 'x7'``, ``too-large: N > M``), so a member
+    varying one value got one warning per message: its own log flood on every peer."""
+    configs = peer_configs(tmp_path, broker)
+    node = idle_node(configs)
+    rogue = rogue_identity(configs)
+    node.handle(TOPICS.peer_member(ROGUE), membership(rogue))
+    caplog.set_level(logging.INFO)
+    for n in range(30):
+        body = PeerMember("sim", ROGUE, "member", 1, time.time(), time.time()).to_dict() | {"state": f"x{n}"}
+        node.handle(TOPICS.peer_member(ROGUE), signed_payload(body, rogue))
+        feed(node, sealed_to(node, rogue, "peer-update", 1, bytes((2 << 20) + n), chunk_size=16 << 20))
+    assert caplog.text.count(f"membership refused peer={ROGUE} reason=malformed") == 1
+    assert caplog.text.count(f"transfer refused peer={ROGUE} reason=too-large") == 1

@@ -22,6 +22,7 @@ from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.roster import MembershipRefused, Roster
 from agent.peer.rounds import PeerRounds
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
+from flcore.validation import reason_kind
 from models.weights import NamedArrays
 from participant.jobs import Runner
 from participant.upload import Upload, send_sealed
@@ -163,7 +164,8 @@ class PeerNode(MqttDaemon):
         try:
             member = self.roster.consider(peer, payload)
         except MembershipRefused as exc:
-            self.warn(f"member-{peer}-{exc.reason}", "membership refused peer=%s reason=%s", peer, exc.reason)
+            kind = reason_kind(exc.reason)  # a throttle key without the values: varying one is no log flood
+            self.warn(f"member-{peer}-{kind}", "membership refused peer=%s reason=%s", peer, exc.reason)
             return
         if member is not None:
             log.info("membership peer=%s state=%s round=%d members=%s", peer, member.state, member.round,
@@ -194,7 +196,7 @@ class PeerNode(MqttDaemon):
             completed = self.reassembler.feed(payload, topic_sender=peer, kinds=KINDS)
         except TransferRejected as exc:
             reason = self.roster.why_untrusted(peer) if exc.reason == "unknown-sender" else exc.reason
-            self.warn(f"chunk-{peer}-{reason}", "transfer refused peer=%s reason=%s", peer, reason)
+            self.warn(f"chunk-{peer}-{reason_kind(reason)}", "transfer refused peer=%s reason=%s", peer, reason)
             return
         if completed is None:
             return

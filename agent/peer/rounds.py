@@ -36,6 +36,7 @@ from agent.peer.messages import PeerBest, PeerRoundMetrics
 from common.files import atomic_write
 from flcore.bounds import lower_median
 from flcore.update import UpdateRejected
+from flcore.validation import reason_kind
 from models.serialization import SerializationError, dumps, loads, save_file
 from models.weights import NamedArrays, fingerprint
 from participant.jobs import Job, Runner, Trained
@@ -307,7 +308,7 @@ class PeerRounds:
         try:
             update = self.collector.accept(sender, data, wire_bytes)
         except UpdateRejected as exc:
-            self.node.warn(f"update-{sender}-{exc.reason[:20]}", "update refused round=%d peer=%s reason=%s",
+            self.node.warn(f"update-{sender}-{reason_kind(exc.reason)}", "update refused round=%d peer=%s reason=%s",
                            self.round, sender, exc.reason)  # fmt: skip
             return False
         log.info("update accepted round=%d peer=%s norm=%.4g weight=%d", self.round, sender, update.record.norm,
@@ -322,7 +323,7 @@ class PeerRounds:
             return
         refusal = model_refusal(arrays, self.model, round_number, self.plan.rounds + 1)
         if refusal:
-            self.node.warn(f"model-{sender}-{refusal[:12]}", "model refused peer=%s reason=%s", sender, refusal)
+            self.node.warn(f"model-{sender}-{reason_kind(refusal)}", "model refused peer=%s reason=%s", sender, refusal)
             return
         if self.phase == "joining":
             self.catchup[sender] = (round_number, arrays)
