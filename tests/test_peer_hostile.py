@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from agent.config import load_agent_config
+from agent.peer.collect import RoundCollector, encode_model
 from agent.peer.election import Election
 from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.node import PeerNode
 from agent.peer.rounds import read_metrics
 from agent.runner import in_process_runner
+from flcore.update import TrainResult
 from models.serialization import dumps
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
@@ -224,3 +226,25 @@ def test_refusals_that_differ_only_in_their_values_are_logged_once_per_kind(tmp_
         feed(node, sealed_to(node, rogue, "peer-update", 1, bytes((2 << 20) + n), chunk_size=16 << 20))
     assert caplog.text.count(f"membership refused peer={ROGUE} reason=malformed") == 1
     assert caplog.text.count(f"transfer refused peer={ROGUE} reason=too-large") == 1
+
+
+def test_a_member_that_sends_then_leaves_does_not_close_the_round_without_an_honest_update(tmp_path, broker):
+    """threshold = every peer: its update counted towards the threshold after it left, so the round closed
+    without the slowest honest peer's update (then refused as late): a rogue could drop one honest peer a round."""
+    configs = peer_configs(tmp_path, broker, rounds=2)
+    node = idle_node(configs)
+    rounds = node.work
+    rogue = rogue_identity(configs)
+    node.roster.members["agent-01"] = PeerMember("sim", "agent-01", "member", 1, 1.0, time.time())
+    for name, identity in (("agent-02", Identity.load(configs["agent-02"].parent / "agent-02.key")), (ROGUE, rogue)):
+        body = PeerMember("sim", name, "member", 1, 1.0, time.time()).to_dict()
+        node.handle(TOPICS.peer_member(name), signed_payload(body, identity))
+    rounds.collector = RoundCollector(1, rounds.model, rounds.policy)
+    rounds.phase, rounds.since, rounds.round = "waiting", time.monotonic(), 1
+    for sender in ("agent-01", ROGUE):
+        result = TrainResult(arrays=rounds.model, samples=10, loss=0.1)
+        assert rounds._accept(sender, encode_model(rounds._task(1), rounds.model, result, tmp_path / "r"), 0)
+    node.handle(TOPICS.peer_member(ROGUE), membership(rogue, "left", session=1.0))
+    assert node.members() == ["agent-01", "agent-02"]
+    rounds.step(connected=False)
+    assert rounds.phase == "waiting"  # still waiting for agent-02

@@ -248,7 +248,9 @@ class PeerRounds:
         members = set(self.node.members()) | {self.me}
         needed = min(self.plan.threshold, len(members - self.silent))
         timed_out = now - self.since >= self.plan.round_timeout_s
-        if len(self.collector.updates) < needed and not timed_out:
+        # only current members' updates count towards it (one that left still is aggregated): else a member could
+        # send, leave, and close the round before the slowest honest peer's update
+        if len(members & set(self.collector.updates)) < needed and not timed_out:
             return
         if timed_out:
             missing = sorted(members - set(self.collector.updates) - {self.me})
