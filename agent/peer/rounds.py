@@ -169,16 +169,15 @@ class PeerRounds:
         log.info("catch-up model sent peer=%s round=%d bytes=%d", joiner, self.round, sent)
 
     def _check_catch_up(self, now: float) -> None:
-        """Two members' models, or ``round_timeout_s``: start from their coordinate-wise median (from its own
-        model when none came) at the members' round."""
+        """Two members' models, or ``round_timeout_s``: start from their median (or its own) at the members' round."""
         waited = now - self.since >= self.plan.round_timeout_s
         if len(self.catchup) < 2 and not waited:
             return
         others = self._member_rounds()
         start_round = min(self.plan.rounds, max(1, int(lower_median(np.array(list(others.values()) or [1])))))
-        if not self.catchup:  # a member's claim to be past round 1 that nobody backs with a model cannot stall it
-            log.warning("joining late: no member has sent its model after %.0f s (members: %s); starting round %d "
-                        "from its own model", now - self.since, others, start_round)  # fmt: skip
+        if not self.catchup:  # members' rounds that nobody backs with a model cannot stall it
+            log.warning("joining late: no member sent its model in %.0f s (members: %s); starting round %d from its "
+                        "own", now - self.since, others, start_round)  # fmt: skip
             return self._start_round(start_round, self.model)
         start = coordinate_median([m for _, m in self.catchup.values()])
         log.info("caught up from=%s rounds=%s members=%s starting round=%d", ",".join(sorted(self.catchup)),
@@ -187,8 +186,7 @@ class PeerRounds:
         return self._start_round(start_round, start)
 
     def _member_rounds(self) -> dict[str, int]:
-        """The round each other current member's signed membership names. Their lower median (not one member's
-        word) decides whether this peer joins late and at which round: a single member cannot move it."""
+        """Each other member's signed round: their lower median, not one member's word, decides joining late."""
         return {p: self.node.roster.members[p].round for p in self.node.members() if p != self.me}
 
     # a round -----------------------------------------------------------------------------------------
@@ -248,14 +246,13 @@ class PeerRounds:
         members = set(self.node.members()) | {self.me}
         needed = min(self.plan.threshold, len(members - self.silent))
         timed_out = now - self.since >= self.plan.round_timeout_s
-        # only current members' updates count towards it (one that left still is aggregated): else a member could
-        # send, leave, and close the round before the slowest honest peer's update
+        # current members' updates only: one that sent and left must not close the round before an honest update
         if len(members & set(self.collector.updates)) < needed and not timed_out:
             return
         if timed_out:
             missing = sorted(members - set(self.collector.updates) - {self.me})
-            log.warning("round %d timed out after %.0f s with %d of %d updates; not waited for until they "
-                        "send again: %s", self.round, self.plan.round_timeout_s, len(self.collector.updates), needed,
+            log.warning("round %d timed out after %.0f s with %d of %d updates; not waited for until they send again: "
+                        "%s", self.round, self.plan.round_timeout_s, len(self.collector.updates), needed,
                         ",".join(missing) or "-")  # fmt: skip
             self.silent.update(missing)
         self._finish_round(now)
@@ -384,12 +381,10 @@ class PeerRounds:
         return self._adopt(self.leader.peer)
 
     def _pass_leader(self, now: float, refusal: str) -> None:
-        """The leader's model is refused (or never came): the next best claim leads, down to this peer's own, so a
-        peer lying about its score costs the others one look (or ``round_timeout_s``), not the election."""
-        election, leader = self.election, self.leader
-        assert election is not None and leader is not None
-        log.warning("best model refused peer=%s claimed=%.4f reason=%s", leader.peer, leader.score, refusal)
-        election.passed[leader.peer] = refusal
+        """The next best claim leads (down to the own): a liar costs one look or ``round_timeout_s``, not the vote."""
+        assert self.election is not None and self.leader is not None
+        log.warning("best model refused peer=%s claimed=%.4f reason=%s", self.leader.peer, self.leader.score, refusal)
+        self.election.passed[self.leader.peer] = refusal
         self.leader, self.since = None, now
 
     def _adopt(self, owner: str) -> None:
