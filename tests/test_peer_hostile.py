@@ -248,3 +248,20 @@ def test_a_member_that_sends_then_leaves_does_not_close_the_round_without_an_hon
     assert node.members() == ["agent-01", "agent-02"]
     rounds.step(connected=False)
     assert rounds.phase == "waiting"  # still waiting for agent-02
+
+
+def test_memberships_and_chunks_under_made_up_peer_names_are_logged_once(tmp_path, broker, caplog):
+    """On a broker without the ACL anyone can publish on ``peer/<any name>/…``: one warning per made-up name."""
+    configs = peer_configs(tmp_path, broker)
+    node = idle_node(configs)
+    mallory = Identity.generate("mallory")
+    caplog.set_level(logging.INFO)
+    for n in range(30):
+        name = f"stranger-{n}"
+        body = PeerMember("sim", name, "member", 1, 1.0, time.time()).to_dict()
+        node.handle(TOPICS.peer_member(name), signed_payload(body, mallory))
+        _, chunks = seal(b"x" * 2000, sender=mallory, federation="sim", kind="peer-update", round=1,
+                         recipient=node.roster.keyring.get(node.id))  # fmt: skip
+        node.handle(TOPICS.peer_to(name, node.id), bytes(chunks[0]))
+    assert caplog.text.count("membership refused peer=stranger-") == 1
+    assert caplog.text.count("transfer refused peer=stranger-") == 1

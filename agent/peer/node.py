@@ -157,6 +157,11 @@ class PeerNode(MqttDaemon):
         if held is not None:
             log.warning(message + (" held_back=%d" if held else ""), *args, *((held,) if held else ()))
 
+    def _key(self, what: str, peer: str, reason: str = "") -> str:
+        """A refusal's throttle key: its kind without the values, and strangers' topic names as one, so that
+        varying a value or a made-up peer name is no log flood."""
+        return f"{what}-{peer if peer in self.roster.keyring else '(stranger)'}-{reason_kind(reason)}"
+
     # received ----------------------------------------------------------------------------------------
     def _on_member(self, peer: str, payload: bytes) -> None:
         if peer == self.id:
@@ -164,8 +169,7 @@ class PeerNode(MqttDaemon):
         try:
             member = self.roster.consider(peer, payload)
         except MembershipRefused as exc:
-            kind = reason_kind(exc.reason)  # a throttle key without the values: varying one is no log flood
-            self.warn(f"member-{peer}-{kind}", "membership refused peer=%s reason=%s", peer, exc.reason)
+            self.warn(self._key("member", peer, exc.reason), "membership refused peer=%s reason=%s", peer, exc.reason)
             return
         if member is not None:
             log.info("membership peer=%s state=%s round=%d members=%s", peer, member.state, member.round,
@@ -180,11 +184,11 @@ class PeerNode(MqttDaemon):
             document = parse_untrusted_json(payload, max_bytes=MAX_JSON_BYTES)
             best = PeerBest.from_dict(verify_document(document, self.roster.keyring))
         except (UntrustedJsonError, MessageError) as exc:
-            self.warn(f"best-{peer}", "best model claim refused peer=%s reason=malformed: %s", peer, exc)
+            self.warn(self._key("best", peer), "best model claim refused peer=%s reason=malformed: %s", peer, exc)
             return
         except InvalidDocument as exc:
             reason = self.roster.why_untrusted(peer) if exc.reason == "unknown-signer" else exc.reason
-            self.warn(f"best-{peer}", "best model claim refused peer=%s reason=%s", peer, reason)
+            self.warn(self._key("best", peer), "best model claim refused peer=%s reason=%s", peer, reason)
             return
         if best.peer != peer or document["signer"] != peer or best.federation != self.topics.federation:
             self.warn(f"best-{peer}", "best model claim refused peer=%s reason=peer-mismatch", peer)
@@ -196,7 +200,7 @@ class PeerNode(MqttDaemon):
             completed = self.reassembler.feed(payload, topic_sender=peer, kinds=KINDS)
         except TransferRejected as exc:
             reason = self.roster.why_untrusted(peer) if exc.reason == "unknown-sender" else exc.reason
-            self.warn(f"chunk-{peer}-{reason_kind(reason)}", "transfer refused peer=%s reason=%s", peer, reason)
+            self.warn(self._key("chunk", peer, reason), "transfer refused peer=%s reason=%s", peer, reason)
             return
         if completed is None:
             return
