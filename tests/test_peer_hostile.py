@@ -17,10 +17,13 @@ from agent.peer.collect import RoundCollector, encode_model
 from agent.peer.election import Election
 from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.node import PeerNode
-from agent.peer.rounds import read_metrics
+from agent.peer.rounds import initial_model, read_metrics
 from agent.runner import in_process_runner
+from flcore.bounds import InfluencePolicy
+from flcore.strategies import build_strategy
 from flcore.update import TrainResult
 from models.serialization import dumps
+from protocol.messages import RoundTask
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
 from security.envelope import seal
@@ -265,3 +268,21 @@ def test_memberships_and_chunks_under_made_up_peer_names_are_logged_once(tmp_pat
         node.handle(TOPICS.peer_to(name, node.id), bytes(chunks[0]))
     assert caplog.text.count("membership refused peer=stranger-") == 1
     assert caplog.text.count("transfer refused peer=stranger-") == 1
+
+
+def test_a_zero_update_that_always_comes_first_cannot_freeze_a_peer_at_threshold_two(tmp_path):
+    """threshold 2: every round closes on the peer's own update and the fastest member's. The adaptive bounds
+    took the lower median of the two, the rogue's: norm 0 and weight 1 clipped the own update to nothing."""
+    model = initial_model("digits_cnn", 10, 0)
+    rng = np.random.default_rng(0)
+    trained = {k: v + rng.normal(0, 0.01, v.shape).astype(v.dtype) if v.dtype.kind == "f" else v
+               for k, v in model.items()}  # fmt: skip
+    collector = RoundCollector(1, model, InfluencePolicy(), me="agent-01")  # the default bounds: adaptive
+    task = RoundTask(federation="sim", round=1, attempt=0, strategy="fedavg", model="digits_cnn", num_classes=10,
+                     model_version=0, model_sha256="", model_chunks=0, group_key_id="", selected=["agent-01"],
+                     pending=[], deadline=0.0, issued_at=0.0, run_id="peer-0")  # fmt: skip
+    for sender, arrays, samples in (("agent-01", trained, 100), (ROGUE, model, 1)):
+        collector.accept(sender, encode_model(task, model, TrainResult(arrays, samples, 0.1), tmp_path / sender), 0)
+    new, _ = collector.aggregate(build_strategy({"name": "fedavg"}))
+    moved = max(float(np.abs(new[k] - model[k]).max()) for k in model if model[k].dtype.kind == "f")
+    assert moved > 0.01  # on main: 0.0

@@ -14,14 +14,14 @@ let them drift apart for good. The round's detail names such senders under ``oth
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from flcore.aggregation import bounded_contributions, change_limit, check_new_model
-from flcore.bounds import InfluencePolicy
+from flcore.bounds import MIN_REFERENCE, InfluencePolicy
 from flcore.rounds import UpdateRecord
 from flcore.strategies.base import Strategy
 from flcore.update import (
@@ -54,6 +54,7 @@ class RoundCollector:
     round: int
     model: NamedArrays
     policy: InfluencePolicy
+    me: str = ""  # this peer: its own update is the bounds' reference in a round of fewer than three
     updates: dict[str, PeerUpdate] = field(default_factory=dict)
     rejected: list[dict[str, str]] = field(default_factory=list)
 
@@ -84,6 +85,20 @@ class RoundCollector:
         self.updates[sender] = update
         return update
 
+    def _round_policy(self) -> InfluencePolicy:
+        """The bounds, with this peer's own update as their reference when the round has fewer than three: the
+        lower median of two is the smaller, one sender's word, and a member whose zero update always came first
+        (threshold 2) clipped every peer's own update to nothing, every round."""
+        own, policy = self.updates.get(self.me), self.policy
+        if own is None or len(self.updates) >= MIN_REFERENCE:
+            return policy
+        if policy.clip == "adaptive" and own.record.norm > 0:
+            policy = replace(policy, clip="fixed", clip_norm=policy.clip_multiple * own.record.norm)
+        if policy.sample_multiple > 0:
+            cap = int(policy.sample_multiple * own.record.samples)
+            policy = replace(policy, sample_multiple=0, max_samples=min(policy.max_samples or cap, cap))
+        return policy
+
     def drop(self, peer: str, reason: str) -> None:
         """Forget ``peer``'s update (revoked during the round)."""
         if self.updates.pop(peer, None) is not None:
@@ -94,11 +109,12 @@ class RoundCollector:
         when the result must not replace it (non-finite, invalid running variance, moved too far)."""
         peers = sorted(self.updates)
         records = [self.updates[p].record for p in peers]
-        influence, contributions = bounded_contributions(self.policy, records, lambda p: self.updates[p].delta)
+        policy = self._round_policy()
+        influence, contributions = bounded_contributions(policy, records, lambda p: self.updates[p].delta)
         strategy.begin(self.vector, self.spec)
         result = strategy.aggregate(self.vector, contributions)
         check_new_model(result.global_vector, self.vector, self.spec,
-                        limit=change_limit(self.policy, influence, strategy.bounded_by_clip))  # fmt: skip
+                        limit=change_limit(policy, influence, strategy.bounded_by_clip))  # fmt: skip
         strategy.on_commit(result)
         norms = np.array([r.norm for r in records])
         claimed = np.array([r.samples for r in records], np.float64)

@@ -192,7 +192,7 @@ class PeerRounds:
     # a round -----------------------------------------------------------------------------------------
     def _start_round(self, round_number: int, model: NamedArrays) -> None:
         self.round, self.model = round_number, model
-        self.collector = RoundCollector(round_number, model, self.policy)
+        self.collector = RoundCollector(round_number, model, self.policy, self.me)
         self.own_update, self.sent_to, self.bytes_sent = None, set(), 0
         self.node.publish_member("member", round_number)
         self.task = self._task(round_number)
