@@ -191,7 +191,7 @@ class PeerNode(MqttDaemon):
             self.warn(self._key("best", peer), "best model claim refused peer=%s reason=%s", peer, reason)
             return
         if best.peer != peer or document["signer"] != peer or best.federation != self.topics.federation:
-            self.warn(f"best-{peer}", "best model claim refused peer=%s reason=peer-mismatch", peer)
+            self.warn(self._key("best", peer), "best model claim refused peer=%s reason=peer-mismatch", peer)
             return
         self.work.note_claim(best)
 
