@@ -14,14 +14,14 @@ let them drift apart for good. The round's detail names such senders under ``oth
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from flcore.aggregation import bounded_contributions, change_limit, check_new_model
-from flcore.bounds import InfluencePolicy
+from flcore.bounds import MIN_REFERENCE, InfluencePolicy
 from flcore.rounds import UpdateRecord
 from flcore.strategies.base import Strategy
 from flcore.update import (
@@ -37,6 +37,7 @@ from flcore.validation import check_values, positive_ranges
 from models.serialization import SerializationError, read_header
 from models.weights import NamedArrays, fingerprint, flatten, float_part, spec_of, with_floats
 from protocol.messages import RoundTask
+from protocol.transfer import MiB, TransferLimits
 
 
 @dataclass
@@ -53,6 +54,7 @@ class RoundCollector:
     round: int
     model: NamedArrays
     policy: InfluencePolicy
+    me: str = ""  # this peer: its own update is the bounds' reference in a round of fewer than three
     updates: dict[str, PeerUpdate] = field(default_factory=dict)
     rejected: list[dict[str, str]] = field(default_factory=list)
 
@@ -83,6 +85,20 @@ class RoundCollector:
         self.updates[sender] = update
         return update
 
+    def _round_policy(self) -> InfluencePolicy:
+        """The bounds, with this peer's own update as their reference when the round has fewer than three: the
+        lower median of two is the smaller, one sender's word, and a member whose zero update always came first
+        (threshold 2) clipped every peer's own update to nothing, every round."""
+        own, policy = self.updates.get(self.me), self.policy
+        if own is None or len(self.updates) >= MIN_REFERENCE:
+            return policy
+        if policy.clip == "adaptive" and own.record.norm > 0:
+            policy = replace(policy, clip="fixed", clip_norm=policy.clip_multiple * own.record.norm)
+        if policy.sample_multiple > 0:
+            cap = int(policy.sample_multiple * own.record.samples)
+            policy = replace(policy, sample_multiple=0, max_samples=min(policy.max_samples or cap, cap))
+        return policy
+
     def drop(self, peer: str, reason: str) -> None:
         """Forget ``peer``'s update (revoked during the round)."""
         if self.updates.pop(peer, None) is not None:
@@ -93,11 +109,12 @@ class RoundCollector:
         when the result must not replace it (non-finite, invalid running variance, moved too far)."""
         peers = sorted(self.updates)
         records = [self.updates[p].record for p in peers]
-        influence, contributions = bounded_contributions(self.policy, records, lambda p: self.updates[p].delta)
+        policy = self._round_policy()
+        influence, contributions = bounded_contributions(policy, records, lambda p: self.updates[p].delta)
         strategy.begin(self.vector, self.spec)
         result = strategy.aggregate(self.vector, contributions)
         check_new_model(result.global_vector, self.vector, self.spec,
-                        limit=change_limit(self.policy, influence, strategy.bounded_by_clip))  # fmt: skip
+                        limit=change_limit(policy, influence, strategy.bounded_by_clip))  # fmt: skip
         strategy.on_commit(result)
         norms = np.array([r.norm for r in records])
         claimed = np.array([r.samples for r in records], np.float64)
@@ -129,6 +146,18 @@ def same_layout(model: NamedArrays, other: NamedArrays) -> bool:
     return {s.name: s for s in spec_of(model)} == {s.name: s for s in spec_of(other)}
 
 
+def model_refusal(model: NamedArrays, own: NamedArrays, round_number: int, last_round: int) -> str:
+    """Why a member's ``peer-model`` (a catch-up model or the elected one, round ``last_round``) is refused,
+    "" if it is not: a joiner adopts a catch-up model whole, so it must be usable."""
+    if not same_layout(model, own):
+        return "wrong-tensors"
+    if not 1 <= round_number <= last_round:
+        return f"bad-round: {round_number}"
+    if not all(np.isfinite(a).all() for a in float_part(model).values()):
+        return "non-finite-model"
+    return ""
+
+
 def coordinate_median(models: list[NamedArrays]) -> NamedArrays:
     """A late joiner's start model from members' models (of one layout, ``same_layout``): the coordinate-wise
     median of their floating tensors (one hostile member cannot pick it when there are 3 or more), the other
@@ -137,3 +166,13 @@ def coordinate_median(models: list[NamedArrays]) -> NamedArrays:
     spec = spec_of(float_part(first))
     stacked = np.stack([flatten(float_part(m), spec) for m in models])
     return with_floats(first, np.median(stacked, axis=0).astype(np.float32), spec)
+
+
+def transfer_limits(model: NamedArrays) -> TransferLimits:
+    """What a peer accepts from each member: nothing a peer sends (an update in fp32, or a whole model) is much
+    larger than the shared model itself, so a transfer may be twice its size plus 1 MiB of header, and a sender
+    may hold two such transfers half-received (an update and a model); all members together, 2 GiB (as before).
+    A hostile member then holds that much of a peer's memory at most, never the quota the others need."""
+    largest = 2 * sum(a.nbytes for a in model.values()) + MiB
+    return TransferLimits(max_bytes=largest, max_partial_per_sender=2, max_pending_bytes_per_sender=2 * largest + MiB,
+                          max_pending_bytes=max(2048 * MiB, 8 * largest))  # fmt: skip

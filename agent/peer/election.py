@@ -3,7 +3,8 @@ and publishes the score (``peer/<id>/best``, signed); once every current member 
 passed), the best claim wins (highest score, then the smallest peer id) and its owner seals its model to
 every member. A claim is only a claim: before adopting the winner's model a peer scores it on its own
 split and refuses it when it is more than ``margin`` worse than its own model there, so a peer lying about
-its score gains nothing; the peer then keeps its own model.
+its score gains nothing; the next best claim then leads (this peer's own at worst), so the liar does not
+keep the others from the honest best model either.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Election:
     margin: float
     started: float
     claims: dict[str, PeerBest] = field(default_factory=dict)
+    passed: dict[str, str] = field(default_factory=dict)  # claimants whose model was refused here, and why
 
     def __post_init__(self) -> None:
         self.claims[self.me] = self.own
@@ -43,8 +45,9 @@ class Election:
         return set(sessions) <= set(self.counted(sessions)) | {self.me}
 
     def leader(self, sessions: dict[str, float]) -> PeerBest:
-        """The best claim counted."""
-        return min(self.counted(sessions).values(), key=lambda c: (-c.score, c.peer))
+        """The best claim counted whose model was not refused here (this peer's own at worst)."""
+        left = [c for peer, c in self.counted(sessions).items() if peer not in self.passed]
+        return min(left, key=lambda c: (-c.score, c.peer))
 
     def judge(self, claim: PeerBest, model: NamedArrays, own_model: NamedArrays, score: float) -> str:
         """"" to adopt ``model`` (the winner's, scored ``score`` here), else why it is refused."""

@@ -17,11 +17,12 @@ from collections.abc import Callable
 import paho.mqtt.client as paho
 
 from agent.config import AgentConfig
-from agent.inbox import MODEL_LIMITS
+from agent.peer.collect import transfer_limits
 from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.roster import MembershipRefused, Roster
 from agent.peer.rounds import PeerRounds
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
+from flcore.validation import reason_kind
 from models.weights import NamedArrays
 from participant.jobs import Runner
 from participant.upload import Upload, send_sealed
@@ -51,13 +52,13 @@ class PeerNode(MqttDaemon):
             raise ValueError(f"{config.identity_path} holds the key of {self.identity.name!r}, not of agent.id "
                              f"{self.id!r}: fix keys.identity")  # fmt: skip
         self.roster = Roster(self.id, self.topics.federation, config.enrolled_dir)
-        opener = Opener(identity=self.identity, federation=self.topics.federation, senders=self.roster.keyring)
-        self.reassembler = Reassembler(opener, MODEL_LIMITS)
         self.uploads: list[Upload] = []
         self._log = Throttle(10.0)
         self.session = self._next_session = 0.0
         self._announce = False
         self.work = PeerRounds(self, config, runner=runner, evaluator=evaluator)
+        opener = Opener(identity=self.identity, federation=self.topics.federation, senders=self.roster.keyring)
+        self.reassembler = Reassembler(opener, transfer_limits(self.work.model))
         super().__init__(MqttClient(self.id, config.broker, will=self._next_will, on_connect=self._on_connect), log)
 
     # MqttDaemon --------------------------------------------------------------------------------------
@@ -156,6 +157,11 @@ class PeerNode(MqttDaemon):
         if held is not None:
             log.warning(message + (" held_back=%d" if held else ""), *args, *((held,) if held else ()))
 
+    def _key(self, what: str, peer: str, reason: str = "") -> str:
+        """A refusal's throttle key: its kind without the values, and strangers' topic names as one, so that
+        varying a value or a made-up peer name is no log flood."""
+        return f"{what}-{peer if peer in self.roster.keyring else '(stranger)'}-{reason_kind(reason)}"
+
     # received ----------------------------------------------------------------------------------------
     def _on_member(self, peer: str, payload: bytes) -> None:
         if peer == self.id:
@@ -163,13 +169,13 @@ class PeerNode(MqttDaemon):
         try:
             member = self.roster.consider(peer, payload)
         except MembershipRefused as exc:
-            self.warn(f"member-{peer}-{exc.reason}", "membership refused peer=%s reason=%s", peer, exc.reason)
+            self.warn(self._key("member", peer, exc.reason), "membership refused peer=%s reason=%s", peer, exc.reason)
             return
         if member is not None:
             log.info("membership peer=%s state=%s round=%d members=%s", peer, member.state, member.round,
                      ",".join(self.members()))  # fmt: skip
             if member.state == "joining":
-                self.work.catch_up(peer, member.session)
+                self.work.catch_up(peer)
 
     def _on_best(self, peer: str, payload: bytes) -> None:
         if not payload or peer == self.id:
@@ -178,14 +184,14 @@ class PeerNode(MqttDaemon):
             document = parse_untrusted_json(payload, max_bytes=MAX_JSON_BYTES)
             best = PeerBest.from_dict(verify_document(document, self.roster.keyring))
         except (UntrustedJsonError, MessageError) as exc:
-            self.warn(f"best-{peer}", "best model claim refused peer=%s reason=malformed: %s", peer, exc)
+            self.warn(self._key("best", peer), "best model claim refused peer=%s reason=malformed: %s", peer, exc)
             return
         except InvalidDocument as exc:
             reason = self.roster.why_untrusted(peer) if exc.reason == "unknown-signer" else exc.reason
-            self.warn(f"best-{peer}", "best model claim refused peer=%s reason=%s", peer, reason)
+            self.warn(self._key("best", peer), "best model claim refused peer=%s reason=%s", peer, reason)
             return
         if best.peer != peer or document["signer"] != peer or best.federation != self.topics.federation:
-            self.warn(f"best-{peer}", "best model claim refused peer=%s reason=peer-mismatch", peer)
+            self.warn(self._key("best", peer), "best model claim refused peer=%s reason=peer-mismatch", peer)
             return
         self.work.note_claim(best)
 
@@ -194,7 +200,7 @@ class PeerNode(MqttDaemon):
             completed = self.reassembler.feed(payload, topic_sender=peer, kinds=KINDS)
         except TransferRejected as exc:
             reason = self.roster.why_untrusted(peer) if exc.reason == "unknown-sender" else exc.reason
-            self.warn(f"chunk-{peer}-{reason}", "transfer refused peer=%s reason=%s", peer, reason)
+            self.warn(self._key("chunk", peer, reason), "transfer refused peer=%s reason=%s", peer, reason)
             return
         if completed is None:
             return

@@ -11,8 +11,9 @@ seeded by ``federation.seed``).
 *training*: the runner trains from this peer's model m_r; the trained model, in the update format
 (``agent.peer.collect.encode_model``), is checked like any peer's and sealed to every current member, also to
 one that appears later in the round; each peer takes its change from its own model. *waiting*: until it holds
-``threshold`` valid updates (capped at the current members, so a peer that left is not waited for) or
-``round_timeout_s`` passed since its own was ready; then m_{r+1} = m_r + the strategy's aggregate
+``threshold`` valid updates (capped at the current members, so a peer that left is not waited for, nor one
+that sent nothing in a round that timed out, until it sends an update again) or ``round_timeout_s`` passed since its
+own was ready; then m_{r+1} = m_r + the strategy's aggregate
 (``agent.peer.collect``), scored on its validation split and written as one line of ``metrics.jsonl``. An
 update for the next round is held until then; older ones are refused. *electing*: BestAgg
 (``agent.peer.election``); the adopted model is ``best_model.safetensors``.
@@ -26,12 +27,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from agent.config import AgentConfig
-from agent.peer.collect import RoundCollector, coordinate_median, encode_model, same_layout
+from agent.peer.collect import RoundCollector, coordinate_median, encode_model, model_refusal
 from agent.peer.election import Election
 from agent.peer.messages import PeerBest, PeerRoundMetrics
 from common.files import atomic_write
+from flcore.bounds import lower_median
 from flcore.update import UpdateRejected
+from flcore.validation import reason_kind
 from models.serialization import SerializationError, dumps, loads, save_file
 from models.weights import NamedArrays, fingerprint
 from participant.jobs import Job, Runner, Trained
@@ -85,10 +90,11 @@ class PeerRounds:
         self.train_s = 0.0
         self.own_update: bytes | None = None
         self.sent_to: set[str] = set()
+        self.silent: set[str] = set()  # members that sent nothing in a round that timed out, since: not waited for
         self.bytes_sent = 0
         self.held: dict[str, tuple[int, bytes, int]] = {}  # sender -> (round, update, wire bytes): the next round's
         self.catchup: dict[str, tuple[int, NamedArrays]] = {}
-        self.served: set[tuple[str, float]] = set()  # (joiner, session) sent its catch-up model
+        self.served: dict[str, int] = {}  # joiner -> the round it was last sent this peer's model
         self.claims: dict[str, PeerBest] = {}
         self.election: Election | None = None
         self.final_models: dict[str, NamedArrays] = {}
@@ -141,42 +147,52 @@ class PeerRounds:
     # joining -----------------------------------------------------------------------------------------
     def _join(self, now: float, waited: float) -> None:
         """Start round 1 once ``threshold`` peers are here (or ``round_timeout_s`` more passed), or catch up."""
-        others = {p: self.node.roster.members[p].round for p in self.node.members() if p != self.me}
+        others = self._member_rounds()
+        late = bool(others) and lower_median(np.array(list(others.values()))) > 1
         few = len(others) + 1 < self.plan.threshold and waited < self.plan.join_wait_s + self.plan.round_timeout_s
-        if few and not any(r > 1 for r in others.values()):
+        if few and not late:
             return
-        if any(r > 1 for r in others.values()):
+        if late:
             log.info("joining late: members %s are past round 1; asking for their models", others)
             self.phase, self.since = "joining", now
             self.node.publish_member("joining", 0)
             return
         self._start_round(1, self.model)
 
-    def catch_up(self, joiner: str, session: float) -> None:
-        """A late joiner announced itself: seal this peer's current model to it, once per connection."""
-        if self.phase not in ("training", "waiting") or (joiner, session) in self.served:
+    def catch_up(self, joiner: str) -> None:
+        """A late joiner announced itself: seal this peer's current model to it, once per round (a ``joining``
+        costs its sender a signature, the answer a whole model: a peer re-announcing itself gets no more)."""
+        if self.phase not in ("training", "waiting") or self.served.get(joiner) == self.round:
             return
-        self.served.add((joiner, session))
+        self.served[joiner] = self.round
         sent = self.node.seal_to(joiner, "peer-model", self.round, dumps(self.model))
         log.info("catch-up model sent peer=%s round=%d bytes=%d", joiner, self.round, sent)
 
     def _check_catch_up(self, now: float) -> None:
+        """Two members' models, or ``round_timeout_s``: start from their median (or its own) at the members' round."""
         waited = now - self.since >= self.plan.round_timeout_s
-        if waited and not self.catchup:
-            self.node.warn("catch-up", "joining late: no member has sent its model after %.0f s (members: %s)",
-                           now - self.since, ",".join(self.node.members()) or "none")  # fmt: skip
-        if len(self.catchup) < 2 and not (waited and self.catchup):
+        if len(self.catchup) < 2 and not waited:
             return
-        rounds = [r for r, _ in self.catchup.values()]
+        others = self._member_rounds()
+        start_round = min(self.plan.rounds, max(1, int(lower_median(np.array(list(others.values()) or [1])))))
+        if not self.catchup:  # members' rounds that nobody backs with a model cannot stall it
+            log.warning("joining late: no member sent its model in %.0f s (members: %s); starting round %d from its "
+                        "own", now - self.since, others, start_round)  # fmt: skip
+            return self._start_round(start_round, self.model)
         start = coordinate_median([m for _, m in self.catchup.values()])
-        log.info("caught up from=%s rounds=%s starting round=%d", ",".join(sorted(self.catchup)), rounds, max(rounds))
+        log.info("caught up from=%s rounds=%s members=%s starting round=%d", ",".join(sorted(self.catchup)),
+                 [r for r, _ in self.catchup.values()], others, start_round)  # fmt: skip
         self.catchup.clear()
-        self._start_round(max(rounds), start)
+        return self._start_round(start_round, start)
+
+    def _member_rounds(self) -> dict[str, int]:
+        """Each other member's signed round: their lower median, not one member's word, decides joining late."""
+        return {p: self.node.roster.members[p].round for p in self.node.members() if p != self.me}
 
     # a round -----------------------------------------------------------------------------------------
     def _start_round(self, round_number: int, model: NamedArrays) -> None:
         self.round, self.model = round_number, model
-        self.collector = RoundCollector(round_number, model, self.policy)
+        self.collector = RoundCollector(round_number, model, self.policy, self.me)
         self.own_update, self.sent_to, self.bytes_sent = None, set(), 0
         self.node.publish_member("member", round_number)
         self.task = self._task(round_number)
@@ -227,13 +243,18 @@ class PeerRounds:
 
     def _check_waiting(self, now: float) -> None:
         assert self.collector is not None
-        needed = min(self.plan.threshold, len(set(self.node.members()) | {self.me}))
+        members = set(self.node.members()) | {self.me}
+        needed = min(self.plan.threshold, len(members - self.silent))
         timed_out = now - self.since >= self.plan.round_timeout_s
-        if len(self.collector.updates) < needed and not timed_out:
+        # current members' updates only: one that sent and left must not close the round before an honest update
+        if len(members & set(self.collector.updates)) < needed and not timed_out:
             return
         if timed_out:
-            log.warning("round %d timed out after %.0f s with %d of %d updates", self.round,
-                        self.plan.round_timeout_s, len(self.collector.updates), needed)  # fmt: skip
+            missing = sorted(members - set(self.collector.updates) - {self.me})
+            log.warning("round %d timed out after %.0f s with %d of %d updates; not waited for until they send again: "
+                        "%s", self.round, self.plan.round_timeout_s, len(self.collector.updates), needed,
+                        ",".join(missing) or "-")  # fmt: skip
+            self.silent.update(missing)
         self._finish_round(now)
 
     def _finish_round(self, now: float) -> None:
@@ -271,6 +292,7 @@ class PeerRounds:
 
     # received ----------------------------------------------------------------------------------------
     def receive_update(self, sender: str, round_number: int, data: memoryview, wire_bytes: int) -> None:
+        self.silent.discard(sender)  # alive: a straggler is waited for again (security/README.md, "Peer mode")
         current = self.phase in ("training", "waiting")
         if current and round_number == self.round:
             self._accept(sender, data, wire_bytes)
@@ -285,7 +307,7 @@ class PeerRounds:
         try:
             update = self.collector.accept(sender, data, wire_bytes)
         except UpdateRejected as exc:
-            self.node.warn(f"update-{sender}-{exc.reason[:20]}", "update refused round=%d peer=%s reason=%s",
+            self.node.warn(f"update-{sender}-{reason_kind(exc.reason)}", "update refused round=%d peer=%s reason=%s",
                            self.round, sender, exc.reason)  # fmt: skip
             return False
         log.info("update accepted round=%d peer=%s norm=%.4g weight=%d", self.round, sender, update.record.norm,
@@ -298,8 +320,9 @@ class PeerRounds:
         except SerializationError as exc:
             self.node.warn(f"model-{sender}", "model refused peer=%s reason=malformed: %s", sender, exc)
             return
-        if not same_layout(arrays, self.model):
-            self.node.warn(f"model-{sender}", "model refused peer=%s reason=wrong-tensors", sender)
+        refusal = model_refusal(arrays, self.model, round_number, self.plan.rounds + 1)
+        if refusal:
+            self.node.warn(f"model-{sender}-{reason_kind(refusal)}", "model refused peer=%s reason=%s", sender, refusal)
             return
         if self.phase == "joining":
             self.catchup[sender] = (round_number, arrays)
@@ -332,7 +355,8 @@ class PeerRounds:
         sessions = {peer: self.node.roster.members[peer].session for peer in members}
         timed_out = now - self.since >= self.plan.round_timeout_s
         if self.leader is None:
-            if not election.complete(sessions) and not timed_out:
+            waited_for = {peer: session for peer, session in sessions.items() if peer not in self.silent}
+            if not election.complete(waited_for) and not timed_out and not election.passed:
                 return
             self.leader = election.leader(sessions)
             log.info("best model claims %s leader=%s", {p: c.score for p, c in sorted(election.claims.items())},
@@ -341,28 +365,35 @@ class PeerRounds:
                 for peer in members:
                     if peer != self.me:
                         self.node.seal_to(peer, "peer-model", self.plan.rounds + 1, dumps(self.model))
-                return self._adopt(self.me, "")
+                return self._adopt(self.me)
             self.since = now
             return None
         model = self.final_models.get(self.leader.peer)
         if model is None:
             if timed_out:
-                self._adopt(self.me, f"{self.leader.peer}'s model never came")
+                self._pass_leader(now, "its model never came")
             return None
         score = headline(self.evaluate(model))
         refusal = election.judge(self.leader, model, self.model, score if score is not None else float("nan"))
         if refusal:
-            log.warning("best model refused peer=%s claimed=%.4f reason=%s", self.leader.peer, self.leader.score,
-                        refusal)  # fmt: skip
-            return self._adopt(self.me, refusal)
+            return self._pass_leader(now, refusal)
         self.model = model
-        return self._adopt(self.leader.peer, "")
+        return self._adopt(self.leader.peer)
 
-    def _adopt(self, owner: str, why_own: str) -> None:
+    def _pass_leader(self, now: float, refusal: str) -> None:
+        """The next best claim leads (down to the own): a liar costs one look or ``round_timeout_s``, not the vote."""
+        assert self.election is not None and self.leader is not None
+        log.warning("best model refused peer=%s claimed=%.4f reason=%s", self.leader.peer, self.leader.score, refusal)
+        self.election.passed[self.leader.peer] = refusal
+        self.leader, self.since = None, now
+
+    def _adopt(self, owner: str) -> None:
+        assert self.election is not None
         save_file(self.state_dir / BEST_FILE, self.model)
-        record = {"peer": self.me, "adopted_from": owner, "sha256": fingerprint(self.model), "refused": why_own}
+        refused = "; ".join(f"{peer}: {why}" for peer, why in self.election.passed.items())
+        record = {"peer": self.me, "adopted_from": owner, "sha256": fingerprint(self.model), "refused": refused}
         atomic_write(self.state_dir / "election.json", json.dumps(record).encode())
-        log.info("best model adopted from=%s%s", owner, f" (kept its own: {why_own})" if why_own else "")
+        log.info("best model adopted from=%s%s", owner, f" (refused: {refused})" if refused else "")
         self.phase, self.done = "done", True
 
 
