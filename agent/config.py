@@ -116,6 +116,13 @@ class AgentConfig:
         return existing_path(self.path, "keys.server", self.keys.server, "server public key")
 
     @property
+    def init_weights_path(self) -> Path | None:
+        """Peer mode: the detector checkpoint every peer starts from, or None (the seeded model)."""
+        if not self.federation.init_weights:
+            return None
+        return existing_path(self.path, "federation.init_weights", self.federation.init_weights, "start checkpoint")
+
+    @property
     def enrolled_dir(self) -> Path:
         """Peer mode: the enrolled peers' public keys."""
         return existing_path(self.path, "keys.enrolled", self.keys.enrolled, "enrolled-peers folder")
@@ -154,6 +161,7 @@ def load_agent_config(path: Path) -> AgentConfig:
         raise ConfigError(f"{path}: {exc}") from None
     config.data_path, config.test_data_path, config.identity_path  # noqa: B018 - fail now
     config.enrolled_dir if config.peer_mode else config.server_key_path  # noqa: B018
+    config.init_weights_path  # noqa: B018
     return config
 
 

@@ -191,7 +191,7 @@ class SimSettings:
 
     def _check_peer_mode(self) -> None:
         """What a peer-mode run cannot do (yet): say so now, naming the flag."""
-        unsupported = [(bool(self.init_weights), "--init-weights"), (self.pooled, "pooled"),
+        unsupported = [(self.pooled, "pooled"),
                        (self.share != "full", "--share"), (self.in_process, "--in-process"),
                        (bool(self.privacy), "--dp-*"), (self.fraction < 1, "--fraction"),
                        (self.codec != "fp32", "--codec"), (self.attack == "silent", "--attack silent"),

@@ -39,6 +39,7 @@ def peer_plan(settings: SimSettings) -> dict:
         "momentum": settings.momentum,
         "seed": settings.seed,
         **({"classes": list(NAMES), "image_size": settings.image_size} if settings.task == "detect" else {}),
+        **({"init_weights": str(Path(settings.init_weights).resolve())} if settings.init_weights else {}),
         "strategy": {k: v for k, v in settings.strategy.items() if k not in ("threshold", "elect_best")},
         "bounds": settings.bounds,
     }

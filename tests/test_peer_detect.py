@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from agent.config import load_agent_config
 from agent.peer.rounds import initial_model
-from models.serialization import load_file
+from models.serialization import load_file, save_file
 from protocol.config import ConfigError
 from sim.federation import SimSettings
 from sim.peer_federation import create_peer_federation
@@ -47,9 +48,22 @@ def test_a_detect_peer_whose_data_does_not_fit_the_plan_fails_at_start(tmp_path,
     load_agent_config(path)  # as written: valid
     for change, message in (({"federation": {"classes": ["car", "bus", "person"]}}, "federation.classes is"),
                             ({"federation": {"image_size": 100}}, "federation.image_size must be a multiple of 32"),
-                            ({"training": {"trainer": "classifier"}}, 'needs training.trainer = "detector"')):
+                            ({"training": {"trainer": "classifier"}}, 'needs training.trainer = "detector"'),
+                            ({"federation": {"init_weights": "gone.pt"}}, "federation.init_weights")):
         original = path.read_text()
         override_toml(path, **change)
         with pytest.raises(ConfigError, match=message):
             load_agent_config(path)
         path.write_text(original)
+
+
+def test_detect_peers_start_from_the_sims_init_weights_when_given(tmp_path, broker):
+    warm = initial_model("yolo11n", 3, 7)
+    save_file(tmp_path / "warm.safetensors", warm)
+    settings = detect_settings(init_weights=str(tmp_path / "warm.safetensors"))
+    layout = create_peer_federation(tmp_path / "fed", settings, (broker.host, broker.port))
+    config = load_agent_config(layout.agent_configs["agent-02"])
+    start = initial_model("yolo11n", 3, config.federation.seed, config.init_weights_path)
+    assert all(np.array_equal(start[name], warm[name]) for name in warm)
+    seeded = initial_model("yolo11n", 3, config.federation.seed)
+    assert not all(np.array_equal(seeded[name], warm[name]) for name in warm)

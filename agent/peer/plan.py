@@ -6,6 +6,7 @@ round plan every peer must agree on, checked completely at start (an error names
     model = "digits_cnn"        # every peer builds the same start model from it and ``seed``
     # classes = ["car", ...]    # detectors (YOLO): the class names in id order, as in every peer's data.yaml
     # image_size = 160          # detectors: the training and validation input size in pixels
+    # init_weights = "warm.pt"  # detectors: a start checkpoint instead of ``seed`` (the same file on every peer)
     rounds = 5
     threshold = 3               # peer updates (its own included) a peer waits for; capped at the current members
     round_timeout_s = 120.0     # then it aggregates what it has
@@ -33,6 +34,7 @@ class FederationSection:
     num_classes: int = 10  # classifiers; a detector's follows ``classes``
     classes: list[str] = field(default_factory=list)  # detectors: class names in id order, as in data.yaml
     image_size: int = 640  # detectors: the square input size in pixels (a multiple of 32)
+    init_weights: str = ""  # detectors: a local .pt or global_model.safetensors every peer starts from, as the server's
     rounds: int = 0
     threshold: int = 0
     round_timeout_s: float = 120.0
@@ -91,8 +93,9 @@ class FederationSection:
         from models.tasks import task_of
 
         if task_of(self.model) != "detect":
-            if self.classes:
-                raise ValueError(f"federation.classes is for detector models; {self.model} is a classifier: remove it")
+            if self.classes or self.init_weights:
+                raise ValueError(f"federation.classes and init_weights are for detector models; {self.model} is a "
+                                 "classifier: remove them")  # fmt: skip
             return
         if not self.classes or len(set(self.classes)) != len(self.classes) or not all(
                 isinstance(c, str) and c for c in self.classes):  # fmt: skip

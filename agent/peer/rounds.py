@@ -45,15 +45,21 @@ METRICS_FILE = "metrics.jsonl"
 BEST_FILE = "best_model.safetensors"
 
 
-def initial_model(model: str, num_classes: int, seed: int) -> NamedArrays:
-    """The start model every peer builds alike (as the server seeds its first global model)."""
+def initial_model(model: str, num_classes: int, seed: int, weights: Path | None = None) -> NamedArrays:
+    """The start model every peer builds alike, as the server builds its first global model: seeded, or loaded
+    from the detector checkpoint ``weights``."""
     import torch
 
     from models.weights import to_arrays
     from models.zoo import build_model
 
     torch.manual_seed(seed)
-    return to_arrays(build_model(model, num_classes=num_classes))
+    built = build_model(model, num_classes=num_classes)
+    if weights is not None:
+        from models.yolo import load_pt_weights
+
+        load_pt_weights(built, weights)
+    return to_arrays(built)
 
 
 class PeerRounds:
@@ -77,7 +83,7 @@ class PeerRounds:
             evaluator = build_evaluator(self.plan.model, self.plan.num_classes, split, image_size=self.plan.image_size,
                                         work_dir=self.state_dir / "eval")  # fmt: skip
         self.evaluate = evaluator
-        self.model = initial_model(self.plan.model, self.plan.num_classes, self.plan.seed)
+        self.model = initial_model(self.plan.model, self.plan.num_classes, self.plan.seed, config.init_weights_path)
         self.phase, self.round, self.done = "gathering", 0, False
         self.since = time.monotonic()  # when the current phase began (gathering: when connected)
         self.connected_at: float | None = None
