@@ -116,6 +116,13 @@ class AgentConfig:
         return existing_path(self.path, "keys.server", self.keys.server, "server public key")
 
     @property
+    def init_weights_path(self) -> Path | None:
+        """Peer mode: the detector checkpoint every peer starts from, or None (the seeded model)."""
+        if not self.federation.init_weights:
+            return None
+        return existing_path(self.path, "federation.init_weights", self.federation.init_weights, "start checkpoint")
+
+    @property
     def enrolled_dir(self) -> Path:
         """Peer mode: the enrolled peers' public keys."""
         return existing_path(self.path, "keys.enrolled", self.keys.enrolled, "enrolled-peers folder")
@@ -154,6 +161,7 @@ def load_agent_config(path: Path) -> AgentConfig:
         raise ConfigError(f"{path}: {exc}") from None
     config.data_path, config.test_data_path, config.identity_path  # noqa: B018 - fail now
     config.enrolled_dir if config.peer_mode else config.server_key_path  # noqa: B018
+    config.init_weights_path  # noqa: B018
     return config
 
 
@@ -164,8 +172,34 @@ def check_keys(config: AgentConfig) -> None:
         if not config.keys.enrolled or config.keys.server:
             raise ValueError('keys.enrolled (the folder of every peer\'s .pub) is required with federation.mode = '
                              '"peer", and keys.server is not (there is no server): fix [keys]')  # fmt: skip
-        if config.training.trainer != "classifier" or not config.agent.test_data:
-            raise ValueError('federation.mode = "peer" needs training.trainer = "classifier" and agent.test_data '
-                             "(its local validation split, which BestAgg scores models on)")  # fmt: skip
+        check_peer_data(config)
     elif not config.keys.server:
         raise ValueError("keys.server (the server's public key) is required in client mode: set it in [keys]")
+
+
+def check_peer_data(config: AgentConfig) -> None:
+    """A peer scores models (each round's ``eval``, BestAgg) on its local validation split: a classifier's
+    ``agent.test_data``, a detector's data.yaml val split, whose class names must be the plan's."""
+    from models.tasks import task_of
+
+    detector = task_of(config.federation.model) == "detect"
+    if config.training.trainer != ("detector" if detector else "classifier"):
+        raise ValueError(f"federation.model {config.federation.model} needs training.trainer = "
+                         f"\"{'detector' if detector else 'classifier'}\"")  # fmt: skip
+    if not detector:
+        if not config.agent.test_data:
+            raise ValueError('federation.mode = "peer" with a classifier needs agent.test_data (its local validation '
+                             "split, which BestAgg scores models on)")  # fmt: skip
+        return
+    from models.yolo_dataset import DatasetError, load_data_yaml
+
+    try:
+        data = load_data_yaml(config.data_path)
+    except DatasetError as exc:
+        raise ValueError(f"agent.data: {exc}") from None
+    if not data.val:
+        raise ValueError(f"agent.data {config.data_path}: its val split holds no images; a peer scores models on it "
+                         "(each round's eval, BestAgg): add a val split")  # fmt: skip
+    if list(data.names) != config.federation.classes:
+        raise ValueError(f"agent.data names classes {list(data.names)} but federation.classes is "
+                         f"{config.federation.classes}: they must be the same, in id order")  # fmt: skip

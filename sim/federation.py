@@ -191,7 +191,8 @@ class SimSettings:
 
     def _check_peer_mode(self) -> None:
         """What a peer-mode run cannot do (yet): say so now, naming the flag."""
-        unsupported = [(self.task != "classify", "--task detect"), (self.in_process, "--in-process"),
+        unsupported = [(self.pooled, "pooled"),
+                       (self.share != "full", "--share"), (self.in_process, "--in-process"),
                        (bool(self.privacy), "--dp-*"), (self.fraction < 1, "--fraction"),
                        (self.codec != "fp32", "--codec"), (self.attack == "silent", "--attack silent"),
                        (self.share_ratio > 0, "--share-ratio"), (self.optimizer != "sgd", "--optimizer")]  # fmt: skip

@@ -2,18 +2,22 @@
 
     <root>/<peer>/agent.toml ([federation] mode = "peer" and the round plan), <peer>.key,
                   enrolled/<every peer>.pub, data.npz, test.npz (its local validation split)
+                  (detect: data/data.yaml, whose val split is its local validation split)
 
 the same files ``skyfed provision --mode peer`` writes for a real fleet, so ``skyfed agent run --config
-<root>/<peer>/agent.toml`` runs each peer exactly as deployed.
+<root>/<peer>/agent.toml`` runs each peer exactly as deployed. The data are the centralized sim's for the
+same settings (``sim.federation.write_data``), its evaluation set under ``<root>/server/`` included: there
+``sim.peer_run`` scores the elected model, so the two modes compare.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from models.synthetic_detection import NAMES
 from protocol.config import write_toml
 from security.keys import Identity, enroll
-from sim.federation import FederationLayout, SimSettings, agent_names, describe_partition, write_classify_data
+from sim.federation import FederationLayout, SimSettings, agent_names, write_data
 
 PEER_JOIN_WAIT_S = 3.0
 
@@ -34,6 +38,8 @@ def peer_plan(settings: SimSettings) -> dict:
         "lr": settings.lr,
         "momentum": settings.momentum,
         "seed": settings.seed,
+        **({"classes": list(NAMES), "image_size": settings.image_size} if settings.task == "detect" else {}),
+        **({"init_weights": str(Path(settings.init_weights).resolve())} if settings.init_weights else {}),
         "strategy": {k: v for k, v in settings.strategy.items() if k not in ("threshold", "elect_best")},
         "bounds": settings.bounds,
     }
@@ -42,7 +48,8 @@ def peer_plan(settings: SimSettings) -> dict:
 def create_peer_federation(root: Path, settings: SimSettings, broker: tuple[str, int]) -> FederationLayout:
     """Write everything ``settings.agents`` peers need under ``root``."""
     names = agent_names(settings.agents)
-    train, test = write_classify_data(root, names, settings.partition, settings.seed, settings.dataset)
+    _, agent_data, description = write_data(root, settings)
+    trainer = "detector" if settings.task == "detect" else "classifier"
     identities = {name: Identity.generate(name) for name in names}
     configs = {}
     for name, identity in identities.items():
@@ -51,13 +58,13 @@ def create_peer_federation(root: Path, settings: SimSettings, broker: tuple[str,
         for other in identities.values():
             enroll(folder / "enrolled", other.public)
         write_toml(folder / "agent.toml", {
-            "agent": {"id": name, "federation": settings.federation, "state_dir": "state", "data": "data.npz",
-                      "test_data": "test.npz", "seed": settings.seed, "status_interval_s": 2.0},
+            "agent": {"id": name, "federation": settings.federation, "state_dir": "state", **agent_data,
+                      "seed": settings.seed, "status_interval_s": 2.0},
             "broker": {"host": broker[0], "port": broker[1]},
             "keys": {"identity": f"{name}.key", "enrolled": "enrolled"},
-            "training": {"trainer": "classifier", "threads": 1,
+            "training": {"trainer": trainer, "threads": 1,
                          **({"worker": settings.worker} if settings.worker != "deployed" else {})},
             "federation": peer_plan(settings),
         })  # fmt: skip
         configs[name] = folder / "agent.toml"
-    return FederationLayout(root, root / "server" / "none", configs, describe_partition(train, test, names))
+    return FederationLayout(root, root / "server" / "none", configs, description)

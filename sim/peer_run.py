@@ -17,6 +17,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from agent.peer.rounds import BEST_FILE, read_metrics
+from models.synthetic_detection import NAMES
+from protocol.messages import headline
 from sim.federation import SimSettings
 from sim.peer_federation import create_peer_federation
 from sim.run import SimResult, _spawn_agents, _terminate, run_broker
@@ -58,8 +60,9 @@ def merged_metrics(work: Path, names: list[str]) -> list[dict]:
 
 
 def format_peer_round(line: dict, elapsed_s: float) -> str:
-    accuracy = line["eval"].get("accuracy")
-    return (f"round {line['round']:3d}  {line['peer']}  accuracy {accuracy if accuracy is None else f'{accuracy:.4f}'}"
+    score = headline(line["eval"])
+    name = "mAP@.5" if "map50" in line["eval"] else "accuracy"
+    return (f"round {line['round']:3d}  {line['peer']}  {name} {score if score is None else f'{score:.4f}'}"
             f"  from {len(line['aggregated_from'])}  rejected {len(line['rejected'])}  round_s {line['round_s']:6.2f}"
             f"  MB sent {line['bytes_sent'] / 1e6:.3f}  elapsed_s {elapsed_s:6.1f}")  # fmt: skip
 
@@ -83,9 +86,14 @@ def collect_peer_results(work: Path, out: Path, names: list[str], settings: SimS
 
 
 def shared_test_evaluation(work: Path, settings: SimSettings, model: Path) -> dict:
-    """The elected model on the evaluation set the centralized sim's server uses (``server/test.npz``), so the
-    two modes' final accuracies compare."""
-    from models.evaluators import ClassifierEvaluator
+    """The elected model on the evaluation set the centralized sim's server uses (``server/test.npz``, detect:
+    ``server/eval/data.yaml`` at the run's image size), so the two modes' final scores compare."""
+    from models.evaluators import build_evaluator
     from models.serialization import load_file
 
-    return ClassifierEvaluator(settings.model, 10, work / "server" / "test.npz")(load_file(model)[0])
+    detect = settings.task == "detect"
+    data = work / "server" / ("eval/data.yaml" if detect else "test.npz")
+    num_classes = len(NAMES) if detect else 10
+    evaluate = build_evaluator(settings.model, num_classes, data, image_size=settings.image_size,
+                               work_dir=work / "server" / "eval-run")  # fmt: skip
+    return evaluate(load_file(model)[0])

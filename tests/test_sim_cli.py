@@ -201,7 +201,7 @@ def test_sim_with_central_dp_reports_epsilon_and_stops_when_the_budget_is_spent(
         (["--in-process", "--broker", "127.0.0.1:1883"], "--in-process uses no broker: drop --broker"),
         (["--in-process", "--slow-agents", "1"], "--in-process runs its agents at one speed"),
         (["--broker", "127.0.0.1:"], "skyfed sim: "),  # a malformed address: one line, not a traceback
-        (["--mode", "peer", "--task", "detect"], "--task detect is not available with --mode peer"),
+        (["--mode", "peer", "--task", "detect", "--share", "head"], "--share is not available with --mode peer"),
         (["--mode", "peer", "--strategy", "fedswap"], "federation.strategy.name 'fedswap' does not work between peers"),
     ],
 )

@@ -4,6 +4,9 @@ round plan every peer must agree on, checked completely at start (an error names
     [federation]
     mode = "peer"
     model = "digits_cnn"        # every peer builds the same start model from it and ``seed``
+    # classes = ["car", ...]    # detectors (YOLO): the class names in id order, as in every peer's data.yaml
+    # image_size = 160          # detectors: the training and validation input size in pixels
+    # init_weights = "warm.pt"  # detectors: a start checkpoint instead of ``seed`` (the same file on every peer)
     rounds = 5
     threshold = 3               # peer updates (its own included) a peer waits for; capped at the current members
     round_timeout_s = 120.0     # then it aggregates what it has
@@ -28,7 +31,10 @@ PEER_STRATEGY = "fedavg"  # no server default to defer to: the seed's own (Smart
 class FederationSection:
     mode: str = "client"
     model: str = ""
-    num_classes: int = 10
+    num_classes: int = 10  # classifiers; a detector's follows ``classes``
+    classes: list[str] = field(default_factory=list)  # detectors: class names in id order, as in data.yaml
+    image_size: int = 640  # detectors: the square input size in pixels (a multiple of 32)
+    init_weights: str = ""  # detectors: a local .pt or global_model.safetensors every peer starts from, as the server's
     rounds: int = 0
     threshold: int = 0
     round_timeout_s: float = 120.0
@@ -78,8 +84,26 @@ class FederationSection:
         for key, ok, what in checks:
             if not ok:
                 raise ValueError(f"federation.{key} must be {what}, got {getattr(self, key)!r}")
+        self._check_detector()
         self.build_strategy()
         self.influence_policy()
+
+    def _check_detector(self) -> None:
+        """A detector's classes (its ``num_classes`` follows them) and input size; a classifier has neither."""
+        from models.tasks import task_of
+
+        if task_of(self.model) != "detect":
+            if self.classes or self.init_weights:
+                raise ValueError(f"federation.classes and init_weights are for detector models; {self.model} is a "
+                                 "classifier: remove them")  # fmt: skip
+            return
+        if not self.classes or len(set(self.classes)) != len(self.classes) or not all(
+                isinstance(c, str) and c for c in self.classes):  # fmt: skip
+            raise ValueError(f"federation.classes must name the distinct classes of detector {self.model} in id order, "
+                             f'as in every peer\'s data.yaml (e.g. classes = ["car", "truck"]), got {self.classes!r}')
+        if self.image_size < 32 or self.image_size % 32:
+            raise ValueError(f"federation.image_size must be a multiple of 32 (YOLO's stride), got {self.image_size}")
+        object.__setattr__(self, "num_classes", len(self.classes))
 
     def build_strategy(self):  # noqa: ANN201 - flcore's Strategy, imported here only
         """A fresh strategy from ``[federation.strategy]`` (its errors name the key)."""

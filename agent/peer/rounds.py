@@ -50,15 +50,21 @@ METRICS_FILE = "metrics.jsonl"
 BEST_FILE = "best_model.safetensors"
 
 
-def initial_model(model: str, num_classes: int, seed: int) -> NamedArrays:
-    """The start model every peer builds alike (as the server seeds its first global model)."""
+def initial_model(model: str, num_classes: int, seed: int, weights: Path | None = None) -> NamedArrays:
+    """The start model every peer builds alike, as the server builds its first global model: seeded, or loaded
+    from the detector checkpoint ``weights``."""
     import torch
 
     from models.weights import to_arrays
     from models.zoo import build_model
 
     torch.manual_seed(seed)
-    return to_arrays(build_model(model, num_classes=num_classes))
+    built = build_model(model, num_classes=num_classes)
+    if weights is not None:
+        from models.yolo import load_pt_weights
+
+        load_pt_weights(built, weights)
+    return to_arrays(built)
 
 
 class PeerRounds:
@@ -78,10 +84,11 @@ class PeerRounds:
         if evaluator is None:
             from models.evaluators import build_evaluator
 
-            evaluator = build_evaluator(self.plan.model, self.plan.num_classes, config.test_data_path,  # type: ignore[arg-type]
-                                        image_size=640, work_dir=self.state_dir / "eval")  # fmt: skip
+            split = config.test_data_path or config.data_path  # a detector's data.yaml names its val split
+            evaluator = build_evaluator(self.plan.model, self.plan.num_classes, split, image_size=self.plan.image_size,
+                                        work_dir=self.state_dir / "eval")  # fmt: skip
         self.evaluate = evaluator
-        self.model = initial_model(self.plan.model, self.plan.num_classes, self.plan.seed)
+        self.model = initial_model(self.plan.model, self.plan.num_classes, self.plan.seed, config.init_weights_path)
         self.phase, self.round, self.done = "gathering", 0, False
         self.since = time.monotonic()  # when the current phase began (gathering: when connected)
         self.connected_at: float | None = None
@@ -209,12 +216,13 @@ class PeerRounds:
     def _task(self, round_number: int) -> RoundTask:
         """The round as the trainer and ``encode_update`` read it: this peer's own plan, nobody's order."""
         plan = self.plan
-        train = TrainSettings(epochs=plan.epochs, batch_size=plan.batch_size, lr=plan.lr, momentum=plan.momentum)
+        train = TrainSettings(epochs=plan.epochs, batch_size=plan.batch_size, lr=plan.lr, momentum=plan.momentum,
+                              image_size=plan.image_size)  # fmt: skip
         return RoundTask(federation=self.node.topics.federation, round=round_number, attempt=0,
                          strategy=self.strategy.name, model=plan.model, num_classes=plan.num_classes,
                          model_version=round_number - 1, model_sha256=fingerprint(self.model), model_chunks=0,
                          group_key_id="", selected=[self.me], pending=[], deadline=0.0, issued_at=time.time(),
-                         train=train, run_id=f"peer-{plan.seed}")  # fmt: skip
+                         train=train, run_id=f"peer-{plan.seed}", classes=list(plan.classes))  # fmt: skip
 
     def _check_training(self, now: float) -> None:
         assert self.training is not None and self.collector is not None
