@@ -20,7 +20,7 @@ import numpy as np
 
 from common.untrusted_json import parse_untrusted_json
 from models.serialization import SerializationError, dumps, float32_region, loads, read_header
-from models.weights import NamedArrays, TensorSpec, delta, flatten, float_part, unflatten
+from models.weights import NamedArrays, TensorSpec, delta, fingerprint, flatten, float_part, unflatten
 from protocol.codecs import FP32, Codec, CodecError, ErrorFeedback, compress, decode
 from protocol.messages import RoundTask
 
@@ -250,3 +250,13 @@ def encode_update(
                       base_sha256=base_sha256, local_epsilon=epsilon, local_delta=local_delta, weight=result.weight,
                       local_eval=result.local_eval, start_eval=result.start_eval, codec=str(codec))  # fmt: skip
     return dumps(out.payload, metadata=meta.to_metadata()), out.sent
+
+
+def encode_model(task: RoundTask, start: NamedArrays, result: TrainResult, *, residual: Path,
+                 local_delta: float | None = None) -> bytes:  # fmt: skip
+    """A peer's trained model in the update format (its change over zero), naming the model ``start`` it trained
+    from by fingerprint: each receiver takes the change from its own model (``agent.peer.collect``)."""
+    zero = {name: np.zeros_like(array) for name, array in float_part(start).items()}
+    data, _ = encode_update(task, zero, result, residual=residual, base_sha256=fingerprint(start),
+                            local_delta=local_delta)  # fmt: skip
+    return data

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from flcore.update import TrainResult, encode_update
+from flcore.update import TrainResult, encode_model, encode_update
 from models.weights import NamedArrays, advanced
 from participant.jobs import Cancelled, Declined, Failed, Job, Outcome, Runner, Trained
 from participant.progress import RESIDUAL_FILE, Progress, ProgressStore
@@ -79,20 +79,23 @@ class RoundClient:
         *,
         identity: Identity,
         federation: str,
-        destination: Destination,
+        destination: Destination | None = None,
         local_delta: float | None = None,
+        whole_model: bool = False,
         log: logging.Logger | None = None,
         warn: Warn | None = None,
     ) -> None:
         """``local_delta``: the δ of local DP (an update says what its trainer's budget spent), None without it.
-        ``log`` and ``warn`` are the owner's, so its journal reads as one daemon's."""
+        ``log`` and ``warn`` are the owner's, so its journal reads as one daemon's. ``whole_model`` (a peer): the
+        update carries the trained model (``flcore.update.encode_model``), not its change from the start model.
+        ``destination`` None: the owner sends the update itself (a peer seals it to every member)."""
         self.name = name
         self.runner = runner
         self.store = store
         self.progress = store.load()
         self.start_models = StartModels(store)
         self.identity, self.federation, self.destination = identity, federation, destination
-        self.local_delta = local_delta
+        self.local_delta, self.whole_model = local_delta, whole_model
         self.log = log or logging.getLogger("skyfed.participant")
         self.warn = warn or (lambda _key, message, *args: self.log.warning(message, *args))
         self.training: Training | None = None
@@ -179,11 +182,15 @@ class RoundClient:
                 start.sha256, task.round, task.round, task.attempt)  # fmt: skip
             self.store.save(p)
             return None
-        data, sent = encode_update(task, base, result, residual=self.store.directory / RESIDUAL_FILE,
-                                   base_sha256="" if start.source == "global" else start.sha256,
-                                   local_delta=self.local_delta)  # fmt: skip
+        residual = self.store.directory / RESIDUAL_FILE
+        sent: NamedArrays | None = None  # the change the receiver decodes, when it is one from ``base``
+        if self.whole_model:
+            data = encode_model(task, base, result, residual=residual, local_delta=self.local_delta)
+        else:
+            data, sent = encode_update(task, base, result, residual=residual, local_delta=self.local_delta,
+                                       base_sha256="" if start.source == "global" else start.sha256)  # fmt: skip
         self.store.store_update(task.round, data)
-        if task.action != "average":  # the server keeps this participant's model: so does it, bit for bit
+        if sent is not None and task.action != "average":  # the server keeps this participant's model: so does it
             self.start_models.keep("local", advanced(base, sent), task.round)
         p.last_completed_round = task.round
         self.store.save(p)
@@ -224,6 +231,7 @@ class RoundClient:
     def send(self, mqtt: MqttClient, task: RoundTask, data: bytes) -> None:
         """Seal ``data`` and hand it to paho; it counts as sent once ``check_upload`` says so."""
         d = self.destination
+        assert d is not None, "no destination: the owner sends its updates itself"
         self.upload = send_sealed(mqtt, d.topic, data, sender=self.identity, recipient=d.recipient,
                                   federation=self.federation, kind=d.kind, round=task.round,
                                   attempt=task.attempt)  # fmt: skip

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from agent.config import load_agent_config
-from agent.peer.collect import RoundCollector, encode_model
+from agent.peer.collect import RoundCollector
 from agent.peer.election import Election
 from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.node import PeerNode
@@ -21,7 +21,7 @@ from agent.peer.rounds import initial_model, read_metrics
 from agent.runner import in_process_runner
 from flcore.bounds import InfluencePolicy
 from flcore.strategies import build_strategy
-from flcore.update import TrainResult
+from flcore.update import TrainResult, encode_model
 from models.serialization import dumps
 from protocol.messages import RoundTask
 from protocol.mqtt import BrokerSettings, MqttClient
@@ -246,7 +246,8 @@ def test_a_member_that_sends_then_leaves_does_not_close_the_round_without_an_hon
     rounds.phase, rounds.since, rounds.round = "waiting", time.monotonic(), 1
     for sender in ("agent-01", ROGUE):
         result = TrainResult(arrays=rounds.model, samples=10, loss=0.1)
-        assert rounds._accept(sender, encode_model(rounds._task(1), rounds.model, result, tmp_path / "r"), 0)
+        update = encode_model(rounds._task(1), rounds.model, result, residual=tmp_path / "r")
+        assert rounds._accept(sender, update, 0)
     node.handle(TOPICS.peer_member(ROGUE), membership(rogue, "left", session=1.0))
     assert node.members() == ["agent-01", "agent-02"]
     rounds.step(connected=False)
@@ -282,7 +283,8 @@ def test_a_zero_update_that_always_comes_first_cannot_freeze_a_peer_at_threshold
                      model_version=0, model_sha256="", model_chunks=0, group_key_id="", selected=["agent-01"],
                      pending=[], deadline=0.0, issued_at=0.0, run_id="peer-0")  # fmt: skip
     for sender, arrays, samples in (("agent-01", trained, 100), (ROGUE, model, 1)):
-        collector.accept(sender, encode_model(task, model, TrainResult(arrays, samples, 0.1), tmp_path / sender), 0)
+        update = encode_model(task, model, TrainResult(arrays, samples, 0.1), residual=tmp_path / sender)
+        collector.accept(sender, update, 0)
     new, _ = collector.aggregate(build_strategy({"name": "fedavg"}))
     moved = max(float(np.abs(new[k] - model[k]).max()) for k in model if model[k].dtype.kind == "f")
     assert moved > 0.01  # on main: 0.0

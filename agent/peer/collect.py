@@ -2,8 +2,8 @@
 ``flcore.update.parse_update``, values and invariants with ``flcore.validation.check_values``), kept
 until the round aggregates with the shared bounds and strategy (``flcore.aggregation``).
 
-A peer sends its trained model in the update format (``encode_model``: its change over zero, with the
-fingerprint of the model it trained from), and each receiver takes the change from its own model. When
+A peer sends its trained model in the update format (``flcore.update.encode_model``: its change over zero,
+with the fingerprint of the model it trained from), and each receiver takes the change from its own model. When
 every peer starts the round from the same model m_r, that change is bit for bit the sender's
 Δ = trained − m_r, and every peer aggregates the round's updates in the order of the senders' ids, so
 they compute the same model, bit for bit: the centralized FedAvg of the same updates. After a round some
@@ -15,7 +15,6 @@ let them drift apart for good. The round's detail names such senders under ``oth
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,19 +23,10 @@ from flcore.aggregation import bounded_contributions, change_limit, check_new_mo
 from flcore.bounds import MIN_REFERENCE, InfluencePolicy
 from flcore.rounds import UpdateRecord
 from flcore.strategies.base import Strategy
-from flcore.update import (
-    TrainResult,
-    UpdateMeta,
-    UpdateMetaError,
-    UpdateRejected,
-    encode_update,
-    float_layout,
-    parse_update,
-)
+from flcore.update import UpdateMeta, UpdateMetaError, UpdateRejected, float_layout, parse_update
 from flcore.validation import check_values, positive_ranges
 from models.serialization import SerializationError, read_header
 from models.weights import NamedArrays, fingerprint, flatten, float_part, spec_of, with_floats
-from protocol.messages import RoundTask
 from protocol.transfer import MiB, TransferLimits
 
 
@@ -122,14 +112,6 @@ class RoundCollector:
         if other := [p for p in peers if self.updates[p].base_sha256 != self.sha256]:
             detail["other_base"] = other
         return with_floats(self.model, result.global_vector, self.spec), detail
-
-
-def encode_model(task: RoundTask, start: NamedArrays, result: TrainResult, residual: Path) -> bytes:
-    """A peer's trained model in the update format (``flcore.update``: its change over zero), naming the
-    model ``start`` it trained from by fingerprint."""
-    zero = {name: np.zeros_like(array) for name, array in float_part(start).items()}
-    data, _ = encode_update(task, zero, result, residual=residual, base_sha256=fingerprint(start))
-    return data
 
 
 def claimed_base(data: bytes | bytearray | memoryview) -> str:

@@ -120,7 +120,7 @@ class PeerNode(MqttDaemon):
     @property
     def runner(self) -> Runner:
         """The trainer's runner (``sim.agent_host`` wraps an in-process runner's trainer)."""
-        return self.work.runner
+        return self.work.client.runner
 
     # what the round work uses ------------------------------------------------------------------------
     def members(self) -> list[str]:

@@ -8,9 +8,10 @@ a member is past round 1 it is a late joiner (*joining*): members seal their cur
 (``peer-model``) and it starts from the coordinate-wise median of two or more (the one it has once
 ``round_timeout_s`` passed). Else every peer starts round 1 from the same model (``federation.model``,
 seeded by ``federation.seed``).
-*training*: the runner trains from this peer's model m_r; the trained model, in the update format
-(``agent.peer.collect.encode_model``), is checked like any peer's and sealed to every current member, also to
-one that appears later in the round; each peer takes its change from its own model. *waiting*: until it holds
+*training*: its ``participant.round_client.RoundClient`` trains from this peer's model m_r and encodes and
+stores the trained model in the update format (``flcore.update.encode_model``), which is checked like any
+peer's and sealed to every current member, also to one that appears later in the round; each peer takes its
+change from its own model. *waiting*: until it holds
 ``threshold`` valid updates (capped at the current members, so a peer that left is not waited for, nor one
 that sent nothing in a round that timed out, until it sends an update again) or ``round_timeout_s`` passed since its
 own was ready; then m_{r+1} = m_r + the strategy's aggregate
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from agent.config import AgentConfig
-from agent.peer.collect import RoundCollector, coordinate_median, encode_model, model_refusal
+from agent.peer.collect import RoundCollector, coordinate_median, model_refusal
 from agent.peer.election import Election
 from agent.peer.messages import PeerBest, PeerRoundMetrics
 from common.files import atomic_write
@@ -39,8 +40,10 @@ from flcore.update import UpdateRejected
 from flcore.validation import reason_kind
 from models.serialization import SerializationError, dumps, loads, save_file
 from models.weights import NamedArrays, fingerprint
-from participant.jobs import Job, Runner, Trained
-from protocol.messages import RoundTask, TrainSettings, headline
+from participant.jobs import Runner, Trained
+from participant.progress import ProgressStore
+from participant.round_client import RoundClient
+from protocol.messages import AgentStart, RoundTask, TrainSettings, headline
 
 if TYPE_CHECKING:
     from agent.peer.node import Evaluator, PeerNode
@@ -80,7 +83,8 @@ class PeerRounds:
             from agent.runner import ChildRunner
 
             runner = ChildRunner(config)
-        self.runner = runner
+        self.client = RoundClient(self.me, runner, ProgressStore(self.state_dir), identity=node.identity,
+                                  federation=node.topics.federation, whole_model=True, log=log, warn=node.warn)
         if evaluator is None:
             from models.evaluators import build_evaluator
 
@@ -93,7 +97,6 @@ class PeerRounds:
         self.since = time.monotonic()  # when the current phase began (gathering: when connected)
         self.connected_at: float | None = None
         self.collector: RoundCollector | None = None
-        self.training: Job | None = None
         self.train_s = 0.0
         self.own_update: bytes | None = None
         self.sent_to: set[str] = set()
@@ -106,12 +109,11 @@ class PeerRounds:
         self.election: Election | None = None
         self.final_models: dict[str, NamedArrays] = {}
         self.leader: PeerBest | None = None  # the election's winning claim, once decided
-        self.task: RoundTask | None = None
         (self.state_dir / METRICS_FILE).unlink(missing_ok=True)
 
     # the loop ----------------------------------------------------------------------------------------
     def step(self, connected: bool) -> None:
-        self.runner.release_idle()
+        self.client.runner.release_idle()
         now = time.monotonic()
         if self.phase == "gathering":
             if connected and self.connected_at is None:
@@ -137,9 +139,7 @@ class PeerRounds:
         return f"round {self.round}: {self.phase}" if self.round else self.phase
 
     def close(self) -> None:
-        if self.training is not None:
-            self.training.cancel("the peer is stopping")
-        self.runner.close()
+        self.client.close("the peer is stopping")
 
     def drop(self, peer: str, reason: str) -> None:
         """``peer`` was revoked: its update of this round and any it sent ahead no longer count."""
@@ -202,8 +202,8 @@ class PeerRounds:
         self.collector = RoundCollector(round_number, model, self.policy, self.me)
         self.own_update, self.sent_to, self.bytes_sent = None, set(), 0
         self.node.publish_member("member", round_number)
-        self.task = self._task(round_number)
-        self.training = self.runner.train(model, self.task)
+        task = self._task(round_number)
+        self.client.train(task, AgentStart(self.me, "peer", task.model_sha256), model)
         self.phase, self.since = "training", time.monotonic()
         held, self.held = self.held, {}
         for sender, (held_round, data, wire) in sorted(held.items()):
@@ -225,19 +225,15 @@ class PeerRounds:
                          train=train, run_id=f"peer-{plan.seed}", classes=list(plan.classes))  # fmt: skip
 
     def _check_training(self, now: float) -> None:
-        assert self.training is not None and self.collector is not None
-        outcome = self.training.poll()
-        if outcome is None:
+        assert self.collector is not None
+        report = self.client.poll()
+        if report is None:
             return
-        self.training, self.train_s = None, now - self.since
-        if isinstance(outcome, Trained) and self.task is not None:
-            data = encode_model(self.task, self.model, outcome.result, self.state_dir / "residual")
-            if self._accept(self.me, data, 0):
-                self.own_update = data
-            log.info("trained round=%d samples=%d loss=%.4f seconds=%.2f", self.round, outcome.result.samples,
-                     outcome.result.loss, self.train_s)  # fmt: skip
-        else:
-            log.error("training round=%d gave no update: %s", self.round, outcome)
+        self.train_s = now - self.since
+        if not isinstance(report.outcome, Trained) or report.update is None:
+            log.error("training round=%d gave no update: %s", self.round, report.outcome)
+        elif self._accept(self.me, report.update, 0):
+            self.own_update = report.update
         self.phase, self.since = "waiting", now
 
     def _send_own(self) -> None:
