@@ -4,12 +4,15 @@ the server's shared-pool trainer drives. A real broker, real sealing, a trainer 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from flcore.update import TrainResult, UpdateMeta
 from models.serialization import loads
+from models.weights import fingerprint
 from participant.jobs import Cancelled, Failed, InProcessRunner, Trained
 from participant.progress import ProgressStore
 from participant.round_client import Destination, RoundClient
+from protocol.messages import AgentStart
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferLimits
@@ -94,3 +97,23 @@ def test_a_round_client_reports_what_its_job_did_and_keeps_nothing_of_a_refused_
         assert report is not None and report.update is None and isinstance(report.outcome, outcome)
         assert pool.store.stored_update(task.round) is None and pool.progress.last_completed_round == 0
         assert pool.failed_on(task) == (outcome is Failed)  # a failed attempt is not retried; a cancelled one is
+
+
+def test_a_peers_round_client_stores_its_trained_model_naming_its_start_and_sends_nothing_itself(tmp_path):
+    """``whole_model`` (a peer): the update is the trained model (its change over zero) naming the start model's
+    fingerprint, so each receiver takes the change from its own model; the peer fans it out itself."""
+    me = Identity.generate("agent-01")
+    task = round_task(selected=["agent-01"], pending=["agent-01"])
+    base = {"w": np.full((2, 3), 2.0, np.float32), "b": np.ones(3, np.float32)}
+    peer = RoundClient("agent-01", InProcessRunner(Plus(0.25)), ProgressStore(tmp_path), identity=me, federation="it",
+                       whole_model=True)  # fmt: skip
+    peer.train(task, AgentStart("agent-01", "peer", fingerprint(base)), base)
+    wait_until(lambda: peer.training.job.poll() is not None, 20, "training")
+    report = peer.poll()
+    assert report is not None and isinstance(report.outcome, Trained) and report.update is not None
+    assert peer.store.stored_update(task.round) == report.update and peer.progress.last_completed_round == 1
+    arrays, metadata = loads(report.update)
+    assert all(np.array_equal(arrays[k], base[k] + np.float32(0.25)) for k in base)  # the model, not the change
+    assert UpdateMeta.from_metadata(metadata).base_sha256 == fingerprint(base)
+    with pytest.raises(AssertionError, match="no destination"):
+        peer.send(None, task, report.update)  # type: ignore[arg-type] - the peer seals to each member itself
