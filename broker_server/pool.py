@@ -2,12 +2,12 @@
 more participant, ``server-pool``, every round.
 
 The pool trains with the agents' own trainer (``participant.classifier.ClassifierTrainer``) on a thread
-(``participant.jobs.InProcessRunner``), so the daemon's loop never waits for it: the job starts when the round
-is announced, from the round's global model and settings, and its update, encoded as an agent encodes one
-(``flcore.update.encode_update``), goes through ``RoundEngine.accept`` like an agent's (the same structural
-checks, norm limit and invariants), then the round's influence bounds and differential privacy's clip, noise
-and accounting. The engine selects the pool beside the round's agents and waits for it as for them: its
-update arrives by the deadline, or it is missed.
+(``participant.jobs.InProcessRunner``) through the participant's round work (``participant.round_client``), so
+the daemon's loop never waits for it: the job starts when the round is announced, from the round's global model
+and settings, and its update, encoded and stored as an agent's (``flcore.update.encode_update``), goes through
+``RoundEngine.accept`` like an agent's (the same structural checks, norm limit and invariants), then the round's
+influence bounds and differential privacy's clip, noise and accounting. The engine selects the pool beside the
+round's agents and waits for it as for them: its update arrives by the deadline, or it is missed.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from broker_server.config import POOL, ServerConfig
-from flcore.update import encode_update
 from models.datasets import load_dataset
 from models.weights import NamedArrays
 from participant.classifier import ClassifierTrainer
-from participant.jobs import InProcessRunner, Job, Trained
+from participant.jobs import InProcessRunner, Trained
+from participant.progress import ProgressStore
+from participant.round_client import RoundClient
 from protocol.config import ConfigError
-from protocol.messages import RoundTask
+from protocol.messages import AgentStart, RoundTask
 from protocol.transfer import Completed
 from security.envelope import NO_DIGEST, Manifest
 
@@ -48,13 +48,6 @@ class PoolResult:
     reason: str = ""
 
 
-@dataclass
-class _Running:
-    task: RoundTask
-    base: NamedArrays
-    job: Job
-
-
 class SharedPool:
     """The pool participant: one training job at a time, started per round, polled by the daemon's loop."""
 
@@ -72,56 +65,46 @@ class SharedPool:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         trainer = ClassifierTrainer(data, device=device or pick_device(), agent_id=POOL, work_dir=self.work_dir,
                                     seed=config.server.seed)  # fmt: skip
-        self.runner = InProcessRunner(trainer)
-        self._running: _Running | None = None
-
-    @property
-    def residual(self) -> Path:
-        """The codec's error feedback (top-k keeps what it did not send), as an agent keeps it."""
-        return self.work_dir / "residual.safetensors"
+        self.client = RoundClient(POOL, InProcessRunner(trainer), ProgressStore(self.work_dir), log=log)
 
     @property
     def round(self) -> int | None:
         """The round the pool is training for, if it is."""
-        return None if self._running is None else self._running.task.round
+        training = self.client.training
+        return None if training is None else training.task.round
 
     def start(self, task: RoundTask, base: NamedArrays) -> None:
         """Train ``task`` from ``base`` (the round's global model), unless the pool already trains this round."""
-        if self._running is not None and (self._running.task.run_id, self._running.task.round) == (
-            task.run_id, task.round
-        ):  # fmt: skip
+        training = self.client.training
+        if training is not None and (training.task.run_id, training.task.round) == (task.run_id, task.round):
             return
         self.cancel("a new round opened")
         base = {name: array.copy() for name, array in base.items()}  # the engine may move on while it trains
-        self._running = _Running(task, base, self.runner.train(base, task))
+        self.client.train(task, AgentStart(POOL, "global", task.model_sha256), base)
         log.info("pool training started round=%d samples=%d optimizer=%s", task.round, self.samples,
                  task.train_of(POOL).optimizer)  # fmt: skip
 
     def cancel(self, reason: str) -> None:
         """Drop the running job (its round closed, or another one opened)."""
-        if self._running is not None:
-            self._running.job.cancel(reason)
-            log.info("pool training dropped round=%d reason=%s", self._running.task.round, reason)
-            self._running = None
+        if (round_number := self.round) is not None:
+            self.client.poll(cancel=reason, refuse=reason)  # an in-process job ends at once; a result is dropped
+            log.info("pool training dropped round=%d reason=%s", round_number, reason)
 
     def poll(self) -> PoolResult | None:
         """The finished job's update, encoded as an agent encodes one, or why there is none; None while it runs."""
-        running = self._running
-        outcome = None if running is None else running.job.poll()
-        if running is None or outcome is None:
+        report = None if self.client.training is None else self.client.poll()
+        if report is None:
             return None
-        self._running = None
-        task = running.task
-        if not isinstance(outcome, Trained):
+        task, outcome = report.task, report.outcome
+        if not isinstance(outcome, Trained) or report.update is None:
             reason = getattr(outcome, "reason", type(outcome).__name__)
             log.warning("pool training failed round=%d reason=%s", task.round, reason)
             return PoolResult(task.round, None, reason)
-        data, _ = encode_update(task, running.base, outcome.result, residual=self.residual)
-        return PoolResult(task.round, local_update(task, POOL, data, wire_bytes=0))  # it never left the server
+        return PoolResult(task.round, local_update(task, POOL, report.update, wire_bytes=0))  # it never left the server
 
     def wait(self, poll_s: float = 0.01) -> PoolResult | None:
         """Block until the job ends (the in-process sim, which has no loop to poll from); None without one."""
-        while self._running is not None:
+        while self.client.training is not None:
             if (result := self.poll()) is not None:
                 return result
             time.sleep(poll_s)

@@ -77,8 +77,8 @@ class RoundClient:
         runner: Runner,
         store: ProgressStore,
         *,
-        identity: Identity,
-        federation: str,
+        identity: Identity | None = None,
+        federation: str = "",
         destination: Destination | None = None,
         local_delta: float | None = None,
         whole_model: bool = False,
@@ -88,7 +88,8 @@ class RoundClient:
         """``local_delta``: the δ of local DP (an update says what its trainer's budget spent), None without it.
         ``log`` and ``warn`` are the owner's, so its journal reads as one daemon's. ``whole_model`` (a peer): the
         update carries the trained model (``flcore.update.encode_model``), not its change from the start model.
-        ``destination`` None: the owner sends the update itself (a peer seals it to every member)."""
+        ``identity`` and ``destination`` None: the owner sends the update itself (a peer seals it to every member)
+        or keeps it (the server's pool)."""
         self.name = name
         self.runner = runner
         self.store = store
@@ -231,7 +232,7 @@ class RoundClient:
     def send(self, mqtt: MqttClient, task: RoundTask, data: bytes) -> None:
         """Seal ``data`` and hand it to paho; it counts as sent once ``check_upload`` says so."""
         d = self.destination
-        assert d is not None, "no destination: the owner sends its updates itself"
+        assert d is not None and self.identity is not None, "no destination: the owner sends its updates itself"
         self.upload = send_sealed(mqtt, d.topic, data, sender=self.identity, recipient=d.recipient,
                                   federation=self.federation, kind=d.kind, round=task.round,
                                   attempt=task.attempt)  # fmt: skip

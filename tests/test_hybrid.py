@@ -153,7 +153,7 @@ def test_a_pool_whose_training_fails_is_excused_and_the_round_goes_on(tmp_path, 
                      strategy={"name": "fedavg"})  # fmt: skip
     server = Aggregator(load_server_config(fed.layout.server_config))
     assert server.pool is not None
-    trainer = server.pool.runner.trainer
+    trainer = server.pool.client.runner.trainer
     trainer.data = Dataset(trainer.data.x, trainer.data.y + 100)
     started = time.monotonic()
     fed.run(server)

@@ -102,11 +102,9 @@ def test_a_round_client_reports_what_its_job_did_and_keeps_nothing_of_a_refused_
 def test_a_peers_round_client_stores_its_trained_model_naming_its_start_and_sends_nothing_itself(tmp_path):
     """``whole_model`` (a peer): the update is the trained model (its change over zero) naming the start model's
     fingerprint, so each receiver takes the change from its own model; the peer fans it out itself."""
-    me = Identity.generate("agent-01")
     task = round_task(selected=["agent-01"], pending=["agent-01"])
     base = {"w": np.full((2, 3), 2.0, np.float32), "b": np.ones(3, np.float32)}
-    peer = RoundClient("agent-01", InProcessRunner(Plus(0.25)), ProgressStore(tmp_path), identity=me, federation="it",
-                       whole_model=True)  # fmt: skip
+    peer = RoundClient("agent-01", InProcessRunner(Plus(0.25)), ProgressStore(tmp_path), whole_model=True)
     peer.train(task, AgentStart("agent-01", "peer", fingerprint(base)), base)
     wait_until(lambda: peer.training.job.poll() is not None, 20, "training")
     report = peer.poll()

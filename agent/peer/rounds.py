@@ -83,8 +83,8 @@ class PeerRounds:
             from agent.runner import ChildRunner
 
             runner = ChildRunner(config)
-        self.client = RoundClient(self.me, runner, ProgressStore(self.state_dir), identity=node.identity,
-                                  federation=node.topics.federation, whole_model=True, log=log, warn=node.warn)
+        self.client = RoundClient(self.me, runner, ProgressStore(self.state_dir), whole_model=True, log=log,
+                                  warn=node.warn)  # it seals its update to each member itself (``_send_own``)
         if evaluator is None:
             from models.evaluators import build_evaluator
 
