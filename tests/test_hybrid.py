@@ -162,6 +162,32 @@ def test_a_pool_whose_training_fails_is_excused_and_the_round_goes_on(tmp_path, 
     assert time.monotonic() - started < 30  # not the round's 60 s deadline
 
 
+def test_the_pool_stores_its_update_as_an_agent_does_and_a_dropped_job_leaves_nothing(tmp_path, broker):
+    """Through ``participant.round_client``: the pool's update is encoded and kept on disk like an agent's; a job
+    dropped after it finished (its round closed) is neither encoded nor kept."""
+    from broker_server.pool import SharedPool
+    from models.weights import to_arrays
+    from models.zoo import build_model
+
+    fed = Federation(tmp_path, broker, rounds=1, agents=1, model="mlp_digits", share_ratio=0.25,
+                     strategy={"name": "fedavg"})  # fmt: skip
+    pool = SharedPool(load_server_config(fed.layout.server_config), device=torch.device("cpu"))
+    base = to_arrays(build_model("mlp_digits", num_classes=10))
+    task = round_task(model="mlp_digits", selected=[POOL], pending=[POOL], train=TrainSettings(epochs=1))
+    pool.start(task, base)
+    training = pool.client.training
+    assert training is not None and pool.round == 1
+    deadline = time.monotonic() + 60
+    while training.job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pool.cancel("the round closed")
+    assert pool.round is None and pool.poll() is None and pool.client.store.stored_update(1) is None
+    pool.start(task, base)
+    result = pool.wait()
+    assert result is not None and result.update is not None
+    assert pool.client.store.stored_update(1) == bytes(result.update.data)
+
+
 def test_server_toml_refuses_a_pool_that_cannot_work(tmp_path):
     layout = create_federation(tmp_path, SimSettings(agents=2, rounds=1, share_ratio=0.2), ("127.0.0.1", 1))
     path = layout.server_config
