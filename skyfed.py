@@ -15,6 +15,7 @@ from collections.abc import Sequence
 def build_parser() -> argparse.ArgumentParser:
     from agent.cli import add_agent_commands
     from broker_server.cli import add_monitor_command, add_server_commands
+    from region.cli import build_region
     from security.cli import add_certs_commands, add_keys_commands
     from security.provision_cli import add_provision_command
     from sim.cli import add_sim_commands
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     commands = parser.add_subparsers(dest="command", required=True)
     add_agent_commands(commands)
-    add_server_commands(commands)
+    add_server_commands(commands, build_region)
     add_monitor_command(commands)
     add_sim_commands(commands)
     add_data_commands(commands)

@@ -31,7 +31,7 @@ from agent.device import check_device_present
 from agent.echo import PublishEcho, dropped_text
 from agent.inbox import ServerInbox
 from agent.onboard import OnboardModel
-from agent.profile import privacy_view, read_start_files
+from agent.profile import StartFiles, privacy_view, read_start_files
 from agent.run_end import RunEnd
 from agent.runner import ChildRunner
 from agent.task_check import TaskRefused, checked_task
@@ -54,11 +54,11 @@ STUCK_LOG_S = 60.0  # connected this long without the group key: say why in the 
 
 
 class EdgeAgent(MqttDaemon):
-    def __init__(self, config: AgentConfig, *, runner: Runner | None = None) -> None:
+    def __init__(self, config: AgentConfig, *, runner: Runner | None = None, files: StartFiles | None = None) -> None:
         self.config = config
         self.id = config.agent.id
         self.topics = Topics(config.agent.federation)
-        files = read_start_files(config)  # keys and data read and checked now: a bad one fails at start
+        files = files or read_start_files(config)  # keys and data read and checked now: a bad one fails at start
         self.identity, self.server, self.profile = files.identity, files.server, files.profile
         self.privacy = privacy_view(config)
         if runner is None:  # the training child's PyTorch must see the GPU training.device names: say so now

@@ -8,8 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from broker_server.config import ServerConfig
-    from protocol.daemon import MqttDaemon
+    from protocol.daemon import Daemon
+
+    RegionBuilder = Callable[[ServerConfig], Daemon]
 
 
 def load_checked_server_config(path: Path, *, create: bool = True) -> ServerConfig:
@@ -25,11 +29,13 @@ def run_server(args: argparse.Namespace) -> int:
     from common.lock import hold_state_dir
     from protocol.daemon import run_daemon
 
-    def build() -> MqttDaemon:
+    def build() -> Daemon:
         config = load_checked_server_config(Path(args.config))
         hold_state_dir(config.state_dir, "server.state_dir")  # before anything reads or writes it
         for warning in server_warnings(config):
             logging.getLogger("skyfed.server").warning("%s", warning)
+        if config.upstream is not None:  # a region: the aggregator and its participant at the root
+            return args.build_region(config)
         from broker_server.daemon import Aggregator  # PyTorch: seconds, so only once the config is known good
 
         return Aggregator(config, keep_running=args.keep_running)
@@ -63,12 +69,13 @@ def run_monitor(args: argparse.Namespace) -> int:
     return monitor(settings, args.federation, once=args.once, timeout_s=args.timeout)
 
 
-def add_server_commands(commands: argparse._SubParsersAction) -> None:
+def add_server_commands(commands: argparse._SubParsersAction, build_region: RegionBuilder) -> None:
+    """``skyfed server``; ``build_region`` makes a region's daemon (``[upstream]``), from the layer above this one."""
     server = commands.add_parser("server", help="the aggregator daemon").add_subparsers(dest="action", required=True)
     run = server.add_parser("run", help="run the aggregator (systemd runs this)")
     run.add_argument("--config", required=True, help="path to server.toml")
     run.add_argument("--keep-running", action="store_true", help="stay up after server.rounds are done (serve status)")
-    run.set_defaults(handler=run_server)
+    run.set_defaults(handler=run_server, build_region=build_region)
     check = server.add_parser("check", help="check server.toml (and that state_dir is writable) without starting")
     check.add_argument("--config", required=True, help="path to server.toml")
     check.set_defaults(handler=check_server)

@@ -5,7 +5,7 @@ Example: ``deploy/examples/server.toml``. Relative paths are relative to the con
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,22 @@ class PoolSection:
 
 
 @dataclass(frozen=True)
+class UpstreamSection:
+    """``[upstream]``: this server is a region's aggregator. It runs rounds with its own agents, and takes part
+    in the root's rounds as one participant, ``id``, sending its aggregate (``region.daemon``)."""
+
+    id: str  # this region's participant id at the root: its key's name, enrolled there
+    federation: str  # the root's federation
+    identity: str  # this region's key file (``skyfed keys new <id>``)
+    server: str  # the root server's public key
+    broker: BrokerSettings | None = None  # [upstream.broker]: the root's broker; None: our own, bridged to it
+
+    def __post_init__(self) -> None:
+        check_level("upstream.id", self.id)
+        check_level("upstream.federation", self.federation)
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     path: Path
     server: ServerSection
@@ -110,6 +126,7 @@ class ServerConfig:
     limits: LimitsSection = field(default_factory=LimitsSection)
     privacy: PrivacyPolicy = field(default_factory=PrivacyPolicy)
     pool: PoolSection = field(default_factory=PoolSection)
+    upstream: UpstreamSection | None = None
 
     @property
     def state_dir(self) -> Path:
@@ -151,7 +168,7 @@ def load_server_config(path: Path) -> ServerConfig:
     check_tables(path, data, {"server": ServerSection, "broker": BrokerSettings, "keys": KeysSection,
                               "rounds": RoundRules, "training": TrainSettings, "strategy": None,
                               "bounds": InfluencePolicy, "limits": LimitsSection,
-                              "privacy": PrivacyPolicy, "pool": PoolSection})  # fmt: skip
+                              "privacy": PrivacyPolicy, "pool": PoolSection, "upstream": None})  # fmt: skip
     try:
         config = ServerConfig(
             path=path,
@@ -165,6 +182,7 @@ def load_server_config(path: Path) -> ServerConfig:
             limits=table(path, data, "limits", LimitsSection, required=False),
             privacy=table(path, data, "privacy", PrivacyPolicy, required=False),
             pool=table(path, data, "pool", PoolSection, required=False),
+            upstream=upstream_section(path, data),
         )
         check_level("server.federation", config.server.federation)
         config.limits.to_limits(update_bytes=MiB)
@@ -179,12 +197,49 @@ def load_server_config(path: Path) -> ServerConfig:
     if config.server.model not in (*CLASSIFIERS, *YOLO_YAMLS):
         known = sorted([*CLASSIFIERS, *YOLO_YAMLS])
         raise ConfigError(f"{path}: server.model {config.server.model!r} is unknown; choose one of {known}")
-    if problem := task_problem(config) or pool_problem(config):
+    if problem := task_problem(config) or pool_problem(config) or upstream_problem(config):
         raise ConfigError(f"{path}: {problem}")
     if config.server.rounds < 0:
         raise ConfigError(f"{path}: server.rounds must be >= 0 (0 = run forever), got {config.server.rounds}")
     config.identity_path, config.enrolled_dir, config.eval_path, config.init_weights_path  # noqa: B018 - fail now
     return config
+
+
+def upstream_section(path: Path, data: dict[str, Any]) -> UpstreamSection | None:
+    """``[upstream]`` and its optional ``[upstream.broker]`` (TLS files resolved like ``[broker]``'s), or None."""
+    if "upstream" not in data:
+        return None
+    raw = data["upstream"]
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: upstream must be a table ([upstream])")
+    raw = dict(raw)
+    broker = raw.pop("broker", None)
+    section = table(path, {"upstream": raw}, "upstream", UpstreamSection)
+    if broker is None:
+        return section
+    return replace(section, broker=broker_settings(path, {"upstream.broker": broker}, "upstream.broker"))
+
+
+def upstream_problem(config: ServerConfig) -> str:
+    """Why ``[upstream]`` does not fit the rest of the configuration, or ``""``."""
+    from flcore.strategies import build_strategy
+
+    upstream = config.upstream
+    if upstream is None:
+        return ""
+    if config.server.rounds != 0:
+        return (f"server.rounds = {config.server.rounds} with [upstream]: a region runs one round for each round "
+                "of the root, for as long as the root runs; set server.rounds = 0")  # fmt: skip
+    if upstream.broker is None and upstream.federation == config.server.federation:
+        return (f"upstream.federation and server.federation are both {upstream.federation!r}: over a bridged broker "
+                "the region's agents and the root's participants would share topics; give the region its own "
+                "federation name")  # fmt: skip
+    if build_strategy(config.privacy.strategy_table(config.strategy)[0]).keeps_models:
+        return ("[upstream] with a strategy that gives each agent its own model: a region sends the root one "
+                "aggregate; choose an averaging strategy (e.g. fedavg, fedprox, trimmed-mean)")  # fmt: skip
+    existing_path(config.path, "upstream.identity", upstream.identity, "this region's key file")
+    existing_path(config.path, "upstream.server", upstream.server, "the root server's public key")
+    return ""
 
 
 POOL = "server-pool"  # the shared pool's participant name: in a round's selected, accepted and metrics

@@ -34,6 +34,8 @@ from broker_server.round_task import round_task
 from broker_server.status_report import StatusReport
 from broker_server.task_publisher import TaskPublisher
 from broker_server.trust import TrustKeeper
+from broker_server.upstream import UpstreamHandoff
+from broker_server.upstream_rounds import UpstreamRounds
 from common.text import printable
 from flcore.update import NotForThisRound, UpdateRejected
 from flcore.validation import reason_kind
@@ -53,12 +55,12 @@ RE_ENROL = "not signed by the key enrolled for this agent: if its key was re-mad
 REJECTION_LOG_INTERVAL_S = 10.0
 
 
-class Aggregator(FleetChanges, PoolRounds, StatusReport, MqttDaemon):
-    """Runs rounds until ``server.rounds`` are done (or forever when it is 0, or with ``keep_running``)."""
+class Aggregator(FleetChanges, PoolRounds, UpstreamRounds, StatusReport, MqttDaemon):
+    """Runs rounds until ``server.rounds`` are done (or forever when it is 0, or with ``keep_running``); in a
+    region (``upstream``), one for each root round that waits for it (``broker_server.upstream_rounds``)."""
 
-    def __init__(
-        self, config: ServerConfig, *, keep_running: bool = False, clock: Callable[[], float] = time.time
-    ) -> None:
+    def __init__(self, config: ServerConfig, *, keep_running: bool = False, clock: Callable[[], float] = time.time,
+                 upstream: UpstreamHandoff | None = None) -> None:  # fmt: skip
         fed = config.server.federation
         self.config = config
         self.clock = clock
@@ -69,6 +71,7 @@ class Aggregator(FleetChanges, PoolRounds, StatusReport, MqttDaemon):
         self.opener = Opener(identity=self.identity, federation=fed, senders=keyring)
         self.engine = RoundEngine(config, replay=self.opener.replay, evaluator=server_evaluator(config))
         self.pool = SharedPool(config) if config.pool.enabled else None  # [pool]: trained as one more participant
+        self.upstream, self._adopted, self._root_round = upstream, None, None
         largest = largest_update_bytes(self.engine.float_spec, self.engine.codec)
         self.reassembler = Reassembler(self.opener, config.limits.to_limits(largest))
         self.registry = AgentRegistry(keyring, config.rounds.status_timeout_s)
@@ -182,10 +185,13 @@ class Aggregator(FleetChanges, PoolRounds, StatusReport, MqttDaemon):
         action = self.engine.decide(now)
         if action == "idle" and not self.engine.finished:
             self.phase = "waiting-for-agents"
+            if not self._may_begin(now):
+                return
             self.trust.rotate_on_schedule(self.engine.next_round)
             eligible = self.registry.eligible(self.group_keys.key.key_id, now)
             with self.disk.writing(now, self.engine.durably("round start")):
                 if self.engine.begin_round(eligible, now, enrolled=self.registry.keyring.names()) is not None:
+                    self._begun_for_root()
                     self._announce(reannounce=False)
                 elif self.engine.finished:  # the privacy budget ran out
                     self.phase = "finished"
@@ -326,15 +332,18 @@ class Aggregator(FleetChanges, PoolRounds, StatusReport, MqttDaemon):
             self.publisher.publish(self.engine.version, self.engine.global_arrays)
 
     def _close(self, now: float) -> None:
-        published = self.publisher.current
-        assert published is not None
+        published, rs = self.publisher.current, self.engine.round_state
+        assert published is not None and rs is not None
         metrics = None
         with self.disk.writing(now, self.engine.durably(f"round {self.engine.held_round} close")):
             metrics = self.engine.close(now, model_wire_bytes=published.wire_bytes)
         if metrics is None:  # not written: the previous model stays in force; closed again on a later tick
             self._publish_status(force=True)
             return
-        self._publish_if_new()
+        if self.upstream is None:
+            self._publish_if_new()
+        else:  # a region: the aggregate goes to the root; the region's agents get the root's next model
+            self._deliver_upstream(rs, metrics)
         self.mqtt.publish(self.topics.server_metrics, metrics.to_json())
         log_round(metrics)
         self.reassembler.drop_where(lambda m: m.round <= metrics.round)  # unfinished updates for a closed round

@@ -11,7 +11,7 @@ the same path a restart takes), so the server never runs ahead of what a restart
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from broker_server.accountant import PrivacyLedger
@@ -68,6 +68,17 @@ class EngineState:
         self.global_arrays = arrays
         self.float_spec, self.global_vector = float_layout(arrays)
         self.positive = positive_ranges(self.float_spec)
+
+    def adopt(self, arrays: NamedArrays) -> None:
+        """Another aggregator's model becomes the one in force (a region takes its root's, ``[upstream]``): a
+        new version, checkpointed, and written as ``global_model.safetensors``. The caller checked its layout."""
+        self._set_model(arrays)
+        self.version += 1
+        self.model_eval = {}
+        self.checkpoint()
+        self.outputs_pending.add("model")
+        with suppress(DiskError):  # tried again on the daemon's next ticks
+            self.flush_outputs()
 
     def checkpoint(self, last_metrics: dict | None = None) -> None:
         if last_metrics is not None:

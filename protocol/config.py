@@ -68,16 +68,17 @@ def check_tables(path: Path, data: dict[str, Any], known: dict[str, type | None]
                 raise ConfigError(f"{path}: {name}.{key} belongs in [{home[0]}]: move `{key} = …` there")
 
 
-def broker_settings(path: Path, data: dict[str, Any]) -> BrokerSettings:
-    """``[broker]`` with its optional ``[broker.tls]`` table, whose files are resolved relative to the config
-    file (as every other path is) and must exist: a provisioned node folder works wherever it is installed."""
-    settings = table(path, data, "broker", BrokerSettings)
+def broker_settings(path: Path, data: dict[str, Any], name: str = "broker") -> BrokerSettings:
+    """``[broker]`` (or the table ``name``, e.g. ``upstream.broker`` given as a top-level key of ``data``) with
+    its optional ``.tls`` table, whose files are resolved relative to the config file (as every other path is)
+    and must exist: a provisioned node folder works wherever it is installed."""
+    settings = table(path, data, name, BrokerSettings)
     tls = settings.tls
     if tls is None:
         return settings
 
     def resolved(key: str, value: str | None, what: str) -> str | None:
-        return None if value is None else str(existing_path(path, f"broker.tls.{key}", value, what))
+        return None if value is None else str(existing_path(path, f"{name}.tls.{key}", value, what))
 
     return replace(
         settings,

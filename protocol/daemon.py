@@ -21,6 +21,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Protocol
 
 import paho.mqtt.client as paho
 
@@ -84,7 +85,13 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
-def run_daemon(name: str, build: Callable[[], MqttDaemon]) -> int:
+class Daemon(Protocol):
+    """What ``run_daemon`` runs: one ``MqttDaemon``, or several loops run as one (``region.daemon.Region``)."""
+
+    def run(self, stop: threading.Event | None = None) -> None: ...
+
+
+def run_daemon(name: str, build: Callable[[], Daemon]) -> int:
     """Build a daemon (a bad config or unreadable file exits 2), then run it until a signal."""
     try:
         daemon = build()

@@ -47,7 +47,8 @@ class ListenerTls:
     acl_file: Path | None = None
 
 
-def mosquitto_config(host: str, port: int, data_dir: Path, tls: ListenerTls | None = None) -> str:
+def mosquitto_config(host: str, port: int, data_dir: Path, tls: ListenerTls | None = None, extra: str = "") -> str:
+    """A loopback broker's config; ``extra``: lines appended as they are (a bridge, ``security.bridge``)."""
     tls_lines = (
         [
             f"cafile {tls.ca}",
@@ -79,7 +80,7 @@ def mosquitto_config(host: str, port: int, data_dir: Path, tls: ListenerTls | No
             "log_type information",
             "",
         ]
-    )
+    ) + extra
 
 
 def accepts(host: str, port: int) -> bool:
@@ -102,6 +103,7 @@ class LocalBroker:
     startup_timeout_s: float = 10.0
     tls: ListenerTls | None = None
     config_file: Path | None = None  # a config written elsewhere (skyfed provision's); its stderr is the log
+    extra_config: str = ""  # appended to the generated config: a bridge (``security.bridge``)
     _process: subprocess.Popen | None = field(default=None, repr=False)
     _embedded: object | None = field(default=None, repr=False)
 
@@ -115,7 +117,7 @@ class LocalBroker:
         if self.kind == "mosquitto":
             conf = self.config_file or self.data_dir / "mosquitto.conf"
             if self.config_file is None:
-                conf.write_text(mosquitto_config(self.host, self.port, self.data_dir, self.tls))
+                conf.write_text(mosquitto_config(self.host, self.port, self.data_dir, self.tls, self.extra_config))
             with open(self.data_dir / "mosquitto.log", "ab") as stderr:
                 self._process = subprocess.Popen(
                     [mosquitto_path() or "mosquitto", "-c", str(conf)],
@@ -189,6 +191,7 @@ def start_broker(
     startup_timeout_s: float = 10.0,
     tls: ListenerTls | None = None,
     config_file: Path | None = None,
+    extra_config: str = "",
 ) -> LocalBroker:
     """Start mosquitto (or, with ``kind="auto"`` and no mosquitto installed, iotcore) and wait until it listens."""
     if kind == "auto":
@@ -207,5 +210,8 @@ def start_broker(
         raise ValueError("a TLS listener needs mosquitto")
     if config_file is not None and (kind != "mosquitto" or port is None):
         raise ValueError("a config file needs kind='mosquitto' and the port it names")
-    broker = LocalBroker(kind, host, port or free_port(host), data_dir, startup_timeout_s, tls, config_file)
+    if extra_config and kind != "mosquitto":
+        raise ValueError("a bridge needs mosquitto")
+    broker = LocalBroker(kind, host, port or free_port(host), data_dir, startup_timeout_s, tls, config_file,
+                         extra_config)  # fmt: skip
     return broker.start()

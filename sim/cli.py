@@ -73,6 +73,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         share_ratio=args.share_ratio,
         share_mode=args.share_mode,
         mode=args.mode,
+        regions=args.regions,
     )
 
 
@@ -87,8 +88,9 @@ def run_sim_command(args: argparse.Namespace) -> int:
         return _run_experiment(Path(args.config), args.out)
     try:
         settings = _settings(args)
-        if settings.in_process and args.broker:
-            raise ValueError("--in-process uses no broker: drop --broker")
+        if (settings.in_process or settings.regions) and args.broker:
+            raise ValueError(f"{'--in-process' if settings.in_process else '--regions'} starts its own brokers "
+                             "(or none): drop --broker")  # fmt: skip
         if args.broker:
             BrokerSettings.from_address(args.broker)  # a malformed --broker: one line now, not a traceback later
     except ValueError as exc:
@@ -147,6 +149,11 @@ def _add_sim_options(
         "--mode", default="client", choices=("client", "peer"),
         help="client: a server aggregates (default); peer: no server, the agents federate among themselves "
         "(SmartFed's DFL; --strategy-option threshold=N is each peer's threshold, --deadline its round timeout)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--regions", type=int, default=0, metavar="R",
+        help="two levels: R regional aggregators, each with its own mosquitto bridged to the root's, take part in "
+        "the root's rounds as one participant each (region-1 ...); the agents are split between them",
     )  # fmt: skip
     parser.add_argument(
         "--agents-per-process", type=int, default=1, metavar="K",

@@ -73,6 +73,7 @@ class SimSettings:
     optimizer: str = "sgd"  # training.optimizer: the agents' (and the pool's) local optimizer, sgd or adamw
     share_ratio: float = 0.0  # seed 002: the share of the data carved out into the server's pool (0: no pool)
     share_mode: str = "share-disjoint"  # how (models.partition.share): unify | share-disjoint
+    regions: int = 0  # R > 0: R regional aggregators under a root, each with its own bridged broker (sim.region_run)
     mode: str = "client"  # "peer": no server, the agents federate among themselves (sim.peer_run, agent.peer)
 
     def __post_init__(self) -> None:
@@ -135,6 +136,8 @@ class SimSettings:
             Attack.parse(self.attack)
         if self.in_process and self.slow_agents:
             raise ValueError("--in-process runs its agents at one speed (no deadlines): drop --slow-agents")
+        if self.regions:
+            self._check_regions()
         if self.mode == "peer":
             self._check_peer_mode()
         elif self.mode != "client":
@@ -188,6 +191,14 @@ class SimSettings:
     def running_agents(self) -> int:
         """The agents that run: all of them, less those whose whole share went into the pool (unify)."""
         return self.agents - (int(self.share_ratio * self.agents) if self.share_mode == "unify" else 0)
+
+    def _check_regions(self) -> None:
+        if not 1 <= self.regions <= self.running_agents:
+            raise ValueError(f"--regions must be between 1 and the {self.running_agents} agents, got {self.regions}")
+        for bad, flag in [(self.mode != "client", "--mode peer"), (self.in_process, "--in-process"),
+                          (self.pooled, "pooled"), (self.share_ratio > 0, "--share-ratio")]:  # fmt: skip
+            if bad:
+                raise ValueError(f"{flag} is not available with --regions: drop it")
 
     def _check_peer_mode(self) -> None:
         """What a peer-mode run cannot do (yet): say so now, naming the flag."""

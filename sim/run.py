@@ -142,6 +142,10 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
         from sim.inprocess import run_in_process  # it builds on this module
 
         return run_in_process(settings, out, echo=echo)
+    if settings.regions:
+        from sim.region_run import run_region_sim  # it builds on this module
+
+        return run_region_sim(settings, out, echo=echo)
     if settings.mode == "peer":
         from sim.peer_run import run_peer_sim  # it builds on this module
 

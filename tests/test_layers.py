@@ -16,6 +16,7 @@ ALLOWED = {
     "participant": BASE | {"flcore"},
     "agent": BASE | {"flcore", "participant"},
     "broker_server": BASE | {"flcore", "participant"},
+    "region": BASE | {"flcore", "participant", "agent", "broker_server"},
 }
 PACKAGES = {*ALLOWED, "sim", "benchmarks", "tests"}
 

@@ -1,0 +1,78 @@
+"""How a region's running aggregator follows its root (``[upstream]``, ``broker_server.upstream``): a regional
+round begins only for a root round that waits for this region, from the root's model; when it closes, its
+aggregate goes back to the root instead of out to the region's agents, who get the root's next model.
+Mixed into the daemon (``broker_server.daemon.Aggregator``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from broker_server.upstream import RegionResult, RootRound, UpstreamHandoff
+from flcore.rounds import RoundState
+from models.weights import spec_mismatch, spec_of
+from protocol.messages import RoundMetrics
+
+if TYPE_CHECKING:
+    from broker_server.daemon import Aggregator
+
+log = logging.getLogger("skyfed.server")
+
+
+class UpstreamRounds:
+    upstream: UpstreamHandoff | None  # None: no [upstream], rounds begin as agents allow
+    _adopted: tuple[int, int] | None  # the root round and attempt whose model is ours
+    _root_round: RootRound | None  # the root round the open (or next) regional round is for
+
+    def _may_begin(self: Aggregator, now: float) -> bool:
+        """Whether a round may begin: always without ``[upstream]``; in a region, only for a root round that
+        waits for it, whose model is adopted as ours first (published to the region's agents)."""
+        if self.upstream is None:
+            return True
+        request = self.upstream.pending()
+        if request is None:
+            self.phase = "waiting-for-root"
+            return False
+        if self._adopted != (request.round, request.attempt) and not self._adopt(request, now):
+            return False
+        self._root_round = request
+        return True
+
+    def _adopt(self: Aggregator, request: RootRound, now: float) -> bool:
+        assert self.upstream is not None
+        if (problem := spec_mismatch(request.model, spec_of(self.engine.global_arrays))) is not None:
+            why = f"the root's model does not fit this region's server.model {self.config.server.model}: {problem}"
+            log.error("root round %d refused: %s", request.round, why)
+            self.upstream.deliver(RegionResult(request.round, None, reason=why))
+            return False
+        version = self.engine.version
+        with self.disk.writing(now, self.engine.durably(f"root round {request.round}'s model")):
+            self.engine.adopt(request.model)
+        if self.engine.version == version:  # not written: tried again on a later tick
+            return False
+        self._adopted = (request.round, request.attempt)
+        self.publisher.publish(self.engine.version, self.engine.global_arrays)
+        log.info("root model adopted root_round=%d attempt=%d version=%d", request.round, request.attempt,
+                 self.engine.version)  # fmt: skip
+        return True
+
+    def _begun_for_root(self: Aggregator) -> None:
+        if self.upstream is not None and self._root_round is not None:
+            self.upstream.begun(self._root_round)
+
+    def _deliver_upstream(self: Aggregator, rs: RoundState, metrics: RoundMetrics) -> None:
+        """The regional round closed: its aggregate (or why there is none) to the participant's half."""
+        if self.upstream is None or self._root_round is None:
+            return
+        root_round = self._root_round.round
+        if metrics.outcome == "committed" and metrics.accepted:
+            accepted = [u for u in rs.updates if u.agent in metrics.accepted]
+            result = RegionResult.of_round(root_round, self.engine.global_arrays, accepted, metrics.eval)
+        else:
+            result = RegionResult(root_round, None, reason=f"{metrics.outcome}: {metrics.reason or '-'}")
+        delivered = self.upstream.deliver(result)
+        log.info("regional aggregate for root round %d %s weight=%d%s", root_round,
+                 "sent up" if delivered else "dropped (the root no longer waits for it)", result.weight,
+                 f" reason={result.reason}" if result.reason else "")  # fmt: skip
+        self._root_round = None
