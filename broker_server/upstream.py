@@ -77,6 +77,8 @@ class UpstreamHandoff:
                 if self._closed or self._request is not request or left <= 0:
                     why = ("the region stops" if self._closed else "the root asked for a newer round"
                            if self._request is not request else "the root's deadline passed")  # fmt: skip
+                    if self._request is request:  # nobody waits for it any more: no regional round for it
+                        self._request = None
                     raise RegionalRoundFailed(f"no regional aggregate for root round {request.round}: {why}")
                 self._cond.wait(left)
             result = self._result
