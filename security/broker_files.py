@@ -23,7 +23,23 @@ MAX_QUEUED_MESSAGES = 10000  # room for model chunks queued for agents that are 
 MAX_QUEUED_BYTES = 256 << 20  # and a byte bound per client, so one agent cannot make the broker queue GiBs
 
 
-def acl_text(federation: str, agents: list[str]) -> str:
+def participant_block(federation: str, name: str) -> list[str]:
+    """What one participant of ``federation`` (an agent; a region at its root) may read and write."""
+    root = f"skyfed/{federation}"
+    return [
+        f"user {name}",
+        f"topic read {root}/round",
+        f"topic read {root}/model/#",
+        f"topic read {root}/server/status",
+        f"topic readwrite {root}/agent/{name}/status",
+        f"topic write {root}/agent/{name}/update",
+        f"topic read {root}/agent/{name}/inbox",
+    ]
+
+
+def acl_text(federation: str, agents: list[str], upstream: tuple[str, str] | None = None) -> str:
+    """The ACL of a federation's broker; a region's (``upstream``: its id and its root's federation) also lets
+    its participant at the root use the root's topics that its bridge carries (``security.bridge``)."""
     root = f"skyfed/{federation}"
     lines = [
         f"# mosquitto ACL for SkyFed federation {federation!r}, written by skyfed provision: edits are",
@@ -42,16 +58,11 @@ def acl_text(federation: str, agents: list[str]) -> str:
         f"topic read {root}/agent/+/status",
     ]
     for agent in agents:
-        lines += [
-            "",
-            f"user {agent}",
-            f"topic read {root}/round",
-            f"topic read {root}/model/#",
-            f"topic read {root}/server/status",
-            f"topic readwrite {root}/agent/{agent}/status",
-            f"topic write {root}/agent/{agent}/update",
-            f"topic read {root}/agent/{agent}/inbox",
-        ]
+        lines += ["", *participant_block(federation, agent)]
+    if upstream is not None:
+        region, root_federation = upstream
+        lines += ["", f"# this region's participant in the root federation {root_federation!r}, over the bridge",
+                  *participant_block(root_federation, region)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

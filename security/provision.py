@@ -70,6 +70,7 @@ class Provisioning:
     revoked: list[Revocation] = field(default_factory=list)
     serials: dict[str, str] = field(default_factory=dict)  # agent -> its certificate's serial, hex
     mode: str = "client"  # MODES; a folder provisioned before peer mode existed is a client one
+    upstream: str = ""  # a region: "<region>@<root federation>" (``security.provision_region``); "" = none
 
     def options(self) -> dict[str, str]:
         """The command-line options this plan was made with, by option name."""
@@ -179,14 +180,19 @@ def finish(layout: Layout, plan: Provisioning) -> None:
     _lock_down(layout, plan)
 
 
-def provision(out: Path, plan: Provisioning, agents: list[str]) -> list[str]:
-    """Create (or extend) the federation in ``out``; return the agents that are new."""
+def provision(out: Path, plan: Provisioning, agents: list[str], upstream: Path | None = None) -> list[str]:
+    """Create (or extend) the federation in ``out``; return the agents that are new. ``upstream``: the root's
+    folder for this region (``security.provision_region``)."""
     layout = start(out, plan, agents)
     server = _server_node(layout, plan)
     new = [name for name in agents if name not in plan.agents]
     for name in new:
         _agent_node(layout, plan, name, server)
         plan.agents.append(name)
+    if upstream is not None:
+        from security.provision_region import attach_upstream  # it builds on this module
+
+        attach_upstream(layout, plan, upstream)
     finish(layout, plan)
     return new
 
@@ -280,8 +286,11 @@ def _broker_files(layout: Layout, plan: Provisioning) -> None:
         shutil.copyfile(layout.ca.cert, directory / "ca.crt")
     write_crl(layout.ca, directory / "crl.pem", [(int(r.serial, 16), r.at) for r in plan.revoked])
     active = [name for name in plan.agents if name not in plan.revoked_names()]
-    acl = peer_acl_text if plan.mode == "peer" else acl_text
-    atomic_write(directory / "skyfed.acl", acl(plan.federation, active).encode())
+    region, _, root_federation = plan.upstream.partition("@")
+    upstream = (region, root_federation) if plan.upstream else None
+    peer = plan.mode == "peer"
+    text = peer_acl_text(plan.federation, active) if peer else acl_text(plan.federation, active, upstream)
+    atomic_write(directory / "skyfed.acl", text.encode())
     conf = mosquitto_conf_text(plan.broker_port, plan.listen, Path(plan.broker_dir))
     atomic_write(directory / "skyfed.conf", conf.encode())
 

@@ -91,8 +91,19 @@ def instructions(out: Path, plan: Provisioning) -> str:
             f"  add agents:  skyfed provision --federation {f} --agents <all ids> --out {out} (existing keys stay)",
             f"  revoke:      skyfed provision revoke <id> --out {out}",
             f"  keep {out}/ca/ca.crt.key offline: it signs every certificate of the federation",
+            *region_instructions(out, plan),
         ]
     )
+
+
+def region_instructions(out: Path, plan: Provisioning) -> list[str]:
+    """A region (``--upstream``): how its broker joins the root's."""
+    if not plan.upstream:
+        return []
+    return [f"  region:      {plan.upstream.replace('@', ' of root federation ')}; the server takes part in the "
+            "root's rounds ([upstream] in server.toml)",  # fmt: skip
+            f"    bridge: ln -s {plan.broker_dir}/bridge.conf /etc/mosquitto/conf.d/skyfed-bridge.conf; "
+            "systemctl restart mosquitto (bridges are not re-read on reload)"]  # fmt: skip
 
 
 def run_provision(args: argparse.Namespace) -> int:
@@ -124,7 +135,11 @@ def run_provision(args: argparse.Namespace) -> int:
         fresh = not Layout(out).plan.exists()
         plan = _plan(args, out)
         peer = plan.mode == "peer"
-        new = (provision_peers if peer else provision)(out, plan, [a for a in args.agents.split(",") if a])
+        agents = [a for a in args.agents.split(",") if a]
+        if args.upstream and peer:
+            raise ProvisionError("--upstream makes a region's server a participant of a root: peers have no server")
+        upstream = Path(args.upstream) if args.upstream else None
+        new = provision_peers(out, plan, agents) if peer else provision(out, plan, agents, upstream)
     except ProvisionError as exc:
         print(f"skyfed provision: {exc}", file=sys.stderr)
         return 2
@@ -163,6 +178,9 @@ def add_provision_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", help="the provisioning folder (created 0711; every node folder in it 0700)")
     parser.add_argument("--broker", help=f"HOST:PORT clients connect to (default {DEFAULTS['broker']})")
     parser.add_argument("--listen", help="address mosquitto's listener binds (default: every interface)")
+    parser.add_argument("--upstream", metavar="ROOT/agents/REGION", help="a region under a root: the folder the "
+                        "root's skyfed provision wrote for this region (provisioned there as one of its --agents); "
+                        "adds [upstream] to server.toml and broker/bridge.conf")  # fmt: skip
     parser.add_argument("--broker-dir", help="where the broker folder is installed on the broker host "
                         "(default: DIR/broker itself)")  # fmt: skip
     parser.add_argument("--state-dir", help=f"daemons' state root on their hosts (default {DEFAULTS['state_dir']})")
