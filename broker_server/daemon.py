@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from broker_server.accept import check_gates, largest_update_bytes
 from broker_server.config import POOL, ServerConfig
+from broker_server.delivery import Delivery
 from broker_server.disk import DiskWatch
 from broker_server.engine import RoundEngine
 from broker_server.evaluation import server_evaluator
@@ -24,7 +25,7 @@ from broker_server.fleet_changes import FleetChanges
 from broker_server.groupkeys import GroupKeyDistributor
 from broker_server.ignored import IgnoredAgents
 from broker_server.metrics_log import log_round, log_run_finished
-from broker_server.model_resend import MODEL_STALL_S, ModelWaits
+from broker_server.model_resend import ModelWaits
 from broker_server.pool import SharedPool
 from broker_server.pool_rounds import PoolRounds
 from broker_server.publisher import ModelPublisher
@@ -39,13 +40,12 @@ from broker_server.upstream_rounds import UpstreamRounds
 from common.text import printable
 from flcore.update import NotForThisRound, UpdateRejected
 from flcore.validation import reason_kind
-from models.serialization import dumps
 from protocol.daemon import MqttDaemon, Throttle
-from protocol.messages import AgentStatus, RoundTask, ServerStatus
+from protocol.messages import RoundTask, ServerStatus
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Completed, Reassembler, TransferRejected
-from security.envelope import Manifest, Opener, seal
+from security.envelope import Manifest, Opener
 from security.keys import GroupKey, Identity, Keyring
 
 log = logging.getLogger("skyfed.server")
@@ -55,7 +55,7 @@ RE_ENROL = "not signed by the key enrolled for this agent: if its key was re-mad
 REJECTION_LOG_INTERVAL_S = 10.0
 
 
-class Aggregator(FleetChanges, PoolRounds, UpstreamRounds, StatusReport, MqttDaemon):
+class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusReport, MqttDaemon):
     """Runs rounds until ``server.rounds`` are done (or forever when it is 0, or with ``keep_running``); in a
     region (``upstream``), one for each root round that waits for it (``broker_server.upstream_rounds``)."""
 
@@ -234,32 +234,6 @@ class Aggregator(FleetChanges, PoolRounds, UpstreamRounds, StatusReport, MqttDae
         self.tasks.publish(task)
         return task
 
-    def _note_model_wait(self, agent: str, status: AgentStatus | None) -> None:
-        rs = self.engine.round_state
-        waiting = status is not None and status.state == "waiting-model" and rs is not None
-        asked = waiting and status.round == rs.round and agent in rs.pending  # only asked agents get a model again
-        self.model_waits.note(agent, asked, self.clock())
-
-    def _heal_retained(self, now: float) -> None:
-        """Put back retained messages that others removed or replaced (the round task; the model when its
-        chunks read back empty or different), and send the model to asked agents that keep waiting for
-        it, each on its own inbox at a bounded rate (``broker_server.model_resend``)."""
-        self.tasks.heal(now)
-        if self.publisher.retained.damaged and now - self._model_republished_at >= MODEL_STALL_S:
-            self._model_republished_at = now
-            damaged = len(self.publisher.retained.damaged)
-            self.publisher.publish(self.engine.version, self.engine.global_arrays)
-            log.warning("retained model version %d lost %d chunks (cleared or replaced by another publisher); "
-                        "re-published it", self.engine.version, damaged)  # fmt: skip
-        rs = self.engine.round_state
-        for agent in self.model_waits.due(now, rs.pending if rs is not None else []):
-            public = self.registry.keyring.get(agent)
-            self._send_start(agent, resend=True)  # what it starts from, if not the global model: sent again
-            if self.engine.needs_global(agent) and public is not None and self.publisher.current is not None:
-                self._send_inbox(agent, self.publisher.seal_for(public))
-            log.warning("agent %s waits for its model; sent it to its inbox again (version %d)", agent,
-                        self.engine.version)  # fmt: skip
-
     def _on_update_chunk(self, agent: str, payload: bytes) -> None:
         try:
             completed = self.reassembler.feed(payload, topic_sender=agent, kinds=frozenset({"update"}),
@@ -371,31 +345,6 @@ class Aggregator(FleetChanges, PoolRounds, UpstreamRounds, StatusReport, MqttDae
         if held is not None:
             log.warning("rejected agent=%s reason=%s held_back=%d", printable(agent, 64), reason, held)
         self.engine.reject(agent if enrolled else NOT_ENROLLED, reason if enrolled else kind)
-
-    # publishing --------------------------------------------------------------------------------------
-    def _send_inbox(self, agent: str, chunks: list[bytearray]) -> None:
-        for chunk in chunks:
-            self.mqtt.publish(self.topics.agent_inbox(agent), chunk)
-
-    def _send_start(self, agent: str, *, resend: bool = False) -> None:
-        """Seal what ``agent`` starts this round from to that agent alone, on its inbox: its start model when
-        it does not hold it (``inbox``), and the models its trainer attends over (``peers``, FedAMN). On a
-        ``resend`` (it keeps waiting for its model) a ``local`` start goes too: its own copy may be lost."""
-        rs, public = self.engine.round_state, self.registry.keyring.get(agent)
-        assignment = self.engine.assignments.get(agent)
-        if rs is None or public is None or assignment is None:
-            return
-        sent_start = resend or assignment.source == "inbox"
-        parts = [("start", lambda: self.engine.start_model(agent))] if sent_start else []
-        if assignment.peers is not None:
-            parts.append(("peers", lambda: self.engine.peer_bundle(agent)))
-        for kind, arrays in parts:
-            _, chunks = seal(dumps(arrays()), sender=self.identity, federation=self.topics.federation, kind=kind,
-                             round=rs.round, recipient=public)  # fmt: skip
-            self._send_inbox(agent, chunks)
-            rs.inbox_bytes += sum(map(len, chunks))
-            log.info("%s model%s sent round=%d agent=%s chunks=%d", kind, "s" if kind == "peers" else "", rs.round,
-                     agent, len(chunks))  # fmt: skip
 
     def _on_connect(self) -> None:
         self._last_status = 0.0  # republish status promptly after a (re)connect
