@@ -42,12 +42,15 @@ class RegionResult:
 
     @classmethod
     def of_round(cls, root_round: int, model: NamedArrays, accepted: list[UpdateRecord],
-                 evaluation: dict[str, float]) -> RegionResult:  # fmt: skip
-        """The committed aggregate of ``accepted`` updates: weighted by their total, with their weighted loss."""
-        weight = sum(u.samples for u in accepted)
+                 evaluation: dict[str, float], sample_cap: float | None = None) -> RegionResult:  # fmt: skip
+        """The committed aggregate of ``accepted`` updates, weighted by their total weight as the region's bounds
+        counted it (each claim at most ``sample_cap``: an agent's inflated claim does not inflate its region's
+        weight at the root), with their weighted loss."""
+        weights = [min(u.samples, sample_cap) if sample_cap is not None else u.samples for u in accepted]
+        weight = int(sum(weights))
         if weight <= 0:
             return cls(root_round, None, reason="no update with a positive weight was averaged")
-        loss = sum(u.samples * u.loss for u in accepted) / weight
+        loss = sum(w * u.loss for w, u in zip(weights, accepted, strict=True)) / weight
         return cls(root_round, model, weight, loss, dict(evaluation))
 
 

@@ -68,7 +68,8 @@ class UpstreamRounds:
         root_round = self._root_round.round
         if metrics.outcome == "committed" and metrics.accepted:
             accepted = [u for u in rs.updates if u.agent in metrics.accepted]
-            result = RegionResult.of_round(root_round, self.engine.global_arrays, accepted, metrics.eval)
+            cap = metrics.aggregation.get("sample_cap")
+            result = RegionResult.of_round(root_round, self.engine.global_arrays, accepted, metrics.eval, cap)
         else:
             result = RegionResult(root_round, None, reason=f"{metrics.outcome}: {metrics.reason or '-'}")
         delivered = self.upstream.deliver(result)

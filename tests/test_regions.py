@@ -12,6 +12,7 @@ import pytest
 
 from broker_server.config import load_server_config
 from broker_server.upstream import RegionalRoundFailed, RegionResult, RootRound, UpstreamHandoff
+from flcore.rounds import UpdateRecord
 from models.serialization import load_file
 from protocol.config import ConfigError
 from sim.attacks import Attack, AttackingTrainer
@@ -174,3 +175,14 @@ def test_a_wait_that_cannot_end_in_an_aggregate_fails_with_the_reason(ending: st
     expected = {"newer": "the root asked for a newer round", "timeout": "the root's deadline passed",
                 "close": "the region stops", "rolled-back": "did not commit: rolled-back"}[ending]  # fmt: skip
     assert expected in outcome["failed"]
+
+
+def test_a_regions_weight_counts_each_claim_as_its_bounds_did() -> None:
+    """An agent claiming a million samples is capped in its region's aggregate, and in the weight the region
+    claims at the root: the region does not pass the inflated claim up."""
+    model = {"w": np.zeros(2, np.float32)}
+    records = [UpdateRecord("a", 100, 1.0, 1.0, 10), UpdateRecord("b", 120, 2.0, 1.0, 10),
+               UpdateRecord("liar", 1_000_000, 0.5, 1.0, 10)]  # fmt: skip
+    capped = RegionResult.of_round(1, model, records, {}, sample_cap=200.0)
+    assert capped.weight == 420 and capped.loss == pytest.approx((100 * 1.0 + 120 * 2.0 + 200 * 0.5) / 420)
+    assert RegionResult.of_round(1, model, records, {}).weight == 1_000_220  # bounds off: as claimed
