@@ -95,3 +95,12 @@ def test_upstream_must_be_a_roots_region_folder_and_the_region_its_own_federatio
     assert provision(workdir / "y", ROOT_FED, "d1", port, workdir / "s", "--upstream",
                      str(root / "agents" / "region-1")) == 2  # fmt: skip
     assert "is the root's federation too" in capsys.readouterr().err
+
+
+def test_the_deploy_example_bridge_is_what_provision_writes() -> None:
+    from security.bridge import BridgeTls, bridge_conf_text
+
+    installed = Path("/etc/mosquitto/skyfed/upstream")
+    tls = BridgeTls(installed / "ca.crt", installed / "region-east.crt", installed / "region-east.crt.key")
+    example = Path(__file__).resolve().parent.parent / "deploy" / "mosquitto" / "bridge.conf"
+    assert example.read_text() == bridge_conf_text("fleet", "region-east", "root.example:8883", tls)
