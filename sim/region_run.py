@@ -41,7 +41,8 @@ def run_region_sim(settings: SimSettings, out: Path, *, echo=print) -> SimResult
             echo(f"{region} broker: mosquitto on {brokers[-1].address}, bridged to the root's")
         layout = create_regions(work, settings, (root.host, root.port), [(b.host, b.port) for b in brokers])
         for region, agents in layout.members.items():
-            echo(f"  {region}: {', '.join(agents)}")
+            echo(f"  {region}: {len(agents)} agents ({agents[0]} … {agents[-1]})" if len(agents) > 4
+                 else f"  {region}: {', '.join(agents)}")  # fmt: skip
         for line in layout.flat.description:
             echo(f"  {line}")
         watcher = MqttClient(f"sim-{uuid.uuid4().hex[:8]}", BrokerSettings(host=root.host, port=root.port),
