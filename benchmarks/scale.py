@@ -1,0 +1,128 @@
+"""``python -m benchmarks.scale``: N agents over real brokers, flat and as regions: time to the first round,
+round time and its overhead, and the peak memory of each role (brokers, servers, agent hosts) against N.
+
+Each case is a real ``skyfed sim`` (``--agents-per-process K``; with ``--regions R`` a root and R bridged
+regions). While it runs, the private memory (``Private_Clean + Private_Dirty`` of
+``/proc/<pid>/smaps_rollup``) of every process the run started is sampled every 0.5 s and summed per
+role; each role's peak is reported. A round's *overhead* is its duration less the slowest agent's
+training in it (the agents' own ``trained round=R … seconds=S`` log lines): the time the system, not
+training, takes. For regions, the root's round contains whole regional rounds, so its overhead counts
+both levels. Long (minutes to an hour at 1,000 agents): not part of ``make bench``; results go to
+docs/results/scale.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks.common import report
+from benchmarks.many_agents import _descendants, _private_bytes
+from sim.federation import SimSettings
+from sim.run import run_sim
+
+TRAINED = re.compile(r"trained round=(\d+) .*seconds=([0-9.]+)")
+
+
+def role_of(pid: int) -> str:
+    """What a process of the run is: ``broker``, ``root`` (the server), ``region``, ``agents`` or ``other``."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "other"
+    text = " ".join(a.decode(errors="replace") for a in args)
+    if "mosquitto" in text or "nats-server" in text:
+        return "broker"
+    if "server run" in text:
+        return "region" if "/region-" in text else "root"
+    if "agent_host" in text or "agent run" in text:
+        return "agents"
+    return "other"
+
+
+class RoleMemory:
+    """Peak private memory per role of this process's descendants, sampled until stopped."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.peak: dict[str, int] = defaultdict(int)
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            now: dict[str, int] = defaultdict(int)
+            for pid in _descendants(os.getpid()):
+                now[role_of(pid)] += _private_bytes(pid)
+            for role, size in now.items():
+                self.peak[role] = max(self.peak[role], size)
+
+    def __enter__(self) -> RoleMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def slowest_training(logs: Path) -> dict[int, float]:
+    """Per round, the longest training of any agent, from the agents' logs."""
+    slowest: dict[int, float] = defaultdict(float)
+    for path in logs.glob("agent-*.log"):
+        for match in TRAINED.finditer(path.read_text(errors="replace")):
+            slowest[int(match[1])] = max(slowest[int(match[1])], float(match[2]))
+    return slowest
+
+
+def measure(agents: int, regions: int, per_process: int, rounds: int) -> dict:
+    settings = SimSettings(agents=agents, rounds=rounds, epochs=1, agents_per_process=per_process, regions=regions,
+                           federation="scale", deadline_s=600.0, partition="iid")  # fmt: skip
+    with tempfile.TemporaryDirectory() as folder, RoleMemory() as memory:
+        started = time.time()
+        result = run_sim(settings, Path(folder), echo=lambda _line: None)
+        work = Path(folder) / "federation"
+        slowest = slowest_training(work / "logs")
+        regional = [json.loads(line) for path in work.glob("region-*/state/metrics.jsonl")
+                    for line in path.read_text().splitlines() if line.strip()]  # fmt: skip
+    durations = [m.duration_s for m in result.metrics]
+    later = durations[1:] or durations  # round 1 includes every agent's first model download and warm-up
+    overheads = [m.duration_s - slowest.get(m.round, 0.0) for m in result.metrics][1:] if not regions else []
+    return {
+        "agents": agents,
+        "regions": regions,
+        "rounds": len(result.metrics),
+        "accepted": sum(len(m.accepted) for m in result.metrics),
+        "expected": rounds * (regions or agents),
+        "regional_accepted": sum(len(m["accepted"]) for m in regional),
+        "first_round_s": round(result.metrics[0].finished_at - started, 1) if result.metrics else None,
+        "round_s": round(sorted(later)[len(later) // 2], 2) if later else None,
+        "overhead_s": round(sorted(overheads)[len(overheads) // 2], 3) if overheads else None,
+        "root_bytes_up": result.metrics[-1].bytes_up if result.metrics else 0,
+        **{f"{role}_mb": round(size / 1e6) for role, size in sorted(memory.peak.items()) if role != "other"},
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__)
+    parser.add_argument("--agents", type=int, nargs="+", default=[100, 300])
+    parser.add_argument("--regions", type=int, default=0, help="0: flat; R: R regions under a root")
+    parser.add_argument("--per-process", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    for count in args.agents:
+        row = measure(count, args.regions, min(args.per_process, count), args.rounds)
+        shape = f"{args.regions} regions of {count // args.regions}" if args.regions else "flat"
+        report(f"{count} agents, {shape}", target="server memory flat in N; overhead <= 0.2 s at N = 100",
+               ok=row["accepted"] == row["expected"], **row)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
