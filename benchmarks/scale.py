@@ -7,7 +7,8 @@ regions). While it runs, the private memory (``Private_Clean + Private_Dirty`` o
 role; each role's peak is reported. A round's *overhead* is its duration less the slowest agent's
 training in it (the agents' own ``trained round=R … seconds=S`` log lines): the time the system, not
 training, takes. For regions, the root's round contains whole regional rounds, so its overhead counts
-both levels. Long (minutes to an hour at 1,000 agents): not part of ``make bench``; results go to
+both levels. On a machine with fewer cores than agents training at once, "training" includes waiting for a
+core: the overhead is what is left beyond that. Long (minutes to an hour at 1,000 agents): not part of ``make bench``; results go to
 docs/results/scale.md.
 """
 
@@ -94,7 +95,8 @@ def measure(agents: int, regions: int, per_process: int, rounds: int) -> dict:
                     for line in path.read_text().splitlines() if line.strip()]  # fmt: skip
     durations = [m.duration_s for m in result.metrics]
     later = durations[1:] or durations  # round 1 includes every agent's first model download and warm-up
-    overheads = [m.duration_s - slowest.get(m.round, 0.0) for m in result.metrics][1:] if not regions else []
+    # regions follow the root round for round, so an agent's round number is its root round's here
+    overheads = [m.duration_s - slowest.get(m.round, 0.0) for m in result.metrics][1:]
     return {
         "agents": agents,
         "regions": regions,
