@@ -8,8 +8,8 @@ role; each role's peak is reported. A round's *overhead* is its duration less th
 training in it (the agents' own ``trained round=R … seconds=S`` log lines): the time the system, not
 training, takes. For regions, the root's round contains whole regional rounds, so its overhead counts
 both levels. On a machine with fewer cores than agents training at once, "training" includes waiting for a
-core: the overhead is what is left beyond that. Long (minutes to an hour at 1,000 agents): not part of ``make bench``; results go to
-docs/results/scale.md.
+core: the overhead is what is left beyond that. Long (minutes to an hour at 1,000 agents): not part of
+``make bench``; results go to docs/results/scale.md.
 """
 
 from __future__ import annotations
