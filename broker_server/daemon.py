@@ -206,7 +206,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
 
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool, keep_deadline: bool = False) -> None:
-        rs = self.engine.announce(self.clock(), keep_deadline=keep_deadline)
+        rs = self.engine.announce(self.clock(), keep_deadline=keep_deadline, latest=self._root_deadline(self.clock()))
         task = self._publish_task()
         for agent in rs.pending:
             self._send_start(agent)

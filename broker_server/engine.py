@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from contextlib import suppress
@@ -215,14 +216,14 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         self.strategy.begin(self.global_vector, self.float_spec)
         return self.round_state
 
-    def announce(self, now: float, *, keep_deadline: bool = False) -> RoundState:
+    def announce(self, now: float, *, keep_deadline: bool = False, latest: float | None = None) -> RoundState:
         """Start (or restart) the open round's attempt: the pending agents asked again, by a new deadline
-        (or by the one they had: a round resumed after the broker came back)."""
+        (or by the one they had: a round resumed after the broker came back), no later than ``latest``."""
         rs = self.round_state
         assert rs is not None
         rs.attempt += 1
         if not keep_deadline:
-            rs.deadline = now + self.rules.deadline_s
+            rs.deadline = min(now + self.rules.deadline_s, latest or math.inf)
         self.checkpoint()
         return rs
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from broker_server.daemon import Aggregator
 
 log = logging.getLogger("skyfed.server")
+UPLOAD_MARGIN_S = 5.0  # a regional round closes this long before the root's deadline, to send its aggregate up
 
 
 class UpstreamRounds:
@@ -56,6 +57,15 @@ class UpstreamRounds:
         log.info("root model adopted root_round=%d attempt=%d version=%d", request.round, request.attempt,
                  self.engine.version)  # fmt: skip
         return True
+
+    def _root_deadline(self: Aggregator, now: float) -> float | None:
+        """The latest a regional round may close and still reach the root in time (its deadline, less the time
+        to send the aggregate up); None without ``[upstream]``, or when the root's deadline is too close to
+        matter (the round then keeps its own deadline instead of closing at once)."""
+        if self.upstream is None or self._root_round is None:
+            return None
+        latest = self._root_round.deadline - UPLOAD_MARGIN_S
+        return latest if latest > now + UPLOAD_MARGIN_S else None
 
     def _begun_for_root(self: Aggregator) -> None:
         if self.upstream is not None and self._root_round is not None:

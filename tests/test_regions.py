@@ -186,3 +186,18 @@ def test_a_regions_weight_counts_each_claim_as_its_bounds_did() -> None:
     capped = RegionResult.of_round(1, model, records, {}, sample_cap=200.0)
     assert capped.weight == 420 and capped.loss == pytest.approx((100 * 1.0 + 120 * 2.0 + 200 * 0.5) / 420)
     assert RegionResult.of_round(1, model, records, {}).weight == 1_000_220  # bounds off: as claimed
+
+
+def test_a_regional_round_closes_in_time_for_the_roots_deadline(tmp_path: Path) -> None:
+    """region-1 would wait 120 s for a straggler; the root waits 25 s. The region closes its round on its quorum
+    before the root's deadline, and its aggregate of the agents that made it counts at the root."""
+    with RegionFederation(tmp_path, regions=2, agents=4, rounds=1, root_tables={"rounds": {"deadline_s": 25.0}},
+                          region_tables={"region-1": {"rounds": {"deadline_s": 120.0, "quorum": 1}}}) as fed:  # fmt: skip
+        straggler = fed.agents["agent-02"]
+        straggler.runner.trainer = SlowTrainer(straggler.runner.trainer, 2000.0)
+        (root_round,) = fed.root_rounds(1, timeout_s=90)
+        wait_until(lambda: fed.region_metrics("region-1"), 10, "region-1's metrics")
+    assert sorted(root_round.accepted) == ["region-1", "region-2"], root_round
+    (regional,) = fed.region_metrics("region-1")
+    assert regional["accepted"] == ["agent-01"] and regional["missed"] == ["agent-02"]
+    assert regional["duration_s"] < 25.0
