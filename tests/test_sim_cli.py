@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ import pytest
 from models.serialization import load_file
 from models.weights import load_arrays
 from models.zoo import build_model
+from protocol.mqtt import MqttClient
+from sim import run as sim_run
+from sim.federation import SimSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -321,3 +325,23 @@ def test_experiment_reports_final_c_spe_c_gen_and_rounds_until_c_gen_reached_its
     assert "| final C-SPE % | final C-GEN % | rounds to C-GEN 60% |" in results
     assert results.rstrip().endswith("| – | 95.0 ± 0.0 | 60.0 ± 0.0 | 2.0 ± 0.0 |"), results
     assert (tmp_path / "curves-c.png").stat().st_size > 0
+
+
+class StarvedWatcher(MqttClient):
+    """The sim's metrics subscriber on a machine too loaded to read before the server exits (300 agents here
+    missed the last round's line): its messages all arrive after the server finished."""
+
+    def poll(self, timeout_s):
+        time.sleep(timeout_s)
+
+
+def test_rounds_whose_messages_arrive_after_the_server_exited_are_reported_from_its_metrics_log(
+    tmp_path, broker, monkeypatch
+):
+    monkeypatch.setattr(sim_run, "MqttClient", StarvedWatcher)
+    lines = []
+    settings = SimSettings(agents=2, rounds=2, agents_per_process=2, epochs=1, partition="iid", federation="late")
+    result = sim_run.run_sim(settings, tmp_path / "run", broker_address=broker.address, echo=lines.append)
+    assert [m.round for m in result.metrics] == [1, 2]
+    assert [line.split()[1] for line in lines if line.startswith("round ")] == ["1", "2"]
+    assert result.final_eval == result.metrics[-1].eval  # the last committed round's model, evaluated
