@@ -94,3 +94,4 @@ def test_a_resent_key_the_agent_holds_is_no_news(fleet):
     fleet.status()  # its status still lags
     assert fleet.open_last_send() == "groupkey-held"  # the daemon then resubscribes to nothing
     assert list(fleet.inbox.group_keys) == [fleet.keys.key.key_id]
+

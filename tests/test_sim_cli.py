@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from agent.config import load_agent_config
+from flcore.rounds import RoundRules
 from models.serialization import load_file
 from models.weights import load_arrays
 from models.zoo import build_model
 from protocol.mqtt import MqttClient
 from sim import run as sim_run
-from sim.federation import SimSettings
+from sim.federation import STATUS_RATE_PER_S, SimSettings, create_federation, status_interval_s
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -345,3 +347,12 @@ def test_rounds_whose_messages_arrive_after_the_server_exited_are_reported_from_
     assert [m.round for m in result.metrics] == [1, 2]
     assert [line.split()[1] for line in lines if line.startswith("round ")] == ["1", "2"]
     assert result.final_eval == result.metrics[-1].eval  # the last committed round's model, evaluated
+
+
+def test_a_large_sim_federation_beats_slower_so_the_server_checks_at_most_25_statuses_a_second(tmp_path):
+    """1,000 agents at one status every 2 s made the server verify 500 signed statuses a second on 2 cores."""
+    layout = create_federation(tmp_path, SimSettings(agents=2, rounds=1), ("127.0.0.1", 1883))
+    assert load_agent_config(layout.agent_configs["agent-02"]).agent.status_interval_s == 2.0  # small: responsive
+    assert [status_interval_s(n) for n in (50, 300, 1000)] == [2.0, 12.0, 20.0]
+    assert all(n / status_interval_s(n) <= STATUS_RATE_PER_S * 1.000001 for n in range(1, 501))
+    assert status_interval_s(10_000) <= RoundRules().status_timeout_s / 3  # a status that late: not eligible
