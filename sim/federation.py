@@ -23,8 +23,8 @@ from models.classify_data import classify_data
 from models.datasets import load_npz, save_npz
 from protocol.config import write_toml
 from security.keys import Identity, enroll
+from sim.scale import round_deadline_s, status_interval_s
 
-STATUS_RATE_PER_S = 25.0  # the agents' heartbeats the server verifies a second (sim.federation.status_interval_s)
 LOCAL_TEST_FRACTION = 0.2  # of each classify agent's share: its local test split, never trained on
 # what an unset model, partition, batch size or learning rate means for each task
 TASK_DEFAULTS = {
@@ -47,7 +47,7 @@ class SimSettings:
     momentum: float = 0.9
     keep_momentum: bool = False  # training.keep_momentum: agents carry their SGD momentum across rounds
     fraction: float = 1.0
-    deadline_s: float = 60.0
+    deadline_s: float = 0.0  # 0: sim.scale.round_deadline_s, 60 s up to 120 agents
     strategy: dict[str, Any] = field(default_factory=dict)  # {} = the server default
     bounds: dict[str, Any] = field(default_factory=dict)
     attackers: int = 0
@@ -97,6 +97,8 @@ class SimSettings:
         elif self.dataset:
             raise ValueError(f"--dataset {self.dataset} is for --task classify; --task detect trains on synthetic "
                              "aerial images: drop --dataset")  # fmt: skip
+        if not self.deadline_s:
+            object.__setattr__(self, "deadline_s", round_deadline_s(self.agents))
         for key, value in TASK_DEFAULTS[self.task].items():
             if not getattr(self, key):
                 object.__setattr__(self, key, value)
@@ -227,14 +229,6 @@ class FederationLayout:
     server_config: Path
     agent_configs: dict[str, Path]
     description: list[str]  # one line per agent: what data it holds
-
-
-def status_interval_s(agents: int) -> float:
-    """Each agent's heartbeat: every 2 s, slower past 50 agents so that the server checks at most
-    ``STATUS_RATE_PER_S`` signed statuses a second (1,000 agents every 2 s made 500 a second on 2 cores) up to
-    500 agents; never slower than a third of ``rounds.status_timeout_s`` (60 s): a status that late makes an
-    agent ineligible."""
-    return min(20.0, max(2.0, agents / STATUS_RATE_PER_S))
 
 
 def agent_names(count: int) -> list[str]:

@@ -16,7 +16,8 @@ from models.weights import load_arrays
 from models.zoo import build_model
 from protocol.mqtt import MqttClient
 from sim import run as sim_run
-from sim.federation import STATUS_RATE_PER_S, SimSettings, create_federation, status_interval_s
+from sim.federation import SimSettings, create_federation
+from sim.scale import STATUS_RATE_PER_S, round_deadline_s, status_interval_s
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -356,3 +357,10 @@ def test_a_large_sim_federation_beats_slower_so_the_server_checks_at_most_25_sta
     assert [status_interval_s(n) for n in (50, 300, 1000)] == [2.0, 12.0, 20.0]
     assert all(n / status_interval_s(n) <= STATUS_RATE_PER_S * 1.000001 for n in range(1, 501))
     assert status_interval_s(10_000) <= RoundRules().status_timeout_s / 3  # a status that late: not eligible
+
+
+def test_a_large_sim_federation_gets_a_deadline_its_agents_can_meet_on_a_shared_machine():
+    """At 300 agents a 60 s deadline closed rounds on 193 updates and refused the rest as late."""
+    assert SimSettings(agents=3).deadline_s == SimSettings(agents=120).deadline_s == 60.0
+    assert SimSettings(agents=300).deadline_s == round_deadline_s(300) == 150.0
+    assert SimSettings(agents=300, deadline_s=30).deadline_s == 30.0  # --deadline wins
