@@ -340,6 +340,8 @@ class EdgeAgent(MqttDaemon):
             # (Re)subscribing makes the broker resend the retained model chunks, now decryptable.
             self.mqtt.subscribe(self.topics.model_wildcard)
             self._publish_status(force=True)
+        elif outcome == "groupkey-held":  # the server resent it, our status lagging: say we hold it, and no more
+            self._publish_status(force=True)  # (the chunks already opened: resubscribing would fetch them again)
         elif outcome == "key-mismatch":
             self._warn("re-enrol", "%s", self._waiting_for())
 

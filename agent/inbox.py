@@ -47,7 +47,8 @@ class ServerInbox:
 
     def feed(self, payload: bytes, kinds: frozenset[str], topic_round: int | None, task: RoundTask | None) -> str:
         """One chunk; the kind of transfer it completed (``groupkey``, ``start``, ``peers``, ``model``),
-        ``key-mismatch`` for a group key sealed to a key this agent no longer has, else ``""``."""
+        ``groupkey-held`` for the group key it already uses (a resend), ``key-mismatch`` for a group key sealed
+        to a key this agent no longer has, else ``""``."""
         try:
             completed = self.reassembler.feed(payload, topic_sender=self.server.name, kinds=kinds,
                                               topic_round=topic_round)  # fmt: skip
@@ -61,8 +62,8 @@ class ServerInbox:
             return ""
         kind = completed.manifest.kind
         if kind == "groupkey":
-            self._on_group_key(completed)
-        elif kind in ("start", "peers"):
+            return "groupkey" if self._on_group_key(completed) else "groupkey-held"
+        if kind in ("start", "peers"):
             self._on_start_model(completed, task)
         else:
             self._on_model(completed, task)
@@ -74,14 +75,19 @@ class ServerInbox:
         for rejection in self.reassembler.expire():
             self.warn("transfer-timeout", "transfer expired reason=%s", rejection.reason)
 
-    def _on_group_key(self, completed: Completed) -> None:
+    def _on_group_key(self, completed: Completed) -> bool:
+        """Keep the key as the newest; False when it already was (nothing changes)."""
         key = GroupKey.from_bytes(bytes(completed.data))
+        self.key_mismatch = False
+        if next(reversed(self.group_keys), None) == key.key_id:
+            log.info("group key received again key_id=%s", key.key_id)
+            return False
         self.group_keys.pop(key.key_id, None)
         self.group_keys[key.key_id] = key  # the newest last: the status reports it
         while len(self.group_keys) > GROUP_KEYS_KEPT:
             del self.group_keys[next(iter(self.group_keys))]
-        self.key_mismatch = False
         log.info("group key received key_id=%s", key.key_id)
+        return True
 
     def _on_model(self, completed: Completed, task: RoundTask | None) -> None:
         """Keep the newest model, or the one the current task names (a reset server starts again at 1)."""

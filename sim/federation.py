@@ -23,6 +23,7 @@ from models.classify_data import classify_data
 from models.datasets import load_npz, save_npz
 from protocol.config import write_toml
 from security.keys import Identity, enroll
+from sim.scale import round_deadline_s, status_interval_s
 
 LOCAL_TEST_FRACTION = 0.2  # of each classify agent's share: its local test split, never trained on
 # what an unset model, partition, batch size or learning rate means for each task
@@ -46,7 +47,7 @@ class SimSettings:
     momentum: float = 0.9
     keep_momentum: bool = False  # training.keep_momentum: agents carry their SGD momentum across rounds
     fraction: float = 1.0
-    deadline_s: float = 60.0
+    deadline_s: float = 0.0  # 0: sim.scale.round_deadline_s, 60 s up to 120 agents
     strategy: dict[str, Any] = field(default_factory=dict)  # {} = the server default
     bounds: dict[str, Any] = field(default_factory=dict)
     attackers: int = 0
@@ -97,6 +98,8 @@ class SimSettings:
         elif self.dataset:
             raise ValueError(f"--dataset {self.dataset} is for --task classify; --task detect trains on synthetic "
                              "aerial images: drop --dataset")  # fmt: skip
+        if not self.deadline_s:
+            object.__setattr__(self, "deadline_s", round_deadline_s(self.agents))
         for key, value in TASK_DEFAULTS[self.task].items():
             if not getattr(self, key):
                 object.__setattr__(self, key, value)
@@ -379,6 +382,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
         },
     )
     agent_configs: dict[str, Path] = {}
+    heartbeat_s = status_interval_s(len(node_names(settings)))
     for name in node_names(settings):
         agent_dir = root / name
         identity = Identity.generate(name)
@@ -394,7 +398,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
                     "state_dir": "state",
                     **agent_data,
                     "seed": settings.seed,
-                    "status_interval_s": 2.0,
+                    "status_interval_s": heartbeat_s,
                 },
                 "broker": broker_table,
                 "keys": {"identity": f"{name}.key", "server": "server.pub"},

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,24 +177,44 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
             echo(f"  slow agents ({settings.slowdown:g}x): {', '.join(settings.slow_names())}")
         agents = _spawn_agents(layout.agent_configs, settings, logs)
         stack.callback(_terminate, [server, *agents])
-        metrics: list[RoundMetrics] = []
         deadline = time.monotonic() + settings.rounds * (settings.deadline_s * 3) + 120
-        while server.poll() is None and time.monotonic() < deadline:
-            message = watcher.poll(0.2)
-            if message is None:
-                continue
-            try:
-                m = RoundMetrics.from_json(message[1])
-            except MessageError:
-                continue
-            metrics.append(m)
-            echo(format_round(m, time.monotonic() - started))
+        shown = follow_rounds(watcher, server, deadline, lambda m: echo(format_round(m, time.monotonic() - started)))
         if server.poll() is None or server.returncode != 0:
             tail = (logs / "server.log").read_text()[-3000:]
             raise RuntimeError(f"the server did not finish cleanly (logs in {logs}):\n{tail}")
     state = work / "server" / "state"
+    metrics = logged_rounds(state / "metrics.jsonl")
+    wall_started = time.time() - (time.monotonic() - started)
+    for m in metrics:  # the last rounds' messages may still be on their way when the server exits
+        if m.round not in shown:
+            echo(format_round(m, m.finished_at - wall_started))
     extra = {"attackers": attackers, "attack": settings.attack or None, "slow_agents": settings.slow_names()}
     return collect_results(state, out, extra, metrics, started)
+
+
+def follow_rounds(watcher: MqttClient, server: subprocess.Popen, deadline: float,
+                  show: Callable[[RoundMetrics], None]) -> set[int]:  # fmt: skip
+    """Show each round's metrics from the public topic as it comes, while the server runs; returns the rounds
+    shown. Only for the live lines: a message published just before the server exits can arrive after it did
+    (a loaded machine missed the last round's), so the server's ``metrics.jsonl`` is the record."""
+    shown: set[int] = set()
+    while server.poll() is None and time.monotonic() < deadline:
+        message = watcher.poll(0.2)
+        if message is None:
+            continue
+        try:
+            m = RoundMetrics.from_json(message[1])
+        except MessageError:
+            continue
+        shown.add(m.round)
+        show(m)
+    return shown
+
+
+def logged_rounds(path: Path) -> list[RoundMetrics]:
+    """Every finished round, from the server's own ``metrics.jsonl`` (none: no round ran; no size limit)."""
+    lines = path.read_bytes().splitlines() if path.exists() else []
+    return [RoundMetrics.from_dict(json.loads(line)) for line in lines if line.strip()]
 
 
 def collect_results(state: Path, out: Path, extra: dict, metrics: list[RoundMetrics], started: float) -> SimResult:

@@ -4,13 +4,20 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from agent.config import load_agent_config
+from flcore.rounds import RoundRules
 from models.serialization import load_file
 from models.weights import load_arrays
 from models.zoo import build_model
+from protocol.mqtt import MqttClient
+from sim import run as sim_run
+from sim.federation import SimSettings, create_federation
+from sim.scale import STATUS_RATE_PER_S, round_deadline_s, status_interval_s
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -321,3 +328,39 @@ def test_experiment_reports_final_c_spe_c_gen_and_rounds_until_c_gen_reached_its
     assert "| final C-SPE % | final C-GEN % | rounds to C-GEN 60% |" in results
     assert results.rstrip().endswith("| – | 95.0 ± 0.0 | 60.0 ± 0.0 | 2.0 ± 0.0 |"), results
     assert (tmp_path / "curves-c.png").stat().st_size > 0
+
+
+class StarvedWatcher(MqttClient):
+    """The sim's metrics subscriber on a machine too loaded to read before the server exits (300 agents here
+    missed the last round's line): its messages all arrive after the server finished."""
+
+    def poll(self, timeout_s):
+        time.sleep(timeout_s)
+
+
+def test_rounds_whose_messages_arrive_after_the_server_exited_are_reported_from_its_metrics_log(
+    tmp_path, broker, monkeypatch
+):
+    monkeypatch.setattr(sim_run, "MqttClient", StarvedWatcher)
+    lines = []
+    settings = SimSettings(agents=2, rounds=2, agents_per_process=2, epochs=1, partition="iid", federation="late")
+    result = sim_run.run_sim(settings, tmp_path / "run", broker_address=broker.address, echo=lines.append)
+    assert [m.round for m in result.metrics] == [1, 2]
+    assert [line.split()[1] for line in lines if line.startswith("round ")] == ["1", "2"]
+    assert result.final_eval == result.metrics[-1].eval  # the last committed round's model, evaluated
+
+
+def test_a_large_sim_federation_beats_slower_so_the_server_checks_at_most_25_statuses_a_second(tmp_path):
+    """1,000 agents at one status every 2 s made the server verify 500 signed statuses a second on 2 cores."""
+    layout = create_federation(tmp_path, SimSettings(agents=2, rounds=1), ("127.0.0.1", 1883))
+    assert load_agent_config(layout.agent_configs["agent-02"]).agent.status_interval_s == 2.0  # small: responsive
+    assert [status_interval_s(n) for n in (50, 300, 1000)] == [2.0, 12.0, 20.0]
+    assert all(n / status_interval_s(n) <= STATUS_RATE_PER_S * 1.000001 for n in range(1, 501))
+    assert status_interval_s(10_000) <= RoundRules().status_timeout_s / 3  # a status that late: not eligible
+
+
+def test_a_large_sim_federation_gets_a_deadline_its_agents_can_meet_on_a_shared_machine():
+    """At 300 agents a 60 s deadline closed rounds on 193 updates and refused the rest as late."""
+    assert SimSettings(agents=3).deadline_s == SimSettings(agents=120).deadline_s == 60.0
+    assert SimSettings(agents=300).deadline_s == round_deadline_s(300) == 150.0
+    assert SimSettings(agents=300, deadline_s=30).deadline_s == 30.0  # --deadline wins

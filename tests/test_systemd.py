@@ -249,6 +249,24 @@ def test_agent_unit_reaches_serial_ports_through_dialout_only():
     assert {"char-ttyACM rw", "char-ttyUSB rw", "char-ttyTHS rw", "char-ttyAMA rw"} <= set(service["DeviceAllow"])
 
 
+THREADS_PROBE = ("import threadpoolctl, torch; print([p['num_threads'] for p in threadpoolctl.threadpool_info() "
+                 "if p['internal_api'] == 'openblas'], torch.get_num_threads())")  # fmt: skip
+
+
+@pytest.mark.parametrize("role", ["agent", "server"])
+def test_unit_runs_numpys_openblas_on_one_thread_and_leaves_pytorchs_threads_alone(tmp_path, role):
+    """Spinning OpenBLAS threads made the server's accept path 16x slower under contention (issue 25)."""
+    _, env = unit_command(role, tmp_path / f"{role}.toml", tmp_path)
+    env.pop("OMP_NUM_THREADS", None)  # as under systemd, whatever ran this test
+    probe = [sys.executable, "-c", "import numpy; " + THREADS_PROBE]
+    under_unit = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    default = {k: v for k, v in env.items() if k != "OPENBLAS_NUM_THREADS"}
+    unpinned = subprocess.run(probe, env=default, capture_output=True, text=True, timeout=60, check=True).stdout
+    blas, torch_threads = under_unit.rsplit(" ", 1)
+    assert blas == "[1]", f"{UNITS[role]}: numpy's OpenBLAS runs {blas} threads; set OPENBLAS_NUM_THREADS=1"
+    assert torch_threads == unpinned.rsplit(" ", 1)[1]  # training.threads / the evaluation decide PyTorch's
+
+
 @pytest.mark.parametrize("role", ["agent", "server"])
 def test_systemd_analyze_verify_is_silent(tmp_path, role):
     analyze = systemd_analyze()

@@ -1,0 +1,97 @@
+"""Group key delivery under load (issue 25): an agent whose statuses lag the key is not sent a key every 15 s,
+a restarted agent still gets it at once, and a resent key the agent already holds changes nothing there.
+
+Keys are real and sealed for real; the distributor's clock is a plain number the test moves on."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import pytest
+
+from agent.inbox import ServerInbox
+from broker_server.groupkeys import RESEND_MAX_S, RESEND_S, GroupKeyDistributor
+from participant.progress import ProgressStore
+from participant.start_models import StartModels
+from protocol.messages import AgentStatus
+from security.keys import Identity, Keyring
+
+STATUS_EVERY_S = 2.0  # the sim's agents' status interval
+
+
+class Fleet:
+    """A distributor for one enrolled agent, its sends opened by that agent's own inbox."""
+
+    def __init__(self, tmp_path) -> None:  # noqa: ANN001
+        self.now = 1000.0
+        self.server, self.agent = Identity.generate("server"), Identity.generate("agent-01")
+        self.sends: list[float] = []
+        self.chunks: list[bytearray] = []
+        self.keys = GroupKeyDistributor(tmp_path / "group.key", identity=self.server, federation="it",
+                                        keyring=Keyring([self.agent.public]), send=self._send,
+                                        clock=lambda: self.now)  # fmt: skip
+        self.inbox = ServerInbox(self.agent, self.server.public, "it", StartModels(ProgressStore(tmp_path / "agent")),
+                                 lambda *_: None)  # fmt: skip
+        self.previous: AgentStatus | None = None
+
+    def _send(self, agent: str, chunks: list[bytearray]) -> None:
+        self.sends.append(self.now)
+        self.chunks = chunks
+
+    def status(self, *, key_id: str = "", state: str = "idle") -> None:
+        status = AgentStatus(agent="agent-01", state=state, round=0, samples=10, version=0, updated_at=self.now,
+                             group_key_id=key_id)  # fmt: skip
+        self.keys.on_status("agent-01", self.previous, status)
+        self.previous = status
+
+    def open_last_send(self) -> str:
+        return [self.inbox.feed(bytes(c), frozenset({"groupkey"}), None, None) for c in self.chunks][-1]
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    return Fleet(tmp_path)
+
+
+def test_statuses_that_lag_the_key_get_it_again_after_waits_that_double(fleet):
+    """On main: a send with the first status 15 s on, 38 in 10 minutes (1,000 agents: 3,399 in 9 minutes)."""
+    for _ in range(int(600 / STATUS_EVERY_S)):
+        fleet.status()
+        fleet.now += STATUS_EVERY_S
+    gaps = [b - a for a, b in pairwise(fleet.sends)]
+    assert len(fleet.sends) == 6
+    assert gaps == pytest.approx([RESEND_S, 30, 60, 120, RESEND_MAX_S], abs=STATUS_EVERY_S)
+
+
+def test_holding_the_key_ends_the_resends_and_a_later_loss_gets_it_at_once(fleet):
+    fleet.status()
+    fleet.now += 100
+    fleet.status()  # the wait doubled to 30 s: sent again
+    assert len(fleet.sends) == 2
+    fleet.now += 1
+    fleet.status(key_id=fleet.keys.key.key_id)
+    fleet.now += 1
+    fleet.status()  # lost it (a restart without a will): at once, the wait back at its start
+    fleet.now += RESEND_S
+    fleet.status()
+    assert len(fleet.sends) == 4 and fleet.sends[-1] - fleet.sends[-2] == RESEND_S
+
+
+def test_a_restarted_agent_gets_the_key_at_once_and_a_flapping_one_at_most_every_resend_s(fleet):
+    fleet.status()
+    for _ in range(10):  # offline and back every 6 s for a minute, never holding the key
+        fleet.now += 3
+        fleet.status(state="offline")
+        fleet.now += 3
+        fleet.status()
+    assert fleet.sends == [1000.0, 1000.0 + 18, 1000.0 + 36, 1000.0 + 54]  # on main: one per reconnect, 11
+
+
+def test_a_resent_key_the_agent_holds_is_no_news(fleet):
+    fleet.status()
+    assert fleet.open_last_send() == "groupkey"
+    fleet.now += RESEND_S
+    fleet.status()  # its status still lags
+    assert fleet.open_last_send() == "groupkey-held"  # the daemon then resubscribes to nothing
+    assert list(fleet.inbox.group_keys) == [fleet.keys.key.key_id]
+
