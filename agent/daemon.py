@@ -260,11 +260,12 @@ class EdgeAgent(MqttDaemon):
         if base is None or (start.peers_sha256 and context is None):
             return self._idle("waiting-model")
         export_to = None
-        if self.client.continued(start) is None and start.source == "global" and self.onboard.wanted(
+        rides_along = self.config.training.worker == "per-round"  # else exported once the update is sent (``_idle``)
+        if rides_along and self.client.continued(start) is None and start.source == "global" and self.onboard.wanted(
             task, task.model_version, self.server_time()
         ):
             self.onboard.started(task.model_version)
-            export_to = self.onboard.path  # the global model rides along with the training job
+            export_to = self.onboard.path  # the global model rides along with the training job: one child start
         self.client.train(task, start, base, export_to=export_to, context=context)
         self._set_state("training", publish=True)
         return None

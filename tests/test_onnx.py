@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -265,3 +266,27 @@ def test_cli_bad_input_is_exit_2_with_one_line(tmp_path, capsys):
     assert "give --model PATH, or --config" in capsys.readouterr().err
     assert skyfed.main(["agent", "infer", "--image", str(tmp_path / "none.png"), "--model", "m.onnx"]) == 2
     assert "none.png: image not found" in capsys.readouterr().err
+
+
+def test_the_agents_onnx_export_runs_after_its_update_is_sent(tmp_path, broker, monkeypatch):
+    """The on-board export (0.7 s for the digits CNN on this machine, more on a Jetson) is off the round's
+    critical path: the round closes on both agents' updates, and each agent's slow export ends afterwards."""
+    import participant.jobs
+    from tests.fedharness import Federation, wait_until
+
+    real, slow_s = participant.jobs.export_onnx, 4.0
+
+    def slow_export(arrays, task, path):  # noqa: ANN001, ANN202
+        time.sleep(slow_s)
+        return real(arrays, task, path)
+
+    monkeypatch.setattr(participant.jobs, "export_onnx", slow_export)
+    fed = Federation(tmp_path, broker, rounds=1, agents=2)
+    files = [config.parent / "state" / "global_model.onnx" for config in fed.layout.agent_configs.values()]
+    try:
+        fed.start_with_server()
+        wait_until(lambda: all(f.exists() for f in files), 90, "both agents' exports")
+    finally:
+        fed.close()
+    (round_one,) = fed.metrics()
+    assert round_one.finished_at < min(f.stat().st_mtime for f in files) - slow_s / 2  # closed, then exported
