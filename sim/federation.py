@@ -23,7 +23,7 @@ from models.classify_data import classify_data
 from models.datasets import load_npz, save_npz
 from protocol.config import write_toml
 from security.keys import Identity, enroll
-from sim.scale import round_deadline_s, status_interval_s
+from sim.scale import agents_export_onnx, round_deadline_s, status_interval_s
 
 LOCAL_TEST_FRACTION = 0.2  # of each classify agent's share: its local test split, never trained on
 # what an unset model, partition, batch size or learning rate means for each task
@@ -383,6 +383,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
     )
     agent_configs: dict[str, Path] = {}
     heartbeat_s = status_interval_s(len(node_names(settings)))
+    export_onnx = agents_export_onnx(len(node_names(settings)))
     for name in node_names(settings):
         agent_dir = root / name
         identity = Identity.generate(name)
@@ -402,7 +403,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
                 },
                 "broker": broker_table,
                 "keys": {"identity": f"{name}.key", "server": "server.pub"},
-                "training": {"trainer": trainer, "threads": 1,
+                "training": {"trainer": trainer, "threads": 1, "onnx": export_onnx,
                              **({"worker": settings.worker} if settings.worker != "deployed" else {})},
                 "privacy": settings.local_privacy,
             },

@@ -11,6 +11,7 @@ from __future__ import annotations
 STATUS_RATE_PER_S = 25.0  # the agents' heartbeats the server checks a second, at most, up to 500 agents
 DEADLINE_S = 60.0  # a round's deadline up to DEADLINE_AGENTS agents
 DEADLINE_AGENTS = 120
+ONNX_AGENTS = 50  # past this many agents, sim agents keep no on-board ONNX model
 DEADLINE_S_PER_AGENT = 0.5  # past those: about twice what one agent's round cost on 2 cores at 300 agents
 
 
@@ -25,3 +26,10 @@ def round_deadline_s(agents: int) -> float:
     """The round deadline when none is given: 60 s, and ``DEADLINE_S_PER_AGENT`` per agent past 120. Only an
     upper bound: a round closes as soon as every selected agent delivered."""
     return max(DEADLINE_S, DEADLINE_S_PER_AGENT * agents)
+
+
+def agents_export_onnx(agents: int) -> bool:
+    """Whether a sim's agents keep the on-board ONNX model (``training.onnx``). Each export costs about 0.7 s of
+    CPU for the digits CNN: a device's own work, but 1,000 simulated devices' exports are 12 CPU-minutes a
+    round on this 2-core machine, starving the daemons the run measures. Past ``ONNX_AGENTS`` they are off."""
+    return agents <= ONNX_AGENTS

@@ -364,3 +364,12 @@ def test_a_large_sim_federation_gets_a_deadline_its_agents_can_meet_on_a_shared_
     assert SimSettings(agents=3).deadline_s == SimSettings(agents=120).deadline_s == 60.0
     assert SimSettings(agents=300).deadline_s == round_deadline_s(300) == 150.0
     assert SimSettings(agents=300, deadline_s=30).deadline_s == 30.0  # --deadline wins
+
+
+def test_a_large_sim_federations_agents_keep_no_onboard_onnx_model(tmp_path):
+    """1,000 agents' ONNX exports (0.7 s of CPU each) would take 12 CPU-minutes a round on 2 cores."""
+    small = create_federation(tmp_path / "small", SimSettings(agents=2, rounds=1), ("127.0.0.1", 1883))
+    large = create_federation(tmp_path / "large", SimSettings(agents=60, rounds=1, partition="iid"),
+                              ("127.0.0.1", 1883))  # fmt: skip
+    assert load_agent_config(small.agent_configs["agent-01"]).training.onnx
+    assert not load_agent_config(large.agent_configs["agent-60"]).training.onnx
