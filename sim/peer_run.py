@@ -21,14 +21,11 @@ from models.synthetic_detection import NAMES
 from protocol.messages import headline
 from sim.federation import SimSettings
 from sim.peer_federation import create_peer_federation
-from sim.run import SimResult, _spawn_agents, _terminate, run_broker
+from sim.run import SimResult, _spawn_agents, _terminate, fresh_run_folder, run_broker
 
 
 def run_peer_sim(settings: SimSettings, out: Path, *, broker_address: str | None = None, echo=print) -> SimResult:  # noqa: ANN001
-    out = out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    work = out / "federation"
-    shutil.rmtree(work, ignore_errors=True)
+    out, work = fresh_run_folder(out)
     started = time.monotonic()
     with ExitStack() as stack:
         host, port = run_broker(stack, work, broker_address, echo, "; no server: peer mode")

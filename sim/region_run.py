@@ -21,14 +21,11 @@ from security.bridge import bridge_conf_text
 from sim.broker import start_broker
 from sim.federation import SimSettings
 from sim.regions import create_regions, region_names
-from sim.run import SimResult, _spawn_agents, _terminate, collect_results, format_round, spawn
+from sim.run import SimResult, _spawn_agents, _terminate, collect_results, format_round, fresh_run_folder, spawn
 
 
 def run_region_sim(settings: SimSettings, out: Path, *, echo=print) -> SimResult:  # noqa: ANN001
-    out = out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    work = out / "federation"
-    shutil.rmtree(work, ignore_errors=True)
+    out, work = fresh_run_folder(out)
     started = time.monotonic()
     with ExitStack() as stack:
         root = stack.enter_context(start_broker(data_dir=work / "broker", kind="mosquitto"))

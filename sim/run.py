@@ -137,6 +137,16 @@ def run_broker(stack: ExitStack, work: Path, broker_address: str | None, echo, n
     return broker.host, broker.port
 
 
+def fresh_run_folder(out: Path) -> tuple[Path, Path]:
+    """``out`` as an absolute path (the daemons get absolute paths: relative ones would name other files from
+    their folder) and its empty ``federation`` folder, for the keys, configs, data, state and logs of every node."""
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "federation"
+    shutil.rmtree(work, ignore_errors=True)
+    return out, work
+
+
 def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = None, echo=print) -> SimResult:  # noqa: ANN001
     """Run the federation to completion and leave metrics.jsonl, curves.png and the model in ``out``."""
     if settings.in_process:
@@ -151,10 +161,7 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
         from sim.peer_run import run_peer_sim  # it builds on this module
 
         return run_peer_sim(settings, out, broker_address=broker_address, echo=echo)
-    out = out.resolve()  # the daemons get absolute paths: relative ones would name other files from their folder
-    out.mkdir(parents=True, exist_ok=True)
-    work = out / "federation"  # keys, configs, data, state and logs of every node
-    shutil.rmtree(work, ignore_errors=True)
+    out, work = fresh_run_folder(out)
     started = time.monotonic()
     with ExitStack() as stack:
         host, port = run_broker(stack, work, broker_address, echo)
