@@ -96,6 +96,8 @@ class BrokerSettings:
         nodes: the first is ``host:port``, the others ``fallbacks``)."""
         first, *others = [part.strip() for part in address.split(",")]
         host, port = parse_address(first)
+        for other in others:  # named as given, not as the config key they become
+            parse_address(other)
         return cls(host=host, port=port, fallbacks=tuple(others), **kwargs)  # type: ignore[arg-type]
 
 

@@ -18,13 +18,29 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from protocol.mqtt import BrokerSettings, MqttClient
+from protocol.mqtt import BrokerSettings, MqttClient, parse_address
 from sim.broker import accepts, free_port
 
 log = logging.getLogger("skyfed.sim.nats")
 
 NATS_MAX_PAYLOAD = 4 << 20  # SkyFed chunks are 1 MiB plus a header; NATS's default max_payload is 1 MB
 CLUSTER_NAME = "skyfed"
+
+
+def parse_cluster_spec(spec: str) -> int:
+    """``--broker-cluster nats:N`` as N (3-9 nodes)."""
+    kind, _, size = spec.partition(":")
+    if kind != "nats" or not size.isdigit() or not 3 <= int(size) <= 9:
+        raise ValueError(f"--broker-cluster {spec!r} must look like nats:N with N = 3-9 nodes, e.g. nats:3")
+    return int(size)
+
+
+def spread_broker_table(nodes: list[str], k: int) -> dict[str, object]:
+    """The ``[broker]`` table of a federation's k-th node (0: the server): cluster node k mod n first and the
+    others as ``fallbacks``, so the federation's connections spread over the cluster (one node: no fallbacks)."""
+    order = [nodes[(k + i) % len(nodes)] for i in range(len(nodes))]
+    host, port = parse_address(order[0])
+    return {"host": host, "port": port, **({"fallbacks": order[1:]} if len(order) > 1 else {})}
 
 
 def nats_server_path() -> str | None:
@@ -198,7 +214,7 @@ def start_nats_cluster(
                 if time.monotonic() - started > startup_timeout_s:
                     raise RuntimeError(f"nats-server {node.name} not healthy in {startup_timeout_s:g} s:\n"
                                        f"{node.log_tail()}")  # fmt: skip
-                time.sleep(0.05)
+                time.sleep(0.2)  # each failed /healthz is a warning in the node's log
         for node in nodes:  # the first MQTT client creates the MQTT streams: pay that here, and prove each node
             _check_mqtt(node, startup_timeout_s - (time.monotonic() - started))
     except BaseException:
