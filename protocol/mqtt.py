@@ -150,7 +150,7 @@ class MqttClient:
         self.protocol_refused = False  # the broker's last CONNACK refused our MQTT version (NATS 2.9 and MQTT 5)
         self.taken_over = False  # the broker closed us because another client connected with our client id
         self._connected_at = 0.0
-        self._quick_drops = 0  # consecutive connections lost within EVICTION_WINDOW_S of being accepted
+        self._quick_drops: set[tuple[str, int]] = set()  # nodes of a streak of connections lost right after accept
         self._addresses = settings.addresses
         self._attempts = 0  # connection attempts so far: attempt k goes to address k mod len(addresses)
         self.at = settings  # ``settings`` naming the node of the current attempt (what messages report)
@@ -337,10 +337,15 @@ class MqttClient:
 
     def _evicted(self, reason: str) -> bool:
         """Whether another client with our id took the connection: MQTT 5 may say so ("Session taken over");
-        otherwise (mosquitto 2.0 sends no reason) it shows as a second drop in a row, each soon after connecting."""
-        quick = time.monotonic() - self._connected_at < EVICTION_WINDOW_S
-        self._quick_drops = self._quick_drops + 1 if quick else 0
-        return reason == "Session taken over" or self._quick_drops >= 2
+        otherwise (mosquitto 2.0 sends no reason) it shows as drops in a row, each soon after connecting, twice on
+        one node: a cluster's nodes may each drop a client once while they hand its session over after a failover."""
+        if time.monotonic() - self._connected_at >= EVICTION_WINDOW_S:
+            self._quick_drops.clear()
+            return reason == "Session taken over"
+        node = (self.at.host, self.at.port)
+        again = node in self._quick_drops
+        self._quick_drops.add(node)
+        return reason == "Session taken over" or again
 
     def _handle_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # noqa: ANN001
         pattern = self._pending_subscribes.pop(mid, "?")
