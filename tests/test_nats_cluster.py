@@ -8,18 +8,21 @@ next model. Skipped where nats-server is absent (``.ci/run`` installs it).
 
 from __future__ import annotations
 
+import subprocess
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from sim.nats_cluster import nats_server_path, spread_broker_table, start_nats_cluster
+from sim.nats_cluster import NATS_MAX_PAYLOAD, nats_server_path, spread_broker_table, start_nats_cluster
 from tests.fedharness import Federation, override_toml, wait_until
 from tests.test_federation import SlowInRound
 
 pytestmark = pytest.mark.skipif(
     nats_server_path() is None, reason="nats-server is not installed (apt-get install nats-server; .ci/run does)"
 )
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "nats"
 
 
 @pytest.fixture
@@ -66,3 +69,45 @@ def test_a_node_killed_mid_round_the_round_closes_and_every_agent_gets_the_next_
     assert server.mqtt.at.port != first.ports.mqtt
     print(f"node 1 killed in round 1; rounds 1-2 closed {finished_s:.1f} s later "
           f"(round 1 took {metrics[0].duration_s:.1f} s, round 2 {metrics[1].duration_s:.1f} s)")  # fmt: skip
+
+
+def test_the_monitor_falls_back_to_mqtt_3_1_1_and_reads_any_node(cluster, capsys):
+    """``skyfed monitor`` asks for MQTT 5 (to name a takeover); nats-server 2.9 refuses it ("Unsupported protocol
+    version"): on main the monitor said it could not reach the broker. Status published on node 3 is read
+    through node 1, or through node 2 once node 1 is gone."""
+    from broker_server.monitor import monitor
+    from protocol.mqtt import BrokerSettings, MqttClient
+    from tests.test_monitor_cli import _server_status
+
+    publisher = MqttClient("test-publisher", BrokerSettings.from_address(cluster.addresses[2]), persistent=False)
+    assert publisher.start(timeout_s=10)
+    info = publisher.publish("skyfed/fleet/server/status", _server_status("fleet"), retain=True)
+    assert MqttClient.wait_published([info], 10)
+    publisher.stop(1.0)
+    settings = BrokerSettings.from_address(cluster.address, protocol="5")
+    assert monitor(settings, "fleet", once=True, timeout_s=2) == 0, capsys.readouterr().err
+    assert "fleet" in capsys.readouterr().out
+    cluster.nodes[0].kill()
+    assert monitor(settings, "fleet", once=True, timeout_s=5) == 0, capsys.readouterr().err
+
+
+def test_a_daemon_asking_for_mqtt_5_is_told_which_key_to_change(cluster):
+    from protocol.mqtt import BrokerSettings, MqttClient
+
+    client = MqttClient("v5-probe", BrokerSettings.from_address(cluster.address, protocol="5"), persistent=False)
+    try:
+        assert not client.start(timeout_s=10)  # refused at once, not after the time-out
+        assert client.protocol_refused
+        assert 'set broker.protocol = "3.1.1"' in (client.problem or ""), client.problem
+    finally:
+        client.stop(1.0)
+
+
+@pytest.mark.parametrize("node", [1, 2, 3])
+def test_the_deployed_configs_are_valid_and_carry_a_model_chunk(node):
+    conf = DEPLOY / f"nats-{node}.conf"
+    checked = subprocess.run([nats_server_path(), "-t", "-c", str(conf)], capture_output=True, text=True)
+    assert checked.returncode == 0 and "is valid" in checked.stderr + checked.stdout, checked.stderr
+    text = conf.read_text()
+    assert f"max_payload: {NATS_MAX_PAYLOAD}" in text and NATS_MAX_PAYLOAD > (1 << 20) + 4096
+    assert f'server_name: "nats-{node}"' in text and "stream_replicas: 3" in text
