@@ -15,6 +15,7 @@ from protocol.mqtt import BrokerSettings, MqttClient
 from sim.broker import free_port, start_broker
 from sim.nats_cluster import spread_broker_table
 from tests.fedharness import wait_until
+from tests.test_sim_cli import skyfed
 
 
 def client_on(settings: BrokerSettings) -> MqttClient:
@@ -78,3 +79,21 @@ def test_a_federation_spreads_over_the_nodes_each_with_the_others_as_fallbacks()
     assert [t["host"] for t in tables] == ["n1", "n2", "n3", "n1"]
     assert tables[1]["fallbacks"] == ["n3:3", "n1:1"]
     assert spread_broker_table(["n1:1"], 0) == {"host": "n1", "port": 1}  # one broker: the config as before
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--broker-cluster", "nats:2"], "--broker-cluster 'nats:2' must look like nats:N with N = 3-9 nodes"),
+        (["--broker-cluster", "rabbit:3"], "must look like nats:N"),
+        (["--broker-cluster", "nats:3", "--broker", "127.0.0.1:1883"], "drop --broker"),
+        (["--broker-cluster", "nats:3", "--in-process"], "drop --in-process"),
+        (["--broker-cluster", "nats:3", "--mode", "peer"], "drop --mode peer"),
+        (["--broker", "127.0.0.1:1883,127.0.0.1:1884", "--mode", "peer"], "--mode peer takes one --broker"),
+        (["--broker", "127.0.0.1:1883,nowhere"], "broker address 'nowhere' must look like HOST:PORT"),
+    ],
+)
+def test_sim_refuses_bad_cluster_arguments_with_a_message(args, message):
+    result = skyfed("sim", *args, timeout=60)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

@@ -111,3 +111,20 @@ def test_the_deployed_configs_are_valid_and_carry_a_model_chunk(node):
     text = conf.read_text()
     assert f"max_payload: {NATS_MAX_PAYLOAD}" in text and NATS_MAX_PAYLOAD > (1 << 20) + 4096
     assert f'server_name: "nats-{node}"' in text and "stream_replicas: 3" in text
+
+
+@pytest.mark.timeout(240)
+def test_skyfed_sim_broker_cluster_runs_a_federation_over_three_nats_nodes(tmp_path):
+    from common import toml
+    from tests.test_sim_cli import metrics_rows, skyfed
+
+    out = tmp_path / "run"
+    result = skyfed("sim", "--broker-cluster", "nats:3", "--agents", "2", "--rounds", "1", "--epochs", "1",
+                    "--out", str(out), timeout=200)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "broker: NATS cluster of 3 nodes" in result.stdout and len(metrics_rows(out)) == 1
+    server = toml.loads((out / "federation" / "server" / "server.toml").read_text())["broker"]
+    agent = toml.loads((out / "federation" / "agent-01" / "agent.toml").read_text())["broker"]
+    assert len(server["fallbacks"]) == 2 and agent["port"] != server["port"]
+    running = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(out / "federation" / "nats") not in running, "a node of the run's cluster outlived the run"
