@@ -4,7 +4,8 @@ Deliberately small (see STYLE.md on paho's own 5,000-line client): it connects, 
 re-subscribes after every (re)connect, and hands received messages to the caller's thread through a
 bounded queue, so decryption, aggregation and training never run on paho's network thread (which must
 keep answering keep-alives). Chunking, schemas and round logic live elsewhere. Works with MQTT 3.1.1
-and 5: everything SkyFed needs is in the payloads.
+and 5: everything SkyFed needs is in the payloads (nats-server 2.9 speaks 3.1.1 only). Over a clustered
+broker it tries the nodes in turn (``BrokerSettings.fallbacks``).
 """
 
 from __future__ import annotations
@@ -58,7 +59,6 @@ class BrokerSettings:
 
     host: str = "127.0.0.1"
     port: int = 1883
-    fallbacks: tuple[str, ...] = ()
     protocol: str = "3.1.1"
     keepalive_s: int = 30
     username: str | None = None
@@ -66,6 +66,7 @@ class BrokerSettings:
     tls: TlsSettings | None = None
     reconnect_min_s: float = 1.0
     reconnect_max_s: float = 30.0
+    fallbacks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.protocol not in ("3.1.1", "5"):
