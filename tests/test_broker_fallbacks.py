@@ -97,3 +97,11 @@ def test_sim_refuses_bad_cluster_arguments_with_a_message(args, message):
     result = skyfed("sim", *args, timeout=60)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_provision_refuses_a_cluster_address_rather_than_drop_its_other_nodes(tmp_path, capsys):
+    from skyfed import main
+
+    out = tmp_path / "fed"
+    assert main(["provision", "--federation", "f", "--agents", "a1", "--out", str(out), "--broker", "n1:1,n2:2"]) == 2
+    assert "[broker] fallbacks" in capsys.readouterr().err and not (out / "a1").exists()
