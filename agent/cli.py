@@ -46,7 +46,7 @@ def check_agent(args: argparse.Namespace) -> int:
     def summary(config: AgentConfig) -> str:
         a, b = config.agent, config.broker
         return (f"{args.config}: id={a.id} federation={a.federation} trainer={config.training.trainer} "
-                f"broker={b.host}:{b.port} tls={'yes' if b.tls else 'no'} state_dir={config.state_dir} "
+                f"broker={b.address_list} tls={'yes' if b.tls else 'no'} state_dir={config.state_dir} "
                 f"data={config.data_path}"
                 + (f" test_data={config.test_data_path}" if config.test_data_path else ""))  # fmt: skip
 

@@ -64,8 +64,13 @@ def run_monitor(args: argparse.Namespace) -> int:
     elif args.cert or args.key:
         print("skyfed monitor: --cert and --key need --cafile (the federation CA, e.g. DIR/monitor/ca.crt)")
         return 2
-    # MQTT 5, so that a broker closing us for another client with the same id says so (3.1.1 cannot)
-    settings = BrokerSettings.from_address(args.broker, tls=tls, protocol="5")
+    # MQTT 5, so that a broker closing us for another client with the same id says so (3.1.1 cannot);
+    # the monitor falls back to 3.1.1 on a broker that refuses 5 (NATS)
+    try:
+        settings = BrokerSettings.from_address(args.broker, tls=tls, protocol="5")
+    except ValueError as exc:
+        print(f"skyfed monitor: --broker: {exc}")
+        return 2
     return monitor(settings, args.federation, once=args.once, timeout_s=args.timeout)
 
 
@@ -83,7 +88,8 @@ def add_server_commands(commands: argparse._SubParsersAction, build_region: Regi
 
 def add_monitor_command(commands: argparse._SubParsersAction) -> None:
     mon = commands.add_parser("monitor", help="live view of server and agents from the status topics")
-    mon.add_argument("--broker", default="127.0.0.1:1883", help="HOST:PORT of the MQTT broker")
+    mon.add_argument("--broker", default="127.0.0.1:1883",
+                     help="HOST:PORT of the MQTT broker (a cluster: its nodes, comma-separated)")  # fmt: skip
     mon.add_argument("--federation", default="demo")
     mon.add_argument("--once", action="store_true", help="print one snapshot and exit")
     mon.add_argument("--timeout", type=float, default=3.0, help="with --once: seconds to collect status")

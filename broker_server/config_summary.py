@@ -14,7 +14,7 @@ NO_EVAL_DATA = (
 def server_summary(config: ServerConfig) -> str:
     s, b = config.server, config.broker
     return (
-        f"federation={s.federation} model={s.model} rounds={s.rounds or 'forever'} broker={b.host}:{b.port} "
+        f"federation={s.federation} model={s.model} rounds={s.rounds or 'forever'} broker={b.address_list} "
         f"tls={'yes' if b.tls else 'no'} state_dir={config.state_dir} eval_data={config.eval_path or 'none'}"
         + (f" pool={config.pool_path}" if config.pool.enabled else "")
         + (f" upstream={u.id}@{u.federation}" if (u := config.upstream) is not None else "")

@@ -10,7 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -161,11 +161,9 @@ def monitor(
     federation shows nothing (the message names the federations the broker does carry)."""
     console = console or Console(width=None if sys.stdout.isatty() else PIPE_WIDTH)  # a pipe: no 80-column cut
     view = FederationView(Topics(federation))
-    client = MqttClient(f"monitor-{uuid.uuid4().hex[:8]}", settings, persistent=False)
-    for pattern in (view.topics.server_status, view.topics.server_metrics, view.topics.agent_status_wildcard):
-        client.subscribe(pattern, qos=0)
-    where = f"{settings.host}:{settings.port}"
-    if not client.start(timeout_s=timeout_s):
+    client = _started(settings, view, timeout_s)
+    where = f"{client.at.host}:{client.at.port}"
+    if not client.connected.is_set():
         _say(f"cannot reach the broker at {where}: {client.problem or f'no answer within {timeout_s:g} s'}")
         client.stop(STOP_WAIT_S)
         return 1
@@ -185,6 +183,19 @@ def monitor(
         return 0
     finally:
         client.stop(STOP_WAIT_S)  # never wait for ever on paho's thread (it may sit in a full queue)
+
+
+def _started(settings: BrokerSettings, view: FederationView, timeout_s: float) -> MqttClient:
+    """A client on the view's topics, started: MQTT 5 as asked (it names a takeover), or 3.1.1 where the broker
+    refuses 5 (NATS 2.9, deploy/nats/); ``connected`` is not set if no node answered within ``timeout_s``."""
+    client = MqttClient(f"monitor-{uuid.uuid4().hex[:8]}", settings, persistent=False)
+    for pattern in (view.topics.server_status, view.topics.server_metrics, view.topics.agent_status_wildcard):
+        client.subscribe(pattern, qos=0)
+    client.start(timeout_s=timeout_s)
+    if client.protocol_refused and settings.protocol != "3.1.1":
+        client.stop(STOP_WAIT_S)
+        return _started(replace(settings, protocol="3.1.1"), view, timeout_s)
+    return client
 
 
 def _refresher(live: Live, view: FederationView) -> Callable[[str | None], None]:

@@ -175,7 +175,7 @@ class MqttDaemon(ABC):
         """The line ``systemctl status`` shows (STATUS=), e.g. ``round 3: training``; the loop adds the
         connection problem when there is one, and asks after every tick, so keep it cheap. This default
         says only how the connection stands."""
-        where = f"{self.mqtt.settings.host}:{self.mqtt.settings.port}"
+        where = f"{self.mqtt.at.host}:{self.mqtt.at.port}"  # the node of the current attempt (a cluster: any)
         return f"connected to {where}" if self.mqtt.connected.is_set() else f"connecting to {where}"
 
     def guard(self, what: str, fn: Callable[..., object], *args: object) -> None:

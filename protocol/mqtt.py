@@ -4,24 +4,26 @@ Deliberately small (see STYLE.md on paho's own 5,000-line client): it connects, 
 re-subscribes after every (re)connect, and hands received messages to the caller's thread through a
 bounded queue, so decryption, aggregation and training never run on paho's network thread (which must
 keep answering keep-alives). Chunking, schemas and round logic live elsewhere. Works with MQTT 3.1.1
-and 5: everything SkyFed needs is in the payloads.
+and 5: everything SkyFed needs is in the payloads (nats-server 2.9 speaks 3.1.1 only). Over a clustered
+broker it tries the nodes in turn (``BrokerSettings.fallbacks``).
 """
 
 from __future__ import annotations
 
 import logging
 import queue
-import socket
 import ssl
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+
+from protocol.mqtt_problems import describe_connect_error, describe_refusal, taken_over_text
 
 log = logging.getLogger("skyfed.mqtt")
 
@@ -38,9 +40,22 @@ class TlsSettings:
     keyfile: str | None = None
 
 
+def parse_address(address: str, key: str = "broker address") -> tuple[str, int]:
+    """``HOST:PORT`` as ``(host, port)``; a malformed one raises naming ``key``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{key} {address!r} must look like HOST:PORT with a port 1-65535, e.g. 127.0.0.1:1883")
+    return host, int(port)
+
+
 @dataclass(frozen=True)
 class BrokerSettings:
-    """Where and how to connect. ``protocol`` is ``"3.1.1"`` or ``"5"``."""
+    """Where and how to connect. ``protocol`` is ``"3.1.1"`` or ``"5"``.
+
+    ``fallbacks``: further nodes of the same clustered broker (``HOST:PORT``, e.g. a NATS cluster's MQTT
+    listeners, which share sessions and retained messages); each reconnect attempt takes the next address
+    after ``host:port``, so a client outlives the node it was connected to (deploy/nats/README.md).
+    """
 
     host: str = "127.0.0.1"
     port: int = 1883
@@ -51,6 +66,7 @@ class BrokerSettings:
     tls: TlsSettings | None = None
     reconnect_min_s: float = 1.0
     reconnect_max_s: float = 30.0
+    fallbacks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.protocol not in ("3.1.1", "5"):
@@ -62,14 +78,28 @@ class BrokerSettings:
                 "broker.reconnect_min_s must be >= 1 and <= broker.reconnect_max_s (whole seconds, paho's unit), "
                 f"got {self.reconnect_min_s} and {self.reconnect_max_s}"
             )
+        for i, address in enumerate(self.fallbacks):
+            parse_address(address, f"broker.fallbacks[{i}]")
+
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """Every node to try, in order: ``host:port`` first, then ``fallbacks``."""
+        return [(self.host, self.port), *(parse_address(a) for a in self.fallbacks)]
+
+    @property
+    def address_list(self) -> str:
+        """``HOST:PORT`` of every node, comma-separated (as ``from_address`` reads them)."""
+        return ",".join([f"{self.host}:{self.port}", *self.fallbacks])
 
     @classmethod
     def from_address(cls, address: str, **kwargs: object) -> BrokerSettings:
-        """Parse ``HOST:PORT`` (as given on the command line)."""
-        host, sep, port = address.rpartition(":")
-        if not sep or not port.isdigit():
-            raise ValueError(f"broker address {address!r} must look like HOST:PORT, e.g. 127.0.0.1:1883")
-        return cls(host=host, port=int(port), **kwargs)  # type: ignore[arg-type]
+        """Parse ``HOST:PORT`` (as given on the command line), or several separated by commas (a cluster's
+        nodes: the first is ``host:port``, the others ``fallbacks``)."""
+        first, *others = [part.strip() for part in address.split(",")]
+        host, port = parse_address(first)
+        for other in others:  # named as given, not as the config key they become
+            parse_address(other)
+        return cls(host=host, port=port, fallbacks=tuple(others), **kwargs)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -82,61 +112,6 @@ class Will:
 
 
 Received = tuple[str, bytes]
-
-
-def describe_connect_error(exc: BaseException | None, settings: BrokerSettings) -> str:
-    """Why a connection attempt failed, in words, with the likely fix (``broker.*`` config keys)."""
-    where = f"{settings.host}:{settings.port}"
-    if isinstance(exc, socket.gaierror):
-        return f"cannot resolve broker host {settings.host!r} ({exc.strerror}): check broker.host"
-    if isinstance(exc, ConnectionRefusedError):
-        return f"nothing listens on {where}: is the broker running, and is broker.port right?"
-    if isinstance(exc, TimeoutError):
-        return f"no answer from {where}: wrong broker.host, or a firewall drops the connection"
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"TLS: the broker's certificate does not verify ({exc.verify_message}): {_verify_fix(exc, settings)}"
-    tls_cut = settings.tls is not None and isinstance(exc, ConnectionResetError | BrokenPipeError)
-    if isinstance(exc, ssl.SSLError) or tls_cut:
-        why = exc.reason if isinstance(exc, ssl.SSLError) else "the broker hung up"
-        return (
-            f"TLS handshake with {where} failed ({why or exc}): is broker.port a TLS listener, and do "
-            "broker.tls.certfile/keyfile belong to a CA the broker trusts?"
-        )
-    if isinstance(exc, OSError):
-        return f"cannot connect to {where}: {exc.strerror or exc}"
-    return f"cannot connect to {where}"
-
-
-def _verify_fix(exc: ssl.SSLCertVerificationError, settings: BrokerSettings) -> str:
-    """What to change for OpenSSL's verify code (X509_V_ERR_*): wrong name, out of date, or an unknown CA."""
-    if exc.verify_code in (62, 64):  # HOSTNAME_MISMATCH, IP_ADDRESS_MISMATCH
-        return f"the certificate is not for {settings.host!r}: set broker.host to a name it holds, or re-issue it"
-    if exc.verify_code in (9, 10):  # NOT_YET_VALID, HAS_EXPIRED
-        return "re-issue the broker's certificate (or check this host's clock)"
-    return "check broker.tls.ca_certs (the CA that signed the broker's certificate)"
-
-
-def describe_refusal(reason: object, settings: BrokerSettings) -> str:
-    """A CONNACK refusal, with what to check."""
-    text = str(reason)
-    if "password" in text.lower() or "authori" in text.lower():
-        fix = "check broker.username/password, or that the client certificate's CN is this node's id"
-    elif "identifier" in text.lower():
-        fix = "another client may use this id, or the id is not allowed by the broker"
-    else:
-        fix = "see the broker's log"
-    return f"broker {settings.host}:{settings.port} refused the connection ({text}): {fix}"
-
-
-def taken_over_text(client_id: str, settings: BrokerSettings) -> str:
-    """Why the broker closed a connection for another client with the same id, and what that id is."""
-    who = f"client id {client_id!r}"
-    if settings.tls is not None and settings.tls.certfile:  # mosquitto's use_username_as_clientid
-        who += f" (with TLS the broker uses the certificate name: {settings.tls.certfile} is in use elsewhere)"
-    return (
-        f"another client is connected with this {who}: the broker closes one connection for the other "
-        "(twice running right after accepting it, or MQTT 5's 'Session taken over'); run one client per id"
-    )
 
 
 def _acknowledged(info: paho.MQTTMessageInfo) -> bool:
@@ -173,9 +148,13 @@ class MqttClient:
         self.problem: str | None = None  # why the broker is unreachable or refuses us, in words; None when fine
         self._stopping = False
         self._pending_subscribes: dict[int, str] = {}
+        self.protocol_refused = False  # the broker's last CONNACK refused our MQTT version (NATS 2.9 and MQTT 5)
         self.taken_over = False  # the broker closed us because another client connected with our client id
         self._connected_at = 0.0
-        self._quick_drops = 0  # consecutive connections lost within EVICTION_WINDOW_S of being accepted
+        self._quick_drops: set[tuple[str, int]] = set()  # nodes of a streak of connections lost right after accept
+        self._addresses = settings.addresses
+        self._attempts = 0  # connection attempts so far: attempt k goes to address k mod len(addresses)
+        self.at = settings  # ``settings`` naming the node of the current attempt (what messages report)
         v5 = settings.protocol == "5"
         self._persistent = persistent
         self._client = paho.Client(
@@ -196,6 +175,7 @@ class MqttClient:
         self._will = will  # a callable makes a new will for every connection (after each connect, for the next)
         self._set_will()
         self._client.reconnect_delay_set(int(settings.reconnect_min_s), int(settings.reconnect_max_s))
+        self._client.on_pre_connect = self._next_address
         self._client.on_connect = self._handle_connect
         self._client.on_connect_fail = self._handle_connect_fail
         self._client.on_disconnect = self._handle_disconnect
@@ -219,7 +199,15 @@ class MqttClient:
             kwargs = {"clean_start": not self._persistent, "properties": props}
         self._client.connect_async(s.host, s.port, keepalive=s.keepalive_s, **kwargs)
         self._client.loop_start()
-        return self.connected.wait(timeout_s) if timeout_s is not None else False
+        return self._wait_connected(timeout_s) if timeout_s is not None else False
+
+    def _wait_connected(self, timeout_s: float) -> bool:
+        """Until the broker accepts us, refuses our protocol version (waiting longer cannot help), or time-out."""
+        deadline = time.monotonic() + timeout_s
+        while not self.connected.wait(max(0.0, min(0.05, deadline - time.monotonic()))):
+            if self.protocol_refused or time.monotonic() >= deadline:
+                return False
+        return True
 
     def stop(self, timeout_s: float | None = None) -> bool:
         """Disconnect cleanly (no LWT) and stop the network thread; False if it did not end within ``timeout_s``.
@@ -288,6 +276,16 @@ class MqttClient:
         self._report(problem)
 
     # paho callbacks (network thread) -----------------------------------------------------------------
+    def _next_address(self, client, userdata) -> None:  # noqa: ANN001
+        """Before each attempt, the next node in turn: paho has no address list (eclipse/paho.mqtt.python#308)
+        and its ``host``/``port`` setters refuse while a reconnect is under way, so the address is written
+        where ``reconnect()`` reads it (paho 2.x, pinned in constraints.txt; tests/test_nats_cluster.py)."""
+        host, port = self._addresses[self._attempts % len(self._addresses)]
+        self._attempts += 1
+        if (host, port) != (self.at.host, self.at.port):
+            self.at = replace(self.settings, host=host, port=port)
+        client._host, client._port = host, port
+
     def _report(self, problem: str | None) -> None:
         """Log a change of connection problem once (paho retries with back-off; repeats stay quiet)."""
         if problem != self.problem and problem is not None:
@@ -296,11 +294,12 @@ class MqttClient:
 
     def _handle_connect_fail(self, client, userdata) -> None:  # noqa: ANN001
         # paho calls this from inside its ``except OSError`` block, so the exception is the one handled now
-        self._report(describe_connect_error(sys.exc_info()[1], self.settings))
+        self._report(describe_connect_error(sys.exc_info()[1], self.at))
 
     def _handle_connect(self, client, userdata, flags, reason_code, properties) -> None:  # noqa: ANN001
         if reason_code.is_failure:
-            self._report(describe_refusal(reason_code, self.settings))
+            self.protocol_refused = "protocol version" in str(reason_code).lower()
+            self._report(describe_refusal(reason_code, self.at))
             return
         self._report(None)
         self._connected_at = time.monotonic()
@@ -310,8 +309,8 @@ class MqttClient:
         log.info(
             "mqtt connected client=%s broker=%s:%d session_present=%s",
             self.client_id,
-            self.settings.host,
-            self.settings.port,
+            self.at.host,
+            self.at.port,
             flags.session_present,
         )
         self.session_present = bool(flags.session_present)
@@ -326,23 +325,28 @@ class MqttClient:
             return
         if self.connected.is_set() and self._evicted(str(reason_code)):
             self.taken_over = True
-            self._report(taken_over_text(self.client_id, self.settings))
+            self._report(taken_over_text(self.client_id, self.at))
         elif self.connected.is_set():
             log.warning("mqtt disconnected client=%s reason=%s; reconnecting", self.client_id, reason_code)
             self.problem = f"connection lost ({reason_code}); reconnecting"
         elif self.problem is None and self.settings.tls is None:
             self._report(
-                f"{self.settings.host}:{self.settings.port} closed the connection before answering: a TLS "
+                f"{self.at.host}:{self.at.port} closed the connection before answering: a TLS "
                 "listener? (set [broker.tls]) or a broker that does not speak MQTT on this port"
             )
         self.connected.clear()
 
     def _evicted(self, reason: str) -> bool:
         """Whether another client with our id took the connection: MQTT 5 may say so ("Session taken over");
-        otherwise (mosquitto 2.0 sends no reason) it shows as a second drop in a row, each soon after connecting."""
-        quick = time.monotonic() - self._connected_at < EVICTION_WINDOW_S
-        self._quick_drops = self._quick_drops + 1 if quick else 0
-        return reason == "Session taken over" or self._quick_drops >= 2
+        otherwise (mosquitto 2.0 sends no reason) it shows as drops in a row, each soon after connecting, twice on
+        one node: a cluster's nodes may each drop a client once while they hand its session over after a failover."""
+        if time.monotonic() - self._connected_at >= EVICTION_WINDOW_S:
+            self._quick_drops.clear()
+            return reason == "Session taken over"
+        node = (self.at.host, self.at.port)
+        again = node in self._quick_drops
+        self._quick_drops.add(node)
+        return reason == "Session taken over" or again
 
     def _handle_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # noqa: ANN001
         pattern = self._pending_subscribes.pop(mid, "?")

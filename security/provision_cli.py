@@ -58,6 +58,9 @@ def _plan(args: argparse.Namespace, out: Path) -> Provisioning:
         broker = BrokerSettings.from_address(str(settings["broker"]))
     except ValueError as exc:
         raise ProvisionError(f"--broker: {exc}") from None
+    if broker.fallbacks:  # provision writes mosquitto's files and one address: never drop the others silently
+        raise ProvisionError("--broker: give one HOST:PORT; for a NATS cluster add the other nodes to each config's "
+                             "[broker] fallbacks (deploy/nats/README.md)")  # fmt: skip
     return Provisioning(
         federation=args.federation,
         broker_host=broker.host,

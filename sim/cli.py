@@ -88,11 +88,13 @@ def run_sim_command(args: argparse.Namespace) -> int:
         return _run_experiment(Path(args.config), args.out)
     try:
         settings = _settings(args)
-        if (settings.in_process or settings.regions) and args.broker:
+        if (settings.in_process or settings.regions) and (args.broker or args.broker_cluster):
             raise ValueError(f"{'--in-process' if settings.in_process else '--regions'} starts its own brokers "
-                             "(or none): drop --broker")  # fmt: skip
-        if args.broker:
-            BrokerSettings.from_address(args.broker)  # a malformed --broker: one line now, not a traceback later
+                             "(or none): drop --broker and --broker-cluster")  # fmt: skip
+        if args.broker and BrokerSettings.from_address(args.broker).fallbacks and settings.mode == "peer":
+            raise ValueError("--mode peer takes one --broker HOST:PORT")  # (a malformed one fails here too)
+        if args.broker_cluster:
+            _check_cluster(args.broker_cluster, settings, args.broker)
     except ValueError as exc:
         print(f"skyfed {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -102,7 +104,7 @@ def run_sim_command(args: argparse.Namespace) -> int:
         f"partition {settings.partition}, strategy {settings.strategy.get('name', 'default')}, seed {settings.seed}"
     )
     try:
-        result = run_sim(settings, Path(args.out), broker_address=args.broker)
+        result = run_sim(settings, Path(args.out), broker_address=args.broker, broker_cluster=args.broker_cluster)
     except (OSError, RuntimeError) as exc:  # --out not a folder we can make; no broker at --broker
         print(f"skyfed {args.command}: {exc}", file=sys.stderr)
         return 1
@@ -114,6 +116,16 @@ def run_sim_command(args: argparse.Namespace) -> int:
     print(f"done in {result.seconds:.1f} s; final {'mAP@.5' if settings.task == 'detect' else 'accuracy'} {final}; "
           f"results in {result.out}/")  # fmt: skip
     return 0
+
+
+def _check_cluster(spec: str, settings, broker: str | None) -> None:  # noqa: ANN001 - a SimSettings
+    """``--broker-cluster``: well-formed, and with neither --broker, --in-process nor peer mode."""
+    from sim.nats_cluster import parse_cluster_spec
+
+    parse_cluster_spec(spec)
+    if broker or settings.in_process or settings.mode == "peer":
+        raise ValueError("--broker-cluster starts the run's brokers for a client-mode run over MQTT: drop "
+                         + ("--broker" if broker else "--in-process" if settings.in_process else "--mode peer"))
 
 
 def _run_experiment(path: Path, out: str) -> int:
@@ -185,7 +197,11 @@ def _add_sim_options(
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=out, help="folder for metrics.jsonl, curves.png, global_model.safetensors "
                         "(a relative one is under the current folder)")  # fmt: skip
-    parser.add_argument("--broker", default=None, help="HOST:PORT of an existing broker (default: start one)")
+    parser.add_argument("--broker", default=None, help="HOST:PORT of an existing broker (default: start one); a "
+                        "cluster's nodes comma-separated")  # fmt: skip
+    parser.add_argument("--broker-cluster", default=None, metavar="nats:N",
+                        help="start a local N-node NATS cluster (MQTT 3.1.1 + JetStream; Debian nats-server) and "
+                        "spread the server and agents over its nodes, each with the others as fallbacks")  # fmt: skip
     parser.add_argument("--federation", default=federation)
     parser.add_argument("--model", default=None,
                         help="default: the dataset's (digits_cnn, mnist1d_cnn), yolo11n (detect)")  # fmt: skip

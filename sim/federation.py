@@ -23,6 +23,7 @@ from models.classify_data import classify_data
 from models.datasets import load_npz, save_npz
 from protocol.config import write_toml
 from security.keys import Identity, enroll
+from sim.nats_cluster import spread_broker_table
 from sim.scale import agents_export_onnx, round_deadline_s, status_interval_s
 
 LOCAL_TEST_FRACTION = 0.2  # of each classify agent's share: its local test split, never trained on
@@ -333,12 +334,15 @@ def write_data(root: Path, settings: SimSettings) -> tuple[dict, dict, list[str]
     return {"eval_data": "test.npz", "pool": POOL_FILE}, agent, description
 
 
-def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]) -> FederationLayout:
-    """Write everything a federation of ``settings.agents`` agents needs under ``root``."""
+def create_federation(
+    root: Path, settings: SimSettings, broker: tuple[str, int], *, cluster: list[str] | None = None
+) -> FederationLayout:
+    """Write everything a federation of ``settings.agents`` agents needs under ``root``; with a ``cluster`` (its
+    nodes' HOST:PORT) the server and the agents connect to its nodes in turn, each with the others as fallbacks."""
     server_data, agent_data, description = write_data(root, settings)
     pool_data = server_data.pop("pool", None)  # [pool] data: the server's shared pool, when the sim carved one
     trainer = "detector" if settings.task == "detect" else "classifier"
-    broker_table = {"host": broker[0], "port": broker[1]}
+    nodes = cluster or [f"{broker[0]}:{broker[1]}"]
     selected = max(1, math.ceil(settings.fraction * len(node_names(settings))))  # a round's agents
 
     server_dir = root / "server"
@@ -358,7 +362,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
                 "status_interval_s": 2.0,
                 "codec": settings.codec,
             },
-            "broker": broker_table,
+            "broker": spread_broker_table(nodes, 0),
             "keys": {"identity": "server.key", "enrolled": "enrolled"},
             "rounds": {
                 "fraction": settings.fraction,
@@ -384,7 +388,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
     agent_configs: dict[str, Path] = {}
     heartbeat_s = status_interval_s(len(node_names(settings)))
     export_onnx = agents_export_onnx(len(node_names(settings)))
-    for name in node_names(settings):
+    for k, name in enumerate(node_names(settings), start=1):
         agent_dir = root / name
         identity = Identity.generate(name)
         identity.save(agent_dir)
@@ -401,7 +405,7 @@ def create_federation(root: Path, settings: SimSettings, broker: tuple[str, int]
                     "seed": settings.seed,
                     "status_interval_s": heartbeat_s,
                 },
-                "broker": broker_table,
+                "broker": spread_broker_table(nodes, k),
                 "keys": {"identity": f"{name}.key", "server": "server.pub"},
                 "training": {"trainer": trainer, "threads": 1, "onnx": export_onnx,
                              **({"worker": settings.worker} if settings.worker != "deployed" else {})},

@@ -22,10 +22,11 @@ from pathlib import Path
 
 from broker_server.checkpoint import model_evaluation
 from protocol.messages import MessageError, RoundMetrics, headline
-from protocol.mqtt import BrokerSettings, MqttClient
+from protocol.mqtt import BrokerSettings, MqttClient, parse_address
 from protocol.topics import Topics
 from sim.broker import start_broker
 from sim.federation import SimSettings, create_federation
+from sim.nats_cluster import parse_cluster_spec, start_nats_cluster
 from sim.plots import plot_curves
 
 
@@ -147,7 +148,29 @@ def fresh_run_folder(out: Path) -> tuple[Path, Path]:
     return out, work
 
 
-def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = None, echo=print) -> SimResult:  # noqa: ANN001
+def broker_nodes(stack: ExitStack, work: Path, broker_address: str | None, cluster: str | None, echo) -> list[str]:  # noqa: ANN001
+    """The run's broker nodes (HOST:PORT): a NATS cluster started for it (``cluster``: ``nats:N``), the nodes of a
+    given ``broker_address`` (a cluster's comma-separated), or ``run_broker``'s one."""
+    if cluster is not None:
+        nats = stack.enter_context(start_nats_cluster(work / "nats", parse_cluster_spec(cluster)))
+        echo(f"broker: NATS cluster of {len(nats.nodes)} nodes, MQTT on {nats.address} (started for this run)")
+        return nats.addresses
+    if broker_address is not None and "," in broker_address:
+        given = BrokerSettings.from_address(broker_address)
+        echo(f"broker: {given.address_list} (given: a cluster's nodes)")
+        return given.address_list.split(",")
+    host, port = run_broker(stack, work, broker_address, echo)
+    return [f"{host}:{port}"]
+
+
+def run_sim(
+    settings: SimSettings,
+    out: Path,
+    *,
+    broker_address: str | None = None,
+    broker_cluster: str | None = None,
+    echo=print,  # noqa: ANN001
+) -> SimResult:
     """Run the federation to completion and leave metrics.jsonl, curves.png and the model in ``out``."""
     if settings.in_process:
         from sim.inprocess import run_in_process  # it builds on this module
@@ -164,15 +187,16 @@ def run_sim(settings: SimSettings, out: Path, *, broker_address: str | None = No
     out, work = fresh_run_folder(out)
     started = time.monotonic()
     with ExitStack() as stack:
-        host, port = run_broker(stack, work, broker_address, echo)
-        layout = create_federation(work, settings, (host, port))
+        nodes = broker_nodes(stack, work, broker_address, broker_cluster, echo)
+        layout = create_federation(work, settings, parse_address(nodes[0]), cluster=nodes)
         for line in layout.description:
             echo(f"  {line}")
         topics = Topics(settings.federation)
-        watcher = MqttClient(f"sim-{uuid.uuid4().hex[:8]}", BrokerSettings(host=host, port=port), persistent=False)
+        broker = BrokerSettings.from_address(",".join(nodes))
+        watcher = MqttClient(f"sim-{uuid.uuid4().hex[:8]}", broker, persistent=False)
         watcher.subscribe(topics.server_metrics)
         if not watcher.start(timeout_s=10):
-            raise RuntimeError(f"cannot connect to the broker at {host}:{port}")
+            raise RuntimeError(f"cannot connect to the broker at {broker.address_list}: {watcher.problem}")
         stack.callback(watcher.stop)
         logs = work / "logs"
         logs.mkdir()

@@ -191,8 +191,9 @@ def test_a_regions_weight_counts_each_claim_as_its_bounds_did() -> None:
 def test_a_regional_round_closes_in_time_for_the_roots_deadline(tmp_path: Path) -> None:
     """region-1 would wait 120 s for a straggler; the root waits 25 s. The region closes its round on its quorum
     before the root's deadline, and its aggregate of the agents that made it counts at the root."""
+    slow_region = {"region-1": {"rounds": {"deadline_s": 120.0, "quorum": 1}}}
     with RegionFederation(tmp_path, regions=2, agents=4, rounds=1, root_tables={"rounds": {"deadline_s": 25.0}},
-                          region_tables={"region-1": {"rounds": {"deadline_s": 120.0, "quorum": 1}}}) as fed:  # fmt: skip
+                          region_tables=slow_region) as fed:  # fmt: skip
         straggler = fed.agents["agent-02"]
         straggler.runner.trainer = SlowTrainer(straggler.runner.trainer, 2000.0)
         (root_round,) = fed.root_rounds(1, timeout_s=90)
