@@ -8,10 +8,13 @@ deadline closed rounds on 193 of 300 updates and refused the rest as late, and 1
 
 from __future__ import annotations
 
+from protocol.daemon import TICK_INTERVAL_S
+
 STATUS_RATE_PER_S = 25.0  # the agents' heartbeats the server checks a second, at most, up to 500 agents
 DEADLINE_S = 60.0  # a round's deadline up to DEADLINE_AGENTS agents
 DEADLINE_AGENTS = 120
 DEADLINE_S_PER_AGENT = 0.5  # past those: about twice what one agent's round cost on 2 cores at 300 agents
+TICKS_PER_PROCESS_S = 100.0  # the idle loop turns a host process makes a second, at most
 
 
 def status_interval_s(agents: int) -> float:
@@ -25,3 +28,11 @@ def round_deadline_s(agents: int) -> float:
     """The round deadline when none is given: 60 s, and ``DEADLINE_S_PER_AGENT`` per agent past 120. Only an
     upper bound: a round closes as soon as every selected agent delivered."""
     return max(DEADLINE_S, DEADLINE_S_PER_AGENT * agents)
+
+
+def hosted_tick_s(agents_in_process: int) -> float:
+    """How often each of the agents one process hosts (``sim.agent_host``) turns its idle loop: every 0.1 s
+    as deployed, slower past 10 agents so that the process makes at most ``TICKS_PER_PROCESS_S`` turns a second
+    (100 agents each ticking every 0.1 s kept 1,000 agents' 10 processes busy on 2 cores while none trained).
+    A message still wakes an agent at once."""
+    return max(TICK_INTERVAL_S, agents_in_process / TICKS_PER_PROCESS_S)
