@@ -1,15 +1,14 @@
 """The federation's group key: kept in ``<state_dir>/group.key`` (0600), delivered sealed to each agent.
 
 When an enrolled agent's status shows another ``group_key_id`` than the current one, the key is sealed
-to that agent's X25519 key (``kind = groupkey``) and published on its inbox: at once the first time and
-after the agent (re)started (at most every ``RESEND_S`` seconds, so a connection that keeps dropping
-does not get a key per reconnect), then again only while its statuses go on without the key, after a
-wait that doubles from ``RESEND_S`` up to ``RESEND_MAX_S``. A status lags the key on a loaded machine (a
-host process of 100 agents works through a backlog of chunks before the key): a resend every 15 s there
-sent 3,399 keys to 1,000 agents in 9 minutes, each making its agent fetch the retained model again
-(issue 25). ``rotate`` makes a new key (on revocation, or on schedule: ``broker_server.trust``) and sends
-it at once to the agents online; keys are looked up by id, so agents hold the old one until the new one
-arrives.
+to that agent's X25519 key (``kind = groupkey``) and published on its inbox: at once the first time,
+then again only while its statuses go on without the key, after a wait that doubles from ``RESEND_S`` up
+to ``RESEND_MAX_S``; an agent that (re)connected is back at ``RESEND_S`` (a connection that keeps dropping
+got a key per reconnect). A status lags the key on a loaded machine (a host process of 100 agents works
+through a backlog of chunks before the key): a resend every 15 s there sent 3,399 keys to 1,000 agents in
+9 minutes, each making its agent fetch the retained model again (issue 25). ``rotate`` makes a new key (on
+revocation, or on schedule: ``broker_server.trust``) and sends it at once to the agents online; keys are
+looked up by id, so agents hold the old one until the new one arrives.
 """
 
 from __future__ import annotations
@@ -83,8 +82,9 @@ class GroupKeyDistributor:
             self._sent.pop(agent, None)  # it holds the key: a later loss starts again at once
             return
         sent = self._sent.get(agent)
-        restarted = previous is None or previous.state == "offline"
-        if sent is None or self.clock() - sent.at >= (RESEND_S if restarted else sent.wait_s()):
+        if sent is not None and (previous is None or previous.state == "offline"):  # a new connection, maybe a
+            sent = self._sent[agent] = Sent(at=sent.at, sends=1)  # new process without the key: shortest wait
+        if sent is None or self.clock() - sent.at >= sent.wait_s():
             self.send_to(agent)
 
     def rotate(self, online: list[str]) -> GroupKey:

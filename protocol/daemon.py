@@ -141,6 +141,7 @@ class MqttDaemon(ABC):
         self._error_log = Throttle()
         self.notifier = Notifier()
         self._ready = False
+        self.tick_interval_s = TICK_INTERVAL_S  # longer where many daemons share a process (sim.agent_host)
 
     @abstractmethod
     def subscriptions(self) -> list[str]: ...
@@ -197,11 +198,11 @@ class MqttDaemon(ABC):
         last_tick = 0.0
         try:
             while not stop.is_set() and not self.finished():
-                message = self.mqtt.poll(TICK_INTERVAL_S)
+                message = self.mqtt.poll(self.tick_interval_s)
                 if message is not None:
                     self.guard(f"message on {message[0]}", self.handle, *message)
                 now = time.monotonic()
-                if message is None or now - last_tick >= TICK_INTERVAL_S:
+                if message is None or now - last_tick >= self.tick_interval_s:
                     last_tick = now
                     self.guard("tick", self.tick)
                     self.guard("systemd notification", self._notify_systemd)

@@ -25,6 +25,7 @@ from agent.runner import in_process_runner
 from common.lock import hold_state_dir
 from protocol.daemon import configure_logging, stop_on_signals
 from sim.attacks import SCOPES, Attack, AttackingTrainer, SilentAgent
+from sim.scale import hosted_tick_s
 from sim.slow import SlowTrainer
 
 
@@ -46,6 +47,8 @@ def build_agents(args: argparse.Namespace) -> list[EdgeAgent | PeerNode]:
         if Path(path).resolve() in slow:
             agent.runner.trainer = SlowTrainer(agent.runner.trainer, args.slowdown)
         agents.append(agent)
+    for agent in agents:
+        agent.tick_interval_s = hosted_tick_s(len(agents))
     return agents
 
 

@@ -8,11 +8,14 @@ deadline closed rounds on 193 of 300 updates and refused the rest as late, and 1
 
 from __future__ import annotations
 
+from protocol.daemon import TICK_INTERVAL_S
+
 STATUS_RATE_PER_S = 25.0  # the agents' heartbeats the server checks a second, at most, up to 500 agents
 DEADLINE_S = 60.0  # a round's deadline up to DEADLINE_AGENTS agents
 DEADLINE_AGENTS = 120
 ONNX_AGENTS = 50  # past this many agents, sim agents keep no on-board ONNX model
 DEADLINE_S_PER_AGENT = 0.5  # past those: about twice what one agent's round cost on 2 cores at 300 agents
+TICKS_PER_PROCESS_S = 100.0  # the idle loop turns a host process makes a second, at most
 
 
 def status_interval_s(agents: int) -> float:
@@ -33,3 +36,11 @@ def agents_export_onnx(agents: int) -> bool:
     CPU for the digits CNN: a device's own work, but 1,000 simulated devices' exports are 12 CPU-minutes a
     round on this 2-core machine, starving the daemons the run measures. Past ``ONNX_AGENTS`` they are off."""
     return agents <= ONNX_AGENTS
+
+
+def hosted_tick_s(agents_in_process: int) -> float:
+    """How often each of the agents one process hosts (``sim.agent_host``) turns its idle loop: every 0.1 s
+    as deployed, slower past 10 agents so that the process makes at most ``TICKS_PER_PROCESS_S`` turns a second
+    (100 agents each ticking every 0.1 s kept 1,000 agents' 10 processes busy on 2 cores while none trained).
+    A message still wakes an agent at once."""
+    return max(TICK_INTERVAL_S, agents_in_process / TICKS_PER_PROCESS_S)

@@ -95,3 +95,16 @@ def test_a_resent_key_the_agent_holds_is_no_news(fleet):
     assert fleet.open_last_send() == "groupkey-held"  # the daemon then resubscribes to nothing
     assert list(fleet.inbox.group_keys) == [fleet.keys.key.key_id]
 
+
+
+def test_a_restart_soon_after_a_send_waits_the_shortest_time_not_the_grown_one(fleet):
+    fleet.status()
+    fleet.now += RESEND_S
+    fleet.status()  # the second send: the next would wait 30 s
+    fleet.now += 5
+    fleet.status(state="offline")
+    fleet.status()  # back 5 s after that send, maybe a new process that lost the key in flight
+    for _ in range(10):
+        fleet.now += 1
+        fleet.status()
+    assert len(fleet.sends) == 3 and fleet.sends[2] - fleet.sends[1] == RESEND_S

@@ -1,5 +1,6 @@
 """The user-facing commands as a user runs them: ``skyfed sim --broker``, ``skyfed monitor``, ``skyfed keys``."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ from models.zoo import build_model
 from protocol.mqtt import MqttClient
 from sim import run as sim_run
 from sim.federation import SimSettings, create_federation
-from sim.scale import STATUS_RATE_PER_S, round_deadline_s, status_interval_s
+from sim.scale import STATUS_RATE_PER_S, hosted_tick_s, round_deadline_s, status_interval_s
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -373,3 +374,15 @@ def test_a_large_sim_federations_agents_keep_no_onboard_onnx_model(tmp_path):
                               ("127.0.0.1", 1883))  # fmt: skip
     assert load_agent_config(small.agent_configs["agent-01"]).training.onnx
     assert not load_agent_config(large.agent_configs["agent-60"]).training.onnx
+
+
+def test_a_process_hosting_many_agents_turns_their_idle_loops_at_most_100_times_a_second(tmp_path):
+    """1,000 agents, 100 to a process, each ticking every 0.1 s, kept 2 cores busy while none trained."""
+    from sim.agent_host import build_agents
+
+    layout = create_federation(tmp_path, SimSettings(agents=12, rounds=1), ("127.0.0.1", 1883))
+    args = argparse.Namespace(config=[str(c) for c in layout.agent_configs.values()], attacker=[], attack="",
+                              scope="parameters", slow=[], slowdown=1.0)  # fmt: skip
+    agents = build_agents(args)
+    assert [a.tick_interval_s for a in agents] == [0.12] * 12
+    assert hosted_tick_s(1) == hosted_tick_s(10) == 0.1 and hosted_tick_s(100) == 1.0
