@@ -30,11 +30,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def mosquitto_path() -> str | None:
-    found = shutil.which("mosquitto")
+def installed(program: str) -> str | None:
+    """Where a broker program is: on PATH, or in /usr/sbin (Debian's packages put daemons there)."""
+    found = shutil.which(program)
     if found:
         return found
-    return "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None
+    return f"/usr/sbin/{program}" if Path(f"/usr/sbin/{program}").exists() else None
+
+
+def mosquitto_path() -> str | None:
+    return installed("mosquitto")
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import signal
 import subprocess
 import time
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from protocol.mqtt import BrokerSettings, MqttClient, parse_address
-from sim.broker import accepts, free_port
+from sim.broker import accepts, free_port, installed
 
 log = logging.getLogger("skyfed.sim.nats")
 
@@ -44,10 +43,7 @@ def spread_broker_table(nodes: list[str], k: int) -> dict[str, object]:
 
 
 def nats_server_path() -> str | None:
-    found = shutil.which("nats-server")
-    if found:
-        return found
-    return "/usr/sbin/nats-server" if Path("/usr/sbin/nats-server").exists() else None
+    return installed("nats-server")
 
 
 @dataclass(frozen=True)
