@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ["agent", "protocol", "security", "common", "models", "broker_server", "sim", "benchmarks", "skyfed.py"]
+PACKAGES = ["agent", "protocol", "security", "common", "models", "flcore", "participant", "broker_server", "region",
+            "sim", "benchmarks", "skyfed.py"]
 
 
 def test_the_installed_code_runs_on_python_3_10():
