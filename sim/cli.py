@@ -88,9 +88,10 @@ def run_sim_command(args: argparse.Namespace) -> int:
         return _run_experiment(Path(args.config), args.out)
     try:
         settings = _settings(args)
-        if (settings.in_process or settings.regions) and (args.broker or args.broker_cluster):
-            raise ValueError(f"{'--in-process' if settings.in_process else '--regions'} starts its own brokers "
-                             "(or none): drop --broker and --broker-cluster")  # fmt: skip
+        if settings.in_process and args.broker:
+            raise ValueError("--in-process uses no broker: drop --broker")
+        if settings.regions and (args.broker or args.broker_cluster):
+            raise ValueError("--regions starts its own bridged brokers: drop --broker and --broker-cluster")
         if args.broker and BrokerSettings.from_address(args.broker).fallbacks and settings.mode == "peer":
             raise ValueError("--mode peer takes one --broker HOST:PORT")  # (a malformed one fails here too)
         if args.broker_cluster:

@@ -168,9 +168,9 @@ def test_the_newest_task_survives_an_agent_restart_and_older_or_expired_ones_are
 def test_the_server_puts_back_a_model_someone_cleared_and_a_task_replaced_twice_in_a_second(
     tmp_path, broker, monkeypatch, caplog
 ):
-    from broker_server import daemon
+    from broker_server import delivery
 
-    monkeypatch.setattr(daemon, "MODEL_STALL_S", 2.0)
+    monkeypatch.setattr(delivery, "MODEL_STALL_S", 2.0)
     fed = Federation(tmp_path, broker, rounds=1, agents=2)
     for agent in fed.agents:  # round 1 stays open while the task is replaced (the model is back at once)
         agent.runner.trainer = SlowInRound(agent.runner.trainer, round_number=1, delay_s=3.0)
