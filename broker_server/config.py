@@ -147,6 +147,13 @@ class ServerConfig:
         return existing_path(self.path, "server.eval_data", self.server.eval_data, "evaluation data")
 
     @property
+    def upstream_keys(self) -> tuple[Path, Path]:
+        """``[upstream]``: this region's key file and the root server's public key."""
+        assert self.upstream is not None
+        return (existing_path(self.path, "upstream.identity", self.upstream.identity, "this region's key file"),
+                existing_path(self.path, "upstream.server", self.upstream.server, "the root server's public key"))
+
+    @property
     def pool_path(self) -> Path | None:
         if not self.pool.enabled:
             return None
@@ -237,8 +244,7 @@ def upstream_problem(config: ServerConfig) -> str:
     if build_strategy(config.privacy.strategy_table(config.strategy)[0]).keeps_models:
         return ("[upstream] with a strategy that gives each agent its own model: a region sends the root one "
                 "aggregate; choose an averaging strategy (e.g. fedavg, fedprox, trimmed-mean)")  # fmt: skip
-    existing_path(config.path, "upstream.identity", upstream.identity, "this region's key file")
-    existing_path(config.path, "upstream.server", upstream.server, "the root server's public key")
+    config.upstream_keys  # noqa: B018 - fail now
     return ""
 
 

@@ -24,7 +24,7 @@ from broker_server.upstream import UpstreamHandoff
 from common.sdnotify import Notifier
 from models.tasks import task_of
 from participant.jobs import InProcessRunner
-from protocol.config import ConfigError, existing_path
+from protocol.config import ConfigError
 from region.trainer import RegionalTrainer
 from security.keys import Identity, PublicIdentity
 
@@ -51,8 +51,8 @@ def participant_files(config: ServerConfig, agent: AgentConfig) -> StartFiles:
     """The participant's keys (checked: its key must be ``upstream.id``'s) and what it can train: the region's model."""
     where = f"{config.path}: "
     try:
-        identity = Identity.load(existing_path(config.path, "upstream.identity", agent.keys.identity, "region key"))
-        root = PublicIdentity.load(existing_path(config.path, "upstream.server", agent.keys.server, "root key"))
+        identity_path, root_path = config.upstream_keys
+        identity, root = Identity.load(identity_path), PublicIdentity.load(root_path)
     except ValueError as exc:
         raise ConfigError(f"{where}[upstream]: {exc}") from None
     if identity.name != agent.agent.id:

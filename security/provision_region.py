@@ -80,7 +80,6 @@ def _server_toml(path: Path, plan: Provisioning, region: str, federation: str, a
     write_toml(path, config, footer="\n".join([
         "# [upstream.broker] is this region's broker, bridged to the root's (broker/bridge.conf). To connect to the",
         "# root's broker directly instead (no bridge), point it there with the root's certificate:",
-        f'#   [upstream.broker] host = "{host}"  port = {port}',
-        f'#   [upstream.broker.tls] ca_certs = "{root["ca_certs"]}"  certfile = "{root["certfile"]}"  '
-        f'keyfile = "{root["keyfile"]}"',
+        "#   [upstream.broker]", f'#   host = "{host}"', f"#   port = {port}", "#   [upstream.broker.tls]",
+        *(f'#   {key} = "{value}"' for key, value in root.items()),
     ]) + "\n")  # fmt: skip
