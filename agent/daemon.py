@@ -87,6 +87,7 @@ class EdgeAgent(MqttDaemon):
         self.session = self._next_session = 0.0  # the connection's last will, by time (broker_server.registry)
         self.clock = ClockSkew()
         super().__init__(MqttClient(self.id, config.broker, will=self._next_will, on_connect=self._on_connect), log)
+        self.runner.notify = self.mqtt.wake  # a finished job is sent at once, not a tick later
         stored = self.client.store.load_task()
         if stored is not None:
             self._consider_task(stored, persist=False)
@@ -199,6 +200,7 @@ class EdgeAgent(MqttDaemon):
         self._note_revocation(task)
         if persist:
             self.client.store.save_task(document)  # type: ignore[arg-type]
+            self.mqtt.wake()  # the step acts on it now, not a tick later
 
     def _note_revocation(self, task: RoundTask) -> None:
         """The server's signed task names this agent as revoked: stop training and sending (``_step``),
@@ -345,6 +347,8 @@ class EdgeAgent(MqttDaemon):
             self._publish_status(force=True)  # (the chunks already opened: resubscribing would fetch them again)
         elif outcome == "key-mismatch":
             self._warn("re-enrol", "%s", self._waiting_for())
+        elif outcome in ("model", "start", "peers"):  # what a selected agent's step may be waiting for
+            self.mqtt.wake()
 
     @property
     def group_keys(self) -> dict[str, GroupKey]:

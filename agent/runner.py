@@ -23,13 +23,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flcore.update import TrainResult
 from models.serialization import load_file, save_file
 from models.weights import NamedArrays
-from participant.jobs import Cancelled, Declined, Exported, Failed, InProcessRunner, Job, Outcome, Trained
+from participant.jobs import Cancelled, Declined, Exported, Failed, InProcessRunner, Job, Outcome, Trained, no_one
 from participant.trainer import PeerContext
 from protocol.messages import RoundTask
 
@@ -149,8 +150,11 @@ class ChildJob:
 class TrainingChild:
     """One ``python -m agent.training_child`` process: JSON requests on stdin, JSON replies on stdout."""
 
-    def __init__(self, config_path: Path, worker: str, *, prepare: bool = False) -> None:
+    def __init__(
+        self, config_path: Path, worker: str, *, prepare: bool = False, notify: Callable[[], None] = no_one
+    ) -> None:
         self.warm = worker != "per-round"  # kept between jobs
+        self._notify = notify  # a reply came, or the child ended: the daemon's loop looks at once
         self.started_at = time.monotonic()
         command = [sys.executable, "-m", "agent.training_child", "--config", str(config_path)]
         command += ["--prepare"] if prepare else []
@@ -169,6 +173,10 @@ class TrainingChild:
                 self._replies.put(json.loads(line))
             except ValueError:
                 log.warning("training child wrote a line that is not a reply: %.200s", line)
+                continue
+            self._notify()
+        self.process.wait()  # gone: a per-round child's job is done once it exits (``ChildJob``)
+        self._notify()
 
     def send(self, request: dict) -> None:
         assert self.process.stdin is not None
@@ -212,10 +220,11 @@ class ChildRunner:
         self.child: TrainingChild | None = None
         self.job: ChildJob | None = None  # the newest job
         self.prepared_for: object = None  # the announced round a child was last started ahead for
+        self.notify: Callable[[], None] = no_one
 
     def _start(self, kind: str, request: dict) -> ChildJob:
         if self.child is None or not self.child.alive() or not self.child.warm:
-            self.child = TrainingChild(self.config_path, self.worker)
+            self.child = TrainingChild(self.config_path, self.worker, notify=self.notify)
         self.child.send({"kind": kind, **request})
         self.job = ChildJob(kind, self.child, self.jobs / kind, self.limit_s)
         return self.job
@@ -227,7 +236,7 @@ class ChildRunner:
             return
         self.prepared_for = key
         if self.child is None or not self.child.alive():
-            self.child = TrainingChild(self.config_path, self.worker, prepare=True)
+            self.child = TrainingChild(self.config_path, self.worker, prepare=True, notify=self.notify)
 
     def release_idle(self) -> None:
         """An adaptive child without a job for ``training.warm_idle_s`` exits: the idle agent is the daemon alone."""

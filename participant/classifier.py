@@ -16,7 +16,7 @@ import torch
 
 from flcore.update import TrainResult
 from models.datasets import Dataset
-from models.training import evaluate, train_sgd
+from models.training import evaluate, seed_training, train_sgd
 from models.weights import NamedArrays, load_arrays, to_arrays
 from models.zoo import build_model
 from participant.local_dp import PrivacyBudget, dp_sgd
@@ -62,7 +62,7 @@ class ClassifierTrainer:
         model = build_model(task.model, num_classes=task.num_classes)
         load_arrays(model, global_arrays)
         start_eval = evaluate(model, self.test_data, self.device) if self.test_data is not None else {}  # C-SPE
-        torch.manual_seed(self.seed_base + task.round)
+        seed_training(self.seed_base + task.round)
         settings = task.train_of(self.agent_id)
         if context is not None:
             self._attend(model, global_arrays, context, task, settings)

@@ -59,7 +59,13 @@ class Job(Protocol):
         """Stop the job; its outcome becomes ``Cancelled(reason)`` and any result is dropped."""
 
 
+def no_one() -> None:
+    """The default ``Runner.notify``: no loop waits to be told."""
+
+
 class Runner(Protocol):
+    notify: Callable[[], None]  # called from the job's thread as it ends: its owner's loop wakes (``MqttClient.wake``)
+
     def train(
         self, base: NamedArrays, task: RoundTask, export_to: Path | None = None, context: PeerContext | None = None
     ) -> Job:
@@ -81,20 +87,23 @@ class Runner(Protocol):
 class ThreadJob:
     """A job on a thread of this process; a cancelled one finishes in the background, its result dropped."""
 
-    def __init__(self, kind: str, work: Callable[[], Outcome]) -> None:
+    def __init__(self, kind: str, work: Callable[[], Outcome], notify: Callable[[], None] = no_one) -> None:
         self.kind = kind
         self._outcome: Outcome | None = None
         self._cancelled: Cancelled | None = None
+        self._done = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, args=(work,), name=f"{threading.current_thread().name}-{kind}"
+            target=self._run, args=(work, notify), name=f"{threading.current_thread().name}-{kind}"
         )
         self._thread.start()
 
-    def _run(self, work: Callable[[], Outcome]) -> None:
+    def _run(self, work: Callable[[], Outcome], notify: Callable[[], None]) -> None:
         self._outcome = run_guarded(work)
+        self._done.set()
+        notify()
 
     def poll(self) -> Outcome | None:
-        return self._cancelled or (self._outcome if not self._thread.is_alive() else None)
+        return self._cancelled or (self._outcome if self._done.is_set() else None)
 
     def cancel(self, reason: str) -> None:
         if self.poll() is None:
@@ -104,14 +113,15 @@ class ThreadJob:
 class InProcessRunner:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
+        self.notify: Callable[[], None] = no_one
 
     def train(
         self, base: NamedArrays, task: RoundTask, export_to: Path | None = None, context: PeerContext | None = None
     ) -> Job:
-        return ThreadJob("train", lambda: train_and_export(self.trainer, base, task, export_to, context))
+        return ThreadJob("train", lambda: train_and_export(self.trainer, base, task, export_to, context), self.notify)
 
     def export(self, arrays: NamedArrays, task: RoundTask, path: Path) -> Job:
-        return ThreadJob("export", lambda: export_onnx(arrays, task, path))
+        return ThreadJob("export", lambda: export_onnx(arrays, task, path), self.notify)
 
     def prepare(self, key: object) -> None:
         """The trainer is built already."""

@@ -142,7 +142,7 @@ class MqttClient:
         self.settings = settings
         self.connected = threading.Event()
         self.session_present = False  # as the broker's last CONNACK said: False after it lost our session
-        self.inbox: queue.Queue[Received] = queue.Queue(maxsize=queue_size)
+        self.inbox: queue.Queue[Received | None] = queue.Queue(maxsize=queue_size)  # None: ``wake``
         self._subscriptions: dict[str, int] = {}
         self._on_connect_hook = on_connect
         self.problem: str | None = None  # why the broker is unreachable or refuses us, in words; None when fine
@@ -264,11 +264,20 @@ class MqttClient:
         return all(_acknowledged(info) for info in infos)
 
     def poll(self, timeout_s: float) -> Received | None:
-        """The next received ``(topic, payload)``, or None after ``timeout_s``."""
+        """The next received ``(topic, payload)``, or None after ``timeout_s`` or a ``wake``."""
         try:
             return self.inbox.get(timeout=timeout_s)
         except queue.Empty:
             return None
+
+    def wake(self) -> None:
+        """Make a waiting ``poll`` return None now, as after its time-out, so a daemon's loop ticks at once:
+        from a handler whose message completed what the next tick acts on, or from a job's thread that
+        finished. Dropped when the inbox is full: the loop is busy then, and ticks within its interval."""
+        try:
+            self.inbox.put_nowait(None)
+        except queue.Full:
+            pass
 
     def report_problem(self, problem: str | None) -> None:
         """A problem the caller found on this connection (its messages never come back, say): logged once and

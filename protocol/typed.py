@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
@@ -64,10 +65,16 @@ def _type_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
+@functools.cache
+def _schema(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """A dataclass's resolved type hints and fields, worked out once: ``get_type_hints`` evaluates every
+    annotation string each call, and a server parses a signed status per agent every few seconds."""
+    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls)}
+
+
 def build(cls: type[T], data: dict[str, Any], *, where: str, strict: bool) -> T:
     """``cls(**data)`` after type checks; ``strict`` refuses unknown keys (configs), else ignores them."""
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints, known = _schema(cls)
     if strict:
         for key in data:
             if key not in known:

@@ -286,3 +286,20 @@ def test_a_threshold_closes_the_round_early_and_a_late_update_is_refused_as_late
         first = h.wait_metrics()
         h.wait_rejection("late")
     assert len(first.accepted) == 1 and first.participants == ["agent-01", "agent-02"]
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_acts_on_its_task_model_and_finished_training_at_once_not_on_its_next_tick(tmp_path, broker):
+    """What an agent waits for wakes its loop (``MqttClient.wake``): the task, the model's last chunk, its
+    training job ending. With ticks 10 minutes apart two rounds still close; on a tree without the wake-ups
+    nothing happens until a tick, and the federation does not finish."""
+    fed = Federation(tmp_path, broker, rounds=2, agents=2)
+    for agent in fed.agents:
+        agent.tick_interval_s = 600.0
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    try:
+        fed.run(server, timeout_s=60)
+    finally:
+        for agent in fed.agents:  # their loops see the stop now, not in 10 minutes
+            agent.mqtt.wake()
+    assert [sorted(m.accepted) for m in fed.metrics()] == [["agent-01", "agent-02"]] * 2

@@ -60,6 +60,7 @@ class PeerNode(MqttDaemon):
         opener = Opener(identity=self.identity, federation=self.topics.federation, senders=self.roster.keyring)
         self.reassembler = Reassembler(opener, transfer_limits(self.work.model))
         super().__init__(MqttClient(self.id, config.broker, will=self._next_will, on_connect=self._on_connect), log)
+        self.runner.notify = self.mqtt.wake  # a finished job is acted on at once, not a tick later
 
     # MqttDaemon --------------------------------------------------------------------------------------
     def subscriptions(self) -> list[str]:
