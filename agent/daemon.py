@@ -36,7 +36,7 @@ from agent.run_end import RunEnd
 from agent.runner import ChildRunner
 from agent.task_check import TaskRefused, checked_task
 from agent.telemetry import Telemetry
-from agent.waiting import waiting_for
+from agent.waiting import StuckNotice, waiting_for
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from models.weights import NamedArrays
 from participant.jobs import Cancelled, Declined, Failed, Runner, Trained
@@ -50,7 +50,6 @@ from security.keys import GroupKey
 from security.signing import signed_payload
 
 log = logging.getLogger("skyfed.agent")
-STUCK_LOG_S = 60.0  # connected this long without the group key: say why in the agent's own log
 
 
 class EdgeAgent(MqttDaemon):
@@ -79,8 +78,7 @@ class EdgeAgent(MqttDaemon):
         self.task: RoundTask | None = None
         self.state = "starting"
         self.detail = ""
-        self._stuck_since: float | None = None
-        self._said_stuck = False
+        self.stuck = StuckNotice()
         self._last_status = 0.0
         self.echo = PublishEcho()  # its own status coming back: the broker does not drop what it sends
         self.run_end = RunEnd(self.topics.federation)
@@ -132,15 +130,9 @@ class EdgeAgent(MqttDaemon):
             self.mqtt.report_problem(dropped_text(self.id, self.echo.timeout_s))  # its log line and systemd status
 
     def _say_if_stuck(self) -> None:
-        """Someone watching this device's journal learns, once, why it never trains (not only the server)."""
-        if self.group_keys or not self.mqtt.connected.is_set():
-            self._stuck_since = None
-            return
-        now = time.monotonic()
-        self._stuck_since = self._stuck_since or now
-        if now - self._stuck_since >= STUCK_LOG_S and not self._said_stuck:
-            self._said_stuck = True
-            log.warning("no group key after %.0f s: %s", now - self._stuck_since, self._waiting_for())
+        stuck_s = self.stuck.due(not self.group_keys and self.mqtt.connected.is_set(), time.monotonic())
+        if stuck_s is not None:
+            log.warning("no group key after %.0f s: %s", stuck_s, self._waiting_for())
 
     def systemd_status(self) -> str:
         """``round 3: training``, ``round 3: gated (armed: …)``, ``no round yet: idle`` (what systemctl shows)."""

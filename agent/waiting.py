@@ -5,6 +5,27 @@ from __future__ import annotations
 from protocol.messages import RoundTask
 from protocol.topics import Topics
 
+STUCK_LOG_S = 60.0  # connected this long without the group key: say why in the agent's own log
+
+
+class StuckNotice:
+    """Someone watching a device's journal learns, once, why it never trains (not only the server)."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+        self._said = False
+
+    def due(self, stuck: bool, now: float) -> float | None:
+        """How long it has been stuck, the first time that passes ``STUCK_LOG_S``; else None."""
+        if not stuck:
+            self._since = None
+            return None
+        self._since = self._since or now
+        if now - self._since >= STUCK_LOG_S and not self._said:
+            self._said = True
+            return now - self._since
+        return None
+
 
 def waiting_for(
     *, agent: str, topics: Topics, key_mismatch: bool, has_group_key: bool, task: RoundTask | None, state: str

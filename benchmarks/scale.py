@@ -24,11 +24,12 @@ import re
 import tempfile
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from benchmarks.common import report
 from benchmarks.many_agents import _descendants, _private_bytes
+from flcore.validation import reason_kind
 from sim.federation import SimSettings
 from sim.run import run_sim
 
@@ -141,6 +142,7 @@ def measure(agents: int, regions: int, per_process: int, rounds: int) -> dict:
         "regions": regions,
         "rounds": len(result.metrics),
         "accepted": sum(len(m.accepted) for m in result.metrics),
+        "rejected": dict(Counter(reason_kind(r.reason) for m in result.metrics for r in m.rejected)),
         "expected": rounds * (regions or agents),
         "regional_accepted": sum(len(m["accepted"]) for m in regional),
         "first_round_s": round(result.metrics[0].finished_at - started, 1) if result.metrics else None,

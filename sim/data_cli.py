@@ -28,7 +28,7 @@ MOTOR_HELP = (
 def run_classify_data(args: argparse.Namespace) -> int:
     from models.partition import parse
     from security.keys import check_name
-    from sim.federation import describe_partition, write_classify_data
+    from sim.classify_layout import describe_partition, write_classify_data
 
     try:
         names = [check_name(a) for a in args.agents]

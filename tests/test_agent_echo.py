@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from agent.echo import PublishEcho
-from sim.federation import write_classify_data
+from sim.classify_layout import write_classify_data
 from tests.fedharness import hosted_agent, override_toml, wait_until
 from tests.test_provision import provision, provisioned, workdir  # noqa: F401 - fixtures
 

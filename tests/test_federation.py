@@ -136,14 +136,15 @@ def test_broker_restart_mid_round_finishes_with_no_accepted_update_lost(tmp_path
 
 
 class SlowInRound(TrainerWrapper):
-    """A real trainer that starts late in one round, so the test can act while that round is open."""
+    """A real trainer that starts late in one round (every round for None), so the test can act while that
+    round is open, whatever the training itself takes."""
 
-    def __init__(self, inner: Trainer, round_number: int, delay_s: float) -> None:
+    def __init__(self, inner: Trainer, round_number: int | None, delay_s: float) -> None:
         super().__init__(inner)
         self.round_number, self.delay_s = round_number, delay_s
 
     def train(self, global_arrays, task, context=None):  # noqa: ANN001, ANN201
-        if task.round == self.round_number:
+        if self.round_number in (None, task.round):
             time.sleep(self.delay_s)
         return self.inner.train(global_arrays, task)
 

@@ -20,7 +20,7 @@ from models.weights import to_arrays
 from models.zoo import build_model
 from protocol.config import write_toml
 from security.keys import Identity
-from sim.federation import write_classify_data
+from sim.classify_layout import write_classify_data
 from skyfed import main
 
 DIGITS = [str(d) for d in range(10)]

@@ -14,9 +14,9 @@ from tests.fedharness import Federation, hosted_agent, override_toml, wait_until
 
 
 def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker, caplog, monkeypatch):
-    from agent import daemon as agent_daemon
+    from agent import waiting as agent_waiting
 
-    monkeypatch.setattr(agent_daemon, "STUCK_LOG_S", 1.0)
+    monkeypatch.setattr(agent_waiting, "STUCK_LOG_S", 1.0)
     caplog.set_level(logging.WARNING)
     fed = Federation(tmp_path, broker, rounds=1, agents=5)
     server_dir = fed.layout.server_config.parent

@@ -36,8 +36,8 @@ from sim.attacks import Attack, AttackingTrainer
 from sim.federation import SimSettings
 from sim.peer_federation import create_peer_federation
 from sim.run import run_sim
-from sim.slow import SlowTrainer
 from tests.fedharness import override_toml, wait_until
+from tests.test_federation import SlowInRound
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -255,7 +255,7 @@ def test_a_late_joiner_starts_from_the_median_of_the_members_models(tmp_path, br
     configs = peer_configs(tmp_path, broker, rounds=4, threshold=2)
     caplog.set_level(logging.INFO)
     for name in ("agent-01", "agent-02"):
-        peers.start(configs[name], wrap=lambda inner: SlowTrainer(inner, 4.0))
+        peers.start(configs[name], wrap=lambda inner: SlowInRound(inner, None, 2.0))  # rounds outlast its join
     wait_until(lambda: read_metrics(state(configs["agent-01"])), 60, "round 1 of the first two")
     late = peers.start(configs["agent-03"])
     peers.wait_done(list(configs))
