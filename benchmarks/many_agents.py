@@ -39,12 +39,13 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def _private_bytes(pid: int) -> int:
+def smaps_bytes(pid: int, fields: tuple[str, ...] = ("Private_Clean", "Private_Dirty")) -> int:
+    """The sum of ``fields`` of ``/proc/<pid>/smaps_rollup`` in bytes (default: its private memory; 0 once gone)."""
     try:
         lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
     except OSError:
         return 0
-    return sum(int(line.split()[1]) * 1024 for line in lines if line.startswith(("Private_Clean", "Private_Dirty")))
+    return sum(int(line.split()[1]) * 1024 for line in lines if line.split(":")[0] in fields)
 
 
 class PeakMemory:
@@ -56,7 +57,7 @@ class PeakMemory:
 
     def _run(self) -> None:
         while not self._stop.wait(0.25):
-            self.peak = max(self.peak, sum(_private_bytes(pid) for pid in _descendants(os.getpid())))
+            self.peak = max(self.peak, sum(smaps_bytes(pid) for pid in _descendants(os.getpid())))
 
     def __enter__(self) -> PeakMemory:
         self._thread.start()

@@ -4,7 +4,8 @@ round time and its overhead, and the peak memory of each role (brokers, servers,
 Each case is a real ``skyfed sim`` (``--agents-per-process K``; with ``--regions R`` a root and R bridged
 regions). While it runs, the private memory (``Private_Clean + Private_Dirty`` of
 ``/proc/<pid>/smaps_rollup``) of every process the run started is sampled every 0.5 s and summed per
-role; each role's peak is reported. A round's *overhead* is its duration less the slowest agent's
+role; each role's peak is reported, and beside it the peak of its ``Anonymous`` memory (``_anon_mb``: the
+heap, without memory-mapped files). A round's *overhead* is its duration less the slowest agent's
 training in it (the agents' own ``trained round=R … seconds=S`` log lines): the time the system, not
 training, takes. For regions, the root's round contains whole regional rounds, so its overhead counts
 both levels. On a machine with fewer cores than agents training at once, "training" includes waiting for a
@@ -28,7 +29,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from benchmarks.common import report
-from benchmarks.many_agents import _descendants, _private_bytes
+from benchmarks.many_agents import _descendants, smaps_bytes
 from flcore.validation import reason_kind
 from sim.federation import SimSettings
 from sim.run import run_sim
@@ -56,21 +57,28 @@ def role_of(pid: int) -> str:
 
 
 class RoleMemory:
-    """Peak private memory per role of this process's descendants, sampled until stopped."""
+    """Peak memory per role of this process's descendants, sampled until stopped: private (``peak``) and
+    anonymous (``peak_anon``: the heap, without file pages such as the server's memory-mapped updates, which
+    count as private while one process maps them but are page cache the kernel can drop)."""
 
     def __init__(self, interval_s: float = 0.5) -> None:
         self.peak: dict[str, int] = defaultdict(int)
+        self.peak_anon: dict[str, int] = defaultdict(int)
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            now: dict[str, int] = defaultdict(int)
+            private: dict[str, int] = defaultdict(int)
+            anon: dict[str, int] = defaultdict(int)
             for pid in _descendants(os.getpid()):
-                now[role_of(pid)] += _private_bytes(pid)
-            for role, size in now.items():
-                self.peak[role] = max(self.peak[role], size)
+                role = role_of(pid)
+                private[role] += smaps_bytes(pid)
+                anon[role] += smaps_bytes(pid, ("Anonymous",))
+            for role in private:
+                self.peak[role] = max(self.peak[role], private[role])
+                self.peak_anon[role] = max(self.peak_anon[role], anon[role])
 
     def __enter__(self) -> RoleMemory:
         self._thread.start()
@@ -121,9 +129,10 @@ def overhead_parts(events: dict[int, dict[str, list[float]]], trained: dict[int,
     return {key: round(sorted(values)[len(values) // 2], 3) for key, values in parts.items()}
 
 
-def measure(agents: int, regions: int, per_process: int, rounds: int) -> dict:
+def measure(agents: int, regions: int, per_process: int, rounds: int, strategy: str = "") -> dict:
     settings = SimSettings(agents=agents, rounds=rounds, epochs=1, agents_per_process=per_process, regions=regions,
-                           federation="scale", deadline_s=600.0, partition="iid")  # fmt: skip
+                           federation="scale", deadline_s=600.0, partition="iid",
+                           strategy={"name": strategy} if strategy else {})  # fmt: skip
     with tempfile.TemporaryDirectory() as folder, RoleMemory() as memory:
         started = time.time()
         result = run_sim(settings, Path(folder), echo=lambda _line: None)
@@ -140,6 +149,7 @@ def measure(agents: int, regions: int, per_process: int, rounds: int) -> dict:
     return {
         "agents": agents,
         "regions": regions,
+        "strategy": strategy or "default",
         "rounds": len(result.metrics),
         "accepted": sum(len(m.accepted) for m in result.metrics),
         "rejected": dict(Counter(reason_kind(r.reason) for m in result.metrics for r in m.rejected)),
@@ -151,6 +161,7 @@ def measure(agents: int, regions: int, per_process: int, rounds: int) -> dict:
         **parts,
         "root_bytes_up": result.metrics[-1].bytes_up if result.metrics else 0,
         **{f"{role}_mb": round(size / 1e6) for role, size in sorted(memory.peak.items()) if role != "other"},
+        **{f"{role}_anon_mb": round(size / 1e6) for role, size in sorted(memory.peak_anon.items()) if role != "other"},
     }
 
 
@@ -160,9 +171,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--regions", type=int, default=0, help="0: flat; R: R regions under a root")
     parser.add_argument("--per-process", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--strategy", default="", help="the server's strategy.name (default: the server's, auto)")
     args = parser.parse_args(argv)
     for count in args.agents:
-        row = measure(count, args.regions, min(args.per_process, count), args.rounds)
+        row = measure(count, args.regions, min(args.per_process, count), args.rounds, args.strategy)
         shape = f"{args.regions} regions of {count // args.regions}" if args.regions else "flat"
         overhead_ok = count != 100 or args.regions or (row["overhead_s"] is not None and row["overhead_s"] <= 0.2)
         report(f"{count} agents, {shape}", target="every update accepted; overhead <= 0.2 s at N = 100 (flat)",
