@@ -90,8 +90,9 @@ def test_the_monitor_falls_back_to_mqtt_3_1_1_and_reads_any_node(cluster, capsys
     settings = BrokerSettings.from_address(cluster.address, protocol="5")
     assert monitor(settings, "fleet", once=True, timeout_s=2) == 0, capsys.readouterr().err
     assert "fleet" in capsys.readouterr().out
-    cluster.nodes[0].kill()
-    assert monitor(settings, "fleet", once=True, timeout_s=5) == 0, capsys.readouterr().err
+    cluster.nodes[0].kill()  # the others elect a JetStream leader again before they take MQTT clients: on a
+    # loaded machine that takes seconds, while the monitor tries node 2, node 3, then node 1 again in turn
+    assert monitor(settings, "fleet", once=True, timeout_s=20) == 0, capsys.readouterr().err
 
 
 def test_a_daemon_asking_for_mqtt_5_is_told_which_key_to_change(cluster):
