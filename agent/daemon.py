@@ -32,6 +32,7 @@ from agent.echo import PublishEcho, dropped_text
 from agent.inbox import ServerInbox
 from agent.onboard import OnboardModel
 from agent.profile import StartFiles, privacy_view, read_start_files
+from agent.prometheus import AgentMetrics
 from agent.run_end import RunEnd
 from agent.runner import ChildRunner
 from agent.task_check import TaskRefused, checked_task
@@ -89,6 +90,7 @@ class EdgeAgent(MqttDaemon):
         stored = self.client.store.load_task()
         if stored is not None:
             self._consider_task(stored, persist=False)
+        self.prometheus = AgentMetrics(config.metrics)  # last: it listens on a port until ``on_stop``
 
     # MqttDaemon --------------------------------------------------------------------------------------
     def subscriptions(self) -> list[str]:
@@ -149,6 +151,9 @@ class EdgeAgent(MqttDaemon):
         self.telemetry.stop()
         self.state = "offline"  # a clean stop says so itself; a crash leaves it to the LWT
         return self._publish_status(force=True)
+
+    def on_stop(self) -> None:
+        self.prometheus.close()
 
     def _next_will(self) -> Will:
         """The signed offline status the broker publishes if the next connection dies: its own session."""
@@ -325,7 +330,9 @@ class EdgeAgent(MqttDaemon):
         self._set_state("uploading", publish=True)
 
     def _check_upload(self) -> None:
+        upload = self.client.upload
         if self.client.check_upload(self.mqtt, self.task) == "acknowledged":
+            self.prometheus.update_sent(upload.size)
             self._set_state("done", publish=True)
 
     # transfers ---------------------------------------------------------------------------------------
@@ -363,6 +370,7 @@ class EdgeAgent(MqttDaemon):
     def _set_state(self, state: str, *, publish: bool = False) -> None:
         changed = state != self.state
         self.state = state
+        self.prometheus.state(state)
         if changed or publish:
             self._publish_status(force=True)
 
@@ -400,6 +408,8 @@ class EdgeAgent(MqttDaemon):
         if not force and now - self._last_status < self.config.agent.status_interval_s:
             return None
         self._last_status = now
-        payload = signed_payload(self._status().to_dict(), self.identity)  # the server selects on signed status only
+        status = self._status()
+        self.prometheus.status(status)
+        payload = signed_payload(status.to_dict(), self.identity)  # the server selects on signed status only
         self.echo.sent(payload)
         return self.mqtt.publish(self.topics.agent_status(self.id), payload, retain=True)
