@@ -213,3 +213,15 @@ def test_sim_prometheus_port_serves_the_sims_server(tmp_path, broker):
     assert sim.returncode == 0, stderr
     assert ("skyfed_server_updates_accepted_total", ()) in samples
     assert "prometheus_port = " + str(port) in (out / "federation" / "server" / "server.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"prometheus_port": 70000}, "--prometheus-port must be 1-65535, got 70000"),
+        ({"prometheus_port": 9464, "in_process": True}, "--in-process runs no server daemon: drop it"),
+    ],
+)
+def test_sim_refuses_a_prometheus_port_it_cannot_serve(settings, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SimSettings(agents=2, rounds=1, **settings)
