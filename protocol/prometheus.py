@@ -42,6 +42,10 @@ class MetricsSection:
     def enabled(self) -> bool:
         return self.prometheus_port != 0
 
+    def summary(self) -> str:
+        """`` prometheus=http://HOST:PORT/metrics`` for a config's one-line summary, or ``""`` when off."""
+        return f" prometheus=http://{self.prometheus_host}:{self.prometheus_port}/metrics" if self.enabled else ""
+
 
 class Endpoint:
     """``registry`` served over HTTP at ``section``'s address until ``close``."""

@@ -183,6 +183,16 @@ def test_a_bad_metrics_table_fails_at_start_naming_the_key(tmp_path, layout, met
         load_agent_config(agent)
 
 
+def test_server_check_says_where_the_endpoint_is_and_nothing_when_it_is_off(tmp_path, layout):
+    from broker_server.config_summary import server_summary
+
+    port = free_port()
+    path = server_config(tmp_path / "server", layout)
+    assert "prometheus" not in server_summary(load_server_config(path))
+    override_toml(path, metrics={"prometheus_port": port})
+    assert f" prometheus=http://127.0.0.1:{port}/metrics" in server_summary(load_server_config(path))
+
+
 def test_a_metrics_port_in_use_stops_the_server_at_start_naming_the_key(tmp_path, layout):
     import socket
 
