@@ -7,6 +7,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,24 @@ def test_the_reason_label_takes_only_code_like_words_and_a_bounded_number_of_the
     assert label("digest-mismatch") == "digest-mismatch"  # one seen before the limit keeps its own series
 
 
+def test_epsilon_and_eval_score_say_when_there_is_no_guarantee_or_no_evaluation():
+    from broker_server.prometheus import ServerMetrics
+    from protocol.messages import ServerStatus
+    from protocol.prometheus import MetricsSection
+
+    metrics = ServerMetrics(MetricsSection())  # off: the registry alone, no endpoint
+    value = metrics.registry.get_sample_value
+    status = ServerStatus(state="running", federation="f", round=3, phase="training", strategy="fedavg",
+                          model_version=2, agents_online=4, updated_at=0.0)  # fmt: skip
+    metrics.status(status, participants=3)
+    assert math.isnan(value("skyfed_server_eval_score")) and value("skyfed_server_epsilon") == math.inf
+    metrics.status(replace(status, eval={"map50": 0.25}, privacy={"epsilon": 1.5}), participants=0)
+    assert value("skyfed_server_eval_score") == 0.25 and value("skyfed_server_epsilon") == 1.5
+    metrics.status(replace(status, privacy={"epsilon": None}), participants=0)  # a model went out without noise
+    assert value("skyfed_server_epsilon") == math.inf
+    assert value("skyfed_server_phase", {"phase": "training"}) == 1 and value("skyfed_server_round") == 3
+
+
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory):
     return create_federation(tmp_path_factory.mktemp("fed"), SimSettings(agents=1, rounds=1), ("127.0.0.1", 1))
@@ -235,3 +254,13 @@ def test_sim_prometheus_port_serves_the_sims_server(tmp_path, broker):
 def test_sim_refuses_a_prometheus_port_it_cannot_serve(settings, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         SimSettings(agents=2, rounds=1, **settings)
+
+
+def test_with_regions_only_the_root_server_serves_the_sims_prometheus_port(tmp_path):
+    from sim.regions import create_regions
+
+    port = free_port()
+    settings = SimSettings(agents=2, rounds=1, regions=2, federation="t", prometheus_port=port)
+    layout = create_regions(tmp_path, settings, ("127.0.0.1", 1), [("127.0.0.1", 2), ("127.0.0.1", 3)])
+    assert load_server_config(layout.flat.server_config).metrics.prometheus_port == port
+    assert all(not load_server_config(path).metrics.enabled for path in layout.regions.values())  # no clash
