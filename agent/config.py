@@ -14,6 +14,7 @@ from agent.telemetry import GatePolicy, TelemetrySection, check_gate_sources
 from participant.local_dp import LocalPrivacySection
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
 from protocol.mqtt import BrokerSettings
+from protocol.prometheus import MetricsSection
 from protocol.topics import check_level
 
 
@@ -82,6 +83,7 @@ class AgentConfig:
     gate: GatePolicy = field(default_factory=GatePolicy)  # when the device skips rounds (agent.telemetry)
     telemetry: TelemetrySection = field(default_factory=TelemetrySection)  # where device state comes from
     federation: FederationSection = field(default_factory=FederationSection)  # client or peer mode (agent.peer)
+    metrics: MetricsSection = field(default_factory=MetricsSection)  # a Prometheus endpoint; off by default
 
     @property
     def peer_mode(self) -> bool:
@@ -133,7 +135,8 @@ def load_agent_config(path: Path) -> AgentConfig:
     data = read_toml(path)
     check_tables(path, data, {"agent": AgentSection, "broker": BrokerSettings, "keys": KeysSection,
                               "training": TrainingSection, "privacy": LocalPrivacySection, "gate": GatePolicy,
-                              "telemetry": TelemetrySection, "federation": FederationSection})  # fmt: skip
+                              "telemetry": TelemetrySection, "federation": FederationSection,
+                              "metrics": MetricsSection})  # fmt: skip
     try:
         config = AgentConfig(
             path=path,
@@ -145,6 +148,7 @@ def load_agent_config(path: Path) -> AgentConfig:
             gate=table(path, data, "gate", GatePolicy, required=False),
             telemetry=table(path, data, "telemetry", TelemetrySection, required=False),
             federation=table(path, data, "federation", FederationSection, required=False),
+            metrics=table(path, data, "metrics", MetricsSection, required=False),
         )
         check_gate_sources(config.gate, config.telemetry)
         check_level("agent.id", config.agent.id)
@@ -154,6 +158,9 @@ def load_agent_config(path: Path) -> AgentConfig:
         if config.training.trainer == "detector" and config.privacy.enabled:
             raise ValueError('[privacy] (local DP-SGD) works with training.trainer = "classifier" only; remove it')
         check_level("agent.federation", config.agent.federation)
+        if config.peer_mode and config.metrics.enabled:
+            raise ValueError('metrics.prometheus_port: a peer node (federation.mode = "peer") serves no Prometheus '
+                             "endpoint yet; remove [metrics]")  # fmt: skip
         check_keys(config)
     except ConfigError:
         raise

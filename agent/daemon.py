@@ -32,18 +32,20 @@ from agent.echo import PublishEcho, dropped_text
 from agent.inbox import ServerInbox
 from agent.onboard import OnboardModel
 from agent.profile import StartFiles, privacy_view, read_start_files
+from agent.prometheus import AgentMetrics
 from agent.run_end import RunEnd
 from agent.runner import ChildRunner
+from agent.status_report import StatusReport
 from agent.task_check import TaskRefused, checked_task
 from agent.telemetry import Telemetry
-from agent.waiting import StuckNotice, waiting_for
+from agent.waiting import StuckNotice
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from models.weights import NamedArrays
 from participant.jobs import Cancelled, Declined, Failed, Runner, Trained
 from participant.progress import ProgressStore
 from participant.round_client import Destination, RoundClient
 from protocol.daemon import MqttDaemon, Throttle
-from protocol.messages import MAX_JSON_BYTES, AgentStatus, Gate, RoundTask
+from protocol.messages import MAX_JSON_BYTES, AgentStatus, RoundTask
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from security.keys import GroupKey
@@ -52,7 +54,7 @@ from security.signing import signed_payload
 log = logging.getLogger("skyfed.agent")
 
 
-class EdgeAgent(MqttDaemon):
+class EdgeAgent(StatusReport, MqttDaemon):
     def __init__(self, config: AgentConfig, *, runner: Runner | None = None, files: StartFiles | None = None) -> None:
         self.config = config
         self.id = config.agent.id
@@ -89,6 +91,7 @@ class EdgeAgent(MqttDaemon):
         stored = self.client.store.load_task()
         if stored is not None:
             self._consider_task(stored, persist=False)
+        self.prometheus = AgentMetrics(config.metrics)  # last: it listens on a port until ``on_stop``
 
     # MqttDaemon --------------------------------------------------------------------------------------
     def subscriptions(self) -> list[str]:
@@ -134,12 +137,6 @@ class EdgeAgent(MqttDaemon):
         if stuck_s is not None:
             log.warning("no group key after %.0f s: %s", stuck_s, self._waiting_for())
 
-    def systemd_status(self) -> str:
-        """``round 3: training``, ``round 3: gated (armed: …)``, ``no round yet: idle`` (what systemctl shows)."""
-        where = f"round {self.task.round}" if self.task is not None else "no round yet"
-        why = f" ({'; '.join(self.telemetry.reasons())})" if self.state == "gated" else ""
-        return f"{where}: {self.state}{why}" + ("; the server's run is over" if self.run_end.ended else "")
-
     def publish_final_status(self) -> paho.MQTTMessageInfo | None:
         if self.client.upload is not None:
             self._check_upload()  # an acknowledgement that arrived since the last tick still counts
@@ -149,6 +146,9 @@ class EdgeAgent(MqttDaemon):
         self.telemetry.stop()
         self.state = "offline"  # a clean stop says so itself; a crash leaves it to the LWT
         return self._publish_status(force=True)
+
+    def on_stop(self) -> None:
+        self.prometheus.close()
 
     def _next_will(self) -> Will:
         """The signed offline status the broker publishes if the next connection dies: its own session."""
@@ -325,7 +325,9 @@ class EdgeAgent(MqttDaemon):
         self._set_state("uploading", publish=True)
 
     def _check_upload(self) -> None:
+        upload = self.client.upload
         if self.client.check_upload(self.mqtt, self.task) == "acknowledged":
+            self.prometheus.update_sent(upload.size)
             self._set_state("done", publish=True)
 
     # transfers ---------------------------------------------------------------------------------------
@@ -351,10 +353,6 @@ class EdgeAgent(MqttDaemon):
         return self.inbox.models
 
     # status ------------------------------------------------------------------------------------------
-    def _waiting_for(self) -> str:
-        return waiting_for(agent=self.id, topics=self.topics, key_mismatch=self.inbox.key_mismatch,
-                           has_group_key=bool(self.group_keys), task=self.task, state=self.state)  # fmt: skip
-
     def _warn(self, key: str, message: str, *args: object) -> None:
         held = self._log.allow(key)
         if held is not None:
@@ -363,43 +361,6 @@ class EdgeAgent(MqttDaemon):
     def _set_state(self, state: str, *, publish: bool = False) -> None:
         changed = state != self.state
         self.state = state
+        self.prometheus.state(state)
         if changed or publish:
             self._publish_status(force=True)
-
-    def _status(self) -> AgentStatus:
-        task = self.task
-        refusal = self.privacy.refusal() if self.privacy is not None else ""
-        gate_reasons = [*self.telemetry.reasons(), *(r for r in (refusal, self.refusal) if r)]
-        skew = f"clock skew: {self.clock.offset_s:+.0f} s off the server's clock" if self.clock.skewed else ""
-        state, detail = self.connection_state(
-            self.state, self.detail or skew or self.run_end.detail() or self._waiting_for()
-        )
-        return AgentStatus(
-            agent=self.id,
-            state=state,
-            round=task.round if task else 0,
-            run_id=task.run_id if task else "",
-            task_version=task.model_version if task else 0,
-            receipt=task.receipt if task else "",
-            samples=self.profile.samples,
-            version=max(self.models, default=0),
-            updated_at=time.time(),
-            gate=Gate(ok=not gate_reasons, reasons=gate_reasons),
-            group_key_id=next(reversed(self.group_keys), ""),
-            last_completed_round=self.client.progress.last_completed_round,
-            detail=detail,
-            errors=self.errors,
-            session=self.session,
-            clock_offset_s=round(self.clock.offset_s, 1),
-            start=task.start_of(self.id).source if task and self.id in task.selected else "",
-            privacy=self.privacy.summary() if self.privacy is not None else {},
-        )
-
-    def _publish_status(self, *, force: bool = False) -> paho.MQTTMessageInfo | None:
-        now = time.time()
-        if not force and now - self._last_status < self.config.agent.status_interval_s:
-            return None
-        self._last_status = now
-        payload = signed_payload(self._status().to_dict(), self.identity)  # the server selects on signed status only
-        self.echo.sent(payload)
-        return self.mqtt.publish(self.topics.agent_status(self.id), payload, retain=True)

@@ -16,6 +16,7 @@ from protocol.codecs import Codec, CodecError
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
 from protocol.messages import TrainSettings
 from protocol.mqtt import BrokerSettings
+from protocol.prometheus import MetricsSection
 from protocol.topics import check_level
 from protocol.transfer import MiB, TransferLimits
 
@@ -127,6 +128,7 @@ class ServerConfig:
     privacy: PrivacyPolicy = field(default_factory=PrivacyPolicy)
     pool: PoolSection = field(default_factory=PoolSection)
     upstream: UpstreamSection | None = None
+    metrics: MetricsSection = field(default_factory=MetricsSection)  # a Prometheus endpoint; off by default
 
     @property
     def state_dir(self) -> Path:
@@ -175,7 +177,8 @@ def load_server_config(path: Path) -> ServerConfig:
     check_tables(path, data, {"server": ServerSection, "broker": BrokerSettings, "keys": KeysSection,
                               "rounds": RoundRules, "training": TrainSettings, "strategy": None,
                               "bounds": InfluencePolicy, "limits": LimitsSection,
-                              "privacy": PrivacyPolicy, "pool": PoolSection, "upstream": None})  # fmt: skip
+                              "privacy": PrivacyPolicy, "pool": PoolSection, "upstream": None,
+                              "metrics": MetricsSection})  # fmt: skip
     try:
         config = ServerConfig(
             path=path,
@@ -190,6 +193,7 @@ def load_server_config(path: Path) -> ServerConfig:
             privacy=table(path, data, "privacy", PrivacyPolicy, required=False),
             pool=table(path, data, "pool", PoolSection, required=False),
             upstream=upstream_section(path, data),
+            metrics=table(path, data, "metrics", MetricsSection, required=False),
         )
         check_level("server.federation", config.server.federation)
         config.limits.to_limits(update_bytes=MiB)

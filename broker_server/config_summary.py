@@ -18,6 +18,7 @@ def server_summary(config: ServerConfig) -> str:
         f"tls={'yes' if b.tls else 'no'} state_dir={config.state_dir} eval_data={config.eval_path or 'none'}"
         + (f" pool={config.pool_path}" if config.pool.enabled else "")
         + (f" upstream={u.id}@{u.federation}" if (u := config.upstream) is not None else "")
+        + config.metrics.summary()
     )
 
 

@@ -28,6 +28,7 @@ from broker_server.metrics_log import log_round, log_run_finished
 from broker_server.model_resend import ModelWaits
 from broker_server.pool import SharedPool
 from broker_server.pool_rounds import PoolRounds
+from broker_server.prometheus import ServerMetrics
 from broker_server.publisher import ModelPublisher
 from broker_server.reconnects import Reconnects
 from broker_server.registry import AgentRegistry, StatusRefused
@@ -110,6 +111,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         self.reconnects = Reconnects()
         self._model_republished_at = 0.0
         self._last_status = 0.0
+        self.prometheus = ServerMetrics(config.metrics)  # last: it listens on a port until ``on_stop``
 
     # MqttDaemon --------------------------------------------------------------------------------------
     def subscriptions(self) -> list[str]:
@@ -123,6 +125,9 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         if self.engine.round_state is not None:
             with self.disk.writing(self.clock(), self.engine.durably("round re-announcement")):
                 self._announce(reannounce=True)
+
+    def on_stop(self) -> None:
+        self.prometheus.close()
 
     def finished(self) -> bool:
         return self.engine.finished and not self.keep_running and not self.engine.outputs_pending
@@ -280,6 +285,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
             len(rs.updates),
             len(rs.selected),
         )
+        self.prometheus.update_accepted()
         self._publish_status(force=True)
         if self.engine.decide(self.clock()) == "close" and self.disk.due(self.clock()):  # at once: a threshold
             self._close(self.clock())  # of K takes exactly K updates
@@ -319,6 +325,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         else:  # a region: the aggregate goes to the root; the region's agents get the root's next model
             self._deliver_upstream(rs, metrics)
         self.mqtt.publish(self.topics.server_metrics, metrics.to_json())
+        self.prometheus.round_closed(metrics)
         log_round(metrics)
         self.reassembler.drop_where(lambda m: m.round <= metrics.round)  # unfinished updates for a closed round
         self.phase = "finished" if self.engine.finished else "waiting-for-agents"
@@ -338,6 +345,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         reason = printable(reason)
         kind = reason_kind(reason)
         self.rejections[kind] += 1
+        self.prometheus.update_rejected(kind)
         enrolled = agent in self.registry.keyring or (agent == POOL and self.pool is not None)
         if enrolled and kind == "bad-signature":
             reason = f"bad-signature: {RE_ENROL}"

@@ -49,7 +49,7 @@ class StatusReport:
             counters.insert(0, f"privacy budget spent: too few agents can afford a round within epsilon "
                                f"{self.config.privacy.target_epsilon:g}; the last model is final")  # fmt: skip
         state, detail = self.connection_state(state or self._end_state() or "running", ", ".join(counters))
-        return ServerStatus(
+        status = ServerStatus(
             state=state,
             federation=self.topics.federation,
             round=rs.round if rs is not None else self.engine.next_round - 1,
@@ -64,7 +64,9 @@ class StatusReport:
             best=self.engine.best.record,
             privacy=self.engine.ledger.summary() if self.config.privacy.enabled else {},
             eval=self.engine.model_eval,
-        ).to_json()
+        )
+        self.prometheus.status(status, participants=len(rs.selected) if rs is not None else 0)
+        return status.to_json()
 
     def _end_state(self: Aggregator) -> str:
         """``budget_exhausted`` or ``finished`` once the run is over, else empty."""

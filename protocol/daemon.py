@@ -169,6 +169,9 @@ class MqttDaemon(ABC):
     def on_start(self) -> None:  # noqa: B027 - optional hook
         """After connecting has begun, before the first message."""
 
+    def on_stop(self) -> None:  # noqa: B027 - optional hook
+        """After the final status and the disconnect: release what the daemon holds open (an HTTP endpoint)."""
+
     def finished(self) -> bool:
         return False
 
@@ -232,3 +235,4 @@ class MqttDaemon(ABC):
             if not self.mqtt.stop(NETWORK_STOP_WAIT_S):
                 self.log.info("stopped without the MQTT network thread, which was still trying to reconnect")
             self.notifier.close()
+            self.guard("stop", self.on_stop)

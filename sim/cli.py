@@ -74,6 +74,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         share_mode=args.share_mode,
         mode=args.mode,
         regions=args.regions,
+        prometheus_port=args.prometheus_port,
     )
 
 
@@ -282,6 +283,9 @@ def _add_sim_options(
         help="N honest agents train --slowdown times slower (devices of unequal speed; see the threshold option)",
     )  # fmt: skip
     parser.add_argument("--slowdown", type=float, default=4.0, metavar="F", help="how many times slower (default 4)")
+    parser.add_argument("--prometheus-port", type=int, default=0, metavar="P",
+                        help="serve the server's Prometheus metrics at http://127.0.0.1:P/metrics ([metrics] of "
+                             "server.toml; docs/monitoring.md)")  # fmt: skip
     parser.set_defaults(handler=run_sim_command)
 
 

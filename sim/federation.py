@@ -77,6 +77,7 @@ class SimSettings:
     share_mode: str = "share-disjoint"  # how (models.partition.share): unify | share-disjoint
     regions: int = 0  # R > 0: R regional aggregators under a root, each with its own bridged broker (sim.region_run)
     mode: str = "client"  # "peer": no server, the agents federate among themselves (sim.peer_run, agent.peer)
+    prometheus_port: int = 0  # the server's [metrics] prometheus_port (0: no endpoint)
 
     def __post_init__(self) -> None:
         from agent.config import WORKERS
@@ -146,6 +147,8 @@ class SimSettings:
             self._check_peer_mode()
         elif self.mode != "client":
             raise ValueError(f"--mode must be client or peer, got {self.mode!r}")
+        if self.prometheus_port:
+            self._check_prometheus()
         if self.attack_scope not in SCOPES:
             raise ValueError(f"--attack-scope must be one of {', '.join(SCOPES)}, got {self.attack_scope!r}")
         if self.task == "detect":
@@ -203,6 +206,14 @@ class SimSettings:
                           (self.pooled, "pooled"), (self.share_ratio > 0, "--share-ratio")]:  # fmt: skip
             if bad:
                 raise ValueError(f"{flag} is not available with --regions: drop it")
+
+    def _check_prometheus(self) -> None:
+        """``--prometheus-port``: the server's endpoint, so a run must have a server daemon."""
+        if not 1 <= self.prometheus_port <= 65535:
+            raise ValueError(f"--prometheus-port must be 1-65535, got {self.prometheus_port}")
+        if self.in_process or self.mode == "peer":
+            flag = "--in-process" if self.in_process else "--mode peer"
+            raise ValueError(f"--prometheus-port serves the server's metrics; {flag} runs no server daemon: drop it")
 
     def _check_peer_mode(self) -> None:
         """What a peer-mode run cannot do (yet): say so now, naming the flag."""
@@ -340,6 +351,7 @@ def create_federation(
             "bounds": settings.bounds,
             "privacy": settings.privacy,
             **({"pool": {"data": pool_data}} if pool_data else {}),
+            **({"metrics": {"prometheus_port": settings.prometheus_port}} if settings.prometheus_port else {}),
         },
     )
     agent_configs: dict[str, Path] = {}

@@ -74,7 +74,7 @@ def _region_node(directory: Path, region: str, agents: list[str], root_config: d
     identity.save(directory)
     broker_table = {"host": broker[0], "port": broker[1]}
     selected = max(1, math.ceil(settings.fraction * len(agents)))
-    config = {key: dict(value) for key, value in root_config.items() if key != "pool"}
+    config = {key: dict(value) for key, value in root_config.items() if key not in ("pool", "metrics")}  # root's
     config["server"] |= {"federation": federation, "rounds": 0, "eval_data": str(flat.root / "server" / "test.npz")}
     config["broker"] = broker_table
     config["rounds"] |= {"min_agents": selected, "quorum": max(1, selected // 2)}

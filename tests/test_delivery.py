@@ -305,8 +305,10 @@ def test_agents_whose_clocks_run_600_s_ahead_train_on_the_servers_time_and_both_
     tmp_path, broker, monkeypatch, caplog
 ):
     import agent.daemon
+    import agent.status_report
 
-    monkeypatch.setattr(agent.daemon, "time", _ClockAhead(600.0))
+    for module in (agent.daemon, agent.status_report):  # task times, and the times its statuses say
+        monkeypatch.setattr(module, "time", _ClockAhead(600.0))
     caplog.set_level(logging.INFO)
     fed = Federation(tmp_path, broker, rounds=2, agents=2)
     override_toml(fed.layout.server_config, rounds={"deadline_s": 3.0})  # a second task comes soon

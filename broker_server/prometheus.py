@@ -1,0 +1,80 @@
+"""The aggregator's Prometheus metrics (``[metrics] prometheus_port``; docs/monitoring.md lists them).
+
+The daemon reports events (an update accepted or refused, a round closed) and each status it publishes;
+this module turns them into gauges and counters. All of it runs on the daemon's loop thread; the HTTP
+thread only reads (``protocol.prometheus``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from protocol.messages import RoundMetrics, ServerStatus, headline
+from protocol.prometheus import BoundedLabel, MetricsSection, serve
+
+PHASES = ("starting", "waiting-for-agents", "training", "waiting-for-root", "finished")
+
+
+class ServerMetrics:
+    def __init__(self, section: MetricsSection) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.round = Gauge("skyfed_server_round", "The current round (the last one closed between rounds)", registry=r)
+        self.phase = Gauge("skyfed_server_phase", "1 for the phase the server is in, 0 for the others", ["phase"],
+                           registry=r)  # fmt: skip
+        self.participants = Gauge("skyfed_server_participants", "Agents selected for the open round (0 between "
+                                  "rounds)", registry=r)  # fmt: skip
+        self.agents_online = Gauge("skyfed_server_agents_online", "Agents whose last status is recent and not "
+                                   "offline", registry=r)  # fmt: skip
+        self.accepted = Counter("skyfed_server_updates_accepted", "Updates accepted into a round", registry=r)
+        self.rejected = Counter("skyfed_server_updates_rejected", "Updates and transfers refused, by the refusal's "
+                                "kind", ["reason"], registry=r)  # fmt: skip
+        self.rounds = Counter("skyfed_server_rounds", "Rounds closed, by outcome (committed or rolled-back)",
+                              ["outcome"], registry=r)  # fmt: skip
+        self.duration = Gauge("skyfed_server_round_duration_seconds", "How long the last closed round took",
+                              registry=r)  # fmt: skip
+        self.bytes_up = Counter("skyfed_server_upload_bytes", "Update bytes agents sent up in closed rounds",
+                                registry=r)  # fmt: skip
+        self.bytes_down = Counter("skyfed_server_download_bytes", "Model bytes sent down to agents in closed rounds",
+                                  registry=r)  # fmt: skip
+        self.eval_score = Gauge("skyfed_server_eval_score", "The model in force's evaluation: accuracy, or mAP@.5 "
+                                "for detectors (NaN without server.eval_data)", registry=r)  # fmt: skip
+        self.epsilon = Gauge("skyfed_server_epsilon", "Differential privacy spent so far by the worst agent (+Inf "
+                             "without [privacy] or once a model went out without noise)", registry=r)  # fmt: skip
+        for outcome in ("committed", "rolled-back"):
+            self.rounds.labels(outcome=outcome)  # both series exist from the start, at 0
+        self.eval_score.set(math.nan)
+        self.epsilon.set(math.inf)
+        self._reasons = BoundedLabel()
+        self.endpoint = serve(section, self.registry)
+
+    def close(self) -> None:
+        if self.endpoint is not None:
+            self.endpoint.close()
+
+    def update_accepted(self) -> None:
+        self.accepted.inc()
+
+    def update_rejected(self, kind: str) -> None:
+        self.rejected.labels(reason=self._reasons(kind)).inc()
+
+    def round_closed(self, metrics: RoundMetrics) -> None:
+        self.rounds.labels(outcome=metrics.outcome).inc()
+        self.duration.set(metrics.duration_s)
+        self.bytes_up.inc(metrics.bytes_up)
+        self.bytes_down.inc(metrics.bytes_down)
+
+    def status(self, status: ServerStatus, participants: int) -> None:
+        """What the server just reported in ``server/status``, and how many agents its open round selected."""
+        self.round.set(status.round)
+        for phase in {*PHASES, status.phase}:
+            self.phase.labels(phase=phase).set(phase == status.phase)
+        self.participants.set(participants)
+        self.agents_online.set(status.agents_online)
+        score = headline(status.eval)
+        self.eval_score.set(math.nan if score is None else score)
+        if status.privacy:
+            epsilon = status.privacy.get("epsilon")
+            self.epsilon.set(math.inf if epsilon is None else epsilon)
