@@ -8,6 +8,13 @@ import sys
 from pathlib import Path
 
 
+def shape_of(row: dict) -> str:
+    """``regions``, ``flat`` (the server's default strategy) or ``flat, fedavg``."""
+    if row["regions"]:
+        return "regions"
+    return "flat, fedavg" if row.get("strategy") == "fedavg" else "flat"
+
+
 def plot(rows: list[dict], out: Path) -> None:
     import matplotlib
 
@@ -15,8 +22,8 @@ def plot(rows: list[dict], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (memory, time) = plt.subplots(1, 2, figsize=(11, 4))
-    for shape, marker in (("flat", "s"), ("regions", "o")):
-        picked = sorted((r for r in rows if bool(r["regions"]) == (shape == "regions")), key=lambda r: r["agents"])
+    for shape, marker in (("flat", "s"), ("flat, fedavg", "^"), ("regions", "o")):
+        picked = sorted((r for r in rows if shape_of(r) == shape), key=lambda r: r["agents"])
         if not picked:
             continue
         n = [r["agents"] for r in picked]
