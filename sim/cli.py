@@ -147,11 +147,19 @@ def _run_experiment(path: Path, out: str) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from sim.plots import plot_curves
+    from sim.plots import has_privacy, plot_agents, plot_curves, plot_privacy
 
     out = Path(args.dir)
-    plot_curves(out / "metrics.jsonl", out / "curves.png")
-    print(f"wrote {out / 'curves.png'}")
+    metrics = out / "metrics.jsonl"
+    if not metrics.is_file():
+        print(f"skyfed report: no {metrics}: give the folder of a run (its --out, or a server's state_dir)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    plots = [(plot_curves, "curves.png"), (plot_agents, "agents.png")]
+    plots += [(plot_privacy, "privacy.png")] if has_privacy(metrics) else []
+    for plot, name in plots:
+        plot(metrics, out / name)
+        print(f"wrote {out / name}")
     return 0
 
 
@@ -298,6 +306,8 @@ def add_sim_commands(commands: argparse._SubParsersAction) -> None:
     demo = commands.add_parser("demo", help="the sim with friendly defaults (digits CNN, 4 agents, non-IID)")
     _add_sim_options(demo, agents=4, rounds=10, partition="shards", out="runs/demo", federation="demo")
     demo.set_defaults(partition=None)  # "shards" for the digits demo, the task's default for detect
-    report = commands.add_parser("report", help="plot a run's metrics.jsonl into curves.png")
+    report = commands.add_parser(
+        "report", help="plot a run's metrics.jsonl: curves.png, agents.png and (with a privacy budget) privacy.png"
+    )
     report.add_argument("dir")
     report.set_defaults(handler=run_report)
