@@ -105,8 +105,14 @@ def run_sim_command(args: argparse.Namespace) -> int:
         f"{f'dataset {settings.dataset}, ' if settings.dataset else ''}model {settings.model}, "
         f"partition {settings.partition}, strategy {settings.strategy.get('name', 'default')}, seed {settings.seed}"
     )
+    progress = None
+    if settings.mode == "client" and not settings.in_process and not settings.regions:  # agents as daemons
+        from sim.progress import BarProgress, LineProgress
+
+        progress = BarProgress(settings.agents) if sys.stdout.isatty() else LineProgress(settings.agents, print)
     try:
-        result = run_sim(settings, Path(args.out), broker_address=args.broker, broker_cluster=args.broker_cluster)
+        result = run_sim(settings, Path(args.out), broker_address=args.broker, broker_cluster=args.broker_cluster,
+                         progress=progress)  # fmt: skip
     except (OSError, RuntimeError) as exc:  # --out not a folder we can make; no broker at --broker
         print(f"skyfed {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -18,6 +18,7 @@ what the previous round produced, so row r counts as r − 1 rounds: FedAvg's co
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import statistics
@@ -127,26 +128,40 @@ def run_experiment(experiment: Experiment, out: Path, echo=print) -> list[dict]:
     log = out / "runs.jsonl"
     rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     finished = {(r["condition"], r["method"], r["seed"]) for r in rows}
-    for condition in experiment.conditions:
-        for method in experiment.methods:
-            for seed in experiment.seeds:
-                if (condition, method, seed) in finished:
-                    continue
-                result = run_sim(experiment.settings(condition, method, seed), out / "last", echo=lambda _line: None)
-                shutil.copy(out / "last" / "metrics.jsonl", _metrics_path(out, condition, method, seed))
-                metrics = [json.loads(m.to_json()) for m in result.metrics]
-                row = {"condition": condition, "method": method, "seed": seed,
-                       "final_accuracy": final_accuracy(out / "last"), "rounds": len(metrics),
-                       "seconds": round(result.seconds, 1), **summarise(metrics, experiment.target,
-                                                                          experiment.c_gen_target)}  # fmt: skip
-                echo(json.dumps({k: v for k, v in row.items() if not k.endswith("_by_round")}))
-                with open(log, "a") as handle:
-                    handle.write(json.dumps(row) + "\n")
-                rows.append(row)
+    grid = list(itertools.product(experiment.conditions, experiment.methods, experiment.seeds))
+    todo = [run for run in grid if run not in finished]
+    spent: list[float] = []  # seconds of each run done in this invocation: the ETA's pace
+    for condition, method, seed in todo:
+        done = len(grid) - len(todo) + len(spent)
+        echo(grid_progress(done, len(grid), spent, f"{condition} / {method} / seed {seed}"))
+        result = run_sim(experiment.settings(condition, method, seed), out / "last", echo=lambda _line: None)
+        spent.append(result.seconds)
+        shutil.copy(out / "last" / "metrics.jsonl", _metrics_path(out, condition, method, seed))
+        metrics = [json.loads(m.to_json()) for m in result.metrics]
+        row = {"condition": condition, "method": method, "seed": seed,
+               "final_accuracy": final_accuracy(out / "last"), "rounds": len(metrics),
+               "seconds": round(result.seconds, 1), **summarise(metrics, experiment.target,
+                                                                  experiment.c_gen_target)}  # fmt: skip
+        echo(json.dumps({k: v for k, v in row.items() if not k.endswith("_by_round")}))
+        with open(log, "a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        rows.append(row)
     rows = [_resummarised(row, out, experiment) for row in rows]
     (out / "results.md").write_text(table(experiment, rows) + "\n")
     plot(experiment, rows, out)
     return rows
+
+
+def grid_progress(done: int, total: int, spent: list[float], what: str) -> str:
+    """``[3/12] iid / fedavg / seed 2: ETA 4 min 10 s`` (the mean of the runs done in this invocation, times
+    the runs left including this one; unknown before the first has finished)."""
+    left = total - done
+    if not spent:
+        eta = "ETA after the first run"
+    else:
+        seconds = round(statistics.mean(spent) * left)
+        eta = f"ETA {seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"ETA {seconds} s"
+    return f"[{done + 1}/{total}] {what}: {eta}"
 
 
 def _metrics_path(out: Path, condition: str, method: str, seed: int) -> Path:

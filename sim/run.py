@@ -28,6 +28,7 @@ from sim.broker import start_broker
 from sim.federation import SimSettings, create_federation
 from sim.nats_cluster import parse_cluster_spec, start_nats_cluster
 from sim.plots import plot_curves
+from sim.progress import BarProgress, LineProgress, feed
 
 
 @dataclass(frozen=True)
@@ -170,8 +171,10 @@ def run_sim(
     broker_address: str | None = None,
     broker_cluster: str | None = None,
     echo=print,  # noqa: ANN001
+    progress: LineProgress | BarProgress | None = None,
 ) -> SimResult:
-    """Run the federation to completion and leave metrics.jsonl, curves.png and the model in ``out``."""
+    """Run the federation to completion and leave metrics.jsonl, curves.png and the model in ``out``; with
+    ``progress``, show the agents' training as it goes (client mode over MQTT)."""
     if settings.in_process:
         from sim.inprocess import run_in_process  # it builds on this module
 
@@ -195,6 +198,9 @@ def run_sim(
         broker = BrokerSettings.from_address(",".join(nodes))
         watcher = MqttClient(f"sim-{uuid.uuid4().hex[:8]}", broker, persistent=False)
         watcher.subscribe(topics.server_metrics)
+        if progress is not None:
+            watcher.subscribe(topics.agent_status("+"))
+            stack.callback(progress.close)
         if not watcher.start(timeout_s=10):
             raise RuntimeError(f"cannot connect to the broker at {broker.address_list}: {watcher.problem}")
         stack.callback(watcher.stop)
@@ -209,7 +215,8 @@ def run_sim(
         agents = _spawn_agents(layout.agent_configs, settings, logs)
         stack.callback(_terminate, [server, *agents])
         deadline = time.monotonic() + settings.rounds * (settings.deadline_s * 3) + 120
-        shown = follow_rounds(watcher, server, deadline, lambda m: echo(format_round(m, time.monotonic() - started)))
+        shown = follow_rounds(watcher, server, deadline, lambda m: echo(format_round(m, time.monotonic() - started)),
+                              lambda topic, payload: progress is not None and feed(progress, topics, topic, payload))
         if server.poll() is None or server.returncode != 0:
             tail = (logs / "server.log").read_text()[-3000:]
             raise RuntimeError(f"the server did not finish cleanly (logs in {logs}):\n{tail}")
@@ -224,14 +231,16 @@ def run_sim(
 
 
 def follow_rounds(watcher: MqttClient, server: subprocess.Popen, deadline: float,
-                  show: Callable[[RoundMetrics], None]) -> set[int]:  # fmt: skip
+                  show: Callable[[RoundMetrics], None],
+                  other: Callable[[str, bytes], bool] = lambda _topic, _payload: False) -> set[int]:  # fmt: skip
     """Show each round's metrics from the public topic as it comes, while the server runs; returns the rounds
     shown. Only for the live lines: a message published just before the server exits can arrive after it did
-    (a loaded machine missed the last round's), so the server's ``metrics.jsonl`` is the record."""
+    (a loaded machine missed the last round's), so the server's ``metrics.jsonl`` is the record. Messages
+    ``other`` takes (an agent's status, for the progress display) are not metrics."""
     shown: set[int] = set()
     while server.poll() is None and time.monotonic() < deadline:
         message = watcher.poll(0.2)
-        if message is None:
+        if message is None or other(*message):
             continue
         try:
             m = RoundMetrics.from_json(message[1])

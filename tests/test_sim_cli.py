@@ -3,6 +3,7 @@
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -57,6 +58,9 @@ def test_sim_against_an_existing_broker_writes_metrics_curves_and_model(tmp_path
     assert result.returncode == 0, result.stdout + result.stderr
     round_lines = [line for line in result.stdout.splitlines() if line.startswith("round ")]
     assert len(round_lines) == 3 and "accuracy" in round_lines[0] and "MB up" in round_lines[0]
+    for agent in ("agent-01", "agent-02", "agent-03"):  # not a terminal: a plain progress line per agent
+        assert f"  round   1  {agent} training" in result.stdout, result.stdout
+        assert re.search(rf"  round   1  {agent} trained in \d+\.\d s", result.stdout), result.stdout
     rows = metrics_rows(out)
     assert [r["round"] for r in rows] == [1, 2, 3]
     for key in (
