@@ -36,7 +36,8 @@ def main(out: Path, broker: str | None = None) -> list[api.RoundMetrics]:
     # 3. The metrics: one RoundMetrics per finished round (the server's state_dir/metrics.jsonl).
     metrics = api.read_metrics(server.state_dir)
     for m in metrics:
-        print(f"round {m.round}: {m.outcome}, accuracy {m.eval.get('accuracy')}, accepted {m.accepted}")
+        print(f"round {m.round}: {m.outcome}, accuracy {m.eval.get('accuracy')}, "
+              f"updates accepted {len(m.accepted)}/{len(m.participants)} rejected {len(m.rejected)}")
     return metrics
 
 

@@ -39,7 +39,7 @@ def test_the_docs_example_runs_as_written(tmp_path):
                           env=env_with_this_checkout(), capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "run_federation: 1 round(s)" in done.stdout
-    assert "round 1: committed" in done.stdout and "accepted ['agent-01', 'agent-02']" in done.stdout
+    assert "round 1: committed" in done.stdout and "updates accepted 2/2 rejected 0" in done.stdout
     assert (tmp_path / "sim" / "metrics.jsonl").exists() and (tmp_path / "sim" / "global_model.safetensors").exists()
 
 
