@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from protocol.config import ConfigError
+from protocol.config_check import DaemonConfig
 from protocol.messages import RoundMetrics
 from sim.federation import FederationLayout, SimSettings, create_federation
 from sim.run import SimResult, logged_rounds, run_sim
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["Agent", "ConfigError", "FederationLayout", "RoundMetrics", "Server", "SimResult", "SimSettings",
            "local_broker", "read_metrics", "run_federation", "write_federation"]  # fmt: skip
 
+C = TypeVar("C", bound=DaemonConfig)
 D = TypeVar("D", bound="_DaemonThread")
 STOP_TIMEOUT_S = 15.0  # a daemon stops within a second or two of being asked (protocol.daemon); a training child's
 # job may take longer to cancel
@@ -88,7 +91,7 @@ def read_metrics(path: str | Path) -> list[RoundMetrics]:
     return logged_rounds(path)
 
 
-class _DaemonThread:
+class _DaemonThread(ABC, Generic[C]):
     """A daemon built from its config file and run on a thread of this process until it ends or is stopped.
     The config is read, and refused with ``ConfigError``, in ``start``; the state folder is locked from
     ``start`` until the daemon has stopped."""
@@ -102,13 +105,13 @@ class _DaemonThread:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def _load(self) -> Any:  # noqa: ANN401 - its config class
+    @abstractmethod
+    def _load(self) -> C:
         """The config, checked as the command checks it (``ConfigError`` naming the key)."""
-        raise NotImplementedError
 
-    def _build(self, config: Any) -> Daemon:  # noqa: ANN401
+    @abstractmethod
+    def _build(self, config: C) -> Daemon:
         """The daemon, its state folder locked."""
-        raise NotImplementedError
 
     def start(self: D) -> D:
         from common.lock import StateDirInUse, release_state_dir
@@ -165,7 +168,7 @@ class _DaemonThread:
         self.stop()
 
 
-class Server(_DaemonThread):
+class Server(_DaemonThread["ServerConfig"]):
     """The aggregator of ``skyfed server run --config server.toml`` (a region's with ``[upstream]``). Ends after
     ``server.rounds`` unless ``keep_running``."""
 
@@ -193,7 +196,7 @@ class Server(_DaemonThread):
         return read_metrics(self.state_dir)
 
 
-class Agent(_DaemonThread):
+class Agent(_DaemonThread["AgentConfig"]):
     """The agent of ``skyfed agent run --config agent.toml`` (a peer in peer mode); training runs in its
     training child process, as deployed. Runs until stopped: it waits for the server's next run."""
 
