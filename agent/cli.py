@@ -21,22 +21,25 @@ def load_checked_agent_config(path: Path, *, create: bool = True) -> AgentConfig
     return load_checked(load_agent_config, path, "agent.state_dir", create=create)
 
 
-def run_agent(args: argparse.Namespace) -> int:
+def build_agent(config: AgentConfig, *, again_ok: bool = True) -> MqttDaemon:
+    """The daemon ``skyfed agent run`` runs (and ``skyfed.api.Agent``) for a checked config: it locks the state
+    folder (``again_ok``: as ``common.lock.hold_state_dir``) and builds the agent, or a peer in peer mode."""
     from common.lock import hold_state_dir
+
+    hold_state_dir(config.state_dir, "agent.state_dir", again_ok=again_ok)  # before anything reads or writes it
+    if config.peer_mode:  # federation.mode = "peer": no server (agent.peer)
+        from agent.peer.node import PeerNode
+
+        return PeerNode(config)
+    from agent.daemon import EdgeAgent  # PyTorch: seconds, so only once the config is known good
+
+    return EdgeAgent(config)
+
+
+def run_agent(args: argparse.Namespace) -> int:
     from protocol.daemon import run_daemon
 
-    def build() -> MqttDaemon:
-        config = load_checked_agent_config(Path(args.config))
-        hold_state_dir(config.state_dir, "agent.state_dir")  # before anything reads or writes it
-        if config.peer_mode:  # federation.mode = "peer": no server (agent.peer)
-            from agent.peer.node import PeerNode
-
-            return PeerNode(config)
-        from agent.daemon import EdgeAgent  # PyTorch: seconds, so only once the config is known good
-
-        return EdgeAgent(config)
-
-    return run_daemon("agent", build)
+    return run_daemon("agent", lambda: build_agent(load_checked_agent_config(Path(args.config))))
 
 
 def check_agent(args: argparse.Namespace) -> int:

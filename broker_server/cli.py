@@ -24,21 +24,30 @@ def load_checked_server_config(path: Path, *, create: bool = True) -> ServerConf
     return load_checked(load_server_config, path, "server.state_dir", create=create)
 
 
-def run_server(args: argparse.Namespace) -> int:
+def build_server(config: ServerConfig, build_region: RegionBuilder, *, keep_running: bool = False,
+                 again_ok: bool = True) -> Daemon:  # fmt: skip
+    """The daemon ``skyfed server run`` runs (and ``skyfed.api.Server``) for a checked config: it locks the state
+    folder (``again_ok``: as ``common.lock.hold_state_dir``), logs the config's warnings, and builds the aggregator,
+    or a region's daemon when the config has ``[upstream]``."""
     from broker_server.config_summary import server_warnings
     from common.lock import hold_state_dir
+
+    hold_state_dir(config.state_dir, "server.state_dir", again_ok=again_ok)  # before anything reads or writes it
+    for warning in server_warnings(config):
+        logging.getLogger("skyfed.server").warning("%s", warning)
+    if config.upstream is not None:  # a region: the aggregator and its participant at the root
+        return build_region(config)
+    from broker_server.daemon import Aggregator  # PyTorch: seconds, so only once the config is known good
+
+    return Aggregator(config, keep_running=keep_running)
+
+
+def run_server(args: argparse.Namespace) -> int:
     from protocol.daemon import run_daemon
 
     def build() -> Daemon:
         config = load_checked_server_config(Path(args.config))
-        hold_state_dir(config.state_dir, "server.state_dir")  # before anything reads or writes it
-        for warning in server_warnings(config):
-            logging.getLogger("skyfed.server").warning("%s", warning)
-        if config.upstream is not None:  # a region: the aggregator and its participant at the root
-            return args.build_region(config)
-        from broker_server.daemon import Aggregator  # PyTorch: seconds, so only once the config is known good
-
-        return Aggregator(config, keep_running=args.keep_running)
+        return build_server(config, args.build_region, keep_running=args.keep_running)
 
     return run_daemon("server", build)
 

@@ -1,4 +1,5 @@
-"""One daemon per state directory: an exclusive ``flock`` on ``<state_dir>/skyfed.lock``, held for life.
+"""One daemon per state directory: an exclusive ``flock`` on ``<state_dir>/skyfed.lock``, held for life (or,
+for a daemon on a thread of ``skyfed.api``, until it stops).
 
 Two servers (or two agents) on one folder overwrite each other's checkpoint and evict each other from
 the broker (one MQTT client id); worse, the one that stops last leaves a state that went back in time.
@@ -23,12 +24,16 @@ class StateDirInUse(ValueError):
     """Another live process holds the folder; the message names it, the holder and the fix."""
 
 
-def hold_state_dir(directory: Path, key: str) -> None:
+def hold_state_dir(directory: Path, key: str, *, again_ok: bool = True) -> None:
     """Lock ``directory`` (created if missing) for this process's life, or raise ``StateDirInUse``.
-    ``key`` is the config key that names the folder (``server.state_dir``), for the message."""
+    ``key`` is the config key that names the folder (``server.state_dir``), for the message. A folder this
+    process holds already passes, unless ``again_ok`` is False: daemons on threads (``skyfed.api``) share it."""
     directory = directory.resolve()
     if directory in _held:
-        return
+        if again_ok:
+            return
+        raise StateDirInUse(f"{key} {directory} is in use by another daemon of this process: stop it first, or "
+                            f"give this one another {key}")  # fmt: skip
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -56,3 +61,10 @@ def _read_pid(fd: int) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None
+
+
+def release_state_dir(directory: Path) -> None:
+    """Unlock a folder ``hold_state_dir`` locked, for a daemon that ends before its process (``skyfed.api``)."""
+    fd = _held.pop(directory.resolve(), None)
+    if fd is not None:
+        os.close(fd)

@@ -321,7 +321,7 @@ check_source() {
     [[ -e $SOURCE ]] || die "--source $SOURCE: no such file or folder"
     SOURCE=$(realpath "$SOURCE")
     if [[ -d $SOURCE ]]; then
-        [[ -f $SOURCE/setup.cfg && -f $SOURCE/skyfed.py ]] || die "--source $SOURCE is not a SkyFed checkout (no setup.cfg, skyfed.py)"
+        [[ -f $SOURCE/setup.cfg && -f $SOURCE/skyfed/__init__.py ]] || die "--source $SOURCE is not a SkyFed checkout (no setup.cfg, skyfed/)"
     else
         [[ $SOURCE == *.whl && $(basename "$SOURCE") == skyfed-* ]] || die "--source $SOURCE: a SkyFed checkout or skyfed-*.whl"
     fi
@@ -457,7 +457,7 @@ stage_source() {
     fi
     local -a parts=()
     local name
-    for name in setup.cfg setup.py pyproject.toml MANIFEST.in README.md skyfed.py; do
+    for name in setup.cfg setup.py pyproject.toml MANIFEST.in README.md; do
         [[ ! -f $SOURCE/$name ]] || parts+=("$name")
     done
     for name in "$SOURCE"/*/__init__.py; do

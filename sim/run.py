@@ -40,7 +40,7 @@ class SimResult:
     # is the mean of the agents' models, and an elected best model or a rolled-back round differ too)
 
 
-SOURCE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding sim/, agent/, skyfed.py
+SOURCE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding sim/, agent/, skyfed/
 
 
 def child_pythonpath(inherited: str, search_path: list[str]) -> str:

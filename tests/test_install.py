@@ -44,7 +44,7 @@ def source(tmp_path_factory) -> Path:
     """A frozen copy of this checkout's build files and packages: edits to the checkout while the test
     runs cannot change what the second run sees."""
     copy = tmp_path_factory.mktemp("source")
-    for name in ("setup.cfg", "pyproject.toml", "README.md", "skyfed.py", "constraints.txt"):
+    for name in ("setup.cfg", "pyproject.toml", "README.md", "constraints.txt"):
         shutil.copy2(CHECKOUT / name, copy / name)
     for init in CHECKOUT.glob("*/__init__.py"):
         if init.parent.name not in ("tests", "benchmarks"):

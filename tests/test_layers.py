@@ -17,6 +17,7 @@ ALLOWED = {
     "agent": BASE | {"flcore", "participant"},
     "broker_server": BASE | {"flcore", "participant"},
     "region": BASE | {"flcore", "participant", "agent", "broker_server"},
+    "skyfed": BASE | {"flcore", "participant", "agent", "broker_server", "region", "sim"},  # the command and API
 }
 PACKAGES = {*ALLOWED, "sim", "benchmarks", "tests"}
 

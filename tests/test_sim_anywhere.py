@@ -46,9 +46,10 @@ def test_sim_from_a_wheel_install(tmp_path):
     """The wheel holds every module the daemons import; they run from it, started in the user's folder."""
     source = tmp_path / "source"
     source.mkdir()
-    for name in ("setup.cfg", "pyproject.toml", "README.md", "skyfed.py"):
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    packages = ("common", "flcore", "participant", "agent", "broker_server", "models", "security", "protocol", "sim")
+    packages = ("common", "flcore", "participant", "agent", "broker_server", "models", "security", "protocol", "sim",
+                "region", "skyfed")
     for package in packages:
         shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]

@@ -2,7 +2,8 @@
 
 ``skyfed agent run`` and ``skyfed server run`` are the daemons (systemd runs them), ``skyfed sim`` and
 ``skyfed demo`` run a whole local federation, ``skyfed monitor`` watches the status topics, ``skyfed
-provision`` writes every key, certificate and broker file of a federation.
+provision`` writes every key, certificate and broker file of a federation. ``python -m skyfed`` is the same
+command (``__main__``); ``skyfed.api`` is the Python API over the same daemons and sim.
 """
 
 from __future__ import annotations
@@ -52,7 +53,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(legacy_spelling(sys.argv[1:] if argv is None else list(argv)))
     configure_logging(args.log_level)
     return int(args.handler(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
