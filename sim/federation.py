@@ -21,6 +21,7 @@ import numpy as np
 from models import partition
 from models.classify_data import classify_data
 from models.datasets import load_npz
+from models.own import is_reference
 from protocol.config import write_toml
 from security.keys import Identity, enroll
 from sim.classify_layout import POOL_FILE, Sharing, describe_partition, write_classify_data
@@ -377,6 +378,7 @@ def create_federation(
                 "broker": spread_broker_table(nodes, k),
                 "keys": {"identity": f"{name}.key", "server": "server.pub"},
                 "training": {"trainer": trainer, "threads": 1, "onnx": export_onnx,
+                             **({"model": settings.model} if is_reference(settings.model) else {}),
                              **({"worker": settings.worker} if settings.worker != "deployed" else {})},
                 "privacy": settings.local_privacy,
             },
