@@ -200,6 +200,9 @@ def check_own_code(config: AgentConfig) -> None:
         if kind != ("detect" if config.training.trainer == "detector" else "classify"):
             raise ValueError(f"training.model {config.training.model} does not fit training.trainer = "
                              f"{config.training.trainer!r}: set the trainer for that model")  # fmt: skip
+    if config.agent.data_loader and config.peer_mode:
+        raise ValueError('agent.data_loader is for client mode; a peer (federation.mode = "peer") reads its .npz '
+                         "data and test_data itself: remove it")  # fmt: skip
     if config.agent.data_loader and config.training.trainer != "classifier":
         raise ValueError('agent.data_loader is for training.trainer = "classifier" (a detector reads a YOLO '
                          "data.yaml): remove it")  # fmt: skip
