@@ -108,6 +108,10 @@ class SimSettings:
                 object.__setattr__(self, key, value)
         if self.task == "detect" and "name" not in self.strategy:  # object-weighted FedAvg, as the results measure
             object.__setattr__(self, "strategy", {"name": "fedavg", **self.strategy})
+        if is_reference(self.model):  # the operator's own classifier (models.own): checked once, naming the flag
+            from models.own import check_own_model
+
+            check_own_model(self.model, 10, "--model")  # both datasets have 10 classes
         if task_of(self.model) != self.task:
             raise ValueError(f"--model {self.model} is not a {self.task} model (--task {self.task})")
         if self.task == "classify" and input_shape(self.model) != (data := classify_data(self.dataset)).sample_shape:

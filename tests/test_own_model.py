@@ -208,3 +208,9 @@ def test_an_agent_model_that_does_not_take_its_data_fails_at_start(tmp_path, own
     override_toml(config_path, training={"model": "ownfed_model:nope"})
     with pytest.raises(ConfigError, match="training.model = 'ownfed_model:nope': module 'ownfed_model' has no"):
         read_start_files(load_agent_config(config_path))
+
+
+def test_sim_model_flag_names_the_flag_when_the_builder_is_bad(own_code):
+    with pytest.raises(ValueError, match="--model = 'ownfed_model:not_a_module': returned a dict"):
+        SimSettings(agents=1, rounds=1, model="ownfed_model:not_a_module")
+    assert SimSettings(agents=1, rounds=1, model="ownfed_model:build").model == "ownfed_model:build"
