@@ -13,7 +13,7 @@ from pathlib import Path
 from agent.config import AgentConfig
 from agent.trainers import classifier_data
 from common.files import read_json
-from models.own import is_reference
+from models.own import is_reference, model_refusal
 from models.tasks import task_of
 from models.yolo_dataset import class_counts, load_data_yaml
 from participant.local_dp import LocalPrivacySection
@@ -33,11 +33,8 @@ class DataProfile:
         """Why this agent cannot train ``task``'s model on its data (``""`` when it can). A task naming the
         operator's own code (``package.module:function``) is trained only if this agent's own config names
         the same: a name received over MQTT is never imported."""
-        if self.model and task.model != self.model:
-            return f"model-mismatch: the round task names {task.model}, this agent's config {self.model}"
-        if is_reference(task.model) and not self.model:
-            return (f"model-mismatch: the round task names the custom model {task.model}; this agent builds only "
-                    "a model its own config names: set training.model to it")  # fmt: skip
+        if refusal := model_refusal(task.model, self.model):
+            return refusal
         if task_of(task.model) != self.kind:
             wanted = "a classifier" if self.kind == "classify" else "a detector"
             return f"wrong-task: {task.model} is not {wanted}; set training.trainer to match the federation"

@@ -32,6 +32,17 @@ def is_reference(name: str) -> bool:
     return ":" in name
 
 
+def model_refusal(task_model: str, own_model: str) -> str:
+    """Why an agent whose own config names ``own_model`` ("" = zoo models only) must not build a round task's
+    ``task_model`` (``""`` when it may): the trust boundary, checked before anything imports the task's name."""
+    if own_model and task_model != own_model:
+        return f"model-mismatch: the round task names {task_model}, this agent's config {own_model}"
+    if is_reference(task_model) and not own_model:
+        return (f"model-mismatch: the round task names the custom model {task_model}; this agent builds only a "
+                "model its own config names: set training.model to it")  # fmt: skip
+    return ""
+
+
 def resolve(reference: str, key: str) -> Callable[..., Any]:
     """The function ``reference`` names; a ``ValueError`` naming ``key`` and the fix when it cannot be had."""
     where = f"{key} = {reference!r}"

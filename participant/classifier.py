@@ -16,7 +16,7 @@ import torch
 
 from flcore.update import TrainResult
 from models.datasets import Dataset
-from models.own import is_reference
+from models.own import model_refusal
 from models.training import evaluate, seed_training, train_sgd
 from models.weights import NamedArrays, load_arrays, spec_mismatch, spec_of, to_arrays
 from models.zoo import build_model
@@ -95,9 +95,8 @@ class ClassifierTrainer:
     def _build(self, task: RoundTask, global_arrays: NamedArrays) -> torch.nn.Module:
         """The task's model with the global weights, declined (with the reason the server's monitor shows) when
         it is not this agent's to build or its layout differs: the state_dict's names and shapes are the contract."""
-        if task.model != (self.model or task.model) or (is_reference(task.model) and not self.model):
-            raise TrainingDeclined(f"model-mismatch: the round task names {task.model}, this agent's config "
-                                   f"{self.model or 'no custom model'}")  # fmt: skip
+        if refusal := model_refusal(task.model, self.model):
+            raise TrainingDeclined(refusal)
         if (top := int(self.data.y.max())) >= task.num_classes:
             raise TrainingDeclined(f"label-range: this agent's data holds label {top}, the federation's model has "
                                    f"{task.num_classes} classes")  # fmt: skip

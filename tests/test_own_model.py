@@ -13,9 +13,11 @@ import pytest
 
 from agent.config import load_agent_config
 from agent.profile import DataProfile, read_start_files
+from agent.training_child import Worker
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
-from models.datasets import load_npz
+from models.datasets import Dataset, load_npz
+from models.serialization import save_file
 from participant.classifier import ClassifierTrainer
 from participant.trainer import TrainingDeclined
 from protocol.config import ConfigError
@@ -145,12 +147,14 @@ def test_a_task_naming_code_is_never_imported_by_an_agent_without_that_model_in_
                                                                 "model planted:build")  # fmt: skip
     assert DataProfile("classify", 10, model="ownfed_model:build").refusal(task).startswith("model-mismatch")
     x = np.zeros((4, 1, 8, 8), np.float32)
-    from models.datasets import Dataset
-
     trainer = ClassifierTrainer(Dataset(x, np.zeros(4, np.int64)), device="cpu", agent_id="agent-01",
                                 work_dir=tmp_path)  # fmt: skip
     with pytest.raises(TrainingDeclined, match="model-mismatch"):
         trainer.train({}, task)
+    save_file(tmp_path / "base.safetensors", {"w": np.zeros(2, np.float32)})
+    child = Worker(layout(tmp_path / "fed").agent_configs["agent-01"])  # an ONNX export of the task's model
+    reply = child.perform({"kind": "export", "dir": str(tmp_path), "task": task.to_dict(), "path": str(tmp_path / "m")})
+    assert reply["declined"].startswith("model-mismatch")
     assert "planted" not in sys.modules
 
 
