@@ -51,6 +51,8 @@ def check_agent(args: argparse.Namespace) -> int:
         return (f"{args.config}: id={a.id} federation={a.federation} trainer={config.training.trainer} "
                 f"broker={b.address_list} tls={'yes' if b.tls else 'no'} state_dir={config.state_dir} "
                 f"data={config.data_path}"
+                + (f" data_loader={a.data_loader}" if a.data_loader else "")
+                + (f" model={config.own_model}" if config.own_model else "")
                 + (f" test_data={config.test_data_path}" if config.test_data_path else "")
                 + config.metrics.summary())  # fmt: skip
 

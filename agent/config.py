@@ -25,6 +25,7 @@ class AgentSection:
     state_dir: str
     data: str
     test_data: str = ""  # classifier: the local test split (.npz, never trained on); "" = none
+    data_loader: str = ""  # classifier: "package.module:load" reads data and test_data instead of .npz (models.own)
     seed: int = 0
     status_interval_s: float = 10.0
 
@@ -48,6 +49,7 @@ WORKERS = ("adaptive", "per-round", "warm")
 @dataclass(frozen=True)
 class TrainingSection:
     trainer: str = "classifier"  # classifier: agent.data is an .npz; detector: a YOLO data.yaml
+    model: str = ""  # client mode: the model this agent builds (zoo name or "package.module:build"); "" = zoo only
     device: str = "auto"  # auto | cpu | cuda | cuda:N (agent.device)
     amp: bool = False  # detector on CUDA: fp16 mixed precision, its loss scale kept across rounds
     threads: int = 0
@@ -88,6 +90,15 @@ class AgentConfig:
     @property
     def peer_mode(self) -> bool:
         return self.federation.mode == "peer"
+
+    @property
+    def own_model(self) -> str:
+        """The model this agent's own config names ("" = any zoo model the server's task names)."""
+        return self.federation.model if self.peer_mode else self.training.model
+
+    @property
+    def own_model_key(self) -> str:
+        return "federation.model" if self.peer_mode else "training.model"
 
     @property
     def state_dir(self) -> Path:
@@ -158,6 +169,7 @@ def load_agent_config(path: Path) -> AgentConfig:
         if config.training.trainer == "detector" and config.privacy.enabled:
             raise ValueError('[privacy] (local DP-SGD) works with training.trainer = "classifier" only; remove it')
         check_level("agent.federation", config.agent.federation)
+        check_own_code(config)
         if config.peer_mode and config.metrics.enabled:
             raise ValueError('metrics.prometheus_port: a peer node (federation.mode = "peer") serves no Prometheus '
                              "endpoint yet; remove [metrics]")  # fmt: skip
@@ -170,6 +182,30 @@ def load_agent_config(path: Path) -> AgentConfig:
     config.enrolled_dir if config.peer_mode else config.server_key_path  # noqa: B018
     config.init_weights_path  # noqa: B018
     return config
+
+
+def check_own_code(config: AgentConfig) -> None:
+    """Where ``training.model`` and ``agent.data_loader`` may be set (their code is imported and run at start,
+    by ``agent.profile.read_start_files``)."""
+    from models.tasks import task_of
+
+    if config.peer_mode and config.training.model:
+        raise ValueError('training.model is for client mode; with federation.mode = "peer" federation.model names '
+                         "the model: remove training.model")  # fmt: skip
+    if config.training.model:
+        try:
+            kind = task_of(config.training.model)
+        except ValueError as exc:
+            raise ValueError(f"training.{exc}") from None
+        if kind != ("detect" if config.training.trainer == "detector" else "classify"):
+            raise ValueError(f"training.model {config.training.model} does not fit training.trainer = "
+                             f"{config.training.trainer!r}: set the trainer for that model")  # fmt: skip
+    if config.agent.data_loader and config.peer_mode:
+        raise ValueError('agent.data_loader is for client mode; a peer (federation.mode = "peer") reads its .npz '
+                         "data and test_data itself: remove it")  # fmt: skip
+    if config.agent.data_loader and config.training.trainer != "classifier":
+        raise ValueError('agent.data_loader is for training.trainer = "classifier" (a detector reads a YOLO '
+                         "data.yaml): remove it")  # fmt: skip
 
 
 def check_keys(config: AgentConfig) -> None:

@@ -273,7 +273,8 @@ class EdgeAgent(StatusReport, MqttDaemon):
         """Nothing to train: the turn of the on-board ONNX export, if a new global model wants one."""
         if self.state not in ("declined", "failed") or state != "idle":
             self._set_state(state)
-        self.onboard.export_newest(self.task, self.models, self.server_time())
+        if not self.refusal:  # a refused task's model is not this agent's to build (models.own.model_refusal)
+            self.onboard.export_newest(self.task, self.models, self.server_time())
 
     def _check_training(self) -> None:
         """Cancel the job when the gate closes, the agent is revoked or its round moves on; then act on its report:

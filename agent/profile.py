@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.config import AgentConfig
+from agent.trainers import classifier_data
 from common.files import read_json
-from models.datasets import load_dataset
+from models.own import is_reference, model_refusal
 from models.tasks import task_of
 from models.yolo_dataset import class_counts, load_data_yaml
 from participant.local_dp import LocalPrivacySection
@@ -26,9 +27,14 @@ class DataProfile:
     kind: str  # classify | detect: the models this agent's trainer can train
     samples: int  # training examples (images for detectors)
     names: tuple[str, ...] = ()  # a detector's class names, in data.yaml's order
+    model: str = ""  # the model the agent's own config names ("" = any zoo model)
 
     def refusal(self, task: RoundTask) -> str:
-        """Why this agent cannot train ``task``'s model on its data (``""`` when it can)."""
+        """Why this agent cannot train ``task``'s model on its data (``""`` when it can). A task naming the
+        operator's own code (``package.module:function``) is trained only if this agent's own config names
+        the same: a name received over MQTT is never imported."""
+        if refusal := model_refusal(task.model, self.model):
+            return refusal
         if task_of(task.model) != self.kind:
             wanted = "a classifier" if self.kind == "classify" else "a detector"
             return f"wrong-task: {task.model} is not {wanted}; set training.trainer to match the federation"
@@ -43,8 +49,27 @@ def data_profile(config: AgentConfig) -> DataProfile:
         data = load_data_yaml(config.data_path)
         if int(class_counts(data.train, data.num_classes).sum()) == 0:
             raise ValueError(f"{config.data_path}: the train split holds no labelled objects; nothing to learn from")
-        return DataProfile("detect", len(data.train), tuple(data.names))
-    return DataProfile("classify", len(load_dataset(config.data_path)))
+        return DataProfile("detect", len(data.train), tuple(data.names), config.own_model)
+    return DataProfile("classify", len(classifier_data(config, config.data_path)), model=config.own_model)
+
+
+def check_own_model(config: AgentConfig) -> None:
+    """The agent's own ``package.module:build`` (``training.model``, ``federation.model``) built and run once,
+    and its data checked against it: sample shape and (peer mode, which knows the classes) label range."""
+    from models.own import check_own_model as check_model
+
+    key = config.own_model_key
+    shape = check_model(config.own_model, config.federation.num_classes, key)
+    for data_key, path in (("agent.data", config.data_path), ("agent.test_data", config.test_data_path)):
+        if path is None:
+            continue
+        data = classifier_data(config, path)
+        if data.x.shape[1:] != shape:
+            raise ValueError(f"{data_key} holds samples of shape {data.x.shape[1:]}, {key} {config.own_model} takes "
+                             f"INPUT_SHAPE {shape}")  # fmt: skip
+        if config.peer_mode and int(data.y.max()) >= config.federation.num_classes:
+            raise ValueError(f"{data_key} holds label {int(data.y.max())}, federation.num_classes is "
+                             f"{config.federation.num_classes}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -74,14 +99,18 @@ def read_start_files(config: AgentConfig) -> StartFiles:
         raise ConfigError(f"{where}keys.server = {config.keys.server!r}: {exc}") from None
     try:
         profile = data_profile(config)
+        if is_reference(config.own_model):
+            check_own_model(config)
     except (OSError, ValueError, KeyError) as exc:
+        if config.agent.data_loader or is_reference(config.own_model):  # the operator's code: its key is named
+            raise ConfigError(f"{where}{exc}") from None
         expected = ("a YOLO data.yaml" if config.training.trainer == "detector"
                     else "an .npz file with arrays x and y (README: Agent data format)")  # fmt: skip
         raise ConfigError(f"{where}agent.data = {config.agent.data!r}: {exc}; training.trainer = "
                           f"{config.training.trainer!r} reads {expected}") from None  # fmt: skip
     if config.test_data_path is not None:
         try:
-            load_dataset(config.test_data_path)
+            classifier_data(config, config.test_data_path)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{where}agent.test_data = {config.agent.test_data!r}: {exc}; the local test split "
                               "is an .npz file with arrays x and y like agent.data") from None  # fmt: skip

@@ -24,9 +24,10 @@ from pathlib import Path
 
 from agent.config import load_agent_config
 from agent.runner import CONTEXT_FILE, as_reply, in_process_runner, write_result
+from models.own import model_refusal
 from models.serialization import load_file
 from models.yolo import ultralytics_offline
-from participant.jobs import Trained, export_onnx, run_guarded, train_and_export
+from participant.jobs import Declined, Trained, export_onnx, run_guarded, train_and_export
 from participant.trainer import PeerContext, Trainer
 from protocol.daemon import configure_logging
 from protocol.messages import RoundTask
@@ -52,6 +53,8 @@ class Worker:
     def perform(self, request: dict) -> dict:
         directory = Path(request["dir"])
         task = RoundTask.from_dict(request["task"])
+        if refusal := model_refusal(task.model, self.config.own_model):  # never import a name the task brought
+            return as_reply(Declined(refusal))
         arrays, _ = load_file(directory / "base.safetensors")
         export_to = Path(request["path"]) if "path" in request else None
         if request["kind"] == "export" and export_to is not None:

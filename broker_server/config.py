@@ -171,7 +171,6 @@ class ServerConfig:
 def load_server_config(path: Path) -> ServerConfig:
     """Parse and check ``server.toml``; raise ``ConfigError`` naming the key and the fix."""
     from flcore.strategies import build_strategy
-    from models.tasks import CLASSIFIERS, YOLO_YAMLS  # the zoo's names, without importing PyTorch
 
     data = read_toml(path)
     check_tables(path, data, {"server": ServerSection, "broker": BrokerSettings, "keys": KeysSection,
@@ -205,9 +204,8 @@ def load_server_config(path: Path) -> ServerConfig:
         raise
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    if config.server.model not in (*CLASSIFIERS, *YOLO_YAMLS):
-        known = sorted([*CLASSIFIERS, *YOLO_YAMLS])
-        raise ConfigError(f"{path}: server.model {config.server.model!r} is unknown; choose one of {known}")
+    if problem := model_problem(config.server):
+        raise ConfigError(f"{path}: {problem}")
     if problem := task_problem(config) or pool_problem(config) or upstream_problem(config):
         raise ConfigError(f"{path}: {problem}")
     if config.server.rounds < 0:
@@ -283,6 +281,26 @@ def pool_problem(config: ServerConfig) -> str:
     if int(data.y.max()) >= config.server.num_classes:
         return (f"pool.data holds label {int(data.y.max())}, and server.num_classes is {config.server.num_classes}: "
                 "labels must be 0 .. num_classes - 1")  # fmt: skip
+    return ""
+
+
+def model_problem(server: ServerSection) -> str:
+    """Why ``server.model`` names no model the server can build, or ``""``: a zoo name, or the operator's own
+    ``package.module:function`` (imported here, from the operator's own config only; docs/own-model.md)."""
+    from models.own import is_reference
+    from models.tasks import CLASSIFIERS, YOLO_YAMLS  # the zoo's names, without importing PyTorch
+
+    if is_reference(server.model):
+        from models.own import check_own_model
+
+        try:
+            check_own_model(server.model, server.num_classes, "server.model")
+        except ValueError as exc:
+            return str(exc)
+        return ""
+    if server.model not in (*CLASSIFIERS, *YOLO_YAMLS):
+        return (f"server.model {server.model!r} is unknown; choose one of {sorted([*CLASSIFIERS, *YOLO_YAMLS])} "
+                'or your own "package.module:function" (docs/own-model.md)')
     return ""
 
 

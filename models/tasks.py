@@ -13,9 +13,13 @@ YOLO_YAMLS = {name: f"{name}.yaml" for name in ("yolov8n", "yolov8s", "yolo11n",
 
 
 def task_of(name: str) -> str:
-    """``classify`` or ``detect``: which trainer and evaluator model ``name`` needs."""
+    """``classify`` or ``detect``: which trainer and evaluator model ``name`` needs; the operator's own model
+    (``package.module:function``, ``models.own``) is a classifier."""
+    if ":" in name:
+        return "classify"
     if name in YOLO_YAMLS:
         return "detect"
     if name in CLASSIFIERS:
         return "classify"
-    raise ValueError(f"model {name!r} is unknown; choose one of {sorted([*CLASSIFIERS, *YOLO_YAMLS])}")
+    raise ValueError(f"model {name!r} is unknown; choose one of {sorted([*CLASSIFIERS, *YOLO_YAMLS])} or your own "
+                     '"package.module:function" (docs/own-model.md)')

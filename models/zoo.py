@@ -1,6 +1,8 @@
 """The model zoo: the PyTorch models SkyFed federates, built from code (nothing downloaded).
 
-``build_model(name)`` is what configs and round tasks refer to. Each model has a ``task``: ``classify``
+``build_model(name)`` is what configs and round tasks refer to; a ``package.module:function`` name is the
+operator's own classifier (``models.own``: resolve such a name only from the operator's own config). Each
+model has a ``task``: ``classify``
 (the PyTorch CNNs and MLPs here) or ``detect`` (Ultralytics YOLO, built from its ``.yaml`` by
 ``models.yolo``, imported only when such a model is built).
 """
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from models.own import build_own_model, is_reference, own_input_shape
 from models.tasks import YOLO_YAMLS
 from models.yolo import detection_model
 
@@ -164,12 +167,14 @@ def _spec(name: str) -> ModelSpec:
 
 
 def build_model(name: str, num_classes: int = 10) -> nn.Module:
+    if is_reference(name):
+        return build_own_model(name, num_classes)
     return _spec(name).factory(num_classes)
 
 
 def input_shape(name: str) -> tuple[int, ...]:
     """The per-sample input shape of model ``name``, e.g. (1, 8, 8)."""
-    return _spec(name).input_shape
+    return own_input_shape(name) if is_reference(name) else _spec(name).input_shape
 
 
 def pick_device() -> torch.device:

@@ -16,8 +16,9 @@ import torch
 
 from flcore.update import TrainResult
 from models.datasets import Dataset
+from models.own import model_refusal
 from models.training import evaluate, seed_training, train_sgd
-from models.weights import NamedArrays, load_arrays, to_arrays
+from models.weights import NamedArrays, load_arrays, spec_mismatch, spec_of, to_arrays
 from models.zoo import build_model
 from participant.local_dp import PrivacyBudget, dp_sgd
 from participant.meta_attention import attention_start
@@ -43,8 +44,10 @@ class ClassifierTrainer:
         seed: int = 0,
         budget: PrivacyBudget | None = None,
         test_data: Dataset | None = None,
+        model: str = "",
     ) -> None:
         self.data = data
+        self.model = model  # the model the agent's own config names ("" = any zoo model a task names)
         self.test_data = test_data  # the local test split (agent.test_data): never trained on
         self.momentum = MomentumStore(work_dir)
         self.device = device
@@ -59,8 +62,7 @@ class ClassifierTrainer:
         if self.budget is not None and context is not None:
             raise TrainingDeclined("local DP-SGD does not cover FedAMN's attention meta-network, which also "
                                    "trains on this agent's data: run fedamn without [privacy] local DP")  # fmt: skip
-        model = build_model(task.model, num_classes=task.num_classes)
-        load_arrays(model, global_arrays)
+        model = self._build(task, global_arrays)
         start_eval = evaluate(model, self.test_data, self.device) if self.test_data is not None else {}  # C-SPE
         seed_training(self.seed_base + task.round)
         settings = task.train_of(self.agent_id)
@@ -89,6 +91,21 @@ class ClassifierTrainer:
             epsilon = self.budget.epsilon
         return TrainResult(arrays=to_arrays(model), samples=outcome.samples, loss=outcome.loss, epsilon=epsilon,
                            start_eval=start_eval)
+
+    def _build(self, task: RoundTask, global_arrays: NamedArrays) -> torch.nn.Module:
+        """The task's model with the global weights, declined (with the reason the server's monitor shows) when
+        it is not this agent's to build or its layout differs: the state_dict's names and shapes are the contract."""
+        if refusal := model_refusal(task.model, self.model):
+            raise TrainingDeclined(refusal)
+        if (top := int(self.data.y.max())) >= task.num_classes:
+            raise TrainingDeclined(f"label-range: this agent's data holds label {top}, the federation's model has "
+                                   f"{task.num_classes} classes")  # fmt: skip
+        model = build_model(task.model, num_classes=task.num_classes)
+        if problem := spec_mismatch(global_arrays, spec_of(to_arrays(model))):
+            raise TrainingDeclined(f"layout-mismatch: the global model against this agent's {task.model}: "
+                                   f"{problem}")  # fmt: skip
+        load_arrays(model, global_arrays)
+        return model
 
     def _attend(
         self, model: torch.nn.Module, own: NamedArrays, context: PeerContext, task: RoundTask, settings: TrainSettings

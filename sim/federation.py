@@ -21,6 +21,7 @@ import numpy as np
 from models import partition
 from models.classify_data import classify_data
 from models.datasets import load_npz
+from models.own import is_reference
 from protocol.config import write_toml
 from security.keys import Identity, enroll
 from sim.classify_layout import POOL_FILE, Sharing, describe_partition, write_classify_data
@@ -107,6 +108,10 @@ class SimSettings:
                 object.__setattr__(self, key, value)
         if self.task == "detect" and "name" not in self.strategy:  # object-weighted FedAvg, as the results measure
             object.__setattr__(self, "strategy", {"name": "fedavg", **self.strategy})
+        if is_reference(self.model):  # the operator's own classifier (models.own): checked once, naming the flag
+            from models.own import check_own_model
+
+            check_own_model(self.model, 10, "--model")  # both datasets have 10 classes
         if task_of(self.model) != self.task:
             raise ValueError(f"--model {self.model} is not a {self.task} model (--task {self.task})")
         if self.task == "classify" and input_shape(self.model) != (data := classify_data(self.dataset)).sample_shape:
@@ -377,6 +382,7 @@ def create_federation(
                 "broker": spread_broker_table(nodes, k),
                 "keys": {"identity": f"{name}.key", "server": "server.pub"},
                 "training": {"trainer": trainer, "threads": 1, "onnx": export_onnx,
+                             **({"model": settings.model} if is_reference(settings.model) else {}),
                              **({"worker": settings.worker} if settings.worker != "deployed" else {})},
                 "privacy": settings.local_privacy,
             },
