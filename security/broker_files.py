@@ -55,6 +55,7 @@ def acl_text(federation: str, agents: list[str], upstream: tuple[str, str] | Non
         "user monitor",
         f"topic read {root}/server/status",
         f"topic read {root}/server/metrics",
+        f"topic read {root}/server/history",
         f"topic read {root}/agent/+/status",
     ]
     for agent in agents:
