@@ -30,21 +30,25 @@
   $("federation").textContent = cfg.federation;
 
   // charts ------------------------------------------------------------------------------------------
-  function chart(id, series) {
+  const ROUND_STEPS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000];  // whole rounds on the x axis
+  function chart(id, series, axes) {
     const el = $(id);
     const opts = { width: Math.max(el.clientWidth, 400), height: 220, scales: { x: { time: false } },
-                   series: [{ label: "round" }].concat(series) };
+                   series: [{ label: "round" }].concat(series),
+                   axes: [{ incrs: ROUND_STEPS }].concat(axes || [{}]) };
     return { el: el, plot: new uPlot(opts, [[]].concat(series.map(() => [])), el) };
   }
   const charts = {
     score: chart("score-chart", [{ label: "score", stroke: "#0550ae", width: 2, scale: "score" },
-                                 { label: "loss", stroke: "#cf222e", width: 1, scale: "loss" }]),
+                                 { label: "loss", stroke: "#cf222e", width: 1, scale: "loss" }],
+                 [{ scale: "score" }, { scale: "loss", side: 1, grid: { show: false } }]),
     epsilon: chart("epsilon-chart", [{ label: "ε", stroke: "#8250df", width: 2 }]),
     bytes: chart("bytes-chart", [{ label: "bytes up", stroke: "#1a7f37", width: 2 },
                                  { label: "bytes down", stroke: "#9a6700", width: 1 }]),
   };
   function redraw() {
     const rows = Array.from(rounds.values()).sort((a, b) => a.round - b.round);
+    if (rows.length) $("rounds-done").textContent = str(rows[rows.length - 1].round);
     const xs = rows.map((r) => r.round);
     const col = (key) => rows.map((r) => num(r[key]));
     const data = {
@@ -104,7 +108,6 @@
     addRow({ round: m.round, score: headline(evaluation), loss: evaluation.loss,
              epsilon: m.privacy && m.privacy.epsilon, bytes_up: m.bytes_up, bytes_down: m.bytes_down });
     redraw();
-    if (num(m.round) !== null) $("round").textContent = str(m.round);
     const tbody = $("updates").tBodies[0];
     const tr = document.createElement("tr");
     tr.setAttribute("data-round", str(m.round));
