@@ -32,7 +32,7 @@ from tests.fedharness import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMD = ROOT / "deploy" / "systemd"
-UNITS = {"agent": "skyfed-agent.service", "server": "skyfed-server.service"}
+UNITS = {"agent": "skyfed-agent.service", "server": "skyfed-server.service", "dashboard": "skyfed-dashboard.service"}
 INSTALLED_SKYFED = "/opt/skyfed/venv/bin/skyfed"  # where deploy/install-*.sh put the venv
 STOP_BOUND_S = 2.0  # the bound from SIGTERM to exit, interpreter exit included; measured 0.5-1.0 s
 
@@ -267,7 +267,7 @@ def test_unit_runs_numpys_openblas_on_one_thread_and_leaves_pytorchs_threads_alo
     assert torch_threads == unpinned.rsplit(" ", 1)[1]  # training.threads / the evaluation decide PyTorch's
 
 
-@pytest.mark.parametrize("role", ["agent", "server"])
+@pytest.mark.parametrize("role", ["agent", "server", "dashboard"])
 def test_systemd_analyze_verify_is_silent(tmp_path, role):
     analyze = systemd_analyze()
     unit = rendered(tmp_path, UNITS[role])
@@ -279,7 +279,7 @@ def test_systemd_analyze_verify_is_silent(tmp_path, role):
     assert result.returncode == 0 and not result.stderr.strip() and not result.stdout.strip(), result.stderr
 
 
-@pytest.mark.parametrize("role", ["agent", "server"])
+@pytest.mark.parametrize("role", ["agent", "server", "dashboard"])
 def test_systemd_analyze_security_rates_the_unit_at_most_3(tmp_path, role):
     analyze = systemd_analyze()
     result = subprocess.run([analyze, "security", "--offline=true", str(rendered(tmp_path, UNITS[role]))],
