@@ -128,3 +128,34 @@ def test_page_opened_late_draws_the_whole_run_from_retained_history(tmp_path, ws
         assert text(browser, "#phase") == "finished"
     finally:
         page.stop()
+
+
+def test_rejections_swap_pairs_and_gates_are_shown_and_payload_markup_stays_text(tmp_path, ws_broker, browser):
+    from protocol.messages import AgentStatus, Gate, Rejection
+    from tests.fedharness import round_metrics
+
+    topics = Topics("it")
+    page = DashboardServer(PageConfig(federation="it", ws_port=ws_broker.ws_port, ws_host="127.0.0.1"), port=0)
+    page.start()
+    player = MqttClient("test-player", BrokerSettings(host=ws_broker.host, port=ws_broker.port), persistent=False)
+    assert player.start(timeout_s=10)
+    try:
+        browser.get(page.url)
+        wait_until(lambda: text(browser, "#connection") == "connected", timeout_s=15, what="the page's connection")
+        markup = '<img src=x onerror="window.pwned=1">'
+        gated = AgentStatus(agent="d1", state="idle", round=4, samples=1, version=1, updated_at=time.time(),
+                            gate=Gate(ok=False, reasons=["battery 12% < 30%"]), detail=markup)  # fmt: skip
+        player.publish(topics.agent_status("d1"), gated.to_json(), retain=True)
+        metrics = round_metrics(round=4, accepted=["d1", "d2"], rejected=[Rejection("d3", f"bounds {markup}")],
+                                aggregation={"pairs": [["d1", "d2"]]}, eval={"accuracy": 0.5})  # fmt: skip
+        player.publish(topics.server_metrics, metrics.to_json())
+        wait_until(lambda: agent_states(browser).get("d1") == "gated", timeout_s=5, what="d1 gated")
+        wait_until(lambda: text(browser, "#updates tbody tr"), timeout_s=5, what="the round's row")
+        row = text(browser, "#updates tbody tr")
+        assert "d3 (bounds <img" in row and "d1↔d2" in row
+        assert "battery 12% < 30%" in text(browser, "#agents tbody tr")
+        assert browser.execute_script("return document.querySelectorAll('img').length") == 0
+        assert browser.execute_script("return window.pwned === undefined")
+    finally:
+        player.stop()
+        page.stop()
