@@ -23,6 +23,7 @@ from broker_server.engine import RoundEngine
 from broker_server.evaluation import server_evaluator
 from broker_server.fleet_changes import FleetChanges
 from broker_server.groupkeys import GroupKeyDistributor
+from broker_server.history import RunHistory
 from broker_server.ignored import IgnoredAgents
 from broker_server.metrics_log import log_round, log_run_finished
 from broker_server.model_resend import ModelWaits
@@ -111,6 +112,8 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         self.reconnects = Reconnects()
         self._model_republished_at = 0.0
         self._last_status = 0.0
+        self.history = RunHistory(self.topics.federation)  # retained on server/history for a dashboard
+        self.history.seed(config.state_dir / "metrics.jsonl")
         self.prometheus = ServerMetrics(config.metrics)  # last: it listens on a port until ``on_stop``
 
     # MqttDaemon --------------------------------------------------------------------------------------
@@ -122,6 +125,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
 
     def on_start(self) -> None:
         self.publisher.publish(self.engine.version, self.engine.global_arrays)
+        self.mqtt.publish(self.topics.server_history, self.history.payload(), retain=True)
         if self.engine.round_state is not None:
             with self.disk.writing(self.clock(), self.engine.durably("round re-announcement")):
                 self._announce(reannounce=True)
@@ -325,6 +329,8 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         else:  # a region: the aggregate goes to the root; the region's agents get the root's next model
             self._deliver_upstream(rs, metrics)
         self.mqtt.publish(self.topics.server_metrics, metrics.to_json())
+        self.history.add(metrics)
+        self.mqtt.publish(self.topics.server_history, self.history.payload(), retain=True)
         self.prometheus.round_closed(metrics)
         log_round(metrics)
         self.reassembler.drop_where(lambda m: m.round <= metrics.round)  # unfinished updates for a closed round

@@ -46,6 +46,11 @@ class Topics:
         return f"{self.prefix}/server/metrics"
 
     @property
+    def server_history(self) -> str:
+        """Retained: the last rounds' headline metrics (broker_server.history), for a dashboard opened late."""
+        return f"{self.prefix}/server/history"
+
+    @property
     def round(self) -> str:
         return f"{self.prefix}/round"
 

@@ -37,6 +37,12 @@ def participant_block(federation: str, name: str) -> list[str]:
     ]
 
 
+def monitor_reads(root: str) -> list[str]:
+    """Status, metrics and history: never a model, an update or an inbox."""
+    return [f"topic read {root}/{leaf}" for leaf in ("server/status", "server/metrics", "server/history",
+                                                      "agent/+/status")]  # fmt: skip
+
+
 def acl_text(federation: str, agents: list[str], upstream: tuple[str, str] | None = None) -> str:
     """The ACL of a federation's broker; a region's (``upstream``: its id and its root's federation) also lets
     its participant at the root use the root's topics that its bridge carries (``security.bridge``)."""
@@ -53,9 +59,11 @@ def acl_text(federation: str, agents: list[str], upstream: tuple[str, str] | Non
         "",
         "# monitoring (skyfed monitor, mosquitto_sub): status and metrics, read only",
         "user monitor",
-        f"topic read {root}/server/status",
-        f"topic read {root}/server/metrics",
-        f"topic read {root}/agent/+/status",
+        *monitor_reads(root),
+        "",
+        "# the dashboard page in a browser (skyfed dashboard, over the WebSockets listener): the same, read only",
+        "user dashboard",
+        *monitor_reads(root),
     ]
     for agent in agents:
         lines += ["", *participant_block(federation, agent)]
@@ -82,7 +90,36 @@ def peer_acl_text(federation: str, peers: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def mosquitto_conf_text(port: int, listen: str, broker_dir: Path) -> str:
+def listener_tls(broker_dir: Path) -> list[str]:
+    """Mutual TLS on a listener: a client certificate from the federation CA, its CN the user name and client id."""
+    return [
+        f"cafile {broker_dir / 'ca.crt'}",
+        f"certfile {broker_dir / 'broker.crt'}",
+        f"keyfile {broker_dir / 'broker.crt.key'}",
+        f"crlfile {broker_dir / 'crl.pem'}",
+        "require_certificate true",
+        "use_identity_as_username true",
+        "# the client id is the certificate name too: nobody can take over another node's session by",
+        "# choosing its client id (one connection per certificate at a time)",
+        "use_username_as_clientid true",
+    ]
+
+
+def websockets_listener(ws_port: int, listen: str, broker_dir: Path) -> list[str]:
+    """MQTT over WebSockets for ``skyfed dashboard``'s page; none when ``ws_port`` is 0."""
+    if not ws_port:
+        return []
+    return [
+        "# MQTT over WebSockets for the skyfed dashboard page (docs/dashboard.md): the same mutual TLS; the",
+        "# browser presents the dashboard certificate (import DIR/dashboard/dashboard.p12), read-only ACL",
+        f"listener {ws_port}{f' {listen}' if listen else ''}",
+        "protocol websockets",
+        *listener_tls(broker_dir),
+        "",
+    ]
+
+
+def mosquitto_conf_text(port: int, listen: str, broker_dir: Path, ws_port: int = 0) -> str:
     """A ``conf.d`` snippet: Debian's main mosquitto.conf already sets persistence and logging."""
     return "\n".join(
         [
@@ -97,15 +134,8 @@ def mosquitto_conf_text(port: int, listen: str, broker_dir: Path) -> str:
             f"acl_file {broker_dir / 'skyfed.acl'}",
             "",
             f"listener {port}{f' {listen}' if listen else ''}",
-            f"cafile {broker_dir / 'ca.crt'}",
-            f"certfile {broker_dir / 'broker.crt'}",
-            f"keyfile {broker_dir / 'broker.crt.key'}",
-            f"crlfile {broker_dir / 'crl.pem'}",
-            "require_certificate true",
-            "use_identity_as_username true",
-            "# the client id is the certificate name too: nobody can take over another node's session by",
-            "# choosing its client id (one connection per certificate at a time)",
-            "use_username_as_clientid true",
+            *listener_tls(broker_dir),
             "",
+            *websockets_listener(ws_port, listen, broker_dir),
         ]
     )

@@ -123,6 +123,20 @@ def issue(
     return _write(directory, stem or common_name, cert, key)
 
 
+def write_pkcs12(issued: Issued, ca_cert: Path, path: Path, password: bytes) -> None:
+    """``issued`` with its key and the CA as one password-protected PKCS#12 file: what a browser imports."""
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    key = serialization.load_pem_private_key(issued.key.read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    cert = x509.load_pem_x509_certificate(issued.cert.read_bytes())
+    ca = x509.load_pem_x509_certificate(ca_cert.read_bytes())
+    bundle = pkcs12.serialize_key_and_certificates(
+        cert.subject.rfc4514_string().encode(), key, cert, [ca], serialization.BestAvailableEncryption(password)
+    )
+    atomic_write(path, bundle)
+
+
 def serial_of(cert_path: Path) -> int:
     return x509.load_pem_x509_certificate(cert_path.read_bytes()).serial_number
 

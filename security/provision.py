@@ -8,6 +8,8 @@
                          broker.crt and its key
     DIR/server/          server.toml, server.key/.pub, server.crt and key, ca.crt, enrolled/<agent>.pub
     DIR/monitor/         monitor.crt and key, ca.crt: read-only access to status and metrics
+    DIR/dashboard/       with --ws-port: dashboard.crt and key, ca.crt, and dashboard.p12 (+ .password) for a
+                         browser: the same read-only access over the broker's WebSockets listener
     DIR/agents/<id>/     agent.toml, <id>.key/.pub, server.pub, <id>.crt and key, ca.crt
 
 ``--mode peer`` (``security.provision_peer``: no server, the peers federate among themselves) writes
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import secrets
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,9 +39,9 @@ from protocol.topics import check_level
 from protocol.typed import SchemaError, build
 from security.broker_files import acl_text, mosquitto_conf_text, peer_acl_text
 from security.keys import Identity, PublicIdentity, check_name, enroll, revoke
-from security.pki import Issued, create_ca, issue, serial_of, write_crl
+from security.pki import Issued, create_ca, issue, serial_of, write_crl, write_pkcs12
 
-RESERVED = ("server", "monitor")  # the certificate CNs (MQTT user names) of the other roles
+RESERVED = ("server", "monitor", "dashboard")  # the certificate CNs (MQTT user names) of the other roles
 PLAN = "provision.json"
 MODES = ("client", "peer")  # agents of a server, or peers federating among themselves
 
@@ -71,6 +74,7 @@ class Provisioning:
     serials: dict[str, str] = field(default_factory=dict)  # agent -> its certificate's serial, hex
     mode: str = "client"  # MODES; a folder provisioned before peer mode existed is a client one
     upstream: str = ""  # a region: "<region>@<root federation>" (``security.provision_region``); "" = none
+    ws_port: int = 0  # mosquitto's MQTT-over-WebSockets listener for skyfed dashboard (0 = none)
 
     def options(self) -> dict[str, str]:
         """The command-line options this plan was made with, by option name."""
@@ -108,6 +112,10 @@ class Layout:
     @property
     def monitor(self) -> Path:
         return self.out / "monitor"
+
+    @property
+    def dashboard(self) -> Path:
+        return self.out / "dashboard"
 
     def agent(self, name: str) -> Path:
         return self.out / "agents" / name
@@ -168,6 +176,8 @@ def start(out: Path, plan: Provisioning, agents: list[str]) -> Layout:
         create_ca(layout.ca.cert.parent, plan.federation)
     if not (layout.monitor / "monitor.crt").exists():
         certificate(layout, layout.monitor, "monitor")
+    if plan.ws_port and not (layout.dashboard / "dashboard.crt").exists():
+        dashboard_certificate(layout)
     return layout
 
 
@@ -235,6 +245,15 @@ def certificate(layout: Layout, directory: Path, name: str) -> None:
     shutil.copyfile(layout.ca.cert, directory / "ca.crt")
 
 
+def dashboard_certificate(layout: Layout) -> None:
+    """The dashboard's client certificate, also as a PKCS#12 file a browser imports (password beside it)."""
+    certificate(layout, layout.dashboard, "dashboard")
+    password = secrets.token_urlsafe(18)
+    atomic_write(layout.dashboard / "dashboard.p12.password", (password + "\n").encode())
+    issued = Issued(layout.dashboard / "dashboard.crt", layout.dashboard / "dashboard.crt.key")
+    write_pkcs12(issued, layout.ca.cert, layout.dashboard / "dashboard.p12", password.encode())
+
+
 def tls_settings(name: str) -> dict[str, object]:
     return {"ca_certs": "ca.crt", "certfile": f"{name}.crt", "keyfile": f"{name}.crt.key"}
 
@@ -291,7 +310,7 @@ def _broker_files(layout: Layout, plan: Provisioning) -> None:
     peer = plan.mode == "peer"
     text = peer_acl_text(plan.federation, active) if peer else acl_text(plan.federation, active, upstream)
     atomic_write(directory / "skyfed.acl", text.encode())
-    conf = mosquitto_conf_text(plan.broker_port, plan.listen, Path(plan.broker_dir))
+    conf = mosquitto_conf_text(plan.broker_port, plan.listen, Path(plan.broker_dir), plan.ws_port)
     atomic_write(directory / "skyfed.conf", conf.encode())
 
 
@@ -316,6 +335,8 @@ def _lock_down(layout: Layout, plan: Provisioning) -> None:
     as_root = os.geteuid() == 0
     _own(layout.ca.cert.parent, None)
     _own(layout.monitor, None)
+    if layout.dashboard.exists():
+        _own(layout.dashboard, None)
     _own(layout.broker, _uid_gid(plan.broker_user) if as_root else None)
     service = _uid_gid(plan.service_user) if as_root else None
     for folder in (layout.server, layout.peers_enrolled):

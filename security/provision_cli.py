@@ -91,12 +91,24 @@ def instructions(out: Path, plan: Provisioning) -> str:
             f"{plan.state_dir}/<id>/data.npz",
             f"  monitor:     skyfed monitor --broker {where} --federation {f} {tls}",
             f"               mosquitto_sub -h {plan.broker_host} -p {plan.broker_port} {tls} {topics} -v",
+            *dashboard_instructions(out, plan),
             f"  add agents:  skyfed provision --federation {f} --agents <all ids> --out {out} (existing keys stay)",
             f"  revoke:      skyfed provision revoke <id> --out {out}",
             f"  keep {out}/ca/ca.crt.key offline: it signs every certificate of the federation",
             *region_instructions(out, plan),
         ]
     )
+
+
+def dashboard_instructions(out: Path, plan: Provisioning) -> list[str]:
+    """With --ws-port: the dashboard command, and the certificate its browsers present."""
+    if not plan.ws_port:
+        return []
+    dash = (out / "dashboard").absolute()
+    return [f"  dashboard:   skyfed dashboard --broker {plan.broker_host}:{plan.broker_port} --ws-port {plan.ws_port} "
+            f"--tls --federation {plan.federation} --port 8080",  # fmt: skip
+            f"    each browser imports {dash}/dashboard.p12 (password in dashboard.p12.password) and trusts "
+            f"{dash}/ca.crt; one browser tab at a time per certificate"]  # fmt: skip
 
 
 def region_instructions(out: Path, plan: Provisioning) -> list[str]:
@@ -141,6 +153,11 @@ def run_provision(args: argparse.Namespace) -> int:
         agents = [a for a in args.agents.split(",") if a]
         if args.upstream and peer:
             raise ProvisionError("--upstream makes a region's server a participant of a root: peers have no server")
+        if args.ws_port is not None:  # may be added to (or changed in) a folder provisioned before
+            if peer or not 0 < args.ws_port < 65536:
+                raise ProvisionError("--ws-port: a port 1-65535 for the dashboard's WebSockets listener (a server's "
+                                     "federation: not with --mode peer)")  # fmt: skip
+            plan.ws_port = args.ws_port
         upstream = Path(args.upstream) if args.upstream else None
         new = provision_peers(out, plan, agents) if peer else provision(out, plan, agents, upstream)
     except ProvisionError as exc:
@@ -181,6 +198,8 @@ def add_provision_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", help="the provisioning folder (created 0711; every node folder in it 0700)")
     parser.add_argument("--broker", help=f"HOST:PORT clients connect to (default {DEFAULTS['broker']})")
     parser.add_argument("--listen", help="address mosquitto's listener binds (default: every interface)")
+    parser.add_argument("--ws-port", type=int, help="add mosquitto's MQTT-over-WebSockets listener (mutual TLS) on "
+                        "this port for skyfed dashboard, and the dashboard's read-only certificate")  # fmt: skip
     parser.add_argument("--upstream", metavar="ROOT/agents/REGION", help="a region under a root: the folder the "
                         "root's skyfed provision wrote for this region (provisioned there as one of its --agents); "
                         "adds [upstream] to server.toml and broker/bridge.conf")  # fmt: skip

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 def build_parser() -> argparse.ArgumentParser:
     from agent.cli import add_agent_commands
     from broker_server.cli import add_monitor_command, add_server_commands
+    from broker_server.dashboard.cli import add_dashboard_command
     from region.cli import build_region
     from security.cli import add_certs_commands, add_keys_commands
     from security.provision_cli import add_provision_command
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_commands(commands)
     add_server_commands(commands, build_region)
     add_monitor_command(commands)
+    add_dashboard_command(commands)
     add_sim_commands(commands)
     add_data_commands(commands)
     add_keys_commands(commands)

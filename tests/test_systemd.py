@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from itertools import pairwise
 from pathlib import Path
 
@@ -27,12 +28,13 @@ import pytest
 from common.sdnotify import Notifier
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
+from sim.broker import free_port
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMD = ROOT / "deploy" / "systemd"
-UNITS = {"agent": "skyfed-agent.service", "server": "skyfed-server.service"}
+UNITS = {"agent": "skyfed-agent.service", "server": "skyfed-server.service", "dashboard": "skyfed-dashboard.service"}
 INSTALLED_SKYFED = "/opt/skyfed/venv/bin/skyfed"  # where deploy/install-*.sh put the venv
 STOP_BOUND_S = 2.0  # the issue's bound from SIGTERM to exit, interpreter exit included; measured 0.5-1.0 s
 
@@ -41,7 +43,7 @@ def service_section(unit: str) -> dict[str, list[str]]:
     """The [Service] assignments of a unit, each key with all its values (systemd keys repeat)."""
     values: dict[str, list[str]] = {}
     section = ""
-    for line in (SYSTEMD / unit).read_text().splitlines():
+    for line in (SYSTEMD / unit).read_text().replace("\\\n", " ").splitlines():  # systemd's line continuation
         if line.startswith("["):
             section = line
         elif section == "[Service]" and "=" in line and not line.startswith("#"):
@@ -144,6 +146,43 @@ def stop(process: subprocess.Popen) -> float:
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=30)
     return time.monotonic() - started
+
+
+def test_dashboard_unit_command_serves_the_page_and_stops_within_2_s_of_sigterm():
+    """The unit's ExecStart as systemd expands it (``${X}`` one word, ``$X`` split into words)."""
+    service = service_section(UNITS["dashboard"])
+    env = dict(os.environ)
+    for line in service["Environment"]:
+        env.update(assignment.partition("=")[::2] for assignment in shlex.split(line))
+    env["SKYFED_DASHBOARD_PORT"] = str(free_port())
+    words = shlex.split(service["ExecStart"][0])
+    argv: list[str] = []
+    for word in words:
+        if word.startswith("${"):
+            argv.append(env[word[2:-1]])
+        elif word.startswith("$"):
+            argv.extend(env[word[1:]].split())
+        else:
+            argv.append(word)
+    assert argv[:2] == [INSTALLED_SKYFED, "dashboard"]
+    argv[0:1] = [sys.executable, "-m", "skyfed"]
+    process = subprocess.Popen(argv, env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{env['SKYFED_DASHBOARD_PORT']}/config.js"
+        config = wait_until(lambda: _get(url), 10, "the dashboard page")
+        assert f'"ws_port": {env["SKYFED_WS_PORT"]}' in config and '"tls": true' in config
+    finally:
+        assert stop(process) < STOP_BOUND_S
+    assert "event=dashboard-started" in process.stdout.read()
+
+
+def _get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.read().decode()
+    except OSError:
+        return None
 
 
 # the sd_notify client ---------------------------------------------------------------------------------
@@ -267,7 +306,7 @@ def test_unit_runs_numpys_openblas_on_one_thread_and_leaves_pytorchs_threads_alo
     assert torch_threads == unpinned.rsplit(" ", 1)[1]  # training.threads / the evaluation decide PyTorch's
 
 
-@pytest.mark.parametrize("role", ["agent", "server"])
+@pytest.mark.parametrize("role", ["agent", "server", "dashboard"])
 def test_systemd_analyze_verify_is_silent(tmp_path, role):
     analyze = systemd_analyze()
     unit = rendered(tmp_path, UNITS[role])
@@ -279,7 +318,7 @@ def test_systemd_analyze_verify_is_silent(tmp_path, role):
     assert result.returncode == 0 and not result.stderr.strip() and not result.stdout.strip(), result.stderr
 
 
-@pytest.mark.parametrize("role", ["agent", "server"])
+@pytest.mark.parametrize("role", ["agent", "server", "dashboard"])
 def test_systemd_analyze_security_rates_the_unit_at_most_3(tmp_path, role):
     analyze = systemd_analyze()
     result = subprocess.run([analyze, "security", "--offline=true", str(rendered(tmp_path, UNITS[role]))],

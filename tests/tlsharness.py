@@ -21,11 +21,11 @@ class Client:
     """A raw paho client with one node's provisioned certificate, recording what it receives. Its client id is
     ``<name>-raw``, so it does not take over the connection of a daemon running under the same certificate."""
 
-    def __init__(self, folder: Path, name: str, port: int, *subscriptions: str) -> None:
+    def __init__(self, folder: Path, name: str, port: int, *subscriptions: str, transport: str = "tcp") -> None:
         self.received: list[tuple[str, bytes]] = []
         self.granted: list[int] = []
         tls = node_tls(folder, name)
-        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"{name}-raw")
+        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"{name}-raw", transport=transport)
         self.client.tls_set(ca_certs=tls.ca_certs, certfile=tls.certfile, keyfile=tls.keyfile)
         self.client.on_message = lambda _c, _u, m: self.received.append((m.topic, m.payload))
         self.client.on_subscribe = lambda _c, _u, _m, codes, _p: self.granted.extend(c.value for c in codes)

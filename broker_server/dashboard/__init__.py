@@ -1,0 +1,1 @@
+"""``skyfed dashboard``: a static page that watches a federation live over MQTT-over-WebSockets (docs/dashboard.md)."""

@@ -1,0 +1,104 @@
+"""The dashboard's HTTP side: the static page, its vendored libraries, and a generated ``config.js``.
+
+The Python process never touches MQTT: the browser connects to the broker's WebSockets listener itself and
+subscribes to status, metrics and history topics only. This server hands out files from ``static/`` (no
+directory listings) and ``config.js``, which tells the page where the broker is and which federation to show.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import asdict, dataclass
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from protocol.topics import Topics
+
+log = logging.getLogger("skyfed.dashboard")
+
+STATIC = Path(__file__).resolve().parent / "static"
+# the page's own files and the broker's WebSockets listener, nothing else (the libraries are vendored)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; connect-src ws: wss:; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+@dataclass(frozen=True)
+class PageConfig:
+    """What the page needs to connect: served as ``config.js``. ``ws_host`` empty: the page's own host."""
+
+    federation: str
+    ws_port: int
+    ws_host: str = ""
+    ws_path: str = "/mqtt"
+    tls: bool = False  # wss://: the broker's WebSockets listener has a certificate the browser trusts
+
+    def __post_init__(self) -> None:
+        Topics(self.federation)  # a valid topic level, or ValueError naming it
+        if not 0 < self.ws_port < 65536:
+            raise ValueError(f"--ws-port must be 1-65535, got {self.ws_port}")
+        if not self.ws_path.startswith("/"):
+            raise ValueError(f"--ws-path must start with '/', got {self.ws_path!r}")
+
+    def script(self) -> bytes:
+        return f"window.SKYFED_DASHBOARD = {json.dumps(asdict(self))};\n".encode()
+
+
+class DashboardHandler(SimpleHTTPRequestHandler):
+    def __init__(self, *args: object, page: PageConfig, **kwargs: object) -> None:
+        self.page = page
+        super().__init__(*args, directory=str(STATIC), **kwargs)  # type: ignore[misc]
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path.split("?", 1)[0] == "/config.js":
+            body = self.page.script()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/javascript; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_GET()
+
+    def list_directory(self, path: str):  # noqa: ANN201 - no directory listings
+        self.send_error(404, "not found")
+        return None
+
+    def end_headers(self) -> None:
+        for name, value in SECURITY_HEADERS.items():
+            self.send_header(name, value)
+        super().end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
+        log.debug("event=dashboard-request client=%s %s", self.client_address[0], format % args)
+
+
+class DashboardServer:
+    """``ThreadingHTTPServer`` on ``host:port`` (port 0: a free one) serving the page, on a thread of its own."""
+
+    def __init__(self, page: PageConfig, host: str = "127.0.0.1", port: int = 8080) -> None:
+        self.page = page
+        self.httpd = ThreadingHTTPServer((host, port), partial(DashboardHandler, page=page))
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="dashboard-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}/"
+
+    def start(self) -> DashboardServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(5)

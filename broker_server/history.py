@@ -1,0 +1,72 @@
+"""``server/history``: a retained, bounded summary of the run's last rounds, for a dashboard opened late.
+
+``server/metrics`` is not retained, so a page that connects at round 40 would see nothing of rounds 1-39.
+The server keeps one small headline row per round (score, loss, ε, bytes, accepted/rejected counts) and
+republishes the last rows, retained, after every round: at most ``max_rounds`` rows and ``max_bytes`` of
+JSON, oldest dropped first, so a WebSockets client reads it in well under a second. Seeded from
+``metrics.jsonl`` at start, so a restarted server still serves the whole (bounded) run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from pathlib import Path
+
+from protocol.messages import MessageError, RoundMetrics, finite_or_null, headline
+
+log = logging.getLogger("skyfed.server")
+
+SCHEMA = "skyfed.history/1"
+MAX_ROUNDS = 500
+MAX_BYTES = 64 << 10
+
+
+def history_row(metrics: RoundMetrics) -> dict:
+    """One round's headline numbers, as the dashboard plots them."""
+    return finite_or_null({
+        "round": metrics.round,
+        "outcome": metrics.outcome,
+        "score": headline(metrics.eval),
+        "loss": metrics.eval.get("loss"),
+        "epsilon": metrics.privacy.get("epsilon"),
+        "bytes_up": metrics.bytes_up,
+        "bytes_down": metrics.bytes_down,
+        "accepted": len(metrics.accepted),
+        "rejected": len(metrics.rejected),
+        "finished_at": metrics.finished_at,
+    })  # fmt: skip
+
+
+class RunHistory:
+    """The last rounds' rows, bounded in count and in encoded size."""
+
+    def __init__(self, federation: str, *, max_rounds: int = MAX_ROUNDS, max_bytes: int = MAX_BYTES) -> None:
+        self.federation = federation
+        self.max_bytes = max_bytes
+        self.rows: deque[dict] = deque(maxlen=max_rounds)
+
+    def add(self, metrics: RoundMetrics) -> None:
+        self.rows.append(history_row(metrics))
+
+    def payload(self) -> bytes:
+        """The retained message: the newest rows that fit ``max_bytes`` (oldest dropped first)."""
+        while True:
+            body = {"schema": SCHEMA, "federation": self.federation, "rounds": list(self.rows)}
+            data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+            if len(data) <= self.max_bytes or not self.rows:
+                return data
+            self.rows.popleft()
+
+    def seed(self, metrics_jsonl: Path) -> None:
+        """Rows from a previous run of this state directory; an unreadable line is skipped and logged."""
+        if not metrics_jsonl.exists():
+            return
+        for number, line in enumerate(metrics_jsonl.read_bytes().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                self.add(RoundMetrics.from_json(line))
+            except (MessageError, ValueError) as exc:
+                log.warning("event=history-line-skipped file=%s line=%d error=%s", metrics_jsonl, number, exc)

@@ -1,0 +1,95 @@
+"""The dashboard's server side: the bounded history the server keeps retained, and the page server's files."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from broker_server.dashboard.server import DashboardServer, PageConfig
+from broker_server.history import RunHistory
+from protocol.mqtt import BrokerSettings, MqttClient
+from tests.fedharness import ServerHarness, round_metrics, wait_until
+
+
+def test_history_keeps_the_newest_rounds_within_its_round_bound():
+    history = RunHistory("fleet", max_rounds=10)
+    for number in range(1, 31):
+        history.add(round_metrics(round=number, eval={"accuracy": number / 100, "loss": 1.0}))
+    rows = json.loads(history.payload())["rounds"]
+    assert [r["round"] for r in rows] == list(range(21, 31))
+    assert rows[-1]["score"] == 0.3 and rows[-1]["loss"] == 1.0
+
+
+def test_history_payload_never_exceeds_its_byte_bound():
+    history = RunHistory("fleet", max_bytes=4096)
+    for number in range(1, 501):
+        history.add(round_metrics(round=number, eval={"accuracy": 0.5}, privacy={"epsilon": number * 0.01},
+                                  accepted=[f"a{i}" for i in range(50)], bytes_up=10**9))  # fmt: skip
+    payload = history.payload()
+    assert len(payload) <= 4096
+    rows = json.loads(payload)["rounds"]
+    assert rows[-1]["round"] == 500 and rows[-1]["accepted"] == 50
+    assert [r["round"] for r in rows] == list(range(rows[0]["round"], 501)), "the newest rounds, contiguous"
+
+
+def test_history_seeds_from_metrics_jsonl_and_skips_a_bad_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(round_metrics(round=1).to_json() + b"\n{not json\n" + round_metrics(round=2).to_json() + b"\n")
+    history = RunHistory("fleet")
+    history.seed(path)
+    assert [r["round"] for r in json.loads(history.payload())["rounds"]] == [1, 2]
+
+
+@pytest.mark.integration
+def test_server_publishes_retained_history_a_late_subscriber_reads(tmp_path, broker):
+    with ServerHarness(tmp_path, broker, agents=2) as h:
+        h.announce_agents()
+        for seed, agent in enumerate(h.agents):
+            h.send(agent, h.random_delta(seed))
+        h.wait_metrics()
+        late = MqttClient("late-page", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+        late.subscribe(h.topics.server_history)
+        assert late.start(timeout_s=10)
+        try:
+            def rounds():
+                message = late.poll(0.1)
+                return message and json.loads(message[1])["rounds"]
+
+            rows = wait_until(rounds, timeout_s=10, what="the retained history")
+        finally:
+            late.stop()
+    assert [r["round"] for r in rows] == [1] and rows[0]["accepted"] == 2
+
+
+def fetch(url: str) -> tuple[int, bytes, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, b"", dict(exc.headers)
+
+
+def test_page_server_serves_page_config_and_vendored_libraries_only():
+    server = DashboardServer(PageConfig(federation="fleet", ws_port=9001, ws_host="broker.lan"), port=0).start()
+    try:
+        status, page, headers = fetch(server.url)
+        assert status == 200 and b"dashboard.js" in page and "default-src 'self'" in headers["Content-Security-Policy"]
+        status, config, _ = fetch(server.url + "config.js")
+        assert status == 200
+        settings = json.loads(config.decode().split("=", 1)[1].rstrip().rstrip(";"))
+        assert settings == {"federation": "fleet", "ws_port": 9001, "ws_host": "broker.lan", "ws_path": "/mqtt",
+                            "tls": False}  # fmt: skip
+        assert fetch(server.url + "vendor/mqtt.min.js")[0] == 200
+        assert fetch(server.url + "vendor/uPlot.iife.min.js")[0] == 200
+        assert fetch(server.url + "vendor/")[0] == 404, "no directory listings"
+        assert fetch(server.url + "../server.py")[0] == 404
+    finally:
+        server.stop()
+
+
+def test_page_config_names_a_bad_federation():
+    with pytest.raises(ValueError, match="federation"):
+        PageConfig(federation="a/#", ws_port=9001)

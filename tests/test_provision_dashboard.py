@@ -1,0 +1,73 @@
+"""``skyfed provision --ws-port``: mosquitto's MQTT-over-WebSockets listener for the dashboard, with mutual TLS and
+the monitor's read-only ACL, run from the generated files by a real mosquitto."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.serialization import pkcs12
+
+from sim.broker import free_port, start_broker
+from skyfed import main
+from tests.fedharness import wait_until
+from tests.tlsharness import Client
+
+FED = "fleet"
+
+
+@pytest.fixture
+def workdir():
+    base = Path(tempfile.mkdtemp(prefix="skyfed-provision-ws-"))
+    os.chmod(base, 0o711)  # mosquitto, run as root, drops to its own user before reading the broker folder
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def provision(out: Path, port: int, *extra: str) -> int:
+    return main(["provision", "--federation", FED, "--agents", "a1", "--out", str(out), "--broker",
+                 f"127.0.0.1:{port}", "--listen", "127.0.0.1", *extra])  # fmt: skip
+
+
+def test_the_dashboard_reads_status_metrics_and_history_over_websockets_and_nothing_else(workdir, capsys):
+    out, port, ws_port = workdir / "fed", free_port(), free_port()
+    assert provision(out, port) == 0
+    assert "protocol websockets" not in (out / "broker" / "skyfed.conf").read_text()
+    assert provision(out, port, "--ws-port", str(ws_port)) == 0, "added to a folder provisioned before"
+    assert f"--ws-port {ws_port} --tls --federation {FED}" in capsys.readouterr().out
+    conf = (out / "broker" / "skyfed.conf").read_text()
+    assert f"listener {ws_port} 127.0.0.1\nprotocol websockets\n" in conf
+    password = (out / "dashboard" / "dashboard.p12.password").read_text().strip().encode()
+    key, cert, cas = pkcs12.load_key_and_certificates((out / "dashboard" / "dashboard.p12").read_bytes(), password)
+    assert key is not None and "CN=dashboard" in cert.subject.rfc4514_string() and len(cas) == 1
+    broker = start_broker(data_dir=workdir / "broker-run", kind="mosquitto", port=port,
+                          config_file=out / "broker" / "skyfed.conf")  # fmt: skip
+    root = f"skyfed/{FED}"
+    try:
+        server = Client(out / "server", "server", port, f"{root}/server/status")
+        for topic, payload in ((f"{root}/server/status", b"status"), (f"{root}/server/history", b"history"),
+                               (f"{root}/model/1/0", b"model chunk"), (f"{root}/agent/a1/inbox", b"inbox")):
+            server.publish(topic, payload, retain=True)
+        dash = Client(out / "dashboard", "dashboard", ws_port, f"{root}/server/+", f"{root}/model/#",
+                      f"{root}/agent/a1/inbox", transport="websockets")  # fmt: skip
+        wait_until(lambda: len(dash.received) >= 2, 5, "retained status and history over WebSockets")
+        dash.publish(f"{root}/server/status", b"forged by the dashboard", retain=True)
+        time.sleep(0.5)
+        assert sorted(dash.received) == [(f"{root}/server/history", b"history"), (f"{root}/server/status", b"status")]
+        assert b"forged by the dashboard" not in [p for _, p in server.received], "read only"
+        dash.close()
+        server.close()
+    finally:
+        broker.stop()
+        print(f"--- broker log ---\n{broker.log_tail(40)}")
+
+
+def test_ws_port_is_refused_for_peers(workdir, capsys):
+    argv = ["provision", "--mode", "peer", "--federation", FED, "--agents", "p1,p2", "--out", str(workdir / "p"),
+            "--ws-port", "8884"]  # fmt: skip
+    assert main(argv) == 2
+    assert "--ws-port" in capsys.readouterr().err
