@@ -187,7 +187,7 @@ def load_agent_config(path: Path) -> AgentConfig:
 def check_own_code(config: AgentConfig) -> None:
     """Where ``training.model`` and ``agent.data_loader`` may be set (their code is imported and run at start,
     by ``agent.profile.read_start_files``)."""
-    from models.tasks import task_of
+    from models.tasks import is_model_file, task_of
 
     if config.peer_mode and config.training.model:
         raise ValueError('training.model is for client mode; with federation.mode = "peer" federation.model names '
@@ -200,6 +200,9 @@ def check_own_code(config: AgentConfig) -> None:
         if kind != ("detect" if config.training.trainer == "detector" else "classify"):
             raise ValueError(f"training.model {config.training.model} does not fit training.trainer = "
                              f"{config.training.trainer!r}: set the trainer for that model")  # fmt: skip
+        if is_model_file(config.training.model) and not Path(config.training.model).is_file():
+            raise ValueError(f"training.model = {config.training.model!r}: no such file on this device; copy the "
+                             "server's model file to the same absolute path")  # fmt: skip
     if config.agent.data_loader and config.peer_mode:
         raise ValueError('agent.data_loader is for client mode; a peer (federation.mode = "peer") reads its .npz '
                          "data and test_data itself: remove it")  # fmt: skip

@@ -163,8 +163,13 @@ class ServerConfig:
 
     @property
     def init_weights_path(self) -> Path | None:
+        """The detector's start weights: ``server.init_weights``, else the ``.pt`` checkpoint ``server.model``
+        names (its architecture and its weights)."""
         if self.server.init_weights is None:
-            return None
+            from models.tasks import is_model_file
+
+            checkpoint = is_model_file(self.server.model) and self.server.model.endswith(".pt")
+            return Path(self.server.model) if checkpoint else None
         return existing_path(self.path, "server.init_weights", self.server.init_weights, "Ultralytics .pt checkpoint")
 
 
@@ -288,8 +293,12 @@ def model_problem(server: ServerSection) -> str:
     """Why ``server.model`` names no model the server can build, or ``""``: a zoo name, or the operator's own
     ``package.module:function`` (imported here, from the operator's own config only; docs/own-model.md)."""
     from models.own import is_reference
-    from models.tasks import CLASSIFIERS, YOLO_YAMLS  # the zoo's names, without importing PyTorch
+    from models.tasks import CLASSIFIERS, YOLO_YAMLS, is_model_file  # the zoo's names, without importing PyTorch
 
+    if is_model_file(server.model):  # the operator's own detector: built here once, so a bad file fails at start
+        from models.yolo import model_file_problem
+
+        return model_file_problem(server.model, "server.model", max(1, len(server.classes)))
     if is_reference(server.model):
         from models.own import check_own_model
 

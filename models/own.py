@@ -7,6 +7,9 @@ data checks need. A data loader is called as ``load(path)`` with the resolved ``
 ``agent.test_data``) path and returns ``(x, y)`` or a ``models.datasets.Dataset``: ``x`` a float array
 ``(N, *INPUT_SHAPE)``, ``y`` integer labels ``(N,)``.
 
+A detector of the operator's own is named by its file instead (``models.tasks.is_model_file``): an
+Ultralytics model ``.yaml``, or a ``.pt`` checkpoint (a pickle: loading it runs code too).
+
 Importing a module runs its code: a trust boundary. Only names from the operator's own config files (and
 ``skyfed sim --model``) are resolved here; a name that came over MQTT (a round task's ``model``) is never
 imported — an agent builds the model its own config names and refuses a task naming another.
@@ -23,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from models.datasets import Dataset
+from models.tasks import is_model_file
 
 _REFERENCE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
@@ -37,7 +41,7 @@ def model_refusal(task_model: str, own_model: str) -> str:
     ``task_model`` (``""`` when it may): the trust boundary, checked before anything imports the task's name."""
     if own_model and task_model != own_model:
         return f"model-mismatch: the round task names {task_model}, this agent's config {own_model}"
-    if is_reference(task_model) and not own_model:
+    if (is_reference(task_model) or is_model_file(task_model)) and not own_model:
         return (f"model-mismatch: the round task names the custom model {task_model}; this agent builds only a "
                 "model its own config names: set training.model to it")  # fmt: skip
     return ""

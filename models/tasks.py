@@ -12,9 +12,21 @@ PARTS = ("full", "backbone", "head")  # what of a detector is averaged (server.s
 YOLO_YAMLS = {name: f"{name}.yaml" for name in ("yolov8n", "yolov8s", "yolo11n", "yolo11s")}  # Ultralytics' own
 
 
+MODEL_FILES = (".yaml", ".yml", ".pt")  # an operator's own detector: Ultralytics architecture or checkpoint
+
+
+def is_model_file(name: str) -> bool:
+    """Whether ``name`` is the operator's own detector, named by its file: an Ultralytics model ``.yaml`` or a
+    ``.pt`` checkpoint at an absolute path, the same on the server and every agent (docs/own-model.md)."""
+    return name.startswith("/") and name.endswith(MODEL_FILES)
+
+
 def task_of(name: str) -> str:
     """``classify`` or ``detect``: which trainer and evaluator model ``name`` needs; the operator's own model
-    (``package.module:function``, ``models.own``) is a classifier."""
+    (``package.module:function``, ``models.own``) is a classifier, an Ultralytics ``.yaml``/``.pt`` file a
+    detector."""
+    if is_model_file(name):
+        return "detect"
     if ":" in name:
         return "classify"
     if name in YOLO_YAMLS:
@@ -22,4 +34,4 @@ def task_of(name: str) -> str:
     if name in CLASSIFIERS:
         return "classify"
     raise ValueError(f"model {name!r} is unknown; choose one of {sorted([*CLASSIFIERS, *YOLO_YAMLS])} or your own "
-                     '"package.module:function" (docs/own-model.md)')
+                     '"package.module:function", or a detector\'s absolute .yaml/.pt path (docs/own-model.md)')

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from common.files import atomic_write
-from models.tasks import PARTS, YOLO_YAMLS
+from models.tasks import PARTS, YOLO_YAMLS, is_model_file
 from models.yolo_dataset import DetectionData, resolved_yaml
 
 # Ultralytics settings that reach the network: analytics sync, Platform streaming, experiment trackers
@@ -66,11 +66,39 @@ def offline_run_settings() -> None:
 
 
 def detection_model(name: str, num_classes: int) -> nn.Module:
-    """A freshly initialised Ultralytics ``DetectionModel`` of architecture ``name`` (e.g. ``yolo11n``)."""
+    """A freshly initialised Ultralytics ``DetectionModel`` of architecture ``name``: a zoo name (``yolo11n``),
+    or the operator's own model file (``models.tasks.is_model_file``): a ``.yaml``, or the architecture a
+    ``.pt`` checkpoint records (its weights are the server's start: ``ServerConfig.init_weights_path``)."""
     ultralytics_offline()
     from ultralytics.nn.tasks import DetectionModel
 
-    return DetectionModel(YOLO_YAMLS[name], nc=num_classes, verbose=False)
+    return DetectionModel(architecture(name), nc=num_classes, verbose=False)
+
+
+def architecture(name: str) -> str | dict:
+    """What Ultralytics builds ``name`` from: a zoo name's bundled ``.yaml``, the operator's ``.yaml`` path, or
+    the model description a ``.pt`` checkpoint carries (torch.load of a pickle: only a file the operator's own
+    config names, never one a round task names: ``models.own.model_refusal``)."""
+    if not is_model_file(name):
+        return YOLO_YAMLS[name]
+    if not name.endswith(".pt"):
+        return name
+    from ultralytics.nn.tasks import load_checkpoint
+
+    model, _ = load_checkpoint(name)
+    return dict(model.yaml)
+
+
+def model_file_problem(path: str, key: str, num_classes: int) -> str:
+    """Why the operator's own detector file ``path`` (``key``) cannot be built with ``num_classes``, or ``""``."""
+    if not Path(path).is_file():
+        return f"{key} = {path!r}: no such file; give the absolute path of an Ultralytics model .yaml or .pt"
+    try:
+        detection_model(path, num_classes)
+    except Exception as exc:  # noqa: BLE001 - a bad yaml or checkpoint may raise anything inside Ultralytics
+        return (f"{key} = {path!r}: Ultralytics cannot build a detector from it ({type(exc).__name__}: {exc}); "
+                "give a DetectionModel .yaml (backbone and head) or a detector's .pt checkpoint")  # fmt: skip
+    return ""
 
 
 def part_of(name: str, model_yaml: dict) -> str:

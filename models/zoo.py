@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from models.own import build_own_model, is_reference, own_input_shape
-from models.tasks import YOLO_YAMLS
+from models.tasks import YOLO_YAMLS, is_model_file
 from models.yolo import detection_model
 
 
@@ -138,8 +138,11 @@ class ModelSpec:
     factory: Callable[[int], nn.Module]
 
 
+DETECTOR_INPUT = (3, 640, 640)  # any multiple of 32 works (``TrainSettings.image_size``); ONNX exports take this
+
+
 def _yolo(name: str) -> ModelSpec:
-    return ModelSpec(name, (3, 640, 640), lambda n: detection_model(name, n))
+    return ModelSpec(name, DETECTOR_INPUT, lambda n: detection_model(name, n))
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -167,6 +170,8 @@ def _spec(name: str) -> ModelSpec:
 
 
 def build_model(name: str, num_classes: int = 10) -> nn.Module:
+    if is_model_file(name):  # the operator's own detector (models.tasks.is_model_file)
+        return detection_model(name, num_classes)
     if is_reference(name):
         return build_own_model(name, num_classes)
     return _spec(name).factory(num_classes)
@@ -174,6 +179,8 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
 
 def input_shape(name: str) -> tuple[int, ...]:
     """The per-sample input shape of model ``name``, e.g. (1, 8, 8)."""
+    if is_model_file(name):
+        return DETECTOR_INPUT
     return own_input_shape(name) if is_reference(name) else _spec(name).input_shape
 
 

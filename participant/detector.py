@@ -41,6 +41,7 @@ import torch
 
 from flcore.update import TrainResult
 from models.serialization import load_file, save_file
+from models.tasks import is_model_file
 from models.training import collect_momentum, restore_momentum
 from models.weights import NamedArrays, load_arrays, to_arrays
 from models.yolo import prepare_run, shared_names
@@ -94,7 +95,8 @@ class DetectorTrainer:
         load_arrays(model, start)
         settings = task.train_of(self.agent_id)
         run = self.work_dir / "round"
-        args = dict(model=f"{task.model}.yaml", data=str(self.yaml), epochs=settings.epochs, imgsz=settings.image_size,
+        architecture = task.model if is_model_file(task.model) else f"{task.model}.yaml"  # what its logs name
+        args = dict(model=architecture, data=str(self.yaml), epochs=settings.epochs, imgsz=settings.image_size,
                     batch=settings.batch_size, nbs=settings.batch_size, optimizer="SGD", lr0=settings.lr, lrf=1.0,
                     momentum=settings.momentum, warmup_epochs=0, close_mosaic=0, fraction=settings.work,
                     device=str(self.device), workers=0, amp=False, plots=False,
