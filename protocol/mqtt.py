@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import queue
+import select
+import socket
 import ssl
 import sys
 import threading
@@ -29,6 +31,7 @@ log = logging.getLogger("skyfed.mqtt")
 
 EVICTION_WINDOW_S = 5.0  # a connection lost this soon after the broker accepted it, twice running: evicted
 SESSION_EXPIRY_S = 7 * 24 * 3600  # MQTT 5: keep the session (and queued QoS 1 messages) for a week
+CLOSE_DRAIN_S = 0.3  # after our DISCONNECT, how long to read what the broker still sends until it closes
 
 
 @dataclass(frozen=True)
@@ -182,6 +185,7 @@ class MqttClient:
         self._client.on_message = self._handle_message
         self._client.on_subscribe = self._handle_subscribe
         self._client.on_publish = self._handle_publish
+        self._client.on_socket_close = self._close_gracefully
 
     def _set_will(self) -> None:
         will = self._will() if callable(self._will) else self._will
@@ -370,6 +374,22 @@ class MqttClient:
                 f"the broker refused a message ({reason_code}): its ACL does not let {self.client_id!r} publish "
                 "there (after skyfed provision added this id: systemctl reload mosquitto on the broker host)"
             )
+
+    def _close_gracefully(self, client, userdata, sock) -> None:  # noqa: ANN001
+        """On ``stop``, after paho wrote our DISCONNECT and before it closes the socket: send FIN, then read
+        and drop what the broker still sends until it closes its side (or ``CLOSE_DRAIN_S``). Closed with
+        unread data, a socket sends RST; mosquitto may then fail writing to us before it reads the DISCONNECT
+        and publish our last will ("closed its connection"), so a final retained status turned "offline"."""
+        if not self._stopping:
+            return
+        deadline = time.monotonic() + CLOSE_DRAIN_S
+        try:
+            sock.shutdown(socket.SHUT_WR)
+            while (left := deadline - time.monotonic()) > 0:
+                if select.select([sock], [], [], left)[0] and not sock.recv(65536):
+                    return  # the broker's FIN: it has read our DISCONNECT
+        except (OSError, ValueError):
+            return  # already reset or closed: nothing to drain
 
     def _handle_message(self, client, userdata, message: paho.MQTTMessage) -> None:  # noqa: ANN001
         # A full queue holds paho's thread (the broker then waits on us) until the caller polls, or until

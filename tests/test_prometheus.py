@@ -83,8 +83,10 @@ def test_server_and_agent_endpoints_follow_a_two_round_federation(tmp_path, brok
         final = scraped_until(lambda s: s[("skyfed_server_rounds_total", (("outcome", "committed"),))] == 2)
         wait_until(lambda: server.rejections, what="the forged chunk's refusal")
         final = scraped_until(lambda s: rejected_by_reason(s) == dict(server.rejections))
-        done = ("skyfed_agent_last_completed_round", ())
-        agent = wait_until(lambda: (a := scrape_or_none(agent_port)) and a[done] == 2 and a, what="agent metrics")
+        done, sent = ("skyfed_agent_last_completed_round", ()), ("skyfed_agent_updates_sent_total", ())
+        # round 2 is completed when its training ends; its update counts once the broker acknowledged it
+        agent = wait_until(lambda: (a := scrape_or_none(agent_port)) and a[done] == 2 and a[sent] == 2 and a,
+                           what="agent metrics after both updates were acknowledged")
     finally:
         stop.set()
         fed.close()
@@ -106,7 +108,7 @@ def test_server_and_agent_endpoints_follow_a_two_round_federation(tmp_path, brok
     assert final[("skyfed_server_agents_online", ())] == 2
     assert final[("skyfed_server_epsilon", ())] == math.inf  # no [privacy]: no guarantee
     assert any(s[("skyfed_server_participants", ())] == 2 for s in seen)
-    assert agent[("skyfed_agent_updates_sent_total", ())] == 2 and agent[("skyfed_agent_sent_bytes_total", ())] > 0
+    assert agent[("skyfed_agent_sent_bytes_total", ())] > 0
     assert agent[("skyfed_agent_training_seconds_total", ())] > 0
     assert agent[("skyfed_agent_gate_open", ())] == 1 and agent[("skyfed_agent_gate_reasons", ())] == 0
     assert scrape_or_none(server_port) is None and scrape_or_none(agent_port) is None  # closed with their daemons
