@@ -289,8 +289,8 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
             len(rs.updates),
             len(rs.selected),
         )
-        self.prometheus.update_accepted()
-        self._publish_status(force=True)
+        self.prometheus.update_accepted()  # the retained status waits for its interval: an accepted update
+        # changes none of its fields, and every agent subscribes to it (a publish per update was N² deliveries)
         if self.engine.decide(self.clock()) == "close" and self.disk.due(self.clock()):  # at once: a threshold
             self._close(self.clock())  # of K takes exactly K updates
 

@@ -305,3 +305,33 @@ def test_an_agent_acts_on_its_task_model_and_finished_training_at_once_not_on_it
         for agent in fed.agents:  # their loops see the stop now, not in 10 minutes
             agent.mqtt.wake()
     assert [sorted(m.accepted) for m in fed.metrics()] == [["agent-01", "agent-02"]] * 2
+
+
+def test_the_server_publishes_its_status_on_changes_of_phase_not_on_each_accepted_update(tmp_path, broker):
+    """Every agent subscribes to the server's retained status (to notice the run's end), so a publish per
+    accepted update cost N agents x N updates deliveries a round: at 100 agents in one process, half the
+    round (docs/results/scale.md). An accepted update changes none of the status's fields."""
+    from protocol.messages import ServerStatus
+    from protocol.mqtt import BrokerSettings, MqttClient
+    from protocol.topics import Topics
+    from tests.fedharness import override_toml
+
+    def edit(layout) -> None:  # noqa: ANN001
+        override_toml(layout.server_config, server={"status_interval_s": 3600})  # no periodic publish in the run
+
+    fed = Federation(tmp_path, broker, rounds=2, agents=4, edit=edit)
+    watcher = MqttClient("status-watcher", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+    watcher.subscribe(Topics("it").server_status)
+    assert watcher.start(timeout_s=10)
+    try:
+        fed.run(Aggregator(load_server_config(fed.layout.server_config)))
+        time.sleep(0.5)
+        statuses = []
+        while (message := watcher.poll(0.05)) is not None:
+            statuses.append(ServerStatus.from_json(message[1]))
+    finally:
+        watcher.stop()
+    assert [len(m.accepted) for m in fed.metrics()] == [4, 4]
+    training = [(s.round, s.phase) for s in statuses if s.phase == "training"]
+    assert training == [(1, "training"), (2, "training")]  # one as each round opened; none per update
+    assert statuses[-1].phase == "finished"
