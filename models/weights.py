@@ -9,6 +9,7 @@ keeps PyTorch in its training child); only ``to_arrays`` and ``load_arrays`` tou
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ def to_arrays(source: nn.Module | Mapping[str, torch.Tensor]) -> NamedArrays:
 def load_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
     """Load named arrays into ``model``; every name, shape and dtype must match its state_dict."""
     state = model.state_dict()
-    if problem := spec_mismatch(arrays, spec_of(to_arrays(state))):
+    if problem := spec_mismatch(arrays, state_spec(state)):
         raise ValueError(f"cannot load weights into {type(model).__name__}: {problem}")
     import torch
 
@@ -112,6 +113,19 @@ def ranges_of(spec: tuple[TensorSpec, ...], suffixes: tuple[str, ...]) -> tuple[
 
 def spec_of(arrays: Mapping[str, np.ndarray]) -> tuple[TensorSpec, ...]:
     return tuple(TensorSpec(name, a.dtype.str.lstrip("<>|="), tuple(a.shape)) for name, a in arrays.items())
+
+
+def state_spec(source: nn.Module | Mapping[str, torch.Tensor]) -> tuple[TensorSpec, ...]:
+    """``spec_of(to_arrays(source))`` without copying a tensor: checking a layout before a load stays cheap."""
+    state = source.state_dict() if hasattr(source, "state_dict") else source
+    return tuple(TensorSpec(name, _numpy_dtype(t.dtype), tuple(t.shape)) for name, t in state.items())
+
+
+@functools.cache
+def _numpy_dtype(dtype: torch.dtype) -> str:
+    import torch
+
+    return torch.empty(0, dtype=dtype).numpy().dtype.str.lstrip("<>|=")
 
 
 def spec_mismatch(arrays: Mapping[str, np.ndarray], spec: tuple[TensorSpec, ...]) -> str | None:

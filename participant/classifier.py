@@ -18,7 +18,7 @@ from flcore.update import TrainResult
 from models.datasets import Dataset
 from models.own import model_refusal
 from models.training import evaluate, seed_training, train_sgd
-from models.weights import NamedArrays, load_arrays, spec_mismatch, spec_of, to_arrays
+from models.weights import NamedArrays, load_arrays, spec_mismatch, state_spec, to_arrays
 from models.zoo import build_model
 from participant.local_dp import PrivacyBudget, dp_sgd
 from participant.meta_attention import attention_start
@@ -101,7 +101,7 @@ class ClassifierTrainer:
             raise TrainingDeclined(f"label-range: this agent's data holds label {top}, the federation's model has "
                                    f"{task.num_classes} classes")  # fmt: skip
         model = build_model(task.model, num_classes=task.num_classes)
-        if problem := spec_mismatch(global_arrays, spec_of(to_arrays(model))):
+        if problem := spec_mismatch(global_arrays, state_spec(model)):
             raise TrainingDeclined(f"layout-mismatch: the global model against this agent's {task.model}: "
                                    f"{problem}")  # fmt: skip
         load_arrays(model, global_arrays)
