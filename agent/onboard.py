@@ -35,8 +35,9 @@ class OnboardModel:
         model, classes and image size stay the same for a run. A version no task names yet is the last
         round's model or the next round's start; it waits until ``task``'s deadline has passed, so that it
         never holds up the next round's training. The export of the round's own start model runs once the
-        round's update is sent, off the round's critical path (a per-round training child carries it along
-        with the training job instead: one child start a round)."""
+        round's update is sent, while the round waits for the others (a per-round training child carries it
+        along with the training job instead: one child start a round). For the round's last agent the next
+        task may come during that export, and its training then waits for it (docs/results/scale.md)."""
         if not self.enabled or task is None or version <= self.version or task.share != "full":
             return False  # under partial aggregation the global model is only part of this agent's
         return version == task.model_version or now > task.deadline
