@@ -66,6 +66,8 @@ class Checkpoint:
     assignments: dict = field(default_factory=dict)  # agent -> flcore.agent_models.Assignment.to_dict()
     best: dict = field(default_factory=dict)  # the best-evaluated version so far (flcore.election)
     model_eval: dict | None = None  # the evaluation of the global model in force (None: from before it was kept)
+    changes: list = field(default_factory=list)  # the last committed steps' norms (flcore.change_bound)
+    fallback: dict = field(default_factory=dict)  # the version before the one in force (broker_server.fallback)
 
 
 class CheckpointStore:
@@ -105,6 +107,8 @@ class CheckpointStore:
                 "assignments": checkpoint.assignments,
                 "best": checkpoint.best,
                 "model_eval": checkpoint.model_eval,
+                "changes": checkpoint.changes,
+                "fallback": checkpoint.fallback,
             },
         )
         self._named = (model_file, strategy_file)
@@ -116,11 +120,13 @@ class CheckpointStore:
     def _delete_unnamed(self, checkpoint: Checkpoint, model_file: str, strategy_file: str | None) -> None:
         rs = checkpoint.round_state
         best_file = best_name(checkpoint.best["version"]) if "version" in checkpoint.best else None
+        fallback = checkpoint.fallback.get("version")
         keep = {
             STATE_FILE,
             model_file,
             strategy_file,
             best_file,
+            f"global-v{fallback}.safetensors" if fallback else None,
             self.updates.directory.name,
             self.agents.directory.name,
         }
@@ -161,7 +167,14 @@ class CheckpointStore:
             assignments=state.get("assignments", {}),
             best=state.get("best", {}),
             model_eval=state.get("model_eval"),
+            changes=state.get("changes") or [],
+            fallback=state.get("fallback") or {},
         )
+
+    def load_version(self, version: int) -> NamedArrays | None:
+        """The global model of ``version`` while its checkpoint file is kept (the fallback), else None."""
+        path = self.directory / f"global-v{version}.safetensors"
+        return load_file(path)[0] if path.exists() else None
 
     def save_best(self, version: int, arrays: NamedArrays) -> None:
         save_file(self.directory / best_name(version), arrays)

@@ -211,7 +211,10 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         elif action == "reannounce":
             with self.disk.writing(now, self.engine.durably("round re-announcement")):
                 self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id, now))
-                self._announce(reannounce=True)
+                if self.engine.round_state is not None and self.engine.round_state.pending:
+                    self._announce(reannounce=True)
+            if self.engine.round_state is not None and not self.engine.round_state.pending:  # nobody to ask
+                self._close(now, stuck=True)
 
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool, keep_deadline: bool = False) -> None:
@@ -315,12 +318,12 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         if current is None or self.engine.version != current.version:
             self.publisher.publish(self.engine.version, self.engine.global_arrays)
 
-    def _close(self, now: float) -> None:
+    def _close(self, now: float, *, stuck: bool = False) -> None:
         published, rs = self.publisher.current, self.engine.round_state
         assert published is not None and rs is not None
         metrics = None
         with self.disk.writing(now, self.engine.durably(f"round {self.engine.held_round} close")):
-            metrics = self.engine.close(now, model_wire_bytes=published.wire_bytes)
+            metrics = self.engine.close(now, model_wire_bytes=published.wire_bytes, stuck=stuck)
         if metrics is None:  # not written: the previous model stays in force; closed again on a later tick
             self._publish_status(force=True)
             return

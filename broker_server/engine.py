@@ -29,6 +29,7 @@ from broker_server.config import POOL, ServerConfig
 from broker_server.disk import DiskError
 from broker_server.engine_fleet import FleetEvents
 from broker_server.engine_state import EngineState
+from broker_server.fallback import Fallback, broken_model, stuck_reason
 from broker_server.health import HealthBook
 from broker_server.local_rounds import LocalRounds
 from broker_server.metrics_log import MetricsLog, round_metrics
@@ -38,6 +39,7 @@ from broker_server.personal import GLOBAL, StartScores
 from broker_server.pipeline import RoundContext, RoundRejected, run_pipeline
 from broker_server.round_steps import round_steps
 from flcore.agent_models import Assignment, settle
+from flcore.change_bound import ChangeHistory
 from flcore.election import BestModel
 from flcore.rounds import RoundState, UpdateRecord, decide, replace_missing, select_with_probation
 from flcore.strategies import build_strategy
@@ -84,9 +86,10 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         self.store = CheckpointStore(config.state_dir / "checkpoint")
         self.metrics_log = MetricsLog(config.state_dir / "metrics.jsonl")
         self.assignments: dict[str, Assignment] = {}
+        self.changes, self.fallback = ChangeHistory(), Fallback()
         self.steps = round_steps(config, self.strategy, self.policy, self.store.agents, self.base_vector,
                                  lambda: self.assignments, self._round_rng, evaluator,
-                                 lambda: self.ledger.clip)  # fmt: skip
+                                 lambda: self.ledger.clip, self.changes, lambda: self.model_eval)  # fmt: skip
         self.ledger = PrivacyLedger(config.privacy)
         config.privacy.configure(self.strategy)
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
@@ -304,10 +307,12 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         ):
             target.append(entry)
 
-    def close(self, now: float, *, model_wire_bytes: int) -> RoundMetrics:
+    def close(self, now: float, *, model_wire_bytes: int, stuck: bool = False) -> RoundMetrics:
         """Run the pipeline; commit the new model or roll the round back. Returns the round's metrics.
 
-        ``model_wire_bytes`` is the size of the published model the selected agents downloaded."""
+        ``model_wire_bytes`` is the size of the published model the selected agents downloaded. A ``stuck``
+        round (no quorum, nobody left to ask) is rolled back without a pipeline, and the model before the one
+        in force comes back when the round says that one is broken (``broker_server.fallback``)."""
         rs = self.round_state
         assert rs is not None
         if rs.action == "local":  # nothing was uploaded: nothing to aggregate (``broker_server.local_rounds``)
@@ -328,6 +333,8 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         starts = {u.agent: self._start_key(u.agent) for u in rs.updates}  # before the assignments move on
         personal = self.start_scores.personal(rs.updates, starts, self.start_model)
         try:
+            if stuck:
+                raise RoundRejected(*stuck_reason(rs, self.rules.quorum))
             run_pipeline(self.steps, ctx)
         except RoundRejected as rejected:
             outcome, reason, offenders = "rolled-back", rejected.reason, rejected.offenders
@@ -338,9 +345,15 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
             assert ctx.candidate is not None and ctx.result is not None
             self.strategy.on_commit(ctx.result)
             if published:
+                self.fallback = Fallback(self.version, self.model_eval)
                 self._set_model(ctx.candidate)
                 self.version += 1
                 self.model_eval = ctx.evaluation
+                self.changes.note(ctx.step_detail.get("change_norm", math.nan))
+        elif stuck and broken_model(rs) and (came_from := self.fall_back()) is not None:
+            reason = f"{reason}; the model in force was broken: back to version {came_from} as {self.version}"
+            log.error("model in force broken round=%d back_to_version=%d as_version=%d", rs.round, came_from,
+                      self.version)  # fmt: skip
         if self.strategy.keeps_models:
             kept, planned = (ctx.kept, ctx.plan.starts) if committed else ({}, {})
             self.assignments = settle(self.assignments, rs.selected, kept, planned)

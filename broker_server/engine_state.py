@@ -18,10 +18,12 @@ from broker_server.accountant import PrivacyLedger
 from broker_server.checkpoint import Checkpoint, CheckpointStore
 from broker_server.config import ServerConfig
 from broker_server.disk import DiskError
+from broker_server.fallback import Fallback
 from broker_server.health import HealthBook
 from broker_server.metrics_log import MetricsLog
 from broker_server.pace import PaceBook
 from flcore.agent_models import Assignment
+from flcore.change_bound import ChangeHistory
 from flcore.election import BestModel
 from flcore.rounds import RoundState
 from flcore.strategies.base import Strategy
@@ -53,6 +55,8 @@ class EngineState:
     _last_metrics: dict | None
     model_eval: dict  # the evaluation of the global model in force: what a run's final model scores
     outputs_pending: set[str]  # files that lag behind the checkpoint: "metrics", "model"
+    changes: ChangeHistory  # the last committed steps (flcore.change_bound), shared with the pipeline's step
+    fallback: Fallback  # the version before the model in force (broker_server.fallback)
     writes = 0  # state writes that succeeded (``broker_server.disk.DiskWatch`` tells the disk is back by it)
 
     @property
@@ -103,6 +107,8 @@ class EngineState:
             assignments={a: x.to_dict() for a, x in self.assignments.items()},
             best=self.best.record,
             model_eval=self.model_eval,
+            changes=self.changes.to_list(),
+            fallback=self.fallback.to_dict(),
         )
 
     def _install(self, checkpoint: Checkpoint) -> None:
@@ -123,8 +129,24 @@ class EngineState:
         # a checkpoint from before ``model_eval``: its last round's evaluation, as it was reported then
         self.model_eval = (checkpoint.last_metrics or {}).get("eval", {}) if checkpoint.model_eval is None \
             else checkpoint.model_eval
+        self.changes.norms = ChangeHistory.from_list(checkpoint.changes).norms  # in place: the pipeline holds it
+        self.fallback = Fallback.from_dict(checkpoint.fallback)
         if self.round_state is not None:
             self._unfold()
+
+    def fall_back(self) -> int | None:
+        """The model before the one in force comes back as a new version (``broker_server.fallback``); returns the
+        version it came from, or None when there is none to go back to."""
+        arrays = self.store.load_version(self.fallback.version) if self.fallback.version else None
+        if arrays is None:
+            return None
+        came_from, evaluation = self.fallback.version, self.fallback.evaluation
+        self._set_model(arrays)
+        self.version += 1
+        self.model_eval, self.fallback = evaluation, Fallback()
+        self.changes.norms = []  # the steps that led to the broken model measure nothing
+        self.outputs_pending.add("model")
+        return came_from
 
     def _unfold(self) -> None:
         """Drop the strategy's running sum of the open round: every stored update is re-read at the close."""

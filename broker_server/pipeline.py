@@ -1,6 +1,7 @@
 """The close-of-round pipeline: small steps over one ``RoundContext``, each separately testable.
 
-    bound influence → [keep agents' models] → aggregate → plan starts → check the model → evaluate   (then commit)
+    bound influence → [keep agents' models] → aggregate → plan starts → check the model → bound the step
+    → evaluate   (then commit)
 
 (``broker_server.round_steps`` says which steps a configuration gets, differential privacy's among them.)
 
@@ -24,6 +25,7 @@ from scipy.linalg.blas import sdot
 from flcore.agent_models import Assignment, Holding, ModelBank
 from flcore.aggregation import bounded_contributions, change_limit, check_new_model
 from flcore.bounds import Influence, InfluencePolicy, lower_median
+from flcore.change_bound import ChangeHistory, collapse, shrink_step
 from flcore.onepass import axpy
 from flcore.rounds import RoundState
 from flcore.strategies.base import Contribution, KeptModels, RoundResult, StartPlan, Strategy
@@ -250,6 +252,29 @@ class ServerStep(Step):
 
 
 @dataclass
+class BoundChange(Step):
+    """A published step at most ``bounds.change_multiple`` x the federation's recent committed steps (the first:
+    the round's clip bound), shortened to that when longer (``flcore.change_bound``); ``change_norm`` in the
+    round's ``metrics.aggregation`` is the step committed, ``change_shrunk`` the factor when it was shortened."""
+
+    policy: InfluencePolicy
+    history: ChangeHistory
+    name: str = "bound-change"
+
+    def run(self, ctx: RoundContext) -> None:
+        assert ctx.result is not None and ctx.influence is not None and ctx.candidate is not None
+        if not ctx.plan.publish:  # kept models have their own bound (KeepAgentModels' drift bound)
+            return
+        limit = self.history.limit(self.policy.change_multiple, ctx.influence.clip_bound)
+        new, norm, factor = shrink_step(ctx.result.global_vector, ctx.global_vector, limit)
+        ctx.step_detail["change_norm"] = round(norm, 6)
+        if factor < 1:  # a step back towards a checked model keeps its invariants (convex in each value)
+            ctx.result = replace(ctx.result, global_vector=new)
+            ctx.candidate = with_floats(ctx.global_arrays, new, ctx.float_spec)
+            ctx.step_detail.update(change_bound=round(limit, 6), change_shrunk=round(factor, 6))
+
+
+@dataclass
 class CheckModel(Step):
     """Every value finite, no negative running variance, and the change within the policy:
     ``bounds.max_change_norm`` when set, and the clip bound for strategies whose output is a convex
@@ -276,7 +301,12 @@ class CheckModel(Step):
 
 @dataclass
 class Evaluate(Step):
+    """The candidate on the server's evaluation set: a non-finite score, or a collapse from the model in force's
+    (``in_force``; ``flcore.change_bound.collapse`` at ``collapse_ratio``), rolls the round back."""
+
     evaluator: Callable[[NamedArrays], dict[str, float]]
+    in_force: Callable[[], dict[str, float]] = dict
+    collapse_ratio: float = 0.0
     name: str = "evaluate"
 
     def run(self, ctx: RoundContext) -> None:
@@ -284,6 +314,8 @@ class Evaluate(Step):
         ctx.evaluation = self.evaluator(ctx.candidate)
         if not all(math.isfinite(v) for v in ctx.evaluation.values()):
             raise RoundRejected("non-finite-evaluation", offenders(ctx.contributions))
+        if ctx.plan.publish and (why := collapse(self.in_force(), ctx.evaluation, self.collapse_ratio)):
+            raise RoundRejected(why, offenders(ctx.contributions))
 
 
 class AgentsEvaluation(Step):

@@ -1,12 +1,13 @@
 """Which steps close a round, in order, for a given configuration (``broker_server.pipeline``).
 
-    bound influence → [keep agents' models] → aggregate → plan starts → check → [add DP noise
-    → [adapt the clip] → [server step]] → [evaluate → export ONNX | agents' evaluation (partial aggregation)]
+    bound influence → [keep agents' models] → aggregate → plan starts → check → [bound the step | add DP
+    noise → [adapt the clip] → [server step]] → [evaluate → export ONNX | agents' evaluation (partial aggregation)]
 
 Model-keeping strategies add ``KeepAgentModels``. ``[privacy]`` adds ``AddNoise`` (calibrated to the
 strategy's sensitivity) after the check of the clipped average, so the evaluation and everything
 published see only the noisy model; a server optimizer then steps on the noisy average (``ServerStep``),
-and ``adaptive_clip`` adds ``AdaptClip``.
+and ``adaptive_clip`` adds ``AdaptClip``. The step bound (``BoundChange``) is left out under privacy: its
+verdict would be taken on the un-noised average (every update is clipped to privacy.clip instead).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from broker_server.onnx_step import ExportOnnx
 from broker_server.pipeline import (
     AgentsEvaluation,
     Aggregate,
+    BoundChange,
     BoundInfluence,
     CheckModel,
     Evaluate,
@@ -33,6 +35,7 @@ from broker_server.pipeline import (
 )
 from flcore.agent_models import Assignment, ModelBank
 from flcore.bounds import InfluencePolicy
+from flcore.change_bound import ChangeHistory
 from flcore.strategies.base import Strategy
 from models.weights import NamedArrays
 
@@ -47,10 +50,13 @@ def round_steps(
     round_rng: Callable[[], np.random.Generator],
     evaluator: Callable[[NamedArrays], dict[str, float]] | None,
     current_clip: Callable[[], float],
+    history: ChangeHistory,
+    in_force: Callable[[], dict[str, float]],
 ) -> list[Step]:
     """``base_of`` says the float vector an agent started the round from, ``current`` what every agent
     started from, ``round_rng`` a generator seeded for the round; ``current_clip`` says differential
-    privacy's clip for the round being closed."""
+    privacy's clip for the round being closed; ``history`` holds the committed steps' norms and ``in_force``
+    says the evaluation of the model in force."""
     private = config.privacy.enabled
     steps: list[Step] = [BoundInfluence(policy, current_clip if private else None)]
     if strategy.keeps_models:
@@ -64,6 +70,7 @@ def round_steps(
         Aggregate(strategy, average_only=private),
         PlanStarts(strategy, bank, current, round_rng, evaluator, release_std),
         CheckModel(policy, strategy.bounded_by_clip, private=private),
+        *([] if private else [BoundChange(policy, history)]),
     ]
     if private:
         steps.append(AddNoise(config.privacy, strategy.dp_sensitivity))
@@ -73,7 +80,7 @@ def round_steps(
     if config.server.share != "full":  # agents' personalized models: only they can evaluate them
         return [*steps, AgentsEvaluation()]
     if evaluator is not None:
-        steps.append(Evaluate(evaluator))
+        steps.append(Evaluate(evaluator, in_force, policy.collapse_ratio))
     if config.server.onnx:
         names = config.server.classes or [str(i) for i in range(config.server.num_classes)]
         path = config.state_dir / "global_model.onnx"

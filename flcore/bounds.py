@@ -9,6 +9,13 @@ Two bounds, both on by default (``[bounds]`` in server.toml; the policy is in se
   arXiv:1911.07963.)
 * **Sample weights.** A claimed sample count weighs at most ``sample_multiple`` x the round's lower
   median claim (and at most ``max_samples``, when set), so ``samples = 10**15`` buys a bounded share.
+  Among few claims the multiple shrinks (``claim_multiple``): among n claims one at k x the lower median,
+  the others at it, holds k / (k + n - 1) of the weight (half among three with k = 2), so k is at most
+  (n - 1) / 2 (and at least 1): one claim buys at most a third of the weight, half of it between two.
+
+The change a whole round makes is bounded too (``change_multiple``, ``flcore.change_bound``): norms
+relative to the round follow its honest updates, and those grow without bound once the model in force
+is bad, so a round's step is also held to the federation's own recent steps.
 
 The lower median (the ceil(n/2)-th smallest value) is never above an honest value while honest agents
 are a strict majority, and for two updates it is the smaller one: the plain median of two is their mean,
@@ -40,6 +47,8 @@ class InfluencePolicy:
     max_samples: int = 0
     max_update_norm: float = 0.0
     max_change_norm: float = 0.0
+    change_multiple: float = 3.0  # a round's step is shrunk to this x its recent steps' median (flcore.change_bound)
+    collapse_ratio: float = 3.0  # a round whose evaluation loss passes this x the model in force's is rolled back
 
     def __post_init__(self) -> None:
         if self.clip not in CLIP_MODES:
@@ -53,6 +62,9 @@ class InfluencePolicy:
         for key in ("max_samples", "max_update_norm", "max_change_norm", "clip_norm"):
             if getattr(self, key) < 0:
                 raise ValueError(f"bounds.{key} must be >= 0 (0 = off), got {getattr(self, key)}")
+        for key in ("change_multiple", "collapse_ratio"):
+            if getattr(self, key) != 0 and getattr(self, key) <= 1:
+                raise ValueError(f"bounds.{key} must be 0 (off) or > 1, got {getattr(self, key)}")
 
 
 @dataclass(frozen=True)
@@ -88,10 +100,16 @@ def clip_bound(policy: InfluencePolicy, norms: np.ndarray) -> float:
     return policy.clip_multiple * lower_median(norms)
 
 
+def claim_multiple(policy: InfluencePolicy, claims: int) -> float:
+    """The multiple of the lower median claim that one of ``claims`` claims may weigh: ``sample_multiple``,
+    shrunk among few claims so that none buys more than a third of the weight (half of it between two)."""
+    return min(policy.sample_multiple, max(1.0, (claims - 1) / 2))
+
+
 def sample_cap(policy: InfluencePolicy, samples: np.ndarray) -> float:
     cap = float(policy.max_samples) if policy.max_samples > 0 else math.inf
     if policy.sample_multiple > 0 and len(samples):
-        cap = min(cap, policy.sample_multiple * lower_median(samples))
+        cap = min(cap, claim_multiple(policy, len(samples)) * lower_median(samples))
     return cap
 
 

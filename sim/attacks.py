@@ -7,6 +7,8 @@ honestly, then reports something else. KIND is one of
 * ``scale:F`` — sends F x delta (model replacement / boosting);
 * ``noise:SIGMA`` — sends Gaussian noise N(0, SIGMA²) in place of the delta;
 * ``samples:N`` — sends its honest delta but claims N training samples;
+* ``KIND+samples:N`` — any of the above with a claim of N samples besides (``scale:-20+samples:1e12``:
+  a reversed, boosted step that also claims most of the weight);
 * ``silent`` — trains, reports itself healthy (``done``), and never sends its update
   (``SilentAgent``): an enrolled device that costs rounds their deadline unless the server backs it off.
 
@@ -39,12 +41,25 @@ SCOPES = ("parameters", "all")
 class Attack:
     kind: str
     value: float = 0.0
+    claim: int = 0  # samples claimed besides the attack on the weights (``KIND+samples:N``; 0: honest claim)
 
     @classmethod
     def parse(cls, spec: str) -> Attack:
-        kind, _, value = spec.partition(":")
+        main, plus, extra = spec.partition("+")
+        attack = cls._one(main, spec)
+        if not plus:
+            return attack
+        claim = cls._one(extra, spec)
+        if claim.kind != "samples" or attack.kind in ("samples", "silent"):
+            raise ValueError(f"--attack {spec!r}: only +samples:N may follow, after sign-flip, scale:F or noise:SIGMA")
+        return replace(attack, claim=int(claim.value))
+
+    @classmethod
+    def _one(cls, part: str, spec: str) -> Attack:
+        kind, _, value = part.partition(":")
         if kind not in KINDS or (kind in NO_VALUE) != (value == ""):
-            raise ValueError(f"--attack {spec!r} must be sign-flip, scale:F, noise:SIGMA, samples:N or silent")
+            raise ValueError(f"--attack {spec!r} must be sign-flip, scale:F, noise:SIGMA, samples:N or silent "
+                             "(+samples:N may follow)")  # fmt: skip
         try:
             attack = cls(kind, float(value) if value else 0.0)
         except ValueError:
@@ -54,7 +69,8 @@ class Attack:
         return attack
 
     def __str__(self) -> str:
-        return self.kind if self.kind in NO_VALUE else f"{self.kind}:{self.value:g}"
+        text = self.kind if self.kind in NO_VALUE else f"{self.kind}:{self.value:g}"
+        return f"{text}+samples:{self.claim}" if self.claim else text
 
 
 def poisoned(
@@ -99,7 +115,8 @@ class AttackingTrainer(TrainerWrapper):
         targets = None
         if self.scope == "parameters":
             targets = {name for name, _ in build_model(task.model, num_classes=task.num_classes).named_parameters()}
-        return replace(honest, arrays=poisoned(honest.arrays, global_arrays, self.attack, rng, targets))
+        arrays = poisoned(honest.arrays, global_arrays, self.attack, rng, targets)
+        return replace(honest, arrays=arrays, samples=self.attack.claim or honest.samples)
 
 
 class SilentAgent(EdgeAgent):

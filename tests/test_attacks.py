@@ -37,7 +37,16 @@ def test_the_parameters_scope_reports_batchnorm_statistics_honestly(weights):
     np.testing.assert_allclose(out["features.1.weight"] - base["features.1.weight"], -0.1, atol=1e-6)
 
 
-@pytest.mark.parametrize("spec", ["flip", "scale", "scale:x", "noise:-1", "samples:0", "sign-flip:2"])
+def test_a_claim_can_follow_an_attack_on_the_weights():
+    attack = Attack.parse("scale:-20+samples:1e12")
+    assert (attack.kind, attack.value, attack.claim) == ("scale", -20.0, 10**12)
+    assert str(attack) == "scale:-20+samples:1000000000000"
+
+
+@pytest.mark.parametrize(
+    "spec", ["flip", "scale", "scale:x", "noise:-1", "samples:0", "sign-flip:2", "samples:5+samples:6",
+             "silent+samples:9", "scale:2+noise:1"],
+)
 def test_bad_attack_specs_are_refused(spec):
     with pytest.raises(ValueError, match="--attack"):
         Attack.parse(spec)

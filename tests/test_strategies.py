@@ -154,11 +154,12 @@ def test_bad_bounds_name_the_key(values, message):
 
 
 def test_bounds_cap_claims_and_clip_to_a_multiple_of_the_lower_median():
-    influence = bound_influence(InfluencePolicy(), np.array([1.0, 2.0, 3.0, 400.0]), np.array([10, 20, 30, 1e15]))
-    assert influence.clip_bound == 2 * 2.0  # lower median of four: the 2nd smallest
-    np.testing.assert_allclose(influence.scales, [1, 1, 1, 4 / 400])
-    assert influence.sample_cap == 2 * 20
-    np.testing.assert_allclose(influence.samples, [10, 20, 30, 40])
+    norms, claims = np.array([1.0, 2.0, 3.0, 3.0, 400.0]), np.array([10, 20, 30, 30, 1e15])
+    influence = bound_influence(InfluencePolicy(), norms, claims)
+    assert influence.clip_bound == 2 * 3.0  # lower median of five: the 3rd smallest
+    np.testing.assert_allclose(influence.scales, [1, 1, 1, 1, 6 / 400])
+    assert influence.sample_cap == 2 * 30
+    np.testing.assert_allclose(influence.samples, [10, 20, 30, 30, 60])
     off = bound_influence(InfluencePolicy(clip="off", sample_multiple=0), np.array([1.0, 1e9]), np.array([1, 1e15]))
     assert math.isinf(off.clip_bound) and list(off.scales) == [1, 1] and off.samples[1] == 1e15
 
@@ -166,9 +167,19 @@ def test_bounds_cap_claims_and_clip_to_a_multiple_of_the_lower_median():
 def test_in_a_round_of_two_the_larger_update_is_bounded_by_the_smaller():
     """The plain median of two values is their mean: a large one would lift its own bound."""
     influence = bound_influence(InfluencePolicy(), np.array([1.948, 20 * 1.948]), np.array([100, 2**53]))
-    assert influence.clip_bound == pytest.approx(2 * 1.948) and influence.sample_cap == 200
+    assert influence.clip_bound == pytest.approx(2 * 1.948) and influence.sample_cap == 100
     np.testing.assert_allclose(influence.scales, [1, 0.1])
-    np.testing.assert_allclose(influence.samples, [100, 200])
+    np.testing.assert_allclose(influence.samples, [100, 100])
+
+
+@pytest.mark.parametrize("claims", [2, 3, 4, 5, 6, 10])
+def test_among_few_participants_no_claim_buys_more_than_a_third_of_the_weight(claims):
+    """With the default multiple of 2, one inflated claim among three held half the weight."""
+    samples = np.array([100.0] * (claims - 1) + [1e15])
+    capped = bound_influence(InfluencePolicy(), np.ones(claims), samples).samples
+    share = capped[-1] / capped.sum()
+    assert share <= (0.5 if claims == 2 else 1 / 3) + 1e-9
+    assert capped[-1] == 100 * min(2.0, max(1.0, (claims - 1) / 2))  # from five claims on: the configured multiple
 
 
 def test_centered_clip_by_hand_and_its_reference_moves_only_on_commit():

@@ -14,7 +14,8 @@ without 2 attackers in 10 (a median over agents moves little while attackers are
 0.08 here). Measured once and kept (checkpointed): at or above ``agreement`` (0.7), every later round
 with at least 2f + 3 updates runs Krum; below it, or in a round with fewer updates (Krum's f would
 fall), centered clipping. Centered clipping's reference follows every committed step, whichever
-aggregation made it.
+aggregation made it; in a round too small for Krum it centres on the round's median instead
+(``centered_clip``, ``center``): there one participant is a large share of the round.
 
 Where it can be wrong: the threshold was measured on the digits CNN from a fresh model; a model that
 starts trained has updates that agree less, and the fleet gets centered clipping, the choice that is
@@ -85,6 +86,7 @@ class AutoDefault(Strategy):
             gram = gram_matrix(contributions)
             measured = self._pending = agreement(gram)
             detail["decided"] = True
+        center = "median" if n < self.krum_needs else "last-step"  # few updates: one is a large share
         if math.isnan(measured):
             why = f"{n} updates, agreement is measured on {self.krum_needs} (Krum f={self.options.f}'s minimum)"
         elif measured < threshold:
@@ -95,9 +97,10 @@ class AutoDefault(Strategy):
             why = f"updates agreed {measured:.2f} >= {threshold:g}: the agents' data look alike"
             gram = gram_matrix(contributions) if gram is None else gram
             result = self.krum.aggregate_with(global_vector, contributions, gram)
-            self.clip.follow((result.global_vector - global_vector).astype(np.float32))
+            self.clip.follow(global_vector)
             return self._report(result, "krum", why, measured, detail)
-        return self._report(self.clip.aggregate(global_vector, contributions), "centered-clip", why, measured, detail)
+        result = self.clip.aggregate_around(global_vector, contributions, center)
+        return self._report(result, "centered-clip", why, measured, detail)
 
     @staticmethod
     def _report(result: RoundResult, chose: str, why: str, measured: float, extra: dict) -> RoundResult:

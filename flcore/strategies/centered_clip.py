@@ -15,6 +15,19 @@ statistics get no reference (v = 0 there): they are averages, not gradients, and
 round's drop of a running variance can make it negative — measured, it rolled back 17 of 20 rounds.
 With v = 0 their result is a shrunk weighted mean of valid values, so it stays valid.
 
+The reference is the step the round *committed* (after ``flcore.change_bound`` shortened it, say), and it
+is used at most as long as the lower median of the round's clipped update norms: new = Σ wᵢ(cᵢxᵢ + (1 −
+cᵢ)v) is a convex combination of the clipped updates and v, so a reference longer than honest updates
+would carry last round's step into this one whatever they say. One participant that steers a step
+therefore cannot walk the reference away with it (docs/results/robustness.md, a rogue of three).
+
+``center = "median"`` centres on the round's coordinate-wise median instead of last round's step. With
+few updates one participant is a third of the round, and clipped around last round's step its reversed
+update still cancels most of two honest ones (measured: a rogue of three sending x -20 held the model at
+0.17 accuracy against 0.997 clean); the median of three or more lies within the honest values in every
+coordinate while honest participants are a majority, and with nothing clipped the result is still the
+weighted mean (new = m + Σ wᵢ(xᵢ − m)). ``auto`` uses it for rounds too small for Krum.
+
 ``bucket = s`` (default 1: off) first averages the updates in random groups of s [Karimireddy, He &
 Jaggi, "Byzantine-Robust Learning on Heterogeneous Datasets via Bucketing", ICLR 2022,
 https://arxiv.org/abs/2006.09365] and clips the group means: averaging shrinks how far honest updates on
@@ -37,14 +50,19 @@ from flcore.strategies.base import Contribution, NamedArrays, RoundResult, Strat
 from flcore.strategies.fedavg import WEIGHTINGS
 from models.weights import RUNNING_STATISTICS, TensorRange, TensorSpec, ranges_of
 
+CENTERS = ("last-step", "median")
+
 
 @dataclass(frozen=True)
 class CenteredClipOptions:
     weighting: str = "samples"
     tau_multiple: float = 1.0
     bucket: int = 1
+    center: str = "last-step"
 
     def __post_init__(self) -> None:
+        if self.center not in CENTERS:
+            raise ValueError(f"strategy.center must be one of {', '.join(CENTERS)}, got {self.center!r}")
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"strategy.weighting {self.weighting!r} must be one of {WEIGHTINGS}")
         if self.tau_multiple <= 0:
@@ -60,40 +78,54 @@ class CenteredClip(Strategy):
     def __init__(self, options: CenteredClipOptions | None = None) -> None:
         super().__init__(options)
         self.reference = np.zeros(0, np.float32)
-        self._change = self.reference
+        self._base = self.reference  # the model the round steps from
         self.statistics: tuple[TensorRange, ...] = ()
 
     def begin(self, global_vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> None:
         self.statistics = ranges_of(spec, RUNNING_STATISTICS)
 
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
+        return self.aggregate_around(global_vector, contributions, self.options.center)
+
+    def aggregate_around(self, global_vector: np.ndarray, contributions: list[Contribution],
+                         center: str) -> RoundResult:  # fmt: skip
+        """The round clipped around ``center``: last round's step (bounded) or the round's median."""
         if self.reference.size != global_vector.size:
             self.reference = np.zeros_like(global_vector, dtype=np.float32)
+        self._base = global_vector
         weights = np.array([c.samples if self.options.weighting == "samples" else 1.0 for c in contributions])
         groups = buckets([c.agent for c in contributions], self.options.bucket)
         mixing = bucket_means(groups, weights) if self.options.bucket > 1 else None  # None: each update alone
+        if center == "median":
+            reference, shrunk = median_of(contributions, mixing), 1.0
+        else:
+            reference, shrunk = bounded_reference(self.reference, contributions)
         squared = np.zeros(len(groups))
         for start, stop, block in column_blocks(contributions):
-            squared += ((grouped(mixing, block) - self.reference[start:stop]) ** 2).sum(axis=1, dtype=np.float64)
+            squared += ((grouped(mixing, block) - reference[start:stop]) ** 2).sum(axis=1, dtype=np.float64)
         distances = np.sqrt(squared)
         tau = self.options.tau_multiple * lower_median(distances)
         with np.errstate(divide="ignore", invalid="ignore"):
             clip = np.where(distances > tau, tau / distances, 1.0)
         group_weights = np.array([weights[g].sum() for g in groups])
         coefficients = (group_weights * clip / group_weights.sum()).astype(np.float32)[:, None]
-        change = self._change = self.reference.copy()
+        change = reference.copy()
         for start, stop, block in column_blocks(contributions):
-            change[start:stop] += (coefficients * (grouped(mixing, block) - self.reference[start:stop])).sum(axis=0)
+            change[start:stop] += (coefficients * (grouped(mixing, block) - reference[start:stop])).sum(axis=0)
         clipped = sorted(contributions[i].agent for g, k in zip(groups, clip, strict=True) if k < 1 for i in g)
-        return RoundResult(global_vector + change, {"tau": float(tau), "centered_clipped": clipped})
+        detail = {"tau": float(tau), "centered_clipped": clipped, "center": center,
+                  **({"reference_shrunk": shrunk} if shrunk < 1 else {})}  # fmt: skip
+        return RoundResult(global_vector + change, detail)
 
-    def follow(self, change: np.ndarray) -> None:
-        """Take ``change`` (the step another aggregation made this round) as the round's change, so the next
-        reference is where training went whichever aggregation stepped (``strategies.auto``)."""
-        self._change = change
+    def follow(self, base: np.ndarray) -> None:
+        """The model this round steps from when another aggregation makes the step (``strategies.auto``): the
+        next reference is the committed step whichever aggregation made it."""
+        self._base = base
 
     def on_commit(self, result: RoundResult) -> None:
-        self.reference = self._change
+        if self._base.size != result.global_vector.size:  # no round stepped from a model this strategy saw
+            return
+        self.reference = (result.global_vector - self._base).astype(np.float32, copy=False)
         for r in self.statistics:
             self.reference[r.start : r.stop] = 0
 
@@ -102,6 +134,25 @@ class CenteredClip(Strategy):
 
     def restore(self, state: NamedArrays) -> None:
         self.reference = np.asarray(state.get("reference", np.zeros(0, np.float32)), np.float32)
+
+
+def bounded_reference(reference: np.ndarray, contributions: list[Contribution]) -> tuple[np.ndarray, float]:
+    """``(reference, factor)``: the reference shortened (``factor`` < 1) to the lower median of the round's
+    clipped update norms when it is longer."""
+    norm = float(np.sqrt(np.dot(reference, reference))) if reference.size else 0.0
+    honest = lower_median(np.array([c.norm * c.scale for c in contributions])) if contributions else 0.0
+    if norm <= honest or norm == 0:
+        return reference, 1.0
+    factor = honest / norm
+    return reference * np.float32(factor), round(factor, 6)
+
+
+def median_of(contributions: list[Contribution], mixing: np.ndarray | None) -> np.ndarray:
+    """The coordinate-wise median of the round's clipped updates (or of their bucket means)."""
+    out = np.empty(contributions[0].delta.size, np.float32)
+    for start, stop, block in column_blocks(contributions):
+        out[start:stop] = np.median(grouped(mixing, block), axis=0)
+    return out
 
 
 def buckets(agents: list[str], size: int) -> list[list[int]]:
