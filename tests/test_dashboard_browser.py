@@ -20,6 +20,7 @@ from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
 from sim.broker import free_port, start_broker
 from tests.fedharness import Federation, wait_until
+from tests.wsharness import documented_lab_listener
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
@@ -33,10 +34,10 @@ UPDATE_TOPICS = ("/model/", "/update", "/inbox", "/round")
 
 @pytest.fixture
 def ws_broker(tmp_path):
-    """mosquitto with a second, WebSockets listener on a free loopback port (``ws_port``)."""
+    """mosquitto with a second, WebSockets listener on a free loopback port (``ws_port``), as docs/dashboard.md says."""
     ws_port = free_port()
     instance = start_broker(data_dir=tmp_path / "broker", kind="mosquitto",
-                            extra_config=f"listener {ws_port} 127.0.0.1\nprotocol websockets\n")  # fmt: skip
+                            extra_config=documented_lab_listener(ws_port))  # fmt: skip
     instance.ws_port = ws_port
     yield instance
     instance.stop()
