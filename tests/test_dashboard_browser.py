@@ -190,7 +190,7 @@ def flood_messages(topics: Topics) -> list[tuple[str, bytes]]:
 
 def test_page_catches_up_with_a_flood_within_its_caps(tmp_path, ws_broker, browser):
     """Each message only updates the page's state and the page redraws at most every 250 ms, so 28,000 messages
-    published as fast as one paho client can are all drawn within 30 s; the DOM keeps its caps."""
+    published as fast as one paho client can are all drawn within 30 s of the last one; the DOM keeps its caps."""
     import paho.mqtt.client as paho
 
     topics = Topics("it")

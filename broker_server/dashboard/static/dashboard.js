@@ -110,12 +110,12 @@
     redrawTimer = null;
     lastDraw = performance.now();
     hook.draws++;
-    if (pending.server) drawServerStatus(pending.server);
-    if (pending.charts) drawCharts();
-    drawUpdates(pending.updates);
-    for (const [id, status] of pending.agents) drawAgent(id, status);
-    Object.assign(pending, { server: null, charts: false, updates: [] });
-    pending.agents.clear();
+    const work = Object.assign({}, pending);  // taken first: a status that fails to draw is not redrawn forever
+    Object.assign(pending, { server: null, charts: false, updates: [], agents: new Map() });
+    if (work.server) drawServerStatus(work.server);
+    if (work.charts) drawCharts();
+    drawUpdates(work.updates);
+    for (const [id, status] of work.agents) drawAgent(id, status);
     if (hook.agentsNotShown) {
       const note = $("agents-capped");
       note.hidden = false;
