@@ -105,14 +105,25 @@ def listener_tls(broker_dir: Path) -> list[str]:
     ]
 
 
+def websockets_bind(listen: str) -> str:
+    """What a WebSockets listener line names for ``listen``. mosquitto 2.0 hands it to libwebsockets, which binds
+    every address for an IPv4 address (``listener 9001 127.0.0.1`` listens on all of them) but honours an
+    interface name: loopback becomes ``lo``. Any other address still binds everywhere, so mutual TLS is what
+    keeps that listener closed (docs/dashboard.md)."""
+    return "lo" if listen in ("127.0.0.1", "localhost") else listen
+
+
 def websockets_listener(ws_port: int, listen: str, broker_dir: Path) -> list[str]:
     """MQTT over WebSockets for ``skyfed dashboard``'s page; none when ``ws_port`` is 0."""
     if not ws_port:
         return []
+    bind = websockets_bind(listen)
     return [
         "# MQTT over WebSockets for the skyfed dashboard page (docs/dashboard.md): the same mutual TLS; the",
-        "# browser presents the dashboard certificate (import DIR/dashboard/dashboard.p12), read-only ACL",
-        f"listener {ws_port}{f' {listen}' if listen else ''}",
+        "# browser presents the dashboard certificate (import DIR/dashboard/dashboard.p12), read-only ACL.",
+        "# mosquitto 2.0 binds this listener on every address unless it names an interface (lo): the",
+        "# certificate it requires is what keeps anyone else out",
+        f"listener {ws_port}{f' {bind}' if bind else ''}",
         "protocol websockets",
         *listener_tls(broker_dir),
         "",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import urllib.error
 import urllib.request
 
@@ -85,7 +87,8 @@ def test_page_server_serves_page_config_and_vendored_libraries_only():
         assert fetch(server.url + "vendor/mqtt.min.js")[0] == 200
         assert fetch(server.url + "vendor/uPlot.iife.min.js")[0] == 200
         assert fetch(server.url + "vendor/")[0] == 404, "no directory listings"
-        assert fetch(server.url + "../server.py")[0] == 404
+        assert fetch(server.url + "../server.py")[0] == 400, "never outside static/"
+        assert fetch(server.url + "vendor/missing.js")[0] == 404
     finally:
         server.stop()
 
@@ -93,3 +96,28 @@ def test_page_server_serves_page_config_and_vendored_libraries_only():
 def test_page_config_names_a_bad_federation():
     with pytest.raises(ValueError, match="federation"):
         PageConfig(federation="a/#", ws_port=9001)
+
+
+def raw_request(url: str, request_line: bytes) -> bytes:
+    """The status line the page server answers to ``request_line`` sent as is (no client-side quoting)."""
+    host, port = url.removeprefix("http://").rstrip("/").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as conn:
+        conn.sendall(request_line + b"\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return conn.makefile("rb").readline()
+
+
+@pytest.mark.parametrize("path", [b"/%00", b"/index.html%00.js", b"/vendor/%00", b"/%ff%fe", b"/vendor//x.js",
+                                  b"/%2e%2e/server.py", b"/vendor/..%2f..%2fserver.py", b"/%0a", b"/" + b"a" * 5000,
+                                  b"/\\..\\server.py"])  # fmt: skip
+def test_page_server_answers_a_malformed_path_400_without_a_traceback(path, capfd, caplog):
+    caplog.set_level(logging.INFO, logger="skyfed.dashboard")
+    server = DashboardServer(PageConfig(federation="fleet", ws_port=9001), port=0).start()
+    try:
+        for method in (b"GET", b"HEAD"):
+            assert raw_request(server.url, method + b" " + path + b" HTTP/1.1").split()[1] == b"400"
+        assert raw_request(server.url, b"GET /dashboard.js HTTP/1.1").split()[1] == b"200", "still serving"
+        assert server.httpd.bad_paths == 2
+    finally:
+        server.stop()
+    assert "Traceback" not in capfd.readouterr().err and "Traceback" not in caplog.text
+    assert "event=dashboard-bad-path" in caplog.text

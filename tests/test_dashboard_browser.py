@@ -20,6 +20,7 @@ from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
 from sim.broker import free_port, start_broker
 from tests.fedharness import Federation, wait_until
+from tests.wsharness import documented_lab_listener
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
@@ -33,10 +34,10 @@ UPDATE_TOPICS = ("/model/", "/update", "/inbox", "/round")
 
 @pytest.fixture
 def ws_broker(tmp_path):
-    """mosquitto with a second, WebSockets listener on a free loopback port (``ws_port``)."""
+    """mosquitto with a second, WebSockets listener on a free loopback port (``ws_port``), as docs/dashboard.md says."""
     ws_port = free_port()
     instance = start_broker(data_dir=tmp_path / "broker", kind="mosquitto",
-                            extra_config=f"listener {ws_port} 127.0.0.1\nprotocol websockets\n")  # fmt: skip
+                            extra_config=documented_lab_listener(ws_port))  # fmt: skip
     instance.ws_port = ws_port
     yield instance
     instance.stop()
@@ -158,4 +159,73 @@ def test_rejections_swap_pairs_and_gates_are_shown_and_payload_markup_stays_text
         assert browser.execute_script("return window.pwned === undefined")
     finally:
         player.stop()
+        page.stop()
+
+
+FLOOD_METRICS, FLOOD_AGENTS, FLOOD_SERVER_STATUSES = 20_000, 6_000, 2_000
+MAX_ROUNDS, MAX_AGENTS, MAX_UPDATE_ROWS = 500, 5000, 50  # the page's caps (dashboard.js)
+
+
+def flood_messages(topics: Topics) -> list[tuple[str, bytes]]:
+    """20,000 rounds of metrics, 6,000 agent ids (a rogue publisher: more than the page keeps) and 2,000 server
+    statuses, interleaved, ending with round ``FLOOD_METRICS``'s metrics and status."""
+    from protocol.messages import AgentStatus, ServerStatus
+    from tests.fedharness import round_metrics
+
+    metrics = [(topics.server_metrics, round_metrics(round=n, eval={"accuracy": n / FLOOD_METRICS}).to_json())
+               for n in range(1, FLOOD_METRICS + 1)]  # fmt: skip
+    agents = [(topics.agent_status(f"rogue{i:05d}"), AgentStatus(agent=f"rogue{i:05d}", state="idle", round=i,
+               samples=1, version=1, updated_at=0.0).to_json()) for i in range(FLOOD_AGENTS)]  # fmt: skip
+    messages = []
+    for i, message in enumerate(metrics):
+        messages.append(message)
+        if i * FLOOD_AGENTS // FLOOD_METRICS != (i + 1) * FLOOD_AGENTS // FLOOD_METRICS:
+            messages.append(agents[i * FLOOD_AGENTS // FLOOD_METRICS])
+        if (i + 1) % (FLOOD_METRICS // FLOOD_SERVER_STATUSES) == 0:
+            status = ServerStatus(state="running", federation="it", round=i + 1, phase="collecting",
+                                  strategy="fedavg", model_version=i, agents_online=3, updated_at=0.0)  # fmt: skip
+            messages.append((topics.server_status, status.to_json()))
+    return messages
+
+
+def test_page_catches_up_with_a_flood_within_its_caps(tmp_path, ws_broker, browser):
+    """Each message only updates the page's state and the page redraws at most every 250 ms, so 28,000 messages
+    published as fast as one paho client can are all drawn within 30 s of the last one; the DOM keeps its caps."""
+    import paho.mqtt.client as paho
+
+    topics = Topics("it")
+    messages = flood_messages(topics)
+    page = DashboardServer(PageConfig(federation="it", ws_port=ws_broker.ws_port, ws_host="127.0.0.1"), port=0)
+    page.start()
+    flood = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="test-flood")
+    flood.max_queued_messages_set(0)  # QoS 0 into paho's own buffer: the loop thread writes as fast as it can
+    flood.connect(ws_broker.host, ws_broker.port)
+    flood.loop_start()
+    try:
+        browser.get(page.url)
+        wait_until(lambda: browser.execute_script("return window.skyfedDashboard.subscribed.length") == 4,
+                   timeout_s=15, what="the page's subscriptions")  # fmt: skip
+        started = time.monotonic()
+        sent = [flood.publish(topic, payload, qos=0) for topic, payload in messages]
+        sent[-1].wait_for_publish(60)
+        published_s = time.monotonic() - started
+        assert published_s < 30, f"the flood itself took {published_s:.1f} s to publish"
+        last = str(FLOOD_METRICS)
+        wait_until(lambda: text(browser, "#rounds-done") == last and text(browser, "#round") == last
+                   and len(agent_states(browser)) == MAX_AGENTS, timeout_s=30, what="the page caught up")  # fmt: skip
+        caught_up_s = time.monotonic() - started
+        hook = browser.execute_script("const h = window.skyfedDashboard; return {messages: h.messages, draws: h.draws,"
+                                      " rounds: h.rounds.size, notShown: h.agentsNotShown, dropped: h.dropped};")
+        print(f"flood: {len(messages)} messages published in {published_s:.1f} s, page caught up after "
+              f"{caught_up_s:.1f} s; page read {hook['messages']}, drew {hook['draws']} times")
+        assert points(browser) == MAX_ROUNDS and hook["rounds"] == MAX_ROUNDS
+        assert browser.execute_script("return document.querySelectorAll('#updates tbody tr').length") == MAX_UPDATE_ROWS
+        assert text(browser, "#updates tbody tr td") == last, "the newest round's row on top"
+        assert hook["draws"] <= caught_up_s * 4 + 2, "at most one draw per 250 ms"
+        assert hook["notShown"] == FLOOD_AGENTS - MAX_AGENTS and hook["dropped"] == 0
+        assert f"first {MAX_AGENTS} agent ids" in text(browser, "#agents-capped")
+        assert min(agent_states(browser)) == "rogue00000", "the first ids kept, in order"
+    finally:
+        flood.loop_stop()
+        flood.disconnect()
         page.stop()

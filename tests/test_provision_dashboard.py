@@ -15,7 +15,8 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from sim.broker import free_port, start_broker
 from skyfed import main
 from tests.fedharness import wait_until
-from tests.tlsharness import Client
+from tests.tlsharness import Client, node_tls
+from tests.wsharness import is_loopback, machine_addresses, wait_listening, ws_connects
 
 FED = "fleet"
 
@@ -40,7 +41,7 @@ def test_the_dashboard_reads_status_metrics_and_history_over_websockets_and_noth
     assert provision(out, port, "--ws-port", str(ws_port)) == 0, "added to a folder provisioned before"
     assert f"--ws-port {ws_port} --tls --federation {FED}" in capsys.readouterr().out
     conf = (out / "broker" / "skyfed.conf").read_text()
-    assert f"listener {ws_port} 127.0.0.1\nprotocol websockets\n" in conf
+    assert f"listener {ws_port} lo\nprotocol websockets\n" in conf, "loopback: an interface name mosquitto honours"
     password = (out / "dashboard" / "dashboard.p12.password").read_text().strip().encode()
     key, cert, cas = pkcs12.load_key_and_certificates((out / "dashboard" / "dashboard.p12").read_bytes(), password)
     assert key is not None and "CN=dashboard" in cert.subject.rfc4514_string() and len(cas) == 1
@@ -48,6 +49,7 @@ def test_the_dashboard_reads_status_metrics_and_history_over_websockets_and_noth
                           config_file=out / "broker" / "skyfed.conf")  # fmt: skip
     root = f"skyfed/{FED}"
     try:
+        assert all(is_loopback(address) for address in wait_listening(ws_port)), "--listen 127.0.0.1: loopback only"
         server = Client(out / "server", "server", port, f"{root}/server/status")
         for topic, payload in ((f"{root}/server/status", b"status"), (f"{root}/server/history", b"history"),
                                (f"{root}/model/1/0", b"model chunk"), (f"{root}/agent/a1/inbox", b"inbox")):
@@ -71,3 +73,23 @@ def test_ws_port_is_refused_for_peers(workdir, capsys):
             "--ws-port", "8884"]  # fmt: skip
     assert main(argv) == 2
     assert "--ws-port" in capsys.readouterr().err
+
+
+def test_the_websockets_listener_on_every_address_lets_no_one_in_without_a_certificate(workdir):
+    """Provisioned without --listen, as for a fleet's network: mosquitto binds the WebSockets listener on every
+    address, and on each of this machine's own the dashboard certificate gets in while no one without it does."""
+    out, port, ws_port = workdir / "fed", free_port(), free_port()
+    assert main(["provision", "--federation", FED, "--agents", "a1", "--out", str(out), "--broker",
+                 f"127.0.0.1:{port}", "--ws-port", str(ws_port)]) == 0  # fmt: skip
+    broker = start_broker(data_dir=workdir / "broker-run", kind="mosquitto", port=port,
+                          config_file=out / "broker" / "skyfed.conf")  # fmt: skip
+    dashboard = node_tls(out / "dashboard", "dashboard")
+    try:
+        print(f"WebSockets listener {ws_port} bound on {sorted(wait_listening(ws_port))}")
+        for address in ["127.0.0.1", *machine_addresses()]:
+            assert ws_connects(address, ws_port, dashboard), f"the dashboard certificate over {address}"
+            assert not ws_connects(address, ws_port), f"anonymous without TLS over {address}"
+            assert not ws_connects(address, ws_port, dashboard, client_cert=False), f"no certificate over {address}"
+    finally:
+        broker.stop()
+        print(f"--- broker log ---\n{broker.log_tail(40)}")

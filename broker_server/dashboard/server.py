@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import sys
 import threading
 from dataclasses import asdict, dataclass
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote
 
 from protocol.topics import Topics
 
@@ -27,6 +30,9 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+# every file in static/ has a name like this; anything else (a NUL byte, a control character, '..', a name that
+# is not UTF-8) is answered 400 before it reaches open(), which raises on a NUL byte
+SAFE_PATH = re.compile(r"/(?:[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}/?){0,4}")
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,15 @@ class DashboardHandler(SimpleHTTPRequestHandler):
             return
         super().do_GET()
 
+    def send_head(self):  # noqa: ANN201 - http.server's signature; GET and HEAD both come here
+        path = unquote(self.path.split("?", 1)[0].split("#", 1)[0], errors="replace")
+        if not SAFE_PATH.fullmatch(path):
+            self.server.bad_paths += 1  # type: ignore[attr-defined]  # a PageHttpServer
+            log.info("event=dashboard-bad-path client=%s path=%.80r", self.client_address[0], self.path)
+            self.send_error(400, "bad path")
+            return None
+        return super().send_head()
+
     def list_directory(self, path: str):  # noqa: ANN201 - no directory listings
         self.send_error(404, "not found")
         return None
@@ -80,13 +95,21 @@ class DashboardHandler(SimpleHTTPRequestHandler):
         log.debug("event=dashboard-request client=%s %s", self.client_address[0], format % args)
 
 
+class PageHttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    bad_paths = 0  # requests answered 400 (see SAFE_PATH)
+
+    def handle_error(self, request: object, client_address: tuple) -> None:
+        """One log line, not socketserver's traceback on stderr: a client that breaks one request is not news."""
+        log.warning("event=dashboard-request-failed client=%s error=%r", client_address[0], sys.exc_info()[1])
+
+
 class DashboardServer:
     """``ThreadingHTTPServer`` on ``host:port`` (port 0: a free one) serving the page, on a thread of its own."""
 
     def __init__(self, page: PageConfig, host: str = "127.0.0.1", port: int = 8080) -> None:
         self.page = page
-        self.httpd = ThreadingHTTPServer((host, port), partial(DashboardHandler, page=page))
-        self.httpd.daemon_threads = True
+        self.httpd = PageHttpServer((host, port), partial(DashboardHandler, page=page))
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="dashboard-http", daemon=True)
 
     @property
