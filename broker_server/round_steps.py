@@ -7,11 +7,14 @@ Model-keeping strategies add ``KeepAgentModels``. ``[privacy]`` adds ``AddNoise`
 strategy's sensitivity) after the check of the clipped average, so the evaluation and everything
 published see only the noisy model; a server optimizer then steps on the noisy average (``ServerStep``),
 and ``adaptive_clip`` adds ``AdaptClip``. The step bound (``BoundChange``) is left out under privacy: its
-verdict would be taken on the un-noised average (every update is clipped to privacy.clip instead).
+verdict would be taken on the un-noised average (every update is clipped to privacy.clip instead); and for
+strategies that keep each agent's model, whose published average after swap or local rounds is more than
+one round's step (the kept models have their own drift bound, ``KeepAgentModels``).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -33,11 +36,14 @@ from broker_server.pipeline import (
     ServerStep,
     Step,
 )
+from broker_server.screen_step import ScreenUpdates
 from flcore.agent_models import Assignment, ModelBank
 from flcore.bounds import InfluencePolicy
 from flcore.change_bound import ChangeHistory
 from flcore.strategies.base import Strategy
 from models.weights import NamedArrays
+
+log = logging.getLogger("skyfed.server")
 
 
 def round_steps(
@@ -59,6 +65,13 @@ def round_steps(
     says the evaluation of the model in force."""
     private = config.privacy.enabled
     steps: list[Step] = [BoundInfluence(policy, current_clip if private else None)]
+    if policy.screen_below > 0:
+        if evaluator is None or private or strategy.keeps_models:
+            why = ("no server.eval_data" if evaluator is None else "[privacy] (a verdict on un-noised updates)"
+                   if private else f"strategy {strategy.name} keeps each agent's model")  # fmt: skip
+            log.info("small rounds are not screened (bounds.screen_below = %d): %s", policy.screen_below, why)
+        else:
+            steps.append(ScreenUpdates(evaluator, in_force, strategy, policy.screen_below))
     if strategy.keeps_models:
         steps.append(KeepAgentModels(bank, base_of, policy, private=private))
     release_std = None
@@ -70,7 +83,7 @@ def round_steps(
         Aggregate(strategy, average_only=private),
         PlanStarts(strategy, bank, current, round_rng, evaluator, release_std),
         CheckModel(policy, strategy.bounded_by_clip, private=private),
-        *([] if private else [BoundChange(policy, history)]),
+        *([] if private or strategy.keeps_models else [BoundChange(policy, history)]),
     ]
     if private:
         steps.append(AddNoise(config.privacy, strategy.dp_sensitivity))

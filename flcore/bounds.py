@@ -49,6 +49,7 @@ class InfluencePolicy:
     max_change_norm: float = 0.0
     change_multiple: float = 3.0  # a round's step is shrunk to this x its recent steps' median (flcore.change_bound)
     collapse_ratio: float = 3.0  # a round whose evaluation loss passes this x the model in force's is rolled back
+    screen_below: int = 7  # rounds of fewer updates are screened on the validation set (flcore.screening; 0 = off)
 
     def __post_init__(self) -> None:
         if self.clip not in CLIP_MODES:
@@ -59,7 +60,7 @@ class InfluencePolicy:
             raise ValueError('bounds.clip_norm must be > 0 when bounds.clip = "fixed"')
         if self.sample_multiple != 0 and self.sample_multiple < 1:
             raise ValueError(f"bounds.sample_multiple must be 0 (off) or >= 1, got {self.sample_multiple}")
-        for key in ("max_samples", "max_update_norm", "max_change_norm", "clip_norm"):
+        for key in ("max_samples", "max_update_norm", "max_change_norm", "clip_norm", "screen_below"):
             if getattr(self, key) < 0:
                 raise ValueError(f"bounds.{key} must be >= 0 (0 = off), got {getattr(self, key)}")
         for key in ("change_multiple", "collapse_ratio"):

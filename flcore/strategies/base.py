@@ -161,6 +161,9 @@ class Strategy(ABC):
         """How to fold the next update while it is being checked, or None to leave it for ``aggregate``."""
         return None
 
+    def unfold(self, contribution: Contribution) -> None:  # noqa: B027 - optional hook
+        """Take back what ``fold_plan`` folded of ``contribution``: it is left out of the round (screened)."""
+
     @abstractmethod
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
         """The next global vector from the round's contributions (never empty)."""

@@ -68,6 +68,10 @@ class FedAvg(Strategy):
             return None
         return Fold(self._sum, self.weight(tentative.samples or 1.0), tentative.max_norm)
 
+    def unfold(self, contribution: Contribution) -> None:
+        if contribution.folded:
+            axpy(contribution.delta, self._sum, -contribution.folded)
+
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
         weights = np.array([self.weight(c.samples) for c in contributions])
         exact = weights * np.array([c.scale for c in contributions])
