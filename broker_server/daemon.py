@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from broker_server.accept import check_gates, largest_update_bytes
-from broker_server.config import POOL, ServerConfig
+from broker_server.config import POOL, POOL_NAME_TAKEN, ServerConfig
 from broker_server.delivery import Delivery
 from broker_server.disk import DiskWatch
 from broker_server.engine import RoundEngine
@@ -106,6 +106,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
             on_enrolled=lambda: self.mqtt.subscribe(self.topics.any_federation_status_wildcard),  # retained again
             on_revoked=self._on_revoked,
             rotate_every_rounds=config.keys.rotate_every_rounds,
+            reserved={POOL: POOL_NAME_TAKEN} if self.pool is not None else None,  # as the start check refuses it
         )
         self.tasks = TaskPublisher(self.mqtt, self.topics.round, self.identity)
         self.model_waits = ModelWaits()
