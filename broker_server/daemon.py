@@ -165,7 +165,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
                 self._catch_up()
             if status is not None and status != previous and status.state in ("failed", "declined"):
                 self._round_change(f"{agent} excused", lambda: self.engine.gave_up(
-                    agent, status.round, f"reported its training {status.state}"))  # fmt: skip
+                    agent, status.round, f"reported its training {status.state}", self.clock()))  # fmt: skip
         elif topic == self.topics.agent_update(agent):
             self._on_update_chunk(agent, payload)
 
@@ -211,7 +211,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
             self._close(now)
         elif action == "reannounce":
             with self.disk.writing(now, self.engine.durably("round re-announcement")):
-                self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id, now))
+                self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id, now), now)
                 self._announce(reannounce=True)
 
     # rounds ------------------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
             self._reject(exc.sender, exc.reason)
             if (whole := exc.whole_round) is not None:
                 sender, why = exc.sender, f"sent an update refused whole ({reason_kind(exc.reason)})"
-                self._round_change(f"{sender} excused", lambda: self.engine.gave_up(sender, whole, why))
+                self._round_change(f"{sender} excused", lambda: self.engine.gave_up(sender, whole, why, self.clock()))
             return
         if completed is not None:
             self._accept(completed)

@@ -50,8 +50,13 @@ def test_an_agent_pending_when_a_quorate_round_closes_at_its_deadline_is_backed_
     assert engine.decide(now=5.0) == "wait" and engine.decide(now=21.0) == "close"  # it waits for agent-03 once
     engine.close(now=21.0, model_wire_bytes=0)
     restarted = RoundEngine(config, replay=ReplayGuard(3600))  # the back-off is in the checkpoint
-    assert restarted.health.backed_off(2) == {"agent-03": 1}
+    assert restarted.health.backed_off(2, now=30.0) == {"agent-03": 1}
     assert restarted.begin_round(AGENTS, now=30.0).selected == AGENTS[:2]
+    restarted.announce(now=30.0)
+    for i, agent in enumerate(AGENTS[:2]):
+        restarted.accept(completed(restarted, agent, seed=i), now=31.0)
+    restarted.close(now=31.0, model_wire_bytes=0)  # a quick round: the round back-off is over, the time one not
+    assert RoundEngine(config, replay=ReplayGuard(3600)).begin_round(AGENTS, now=32.0).selected == AGENTS[:2]
 
 
 def test_a_backed_off_agent_needed_to_make_up_min_agents_is_on_probation_and_not_waited_for(config, tmp_path):
@@ -87,12 +92,12 @@ def test_a_round_closed_early_by_a_threshold_backs_off_nobody(config):
 
 def test_an_agent_that_says_its_training_failed_is_not_waited_for_and_is_backed_off(config):
     engine = two_of_three_delivered(config)
-    assert not engine.gave_up("agent-03", 7, "reported its training failed")  # another round's status
-    assert engine.gave_up("agent-03", 1, "reported its training failed")
-    assert not engine.gave_up("agent-03", 1, "reported its training failed")  # counted once
+    assert not engine.gave_up("agent-03", 7, "reported its training failed", 2.0)  # another round's status
+    assert engine.gave_up("agent-03", 1, "reported its training failed", 2.0)
+    assert not engine.gave_up("agent-03", 1, "reported its training failed", 2.0)  # counted once
     assert engine.decide(now=2.0) == "close"  # at once, not at the deadline
     metrics = engine.close(now=2.0, model_wire_bytes=0)
-    assert metrics.missed == ["agent-03"] and engine.health.backed_off(2) == {"agent-03": 1}
+    assert metrics.missed == ["agent-03"] and engine.health.backed_off(2, now=2.0) == {"agent-03": 1}
 
 
 def test_a_deeply_nested_local_eval_is_a_bad_header_not_a_crash():
