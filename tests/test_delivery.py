@@ -157,7 +157,9 @@ def test_the_server_measures_an_agents_clock_on_its_live_signed_statuses():
     registry.update("drone-01", _status(agent, 700.0), now=100.0)  # first sight (maybe retained): not measured
     registry.update("drone-01", _status(agent, 710.0), now=110.0)
     assert registry.clock_offsets() == {"drone-01": 600.0}
-    registry.update("drone-01", _status(agent, 721.0), now=720.0)  # its clock was fixed
+    for t in range(720, 800, 10):  # its clock was fixed: gone once the last 8 statuses agree
+        assert registry.clock_offsets() == {"drone-01": 600.0}
+        registry.update("drone-01", _status(agent, t + 1.0), now=float(t))
     assert registry.clock_offsets() == {}
 
 
