@@ -108,15 +108,21 @@ def test_a_deeply_nested_local_eval_is_a_bad_header_not_a_crash():
             UpdateMeta.from_metadata(meta)
 
 
-def test_an_update_refused_whole_as_too_large_ends_its_senders_part_in_the_round_at_once(tmp_path, broker):
+@pytest.mark.parametrize("refused", ["too-large", "from-the-future"])
+def test_an_update_refused_whole_ends_its_senders_part_in_the_round_at_once(tmp_path, broker, refused):
+    """Too large, or signed on a clock 600 s ahead (the server's own clock decides; before, each round waited
+    its deadline for an agent whose every update was refused so)."""
     with ServerHarness(tmp_path, broker, agents=3, round_rules={"quorum": 2, "min_agents": 2}) as h:
         h.announce_agents()
         for agent in ("agent-01", "agent-02"):
             h.publish_update(agent, h.sealed(h.agents[agent], h.update_bytes(h.random_delta(int(agent[-1])))))
-        h.publish_update("agent-03", h.sealed(h.agents["agent-03"], bytes(64 << 20))[:1])
+        if refused == "too-large":
+            h.publish_update("agent-03", h.sealed(h.agents["agent-03"], bytes(64 << 20))[:1])
+        else:
+            h.publish_update("agent-03", h.sealed(h.agents["agent-03"], h.update_bytes(h.random_delta(3)), age_s=-600))
         metrics = h.wait_metrics()  # within seconds: the deadline is 30 s away
     assert sorted(metrics.accepted) == ["agent-01", "agent-02"] and metrics.missed == ["agent-03"]
-    assert any(r.reason.startswith("too-large") for r in metrics.rejected)
+    assert any(r.reason.startswith(refused) for r in metrics.rejected)
 
 
 def _status(agent: Identity, t: float, state: str = "idle", session: float = 0.0) -> bytes:
@@ -313,13 +319,22 @@ def test_agents_whose_clocks_run_600_s_ahead_train_on_the_servers_time_and_both_
 ):
     import agent.daemon
     import agent.status_report
+    import participant.upload
+    from security import envelope
 
+    ahead = _ClockAhead(600.0)
     for module in (agent.daemon, agent.status_report):  # task times, and the times its statuses say
-        monkeypatch.setattr(module, "time", _ClockAhead(600.0))
+        monkeypatch.setattr(module, "time", ahead)
+
+    def seal_ahead(*args, now=None, **kwargs):  # noqa: ANN002, ANN003, ANN202 - its uploads, signed on its clock
+        return envelope.seal(*args, now=ahead.time() if now is None else now, **kwargs)
+
+    monkeypatch.setattr(participant.upload, "seal", seal_ahead)
     caplog.set_level(logging.INFO)
     fed = Federation(tmp_path, broker, rounds=2, agents=2)
     override_toml(fed.layout.server_config, rounds={"deadline_s": 3.0})  # a second task comes soon
     fed.run(Aggregator(load_server_config(fed.layout.server_config)), timeout_s=60)  # on main: every task expired
-    assert [len(m.accepted) for m in fed.metrics()] == [2, 2]
+    assert [len(m.accepted) for m in fed.metrics()] == [2, 2]  # before: every update refused from-the-future
+    assert not any(m.rejected for m in fed.metrics())
     assert re.search(r"clock skew agent=agent-01 offset_s=\+(599|600)\.", caplog.text)  # the server: signed statuses
     assert re.search(r"clock skew offset_s=\+(599|600)\.", caplog.text)  # the agents: signed task times
