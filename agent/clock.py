@@ -8,7 +8,12 @@ two tasks gave one. A replayed task cannot shrink it: an older task is refused b
 and only the server can sign a time in the future. Beyond ``TOLERANCE_S`` the agent logs "clock skew"
 once, reports the offset in its status (``clock_offset_s``) and judges task times on the server's
 clock (its own minus the offset): a device whose clock runs ahead trains instead of dropping every
-task as expired, and the operator is told to fix its time sync.
+task as expired, and the operator is told to fix its time sync. Its updates are signed at that time
+too, or the server would refuse every one as ``from-the-future``. Replay protection keeps: the server
+judges a transfer's age on its own clock and remembers its id as long as that accepts it; the offset is
+at least the true one (a delivery delay only adds), so a corrected time is never later than the
+server's. Its statuses keep the device's own clock: the server measures the skew on them, and a
+status must be newer than the last (``broker_server.registry``).
 """
 
 from __future__ import annotations

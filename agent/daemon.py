@@ -322,7 +322,7 @@ class EdgeAgent(StatusReport, MqttDaemon):
     def _send(self, task: RoundTask, data: bytes) -> None:
         """Hand the sealed update to paho; it counts as sent once the broker acknowledged every chunk
         (``_check_upload``, from the loop: the daemon never blocks on the network)."""
-        self.client.send(self.mqtt, task, data)
+        self.client.send(self.mqtt, task, data, self.server_time())  # signed on the server's clock (agent.clock)
         self._set_state("uploading", publish=True)
 
     def _check_upload(self) -> None:

@@ -256,6 +256,7 @@ def upstream_problem(config: ServerConfig) -> str:
 
 
 POOL = "server-pool"  # the shared pool's participant name: in a round's selected, accepted and metrics
+POOL_NAME_TAKEN = f"{POOL!r} is the shared pool's name: enrol the agent under another id or remove [pool]"
 
 
 def pool_problem(config: ServerConfig) -> str:
@@ -276,7 +277,7 @@ def pool_problem(config: ServerConfig) -> str:
                 "and the pool trains from the global model: choose an averaging strategy (e.g. fedavg, fedprox, "
                 "trimmed-mean) or remove [pool]")  # fmt: skip
     if POOL in Keyring.load_dir(config.enrolled_dir).names():
-        return f"an agent is enrolled as {POOL!r}, the shared pool's name: enrol it under another id or remove [pool]"
+        return f"an agent is enrolled as {POOL!r}: {POOL_NAME_TAKEN}"
     try:
         data = load_dataset(path)
     except ValueError as exc:

@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from broker_server.accept import check_gates, largest_update_bytes
-from broker_server.config import POOL, ServerConfig
+from broker_server.config import POOL, POOL_NAME_TAKEN, ServerConfig
 from broker_server.delivery import Delivery
 from broker_server.disk import DiskWatch
 from broker_server.engine import RoundEngine
@@ -106,6 +106,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
             on_enrolled=lambda: self.mqtt.subscribe(self.topics.any_federation_status_wildcard),  # retained again
             on_revoked=self._on_revoked,
             rotate_every_rounds=config.keys.rotate_every_rounds,
+            reserved={POOL: POOL_NAME_TAKEN} if self.pool is not None else None,  # as the start check refuses it
         )
         self.tasks = TaskPublisher(self.mqtt, self.topics.round, self.identity)
         self.model_waits = ModelWaits()
@@ -164,7 +165,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
                 self._catch_up()
             if status is not None and status != previous and status.state in ("failed", "declined"):
                 self._round_change(f"{agent} excused", lambda: self.engine.gave_up(
-                    agent, status.round, f"reported its training {status.state}"))  # fmt: skip
+                    agent, status.round, f"reported its training {status.state}", self.clock()))  # fmt: skip
         elif topic == self.topics.agent_update(agent):
             self._on_update_chunk(agent, payload)
 
@@ -210,7 +211,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
             self._close(now)
         elif action == "reannounce":
             with self.disk.writing(now, self.engine.durably("round re-announcement")):
-                self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id, now))
+                self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id, now), now)
                 if self.engine.round_state is not None and self.engine.round_state.pending:
                     self._announce(reannounce=True)
             if self.engine.round_state is not None and not self.engine.round_state.pending:  # nobody to ask
@@ -254,7 +255,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
             self._reject(exc.sender, exc.reason)
             if (whole := exc.whole_round) is not None:
                 sender, why = exc.sender, f"sent an update refused whole ({reason_kind(exc.reason)})"
-                self._round_change(f"{sender} excused", lambda: self.engine.gave_up(sender, whole, why))
+                self._round_change(f"{sender} excused", lambda: self.engine.gave_up(sender, whole, why, self.clock()))
             return
         if completed is not None:
             self._accept(completed)

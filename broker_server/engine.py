@@ -95,7 +95,7 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
         self.orphan_rejections: list[dict[str, str]] = []
         self.revoked_between_rounds: list[str] = []  # named in the next round's task, so they hear of it
-        self.health = HealthBook()
+        self.health = HealthBook(deadline_s=self.rules.deadline_s)
         self.pace = PaceBook()
         self._last_metrics: dict | None = None
         self.outputs_pending: set[str] = set()  # files that lag behind the checkpoint: "metrics", "model"
@@ -195,7 +195,7 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         if len(eligible) < self.rules.min_agents:
             return None
         number = self.next_round
-        available = self.health.available(eligible, number)
+        available = self.health.available(eligible, number, now)
         seed = self.config.server.seed * 100_003 + number
         selected, probation = select_with_probation(eligible, available, self.rules, seed)
         plan = self.strategy.configure_train(self.config.training, number, self.pace.of(selected))
@@ -230,14 +230,14 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         self.checkpoint()
         return rs
 
-    def replace_missing(self, eligible: list[str]) -> tuple[list[str], list[str]]:
+    def replace_missing(self, eligible: list[str], now: float) -> tuple[list[str], list[str]]:
         """The deadline passed without quorum: back off every pending agent, and let eligible agents that
         are not backed off stand in for them (``rounds.replace_missing``). Returns ``(excused, stand_ins)``."""
         rs = self.round_state
         assert rs is not None
-        self.health.back_off(rs.pending, rs.round, "missed the deadline")
+        self.health.back_off(rs.pending, rs.round, "missed the deadline", now)
         seed = self.config.server.seed * 100_003 + rs.round * 101 + rs.attempt
-        candidates = self.ledger.affordable(self.health.available(eligible, rs.round))
+        candidates = self.ledger.affordable(self.health.available(eligible, rs.round, now))
         # under privacy, only agents with budget
         excused, stand_ins = replace_missing(rs, candidates, seed, self.rules.quorum)
         if stand_ins:
@@ -319,7 +319,7 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
             return self.close_local(now, model_wire_bytes)
         if now >= rs.deadline:  # closed on the quorum at the deadline: whoever it still waited for missed it
             late = rs.waited_for
-            self.health.back_off(late, rs.round, "missed the deadline")
+            self.health.back_off(late, rs.round, "missed the deadline", now)
             rs.missed.extend(a for a in late if a not in rs.missed)  # and the round's metrics say so
         ctx = RoundContext(
             state=rs,

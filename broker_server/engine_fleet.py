@@ -17,14 +17,14 @@ class FleetEvents:
     version: int
     revoked_between_rounds: list[str]
 
-    def gave_up(self, agent: str, round_number: int, why: str) -> bool:
+    def gave_up(self, agent: str, round_number: int, why: str, now: float) -> bool:
         """A pending agent that will not deliver in round ``round_number`` (its signed status says its training
         failed, or its whole transfer was refused): not waited for, backed off. False if not pending there."""
         rs = self.round_state
         if rs is None or rs.round != round_number or agent not in rs.pending:
             return False
         rs.missed.append(agent)  # excused: a stand-in may replace it at the deadline, a late update is welcome
-        self.health.back_off([agent], round_number, why)
+        self.health.back_off([agent], round_number, why, now)
         self.checkpoint()
         return True
 

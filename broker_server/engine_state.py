@@ -120,7 +120,7 @@ class EngineState:
         if checkpoint.global_arrays is not getattr(self, "global_arrays", None):
             self._set_model(checkpoint.global_arrays)
         self.strategy.restore(checkpoint.strategy_state)
-        self.health = HealthBook.from_dict(checkpoint.health)
+        self.health = HealthBook.from_dict(checkpoint.health, deadline_s=self.rules.deadline_s)
         self.pace = PaceBook.from_dict(checkpoint.pace)
         self.ledger = PrivacyLedger(self.config.privacy, checkpoint.privacy)
         self.assignments = {a: Assignment.from_dict(x) for a, x in checkpoint.assignments.items()}

@@ -85,7 +85,7 @@ class LocalRounds:
         assert rs is not None and rs.action == "local"
         if now >= rs.deadline:
             late = rs.waited_for
-            self.health.back_off(late, rs.round, "missed the deadline")
+            self.health.back_off(late, rs.round, "missed the deadline", now)
             rs.missed.extend(a for a in late if a not in rs.missed)
         for agent in rs.trained:
             if agent in self.assignments:

@@ -37,4 +37,4 @@ class PoolRounds:
             self._accept(result.update)
             return
         why = f"its training failed: {result.reason}"
-        self._round_change(f"{POOL} excused", lambda: self.engine.gave_up(POOL, result.round, why))
+        self._round_change(f"{POOL} excused", lambda: self.engine.gave_up(POOL, result.round, why, self.clock()))

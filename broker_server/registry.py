@@ -19,8 +19,12 @@ earlier connection (or a clean stop's final status) is refused as ``status-stale
 it after each real status no longer takes the agent out of the fleet. (An agent from before sessions
 sends ``session`` 0: its wills are accepted as before.)
 
-Clock skew. A live status' ``updated_at`` is the agent's clock at signing, a fraction of a second
-before the server reads it: ``offset_s`` (its time minus the server's) measures the agent's clock.
+Clock skew. A live status' ``updated_at`` is the agent's clock at signing, read by the server when the
+broker delivers it: its time minus the server's is the agent's clock offset less the delivery delay.
+Usually that delay is a fraction of a second, but statuses an agent queued through a broker outage
+arrive together when it is back, a minute late: so the estimate (``Seen.offset_s``) is the largest of
+the last ``OFFSET_SAMPLES`` live statuses, the one delivered soonest. A delay can only lower a sample,
+so late ones never make a healthy clock look behind, and a clock really off shows in every sample.
 Crossing ``CLOCK_SKEW_TOLERANCE_S`` is logged once each way; the server's status lists the skewed agents.
 What an agent *sends* is authenticated separately (``security.envelope``); who *delivers* is tracked
 by ``broker_server.health``.
@@ -48,6 +52,7 @@ class StatusRefused(Exception):
 log = logging.getLogger("skyfed.server")
 CLOCK_SKEW_TOLERANCE_S = 30.0  # an agent clock further off than this from the server's is reported
 CLOCK_SKEW_CLEARED_S = 15.0  # ... and no longer once back within this (hysteresis: no flapping across one line)
+OFFSET_SAMPLES = 8  # live statuses the offset is estimated over: more than a minute's outage queues at 10 s each
 
 
 @dataclass
@@ -56,8 +61,13 @@ class Seen:
     received_at: float  # server clock
     newest: float  # the newest ``updated_at`` accepted from this agent, offline included or not
     session: float = 0.0  # the newest connection session an accepted status named
-    offset_s: float = 0.0  # the agent's clock minus the server's, from its last live status
+    offsets: tuple[float, ...] = ()  # updated_at minus arrival of its last ``OFFSET_SAMPLES`` live statuses
     skewed: bool = False  # reported as skewed (past the tolerance, not yet back within CLOCK_SKEW_CLEARED_S)
+
+    @property
+    def offset_s(self) -> float:
+        """The agent's clock minus the server's: the sample delivered soonest (0 before any was measured)."""
+        return max(self.offsets, default=0.0)
 
 
 class AgentRegistry:
@@ -111,12 +121,12 @@ class AgentRegistry:
         if status == before.status:
             return previous, previous  # delivered twice (a persistent session and the retained copy)
         refuse_stale(agent, status, before)
-        newest, session = before.newest, max(before.session, status.session)
+        newest, session, offsets = before.newest, max(before.session, status.session), before.offsets
         if status.state != "offline":
-            newest = status.updated_at
-        offset = status.updated_at - now if status.state != "offline" else before.offset_s
-        skewed = abs(offset) > (CLOCK_SKEW_CLEARED_S if before.skewed else CLOCK_SKEW_TOLERANCE_S)
-        self.seen[agent] = Seen(status, now, newest, session, offset, skewed)
+            newest, offsets = status.updated_at, (*offsets, status.updated_at - now)[-OFFSET_SAMPLES:]
+        seen = self.seen[agent] = Seen(status, now, newest, session, offsets)
+        offset = seen.offset_s
+        skewed = seen.skewed = abs(offset) > (CLOCK_SKEW_CLEARED_S if before.skewed else CLOCK_SKEW_TOLERANCE_S)
         if skewed != before.skewed:
             if skewed:
                 log.warning("clock skew agent=%s offset_s=%+.1f: its clock is off the server's; fix its time sync "

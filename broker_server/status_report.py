@@ -40,7 +40,7 @@ class StatusReport:
         counters = [f"{k}={v}" for k, v in sorted(self.rejections.items())]
         if self.disk.problem:  # the state cannot be written: the first thing an operator must know
             counters.insert(0, self.disk.problem)
-        backed_off = self.engine.health.backed_off(self.engine.next_round)
+        backed_off = self.engine.health.backed_off(self.engine.next_round, self.clock())
         if backed_off:  # agents that missed deadlines, with their consecutive misses
             counters.append("backed_off=" + " ".join(f"{a}:{n}" for a, n in backed_off.items()))
         if skewed := self.registry.clock_offsets():

@@ -11,7 +11,9 @@ peer uses too):
   signs is refused (``unknown-sender``), it is never selected again, and the group key rotates, so it
   cannot read any model published afterwards, even holding every key it had and every message the
   broker carries. A revoked agent's retained status is cleared, so monitors stop listing it. A file
-  written again with the same key (a re-run of ``keys enroll``) changes nothing.
+  written again with the same key (a re-run of ``keys enroll``) changes nothing;
+- a file named for the shared pool's participant (``server-pool``, with ``[pool]``) is refused and logged,
+  as the start check refuses it: that agent is never trusted, so never selected beside the pool.
 
 ``keys.rotate_every_rounds`` also rotates the key on a schedule, before every N-th round. A rotation
 re-publishes the current model under the new key and sends the key to every agent online; agents
@@ -45,6 +47,7 @@ class TrustKeeper:
         on_enrolled: Callable[[], None],
         on_revoked: Callable[[str], None],
         rotate_every_rounds: int = 0,
+        reserved: dict[str, str] | None = None,
     ) -> None:
         self.enrolled_dir = enrolled_dir
         self.keyring = registry.keyring
@@ -55,7 +58,8 @@ class TrustKeeper:
         self.on_enrolled = on_enrolled
         self.on_revoked = on_revoked
         self.rotate_every_rounds = rotate_every_rounds
-        self.watch = EnrolledWatch(enrolled_dir, registry.keyring, role="agent", log=log, loaded=True)
+        self.watch = EnrolledWatch(enrolled_dir, registry.keyring, role="agent", log=log, loaded=True,
+                                   reserved=reserved)  # fmt: skip
         self._rotated_before = 0
 
     def poll(self, now: float) -> None:

@@ -229,13 +229,14 @@ class RoundClient:
             self.log.warning("update dropped round=%d reason=round %d closed before its update reached the server "
                              "(now %d)", done, done, current_round)  # fmt: skip
 
-    def send(self, mqtt: MqttClient, task: RoundTask, data: bytes) -> None:
-        """Seal ``data`` and hand it to paho; it counts as sent once ``check_upload`` says so."""
+    def send(self, mqtt: MqttClient, task: RoundTask, data: bytes, now: float) -> None:
+        """Seal ``data`` at ``now`` (the receiver's time) and hand it to paho; it counts as sent once
+        ``check_upload`` says so."""
         d = self.destination
         assert d is not None and self.identity is not None, "no destination: the owner sends its updates itself"
         self.upload = send_sealed(mqtt, d.topic, data, sender=self.identity, recipient=d.recipient,
                                   federation=self.federation, kind=d.kind, round=task.round,
-                                  attempt=task.attempt)  # fmt: skip
+                                  attempt=task.attempt, now=now)  # fmt: skip
 
     def check_upload(self, mqtt: MqttClient, newest: RoundTask | None) -> str:
         """``acknowledged`` (recorded as sent), ``timed-out`` (no longer waited for: paho keeps re-sending, and a

@@ -56,8 +56,11 @@ def send_sealed(
     kind: str,
     round: int,
     attempt: int = 0,
+    now: float | None = None,
 ) -> Upload:
-    """Seal ``data`` to ``recipient`` (``security.envelope``) and hand its chunks to paho on ``topic``."""
-    _, chunks = seal(data, sender=sender, federation=federation, kind=kind, round=round, recipient=recipient)
+    """Seal ``data`` to ``recipient`` (``security.envelope``) and hand its chunks to paho on ``topic``. ``now``:
+    the time it is signed at, on the recipient's clock (an edge agent's, corrected by ``agent.clock``)."""
+    _, chunks = seal(data, sender=sender, federation=federation, kind=kind, round=round, recipient=recipient,
+                     now=now)  # fmt: skip
     infos = mqtt.publish_all((topic, chunk) for chunk in chunks)
     return Upload(round, attempt, infos, sum(map(len, chunks)), time.monotonic())

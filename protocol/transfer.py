@@ -82,8 +82,8 @@ class TransferRejected(Exception):
     """A chunk or a whole transfer was refused; ``sender`` and a short ``reason`` say which and why.
 
     ``whole_round`` is set when a signed manifest was verified and its whole transfer is refused (too
-    large, too many chunks, digest mismatch): the manifest's round, for which that sender sent nothing
-    usable, so a server need not wait for it."""
+    large, too many chunks, digest mismatch, signed at a time still ahead of the receiver's clock): the
+    manifest's round, for which that sender sent nothing usable, so a server need not wait for it."""
 
     def __init__(self, sender: str, reason: str, whole_round: int | None = None) -> None:
         super().__init__(f"{sender}: {reason}")
@@ -185,7 +185,9 @@ class Reassembler:
         except _AlreadyHeld:
             return None  # QoS 1 re-delivery of a chunk we already hold
         except InvalidEnvelope as exc:  # dropped on its own: the transfer stays open for the genuine chunk
-            raise TransferRejected(topic_sender, exc.reason) from None
+            signed = exc.signed  # ... unless its sender signed it so: a clock ahead refuses all it sends
+            whole = signed.round if signed is not None and signed.sender == topic_sender else None
+            raise TransferRejected(topic_sender, exc.reason, whole) from None
         partial = places[0]
         if isinstance(partial, bytearray):
             partial = self._open(manifest, first_chunk=partial, index=index)

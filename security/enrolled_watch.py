@@ -5,13 +5,15 @@ folder. Every ``WATCH_INTERVAL_S`` its files are compared (name, size, modificat
 loaded: a new file enrols its key; a file that vanishes (``skyfed keys revoke`` and ``skyfed provision
 revoke`` move it to ``revoked/``), holds another key, or no longer parses drops the trusted key at once.
 A file written again with the same key (a re-run of ``keys enroll``) changes nothing. A file refused
-(unparsable, or holding another name's key) is logged once and tried again when it changes.
+(unparsable, holding another name's key, or named for a ``reserved`` id such as the server's own pool
+participant) is logged once and tried again when it changes.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,14 +50,16 @@ class EnrolmentChanges:
 class EnrolledWatch:
     """Keeps ``keyring`` equal to the keys in ``directory``. ``loaded``: the keyring already holds the
     folder's current keys (the server loads them at start, failing on a bad file); otherwise the first
-    ``poll`` loads them. ``role`` names the key owners in log lines (``agent``, ``peer``)."""
+    ``poll`` loads them. ``role`` names the key owners in log lines (``agent``, ``peer``). ``reserved``: ids
+    no key may be enrolled under while the daemon runs, each with why (the start check refuses them too)."""
 
     def __init__(self, directory: Path, keyring: Keyring, *, role: str, log: logging.Logger,
-                 loaded: bool = False) -> None:  # fmt: skip
+                 loaded: bool = False, reserved: Mapping[str, str] | None = None) -> None:  # fmt: skip
         self.directory = directory
         self.keyring = keyring
         self.role = role
         self.log = log
+        self.reserved = dict(reserved or {})
         self._files: Snapshot = snapshot(directory) if loaded else {}
         self._checked = -math.inf
 
@@ -84,6 +88,9 @@ class EnrolledWatch:
         )
 
     def _load(self, name: str) -> PublicIdentity | None:
+        if name in self.reserved:
+            self.log.error("enrolment refused %s=%s reason=%s", self.role, name, self.reserved[name])
+            return None
         try:
             public = PublicIdentity.load(self.directory / f"{name}.pub")
         except KeyFileError as exc:

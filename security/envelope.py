@@ -45,11 +45,13 @@ SIG = 64
 
 
 class InvalidEnvelope(Exception):
-    """Any bad chunk; ``reason`` is short and stable (see security/README.md)."""
+    """Any bad chunk; ``reason`` is short and stable (see security/README.md). ``signed``: the manifest, where
+    the refusal is one its signer alone can cause (``from-the-future``: nobody else can sign a later time)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, signed: Manifest | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.signed = signed
 
 
 def _pack_str(value: str) -> bytes:
@@ -292,7 +294,7 @@ class Opener:
         if manifest.created_at < now - self.max_age_s:
             raise InvalidEnvelope("expired")
         if manifest.created_at > now + self.max_clock_skew_s:
-            raise InvalidEnvelope("from-the-future")
+            raise InvalidEnvelope("from-the-future", manifest)
         if self.replay.seen(manifest.transfer_id):
             raise InvalidEnvelope("replay")
         return cached

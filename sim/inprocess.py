@@ -108,7 +108,7 @@ def _deliver_pool(engine: RoundEngine, pool: SharedPool, task: RoundTask) -> Non
     pool.start(task, engine.global_arrays)
     result = pool.wait()
     if result is None or result.update is None:
-        engine.gave_up(POOL, task.round, f"its training failed: {result.reason if result else 'no job'}")
+        engine.gave_up(POOL, task.round, f"its training failed: {result.reason if result else 'no job'}", time.time())
         return
     _accept(engine, result.update)
 

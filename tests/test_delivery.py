@@ -50,8 +50,13 @@ def test_an_agent_pending_when_a_quorate_round_closes_at_its_deadline_is_backed_
     assert engine.decide(now=5.0) == "wait" and engine.decide(now=21.0) == "close"  # it waits for agent-03 once
     engine.close(now=21.0, model_wire_bytes=0)
     restarted = RoundEngine(config, replay=ReplayGuard(3600))  # the back-off is in the checkpoint
-    assert restarted.health.backed_off(2) == {"agent-03": 1}
+    assert restarted.health.backed_off(2, now=30.0) == {"agent-03": 1}
     assert restarted.begin_round(AGENTS, now=30.0).selected == AGENTS[:2]
+    restarted.announce(now=30.0)
+    for i, agent in enumerate(AGENTS[:2]):
+        restarted.accept(completed(restarted, agent, seed=i), now=31.0)
+    restarted.close(now=31.0, model_wire_bytes=0)  # a quick round: the round back-off is over, the time one not
+    assert RoundEngine(config, replay=ReplayGuard(3600)).begin_round(AGENTS, now=32.0).selected == AGENTS[:2]
 
 
 def test_a_backed_off_agent_needed_to_make_up_min_agents_is_on_probation_and_not_waited_for(config, tmp_path):
@@ -87,12 +92,12 @@ def test_a_round_closed_early_by_a_threshold_backs_off_nobody(config):
 
 def test_an_agent_that_says_its_training_failed_is_not_waited_for_and_is_backed_off(config):
     engine = two_of_three_delivered(config)
-    assert not engine.gave_up("agent-03", 7, "reported its training failed")  # another round's status
-    assert engine.gave_up("agent-03", 1, "reported its training failed")
-    assert not engine.gave_up("agent-03", 1, "reported its training failed")  # counted once
+    assert not engine.gave_up("agent-03", 7, "reported its training failed", 2.0)  # another round's status
+    assert engine.gave_up("agent-03", 1, "reported its training failed", 2.0)
+    assert not engine.gave_up("agent-03", 1, "reported its training failed", 2.0)  # counted once
     assert engine.decide(now=2.0) == "close"  # at once, not at the deadline
     metrics = engine.close(now=2.0, model_wire_bytes=0)
-    assert metrics.missed == ["agent-03"] and engine.health.backed_off(2) == {"agent-03": 1}
+    assert metrics.missed == ["agent-03"] and engine.health.backed_off(2, now=2.0) == {"agent-03": 1}
 
 
 def test_a_deeply_nested_local_eval_is_a_bad_header_not_a_crash():
@@ -103,15 +108,21 @@ def test_a_deeply_nested_local_eval_is_a_bad_header_not_a_crash():
             UpdateMeta.from_metadata(meta)
 
 
-def test_an_update_refused_whole_as_too_large_ends_its_senders_part_in_the_round_at_once(tmp_path, broker):
+@pytest.mark.parametrize("refused", ["too-large", "from-the-future"])
+def test_an_update_refused_whole_ends_its_senders_part_in_the_round_at_once(tmp_path, broker, refused):
+    """Too large, or signed on a clock 600 s ahead (the server's own clock decides; before, each round waited
+    its deadline for an agent whose every update was refused so)."""
     with ServerHarness(tmp_path, broker, agents=3, round_rules={"quorum": 2, "min_agents": 2}) as h:
         h.announce_agents()
         for agent in ("agent-01", "agent-02"):
             h.publish_update(agent, h.sealed(h.agents[agent], h.update_bytes(h.random_delta(int(agent[-1])))))
-        h.publish_update("agent-03", h.sealed(h.agents["agent-03"], bytes(64 << 20))[:1])
+        if refused == "too-large":
+            h.publish_update("agent-03", h.sealed(h.agents["agent-03"], bytes(64 << 20))[:1])
+        else:
+            h.publish_update("agent-03", h.sealed(h.agents["agent-03"], h.update_bytes(h.random_delta(3)), age_s=-600))
         metrics = h.wait_metrics()  # within seconds: the deadline is 30 s away
     assert sorted(metrics.accepted) == ["agent-01", "agent-02"] and metrics.missed == ["agent-03"]
-    assert any(r.reason.startswith("too-large") for r in metrics.rejected)
+    assert any(r.reason.startswith(refused) for r in metrics.rejected)
 
 
 def _status(agent: Identity, t: float, state: str = "idle", session: float = 0.0) -> bytes:
@@ -152,7 +163,9 @@ def test_the_server_measures_an_agents_clock_on_its_live_signed_statuses():
     registry.update("drone-01", _status(agent, 700.0), now=100.0)  # first sight (maybe retained): not measured
     registry.update("drone-01", _status(agent, 710.0), now=110.0)
     assert registry.clock_offsets() == {"drone-01": 600.0}
-    registry.update("drone-01", _status(agent, 721.0), now=720.0)  # its clock was fixed
+    for t in range(720, 800, 10):  # its clock was fixed: gone once the last 8 statuses agree
+        assert registry.clock_offsets() == {"drone-01": 600.0}
+        registry.update("drone-01", _status(agent, t + 1.0), now=float(t))
     assert registry.clock_offsets() == {}
 
 
@@ -306,13 +319,22 @@ def test_agents_whose_clocks_run_600_s_ahead_train_on_the_servers_time_and_both_
 ):
     import agent.daemon
     import agent.status_report
+    import participant.upload
+    from security import envelope
 
+    ahead = _ClockAhead(600.0)
     for module in (agent.daemon, agent.status_report):  # task times, and the times its statuses say
-        monkeypatch.setattr(module, "time", _ClockAhead(600.0))
+        monkeypatch.setattr(module, "time", ahead)
+
+    def seal_ahead(*args, now=None, **kwargs):  # noqa: ANN002, ANN003, ANN202 - its uploads, signed on its clock
+        return envelope.seal(*args, now=ahead.time() if now is None else now, **kwargs)
+
+    monkeypatch.setattr(participant.upload, "seal", seal_ahead)
     caplog.set_level(logging.INFO)
     fed = Federation(tmp_path, broker, rounds=2, agents=2)
     override_toml(fed.layout.server_config, rounds={"deadline_s": 3.0})  # a second task comes soon
     fed.run(Aggregator(load_server_config(fed.layout.server_config)), timeout_s=60)  # on main: every task expired
-    assert [len(m.accepted) for m in fed.metrics()] == [2, 2]
+    assert [len(m.accepted) for m in fed.metrics()] == [2, 2]  # before: every update refused from-the-future
+    assert not any(m.rejected for m in fed.metrics())
     assert re.search(r"clock skew agent=agent-01 offset_s=\+(599|600)\.", caplog.text)  # the server: signed statuses
     assert re.search(r"clock skew offset_s=\+(599|600)\.", caplog.text)  # the agents: signed task times

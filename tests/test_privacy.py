@@ -210,7 +210,7 @@ def test_spent_agents_neither_start_a_round_nor_stand_in_and_the_run_ends_only_w
     assert not engine.finished  # ... so the run waits for them
     rs = engine.begin_round(first + fresh, now=0.0, enrolled=first + fresh)
     assert rs.selected == fresh
-    excused, stand_ins = engine.replace_missing(first + fresh)  # a deadline passed: nobody with budget to stand in
+    excused, stand_ins = engine.replace_missing(first + fresh, 0.0)  # a deadline passed: nobody with budget to stand in
     assert stand_ins == [] and excused == []
     run_round(fresh)
     assert engine.begin_round(first + fresh, now=0.0, enrolled=first + fresh) is None and engine.budget_exhausted

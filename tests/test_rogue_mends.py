@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from broker_server.model_resend import MODEL_STALL_S, ModelWaits
-from broker_server.registry import AgentRegistry, StatusRefused
+from broker_server.registry import OFFSET_SAMPLES, AgentRegistry, StatusRefused
 from protocol.messages import AgentStatus
 from security.keys import Identity, Keyring, revoke
 from security.signing import signed_payload
@@ -57,9 +57,34 @@ def test_a_clock_flapping_across_the_tolerance_is_reported_once(caplog):
     said = [r.getMessage() for r in caplog.records if "clock skew" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("clock skew agent=rogue offset_s=+30.5"), said
     assert list(registry.clock_offsets()) == ["rogue"]
-    back = AgentStatus(agent="rogue", state="idle", round=0, samples=1, version=1, updated_at=now + 200)
-    registry.update("rogue", signed_payload(back.to_dict(), identity), now + 200)
+    for i in range(OFFSET_SAMPLES):  # its clock fixed: gone once every sample of the estimate says so
+        assert list(registry.clock_offsets()) == ["rogue"]
+        back = AgentStatus(agent="rogue", state="idle", round=0, samples=1, version=1, updated_at=now + 200 + i)
+        registry.update("rogue", signed_payload(back.to_dict(), identity), now + 200 + i)
     assert registry.clock_offsets() == {} and "clock skew gone agent=rogue" in caplog.records[-1].getMessage()
+
+
+def test_statuses_queued_through_a_broker_outage_do_not_make_a_healthy_clock_look_skewed(caplog):
+    """An agent publishes a status every 10 s; for 60 s the broker is down and its client queues them, then
+    delivers the six at once. On main each late one was read as a clock 10 … 60 s behind: a false warning."""
+    identity = Identity.generate("drone")
+    registry = AgentRegistry(Keyring([identity.public]), status_timeout_s=60)
+    caplog.set_level(logging.INFO, logger="skyfed.server")
+
+    def status(signed_at: float, received_at: float) -> None:
+        sent = AgentStatus(agent="drone", state="idle", round=0, samples=1, version=1, updated_at=signed_at)
+        registry.update("drone", signed_payload(sent.to_dict(), identity), received_at)
+
+    for t in range(0, 100, 10):  # healthy: delivered within 0.2 s
+        status(t, t + 0.2)
+    for t in range(100, 160, 10):  # queued while the broker was down, delivered when it is back
+        status(t, 160.5)
+    for t in range(160, 200, 10):
+        status(t, t + 0.2)
+    assert registry.clock_offsets() == {} and "clock skew" not in caplog.text
+    for t in range(300, 400, 10):  # a clock that really runs 60 s behind is still told at once
+        status(t - 60, t + 0.2)
+    assert list(registry.clock_offsets()) == ["drone"] and caplog.text.count("clock skew agent=drone") == 1
 
 
 def test_flipping_its_status_does_not_restart_an_agents_model_resend_pace():

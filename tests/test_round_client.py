@@ -3,6 +3,8 @@ the server's shared-pool trainer drives. A real broker, real sealing, a trainer 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -63,7 +65,7 @@ def test_a_round_client_trains_stores_sends_and_counts_the_acknowledged_update_w
         stored = pool.store.stored_update(task.round)
         assert report.update == stored and pool.progress.last_completed_round == 1 and pool.progress.sent_round == 0
         assert pool.owes(task)  # trained and stored, never acknowledged
-        pool.send(link, task, stored)
+        pool.send(link, task, stored, time.time())
         wait_until(lambda: pool.check_upload(link, task) == "acknowledged", 20, "the broker's acknowledgement")
         assert (pool.progress.sent_round, pool.progress.sent_attempt) == (1, 1) and not pool.owes(task)
         opener = Opener(identity=receiver, federation="it", senders=Keyring([me.public]))
@@ -114,4 +116,4 @@ def test_a_peers_round_client_stores_its_trained_model_naming_its_start_and_send
     assert all(np.array_equal(arrays[k], base[k] + np.float32(0.25)) for k in base)  # the model, not the change
     assert UpdateMeta.from_metadata(metadata).base_sha256 == fingerprint(base)
     with pytest.raises(AssertionError, match="no destination"):
-        peer.send(None, task, report.update)  # type: ignore[arg-type] - the peer seals to each member itself
+        peer.send(None, task, report.update, 0.0)  # type: ignore[arg-type] - the peer seals to each member itself

@@ -12,7 +12,7 @@ from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from broker_server.health import TRUST_AFTER, HealthBook
 from broker_server.registry import AgentRegistry, StatusRefused
-from flcore.rounds import RoundRules, RoundState, UpdateRecord, decide, replace_missing
+from flcore.rounds import RoundRules, RoundState, UpdateRecord, decide, replace_missing, select_with_probation
 from participant.trainer import TrainerWrapper
 from protocol.messages import AgentStatus
 from security.keys import Identity, Keyring
@@ -84,31 +84,60 @@ def test_stand_ins_replace_the_pending_agents_and_a_late_update_is_still_welcome
     assert replace_missing(nobody, ["a", "ghost"], seed=1) == ([], []) and nobody.pending == ["a", "ghost"]
 
 
-def test_back_off_doubles_per_miss_is_capped_and_cleared_by_deliveries_in_a_row():
-    book = HealthBook()
-    assert [book.missed("x", 10).backed_off_until for _ in range(3)] == [11, 12, 14]
-    assert book.available(["x", "y"], 14) == ["y"] and book.available(["x", "y"], 15) == ["x", "y"]
-    assert book.backed_off(13) == {"x": 3}
+def test_back_off_doubles_per_miss_in_rounds_and_in_time_is_capped_and_cleared_by_deliveries_in_a_row():
+    book = HealthBook(deadline_s=20.0)
+    assert [book.missed("x", 10, now=100.0).backed_off_until for _ in range(3)] == [11, 12, 14]
+    assert book.records["x"].backed_off_until_s == 100.0 + 4 * 20.0
+    xy = ["x", "y"]
+    assert book.available(xy, 14, now=500.0) == ["y"] and book.available(xy, 15, now=500.0) == xy  # rounds ...
+    assert book.available(xy, 15, now=179.0) == ["y"] and book.available(xy, 15, now=180.0) == xy  # ... and time
+    assert book.backed_off(13, now=0.0) == {"x": 3} and book.backed_off(15, now=179.0) == {"x": 3}
     for _ in range(20):
-        book.missed("x", 10)
-    assert book.records["x"].backed_off_until == 10 + 32
+        book.missed("x", 10, now=100.0)
+    assert book.records["x"].backed_off_until == 10 + 32 and book.records["x"].backed_off_until_s == 100.0 + 32 * 20
     for _ in range(TRUST_AFTER):
-        assert "x" in HealthBook.from_dict(book.to_dict()).records  # kept across a restart until trusted again
+        assert "x" in HealthBook.from_dict(book.to_dict(), deadline_s=20.0).records  # kept across a restart
         book.delivered("x")
-    assert book.available(["x"], 11) == ["x"] and HealthBook.from_dict(book.to_dict()).records == {}
-    assert HealthBook.from_dict({"old": {"misses": 1, "backed_off_until": 3}}).records["old"].delivered == 0
+    assert book.available(["x"], 11, now=100.0) == ["x"]
+    assert HealthBook.from_dict(book.to_dict(), deadline_s=20.0).records == {}
+    old = HealthBook.from_dict({"old": {"misses": 1, "backed_off_until": 3}}, deadline_s=20.0)  # an older checkpoint
+    assert old.records["old"].delivered == 0 and old.available(["old"], 4, now=0.0) == ["old"]
 
 
 def test_an_agent_that_alternates_a_miss_and_a_delivery_is_backed_off_ever_longer():
     """The first fix cleared the record at the first delivery: miss, deliver, miss … cost every other
     round its deadline, for ever."""
-    book, missed_deadlines, misses_next = HealthBook(), [], True
+    book, missed_deadlines, misses_next = HealthBook(deadline_s=0.0), [], True  # rounds only: time stands still
     for round_number in range(1, 41):
-        if book.available(["x"], round_number):  # selected: it misses, then delivers, then misses …
+        if book.available(["x"], round_number, now=0.0):  # selected: it misses, then delivers, then misses …
             if misses_next:
-                book.missed("x", round_number)
+                book.missed("x", round_number, now=0.0)
                 missed_deadlines.append(round_number)
             else:
                 book.delivered("x")
             misses_next = not misses_next
     assert missed_deadlines == [1, 4, 8, 14, 24]  # 5 deadlines in 40 rounds, where it cost 20
+
+
+def silent_share(horizon_s: float, *, deadline_s: float = 20.0, quick_s: float = 0.6) -> float:
+    """The share of ``horizon_s`` a silent agent (``--attack silent``: never delivers) among 4 costs: rounds
+    without it close in ``quick_s``, a round that selects it (not on probation) waits its ``deadline_s``."""
+    agents, rules = ["a", "b", "c", "silent"], RoundRules(min_agents=2, quorum=2, deadline_s=deadline_s)
+    book, now, waited, number = HealthBook(deadline_s=deadline_s), 0.0, 0.0, 0
+    while now < horizon_s:
+        number += 1
+        selected, probation = select_with_probation(agents, book.available(agents, number, now), rules, number)
+        if "silent" in selected and "silent" not in probation:
+            now, waited = now + deadline_s, waited + deadline_s
+            book.back_off(["silent"], number, "missed the deadline", now)
+        else:
+            now += quick_s
+    return waited / now
+
+
+def test_a_silent_agent_costs_a_bounded_share_of_the_wall_time_however_quick_the_rounds():
+    """Backed off by rounds alone, 32 rounds of 0.6 s were 19 s: with a 20 s deadline the silent agent cost 70 %
+    of the first 4 minutes and 52 % of an hour. Backed off in time too (1, 2 … 32 deadlines), its share is that
+    of its first misses, 1/2, 2/5, 3/10 … falling to 1 deadline in 33."""
+    assert silent_share(240) <= 0.34 and silent_share(600) <= 0.17 and silent_share(3600) <= 0.06
+    assert silent_share(3600, deadline_s=2.0) <= 0.06  # a short deadline: the rounds term backs it off as before

@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
-from broker_server.config import load_server_config
+import pytest
+
+from broker_server.config import POOL, load_server_config
 from broker_server.daemon import Aggregator
-from protocol.messages import RoundTask
+from protocol.config import ConfigError
+from protocol.messages import AgentStatus, RoundTask
 from protocol.mqtt import MqttClient
-from security.keys import PublicIdentity, enroll
+from security.keys import Identity, PublicIdentity, enroll
+from security.signing import signed_payload
 from tests.fedharness import Federation, override_toml, wait_until
 
 
@@ -70,3 +75,41 @@ def test_an_agent_enrolled_while_the_server_runs_joins_without_a_restart(tmp_pat
         thread.join(15)
         fed.close()
     assert sorted(fed.metrics()[0].accepted) == ["agent-01", "agent-02"]
+
+
+def test_an_agent_enrolled_as_the_pools_name_while_the_server_runs_is_refused_and_never_selected(
+    tmp_path, broker, caplog
+):
+    """The start check refuses a key enrolled as ``server-pool`` beside ``[pool]``; on main the enrolled folder's
+    watcher took one that appeared later, and the next round selected ``server-pool`` twice."""
+    fed = Federation(tmp_path, broker, rounds=100, agents=2, model="mlp_digits", share_ratio=0.25,
+                     strategy={"name": "fedavg"})  # fmt: skip
+    caplog.set_level(logging.INFO, logger="skyfed.server")
+    server, stop = Aggregator(load_server_config(fed.layout.server_config)), threading.Event()
+    thread = threading.Thread(target=server.run, args=(stop,), daemon=True)
+    thread.start()
+    fed.start_agents()
+    impostor = Identity.generate(POOL)
+    try:
+        wait_until(lambda: server.engine.next_round >= 2, 60, "round 1")
+        enroll(server.config.enrolled_dir, impostor.public)
+        status = AgentStatus(agent=POOL, state="idle", round=0, samples=100, version=1, updated_at=time.time(),
+                             group_key_id=server.group_keys.key.key_id)  # fmt: skip
+        server.mqtt.publish(server.topics.agent_status(POOL), signed_payload(status.to_dict(), impostor), retain=True)
+        wait_until(lambda: f"enrolment refused agent={POOL}" in caplog.text, 10, "the refusal")
+        reached, selections = server.engine.next_round, set()
+
+        def two_more_rounds() -> bool:
+            if (rs := server.engine.round_state) is not None:
+                selections.add(tuple(rs.selected))
+            return server.engine.next_round >= reached + 2
+
+        wait_until(two_more_rounds, 60, "two more rounds")
+    finally:
+        stop.set()
+        thread.join(15)
+        fed.close()
+    assert POOL not in server.registry.keyring and server.registry.status(POOL) is None
+    assert selections and all(selected.count(POOL) == 1 for selected in selections), selections
+    with pytest.raises(ConfigError, match="'server-pool' is the shared pool's name"):  # a restart says why
+        load_server_config(fed.layout.server_config)
