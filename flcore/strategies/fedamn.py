@@ -22,7 +22,8 @@ model, so the n × d models are read once). Layer 1's keys are the *other* agent
 "scores the target client's similarity to the others", and its Fig. 5 has two clients give *each other*
 the top score; with its own model among them, an attention trained on the agent's own data picks that
 model, which fits that data best (a first version did: weight 0.8-1.0 on one row by round 12, and the
-global weight 0). The rows go in a seeded random order, so a row says nothing about whose it is. An agent
+global weight 0). Each bundle is built for its recipient from a secret (``agent_models.ModelBank.peers``): rows
+in a random order, values dithered, so neither a row's place nor its fingerprint names its owner. An agent
 alone in its cluster (an outlier: an unusual data mix, or a rogue) gets no other agent's model and trains
 on from its own. ``prox_mu`` is the seed's unspecified regularization λ, toward the meta-network's output
 (0 by default).
@@ -148,9 +149,8 @@ class FedAMN(Strategy):
         starts, clusters = {}, []
         for label in np.unique(labels):
             members = [models.agents[i] for i in np.flatnonzero(labels == label)]
-            rows = [members[i] for i in rng.permutation(len(members))]
             for agent in members:
-                mates = tuple(models.kept[a] for a in rows if a != agent)
+                mates = tuple(models.kept[a] for a in members if a != agent)
                 starts[agent] = replace(models.own(agent), peers=models.peers(mates) if mates else None)
             clusters.append(sorted(members))
         return StartPlan(publish=True, starts=starts, detail={"clusters": sorted(clusters)})
