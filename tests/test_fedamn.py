@@ -382,3 +382,27 @@ def test_in_process_fedamn_attends_and_counts_the_models_each_agent_downloads(tm
     assert rows[0]["bytes_down"] == 4 * model_bytes and rows[0]["aggregation"]["clusters"] == [AGENTS[:4]]
     assert rows[1]["bytes_down"] > 4 * model_bytes + 4 * 3 * 0.9 * model_bytes
     assert all(r["outcome"] == "committed" and len(r["accepted"]) == 4 for r in rows)
+
+
+def test_three_identical_sybils_of_ten_move_the_published_model_no_further_than_the_clip_bound():
+    """After rounds of clipped steps in one direction, three sybils' models lie far from w_g (here 100 steps);
+    the tip published the plain sample-weighted mean of the models, so they carried w_g 30 steps off in one round.
+    Now each model's change from w_g is clipped at the round's clipped step: w_g moves at most one step, and
+    the sybils pull by their weight share of it."""
+    from flcore.strategies.base import Contribution
+
+    rng = np.random.default_rng(0)
+    size, step = 1000, 1.0
+    direction = np.ones(size, np.float32) / np.sqrt(size)
+    honest = [0.5 * step * rng.standard_normal(size).astype(np.float32) / np.sqrt(size) for _ in range(7)]
+    models = honest + [100 * step * direction] * 3  # w_g = 0; every model one clipped step (or less) this round
+    strategy = build_strategy({"name": "fedamn", "after": 1})
+    strategy.begin(np.zeros(size, np.float32), ())
+    steps = [0.5 * step] * 7 + [step] * 3
+    contributions = [Contribution(f"agent-{i:02d}", s * direction, 100.0, 1.0, s, model=m)
+                     for i, (s, m) in enumerate(zip(steps, models, strict=True))]  # fmt: skip
+    result = strategy.aggregate(np.zeros(size, np.float32), contributions)
+    moved = result.global_vector
+    assert np.linalg.norm(moved) <= step * (1 + 1e-5) and strategy.bounded_by_clip
+    assert float(moved @ direction) <= 0.3 * step + 0.7 * 0.5 * step  # their share of a step, not 30 steps
+    assert result.detail["models_clipped"] == 3

@@ -45,9 +45,11 @@ from flcore.strategies.base import (
     StartPlan,
     Strategy,
     TrainPlan,
-    mean_of_models,
+    model_differences,
 )
+from flcore.strategies.fedavg import FedAvg
 from flcore.strategies.krum import gram_matrix
+from models.weights import TensorSpec
 from protocol.messages import TrainSettings
 
 EMBEDDING_DIMS = 32  # k-means runs on the models' leading principal coordinates: the clusters need no more
@@ -110,10 +112,15 @@ class FedAMN(Strategy):
     name = "fedamn"
     Options = FedAMNOptions
     keeps_models = True
+    bounded_by_clip = True  # w_g: a weighted mean of model changes clipped within the round's clip bound
 
     def __init__(self, options: FedAMNOptions | None = None) -> None:
         super().__init__(options)
         self.start_vector = np.zeros(0, np.float32)
+        self.mean = FedAvg()
+
+    def begin(self, global_vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> None:
+        self.mean.begin(global_vector, spec)
 
     def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
         o = self.options
@@ -129,11 +136,17 @@ class FedAMN(Strategy):
         return []
 
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
-        """w_g: the agents' models weighted by their samples (FedAvg's model before ``after``, when all start
-        from w_g)."""
+        """w_g: the mean of the agents' models weighted by their capped samples, each model's change from w_g
+        clipped at the round's longest clipped step (the clip bound when any update was clipped, never above
+        it), so w_g moves no further than any aggregate may, however far a personalized model has drifted over
+        rounds of clipped steps (the plain mean let three identical sybils of ten carry it off). Before
+        ``after``, when all start from w_g, this is FedAvg."""
         self.start_vector = global_vector
-        weights = np.array([c.samples for c in contributions], float)
-        return RoundResult(mean_of_models(global_vector, contributions, weights))
+        bound = max(c.scale * c.norm for c in contributions)
+        changes = [replace(d, scale=bound / d.norm if d.norm > bound else 1.0)
+                   for d in model_differences(global_vector, contributions)]  # fmt: skip
+        result = self.mean.aggregate(global_vector, changes)
+        return RoundResult(result.global_vector, {"models_clipped": sum(c.scale < 1 for c in changes)})
 
     def plan_starts(self, models: KeptModels | None) -> StartPlan:
         assert models is not None  # keeps_models
