@@ -165,7 +165,7 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         assignment = self.assignments.get(agent)
         if assignment is None or assignment.peers is None:
             return None
-        return self.store.agents.bundle(assignment.peers.models, self.float_spec)
+        return self.store.agents.bundle(assignment.peers, self.float_spec)
 
     def _round_rng(self) -> np.random.Generator:
         assert self.round_state is not None

@@ -12,14 +12,20 @@ the agent's copy, or a model that is not the agent's: a swap partner's, its grou
 assignment start from the global model. An assignment may also name ``Peers``: kept models the agent's
 trainer attends over besides its start (FedAMN: its cluster's), sealed to it as one bundle
 (``peer_bundle``: each float tensor stacked over the models, rows anonymous) and named in its round task
-by the bundle's fingerprint. The strategy's ``plan_starts`` says who gets what
-(``strategies.base``). Disk: one model per assignment, plus the models of the round being closed; files
-nothing refers to are deleted at the next checkpoint.
+by the bundle's fingerprint. The round task lists every kept model's fingerprint beside its owner's id, so a
+bundle must not hold those exact bits: each is built for its recipient from a secret ``salt`` (kept in the
+checkpoint, never sent), which orders its rows at random and scales every value by a random factor within
+2^-16 of 1 (``DITHER``, up to hundreds of float32 steps: far below a training step, and no bundle holder, nor
+sybils pooling their bundles, can search back to a fingerprint the task lists). The strategy's
+``plan_starts`` says who gets what (``strategies.base``). Disk: one model per assignment, plus the models of
+the round being closed; files nothing refers to are deleted at the next checkpoint.
 """
 
 from __future__ import annotations
 
 import mmap
+import random
+import secrets
 import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -29,6 +35,8 @@ import numpy as np
 from common.files import atomic_write
 from models.serialization import dumps, float32_region
 from models.weights import NamedArrays, TensorSpec, fingerprint, unflatten
+
+DITHER = 2.0**-16  # a bundle's values are each scaled by a factor in [1 - DITHER, 1 + DITHER]
 
 
 @dataclass(frozen=True)
@@ -42,10 +50,12 @@ class Holding:
 
 @dataclass(frozen=True)
 class Peers:
-    """Kept models an agent receives beside its start model, in bundle row order, and the bundle's fingerprint."""
+    """Kept models an agent receives beside its start model, in bundle row order, the bundle's fingerprint, and
+    the secret its rows were dithered with ("" in a checkpoint from before: rows as kept)."""
 
     models: tuple[Holding, ...]
     sha256: str
+    salt: str = ""
 
 
 @dataclass(frozen=True)
@@ -69,13 +79,23 @@ class Assignment:
         peers = data.get("peers")
         return cls(source=data["source"], model=Holding(**data["model"]),
                    peers=None if peers is None else Peers(tuple(Holding(**h) for h in peers["models"]),
-                                                          peers["sha256"]))  # fmt: skip
+                                                          peers["sha256"], peers.get("salt", "")))  # fmt: skip
 
 
-def peer_bundle(vectors: list[np.ndarray], spec: tuple[TensorSpec, ...]) -> NamedArrays:
-    """The bundle of ``Peers``: every float tensor of ``spec`` as one (models, *shape) float32 array."""
-    rows = [unflatten(v, spec) for v in vectors]
+def peer_bundle(vectors: list[np.ndarray], spec: tuple[TensorSpec, ...], salt: str = "") -> NamedArrays:
+    """The bundle of ``Peers``: every float tensor of ``spec`` as one (models, *shape) float32 array, each
+    value dithered by a factor drawn from ``salt`` (none without)."""
+    rng = np.random.default_rng(int(salt, 16)) if salt else None
+    rows = [unflatten(v if rng is None else dithered(v, rng), spec) for v in vectors]
     return {s.name: np.stack([row[s.name] for row in rows]) for s in spec}
+
+
+def dithered(vector: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``vector`` with each value scaled by its own factor, uniform in [1 - DITHER, 1 + DITHER] (float32)."""
+    factors = rng.random(vector.size, dtype=np.float32)
+    factors *= np.float32(2 * DITHER)
+    factors += np.float32(1 - DITHER)
+    return np.multiply(vector, factors, dtype=np.float32)
 
 
 def settle(
@@ -116,11 +136,13 @@ class ModelBank:
         return float32_region(mapped)[0]
 
     def peers(self, models: tuple[Holding, ...], spec: tuple[TensorSpec, ...]) -> Peers:
-        """``models`` as a bundle named by its fingerprint (what the agent computes on receiving it)."""
-        return Peers(models, fingerprint(self.bundle(models, spec)))
+        """``models`` as one recipient's bundle: in a secret random order, dithered with a fresh secret, named by
+        its fingerprint (what the agent computes on receiving it)."""
+        rows, salt = tuple(random.SystemRandom().sample(models, len(models))), secrets.token_hex(16)
+        return Peers(rows, fingerprint(self.bundle(Peers(rows, "", salt), spec)), salt)
 
-    def bundle(self, models: tuple[Holding, ...], spec: tuple[TensorSpec, ...]) -> NamedArrays:
-        return peer_bundle([self.vector(h) for h in models], spec)
+    def bundle(self, peers: Peers, spec: tuple[TensorSpec, ...]) -> NamedArrays:
+        return peer_bundle([self.vector(h) for h in peers.models], spec, peers.salt)
 
     def keep_only(self, holdings: set[Holding]) -> None:
         """Delete every kept model but ``holdings`` (and rounds' folders left empty)."""

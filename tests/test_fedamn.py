@@ -5,7 +5,9 @@ agent alone and the attention trained from it."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import time
 
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 
 from broker_server.config import load_server_config
 from broker_server.engine import RoundEngine
+from flcore.agent_models import DITHER
 from flcore.strategies import build_strategy
 from flcore.strategies.fedamn import clusters_within, principal_coordinates
 from models.serialization import dumps, loads
@@ -76,8 +79,10 @@ def test_fedavg_until_round_p_then_each_agent_gets_its_cluster_and_a_restart_kee
             bundle = engine.peer_bundle(agent)
             assert fingerprint(bundle) == assignment.peers.sha256
             rows = [flatten({k: bundle[k][r] for k in bundle}, engine.float_spec) for r in range(len(cluster) - 1)]
-            owners = [next(a for a in AGENTS if np.array_equal(vectors[a], row)) for row in rows]
-            assert sorted(owners) == [a for a in cluster if a != agent]  # its cluster mates' models, bit for bit
+            owners = [next(a for a in AGENTS if np.allclose(row, vectors[a], rtol=1.01 * DITHER, atol=0))
+                      for row in rows]  # fmt: skip
+            assert sorted(owners) == [a for a in cluster if a != agent]  # its cluster mates' models, dithered
+            assert not any(np.array_equal(vectors[a], row) for a, row in zip(owners, rows, strict=True))
 
     resumed = RoundEngine(config, replay=ReplayGuard(3600))  # a server restart keeps every bundle
     assert resumed.assignments == engine.assignments
@@ -85,6 +90,64 @@ def test_fedavg_until_round_p_then_each_agent_gets_its_cluster_and_a_restart_kee
     resumed.begin_round(AGENTS, now=2.0)
     resumed.announce(now=2.0)
     assert all(resumed.needs_global(a) for a in AGENTS)  # the meta-network attends over the global model too
+
+
+def public_names(payload: bytes) -> set[bytes]:
+    """Every fingerprint-like string (64 hex digits) in a payload others may read."""
+    return set(re.findall(rb"[0-9a-f]{64}", payload))
+
+
+def row_names(bundle: dict[str, np.ndarray], base: dict[str, np.ndarray]) -> set[bytes]:
+    """What a bundle holder can compute from each row: its fingerprint as a whole model (the rest from ``base``)
+    and as float tensors alone."""
+    names = set()
+    for r in range(next(iter(bundle.values())).shape[0]):
+        floats = {k: v[r] for k, v in bundle.items()}
+        names |= {fingerprint(floats).encode(), fingerprint(base | floats).encode()}
+    return names
+
+
+def test_no_bundle_row_can_be_named_from_the_round_task(tmp_path):
+    """The round task lists each agent beside its start model's fingerprint; on the tip a bundle row was that
+    model bit for bit, so any holder named every row (and rows went in an order drawn from server.seed and the
+    round). Now no row's fingerprint is in the task, each recipient's rows go in an order of their own, and the
+    rows are still the mates' models (to a factor within DITHER)."""
+    from broker_server.publisher import PublishedModel
+    from broker_server.round_task import round_task
+
+    layout = create_federation(tmp_path, SimSettings(agents=5, rounds=3, federation="e"), ("127.0.0.1", 1))
+    override_toml(layout.server_config, rounds={"min_agents": 5, "quorum": 5},
+                  strategy={"name": "fedamn", "after": 1, "max_peers": 4})  # fmt: skip
+    engine = RoundEngine(load_server_config(layout.server_config), replay=ReplayGuard(3600))
+    for round_number in (1, 2):
+        engine.begin_round(AGENTS, now=0.0)
+        engine.announce(now=0.0)
+        held = {}
+        for i, agent in enumerate(AGENTS):
+            done, delta = update(engine, agent, seed=10 * round_number + i)
+            held[agent] = advanced(engine.start_model(agent), delta)
+            engine.accept(done)
+        assert engine.close(now=1.0, model_wire_bytes=1000).outcome == "committed"
+    engine.begin_round(AGENTS, now=2.0)
+    engine.announce(now=2.0)
+    published = PublishedModel(engine.version, fingerprint(engine.global_arrays), 1, 1000)
+    task = round_task(engine, published, federation="e", group_key_id="k", now=2.0)
+    public = public_names(task.to_json())
+    assert {fingerprint(m).encode() for m in held.values()} <= public  # the task names every agent's start model
+    orders = []
+    for agent in AGENTS:
+        bundle = engine.peer_bundle(agent)
+        assert fingerprint(bundle) == task.start_of(agent).peers_sha256
+        assert not row_names(bundle, engine.global_arrays) & public
+        rows = [{k: v[r] for k, v in bundle.items()} for r in range(len(AGENTS) - 1)]
+        owners = [next(a for a in AGENTS if all(np.allclose(row[k], held[a][k], rtol=1.01 * DITHER, atol=0)
+                                                for k in row)) for row in rows]  # fmt: skip
+        assert sorted(owners) == [a for a in AGENTS if a != agent]
+        orders.append(owners)
+    # on the tip every bundle followed one shuffle of the cluster; now no order of the agents fits them all (the
+    # chance that 5 independent shuffles fit one is under 120 / 24^5 = 1.5e-5)
+    assert not any(all([a for a in order if a in owners] == owners for owners in orders)
+                   for order in itertools.permutations(AGENTS))  # fmt: skip
 
 
 def test_bad_options_name_the_key_and_a_run_shorter_than_p_is_warned():
@@ -99,8 +162,9 @@ def test_bad_options_name_the_key_and_a_run_shorter_than_p_is_warned():
 @pytest.mark.timeout(300)
 def test_over_a_real_broker_each_agent_attends_over_its_cluster_sealed_to_it_alone(tmp_path, broker):
     """Round 1 is FedAvg; from round 2 (p) each agent trains from its own model, bit for bit, with its cluster
-    mate's model and the global model; a hostile enrolled agent reading every inbox on the broker can open no
-    bundle but its own."""
+    mate's model (dithered) and the global model; no fingerprint on a topic others read (tasks, status, models,
+    metrics) names a row, and a hostile enrolled agent reading every inbox on the broker can open no bundle but
+    its own."""
     from broker_server.daemon import Aggregator
     from security.keys import Identity, PublicIdentity
     from tests.fedharness import Federation
@@ -124,6 +188,8 @@ def test_over_a_real_broker_each_agent_attends_over_its_cluster_sealed_to_it_alo
     assert [len(m.accepted) for m in metrics] == [4, 4, 4]
     cluster_of = {r: {a: c for c in metrics[r - 2].aggregation["clusters"] for a in c} for r in (2, 3)}  # plans
     assert all(len(c) <= 2 for plans in cluster_of.values() for c in plans.values())  # max_peers + 1
+    public = set().union(*(public_names(p) for t, p in sniffer.payloads if not t.endswith(("/inbox", "/update"))))
+    assert {fingerprint(m).encode() for models in locals_by_agent.values() for m in models[:2]} <= public
     for agent in fed.agents:
         recorded = agent.runner.trainer
         assert recorded.contexts[1] is None  # FedAvg before p
@@ -134,10 +200,12 @@ def test_over_a_real_broker_each_agent_attends_over_its_cluster_sealed_to_it_alo
             if len(cluster) == 1:  # alone: nobody's model, it trains on from its own
                 assert context is None
                 continue
-            (mate,) = set(cluster) - {agent.id}  # its mate's model after the round before, bit for bit
+            (mate,) = set(cluster) - {agent.id}  # its mate's model after the round before, dithered
             assert all(v.shape[0] == 1 for v in context.peers.values())
-            assert _identical({k: v[0] for k, v in context.peers.items()},
-                              float_part(locals_by_agent[mate][round_number - 2]))  # fmt: skip
+            mates = float_part(locals_by_agent[mate][round_number - 2])
+            assert context.peers.keys() == mates.keys()
+            assert all(np.allclose(v[0], mates[k], rtol=1.01 * DITHER, atol=0) for k, v in context.peers.items())
+            assert not row_names(context.peers, own) & public
             assert context.global_model.keys() == context.peers.keys()
     identities = {a.id: Identity.load(a.config.identity_path) for a in fed.agents}
     server_public = PublicIdentity.load(fed.agents[0].config.server_key_path)
@@ -314,3 +382,27 @@ def test_in_process_fedamn_attends_and_counts_the_models_each_agent_downloads(tm
     assert rows[0]["bytes_down"] == 4 * model_bytes and rows[0]["aggregation"]["clusters"] == [AGENTS[:4]]
     assert rows[1]["bytes_down"] > 4 * model_bytes + 4 * 3 * 0.9 * model_bytes
     assert all(r["outcome"] == "committed" and len(r["accepted"]) == 4 for r in rows)
+
+
+def test_three_identical_sybils_of_ten_move_the_published_model_no_further_than_the_clip_bound():
+    """After rounds of clipped steps in one direction, three sybils' models lie far from w_g (here 100 steps);
+    the tip published the plain sample-weighted mean of the models, so they carried w_g 30 steps off in one round.
+    Now each model's change from w_g is clipped at the round's clipped step: w_g moves at most one step, and
+    the sybils pull by their weight share of it."""
+    from flcore.strategies.base import Contribution
+
+    rng = np.random.default_rng(0)
+    size, step = 1000, 1.0
+    direction = np.ones(size, np.float32) / np.sqrt(size)
+    honest = [0.5 * step * rng.standard_normal(size).astype(np.float32) / np.sqrt(size) for _ in range(7)]
+    models = honest + [100 * step * direction] * 3  # w_g = 0; every model one clipped step (or less) this round
+    strategy = build_strategy({"name": "fedamn", "after": 1})
+    strategy.begin(np.zeros(size, np.float32), ())
+    steps = [0.5 * step] * 7 + [step] * 3
+    contributions = [Contribution(f"agent-{i:02d}", s * direction, 100.0, 1.0, s, model=m)
+                     for i, (s, m) in enumerate(zip(steps, models, strict=True))]  # fmt: skip
+    result = strategy.aggregate(np.zeros(size, np.float32), contributions)
+    moved = result.global_vector
+    assert np.linalg.norm(moved) <= step * (1 + 1e-5) and strategy.bounded_by_clip
+    assert float(moved @ direction) <= 0.3 * step + 0.7 * 0.5 * step  # their share of a step, not 30 steps
+    assert result.detail["models_clipped"] == 3

@@ -22,7 +22,8 @@ model, so the n × d models are read once). Layer 1's keys are the *other* agent
 "scores the target client's similarity to the others", and its Fig. 5 has two clients give *each other*
 the top score; with its own model among them, an attention trained on the agent's own data picks that
 model, which fits that data best (a first version did: weight 0.8-1.0 on one row by round 12, and the
-global weight 0). The rows go in a seeded random order, so a row says nothing about whose it is. An agent
+global weight 0). Each bundle is built for its recipient from a secret (``agent_models.ModelBank.peers``): rows
+in a random order, values dithered, so neither a row's place nor its fingerprint names its owner. An agent
 alone in its cluster (an outlier: an unusual data mix, or a rogue) gets no other agent's model and trains
 on from its own. ``prox_mu`` is the seed's unspecified regularization λ, toward the meta-network's output
 (0 by default).
@@ -44,9 +45,11 @@ from flcore.strategies.base import (
     StartPlan,
     Strategy,
     TrainPlan,
-    mean_of_models,
+    model_differences,
 )
+from flcore.strategies.fedavg import FedAvg
 from flcore.strategies.krum import gram_matrix
+from models.weights import TensorSpec
 from protocol.messages import TrainSettings
 
 EMBEDDING_DIMS = 32  # k-means runs on the models' leading principal coordinates: the clusters need no more
@@ -109,10 +112,15 @@ class FedAMN(Strategy):
     name = "fedamn"
     Options = FedAMNOptions
     keeps_models = True
+    bounded_by_clip = True  # w_g: a weighted mean of model changes clipped within the round's clip bound
 
     def __init__(self, options: FedAMNOptions | None = None) -> None:
         super().__init__(options)
         self.start_vector = np.zeros(0, np.float32)
+        self.mean = FedAvg()
+
+    def begin(self, global_vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> None:
+        self.mean.begin(global_vector, spec)
 
     def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
         o = self.options
@@ -128,11 +136,17 @@ class FedAMN(Strategy):
         return []
 
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
-        """w_g: the agents' models weighted by their samples (FedAvg's model before ``after``, when all start
-        from w_g)."""
+        """w_g: the mean of the agents' models weighted by their capped samples, each model's change from w_g
+        clipped at the round's longest clipped step (the clip bound when any update was clipped, never above
+        it), so w_g moves no further than any aggregate may, however far a personalized model has drifted over
+        rounds of clipped steps (the plain mean let three identical sybils of ten carry it off). Before
+        ``after``, when all start from w_g, this is FedAvg."""
         self.start_vector = global_vector
-        weights = np.array([c.samples for c in contributions], float)
-        return RoundResult(mean_of_models(global_vector, contributions, weights))
+        bound = max(c.scale * c.norm for c in contributions)
+        changes = [replace(d, scale=bound / d.norm if d.norm > bound else 1.0)
+                   for d in model_differences(global_vector, contributions)]  # fmt: skip
+        result = self.mean.aggregate(global_vector, changes)
+        return RoundResult(result.global_vector, {"models_clipped": sum(c.scale < 1 for c in changes)})
 
     def plan_starts(self, models: KeptModels | None) -> StartPlan:
         assert models is not None  # keeps_models
@@ -148,9 +162,8 @@ class FedAMN(Strategy):
         starts, clusters = {}, []
         for label in np.unique(labels):
             members = [models.agents[i] for i in np.flatnonzero(labels == label)]
-            rows = [members[i] for i in rng.permutation(len(members))]
             for agent in members:
-                mates = tuple(models.kept[a] for a in rows if a != agent)
+                mates = tuple(models.kept[a] for a in members if a != agent)
                 starts[agent] = replace(models.own(agent), peers=models.peers(mates) if mates else None)
             clusters.append(sorted(members))
         return StartPlan(publish=True, starts=starts, detail={"clusters": sorted(clusters)})
