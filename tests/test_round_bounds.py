@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 
 from flcore.change_bound import WINDOW, ChangeHistory, collapse, shrink_step
+from flcore.screening import screened
+from sim.federation import SimSettings
+from skyfed.api import run_federation
 from tests.fedharness import ServerHarness, wait_until
 
 
@@ -84,3 +87,34 @@ def test_a_round_nobody_can_finish_is_closed_and_a_model_nobody_can_train_on_fal
     assert sorted(second.offenders) == sorted(h.agents)
     assert task.model_version == 3 and [t.attempt for t in h.tasks if t.round == 2] == [1]  # never re-announced
     assert all(np.array_equal(in_force[k], v) for k, v in h.initial.items())  # version 1, bit for bit
+
+
+@pytest.mark.parametrize(
+    ("losses", "dropped"),
+    [
+        ([0.9, 0.95, 3.0], {2}),  # the step that raises the loss is left out
+        ([0.9, 1.005, 0.95], set()),  # within 1 % of the model in force's loss
+        ([1.5, 1.2, 3.0, 0.9], {2}),  # at most (n - 1) // 2: one of four, the worst
+        ([1.5, 1.2, 3.0, 0.9, 2.0], {2, 4}),  # two of five
+        ([1.5, 3.0], set()),  # two updates: no majority to keep
+    ],
+)
+def test_a_small_rounds_update_that_raises_the_validation_loss_is_left_out(losses, dropped):
+    out = screened({"loss": 1.0}, [{"loss": loss} for loss in losses])
+    assert set(out) == dropped and all(why.startswith("raises-validation-loss") for why in out.values())
+    assert screened({"accuracy": 0.5}, [{"accuracy": 0.1}] * 3) == {}  # no loss to compare: nothing is left out
+
+
+def test_a_rogue_of_three_sending_its_step_reversed_and_boosted_is_screened_out(tmp_path, broker):
+    """Over the real broker and daemons: before the federation's own bounds, this rogue took the loss to
+    1.5e11 in four committed rounds, after which every honest update was non-finite."""
+    address, attack = f"{broker.host}:{broker.port}", "scale:-20+samples:1000000000000"
+    common = {"agents": 3, "rounds": 8, "broker": address, "echo": None}
+    clean = run_federation(out=tmp_path / "clean", federation="clean", **common)
+    rogue = run_federation(out=tmp_path / "rogue", federation="rogue", attackers=1, attack=attack, **common)
+    assert [m.outcome for m in rogue.metrics] == ["committed"] * 8
+    attacker = SimSettings(agents=3, attackers=1, attack=attack).attacker_names()
+    screened_out = [sorted(m.aggregation.get("screened", {})) for m in rogue.metrics]
+    assert sum(s == attacker for s in screened_out) >= 6, screened_out
+    assert rogue.final_eval["accuracy"] >= clean.final_eval["accuracy"] - 0.10
+    assert all(m.duration_s < 60 for m in rogue.metrics)  # no round waited out its deadline
