@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from agent.config import AgentConfig, AgentSection, KeysSection, TrainingSection
 from agent.daemon import EdgeAgent
@@ -24,6 +25,7 @@ from broker_server.upstream import UpstreamHandoff
 from common.sdnotify import Notifier
 from models.tasks import task_of
 from participant.jobs import InProcessRunner
+from participant.trainer import Trainer
 from protocol.config import ConfigError
 from region.trainer import RegionalTrainer
 from security.keys import Identity, PublicIdentity
@@ -65,12 +67,15 @@ def participant_files(config: ServerConfig, agent: AgentConfig) -> StartFiles:
 class Region:
     """Both loops; a stop (signal) ends both, and the participant's wait for a regional round with them."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, wrap: Callable[[Trainer], Trainer] | None = None) -> None:
+        """``wrap`` stands between the region's trainer and its participant (``sim.rogue_region``'s lie)."""
         self.handoff = UpstreamHandoff()
         agent_config = participant_config(config)
         files = participant_files(config, agent_config)
         self.aggregator = Aggregator(config, upstream=self.handoff)
-        self.participant = EdgeAgent(agent_config, runner=InProcessRunner(RegionalTrainer(self.handoff)), files=files)
+        trainer: Trainer = RegionalTrainer(self.handoff)
+        runner = InProcessRunner(trainer if wrap is None else wrap(trainer))
+        self.participant = EdgeAgent(agent_config, runner=runner, files=files)
         self.participant.notifier = Notifier({})  # one service, one voice: the aggregator's
 
     def run(self, stop: threading.Event | None = None) -> None:

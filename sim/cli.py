@@ -74,6 +74,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         share_mode=args.share_mode,
         mode=args.mode,
         regions=args.regions,
+        attack_regions=args.attack_regions,
         prometheus_port=args.prometheus_port,
     )
 
@@ -182,6 +183,11 @@ def _add_sim_options(
         "--regions", type=int, default=0, metavar="R",
         help="two levels: R regional aggregators, each with its own mosquitto bridged to the root's, take part in "
         "the root's rounds as one participant each (region-1 ...); the agents are split between them",
+    )  # fmt: skip
+    parser.add_argument(
+        "--attack-regions", type=int, default=0, metavar="K",
+        help="with --regions: the first K regional aggregators are rogue and send their aggregate up as --attack "
+        "makes it (region-1 ...)",
     )  # fmt: skip
     parser.add_argument(
         "--agents-per-process", type=int, default=1, metavar="K",

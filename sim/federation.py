@@ -77,6 +77,7 @@ class SimSettings:
     share_ratio: float = 0.0  # seed 002: the share of the data carved out into the server's pool (0: no pool)
     share_mode: str = "share-disjoint"  # how (models.partition.share): unify | share-disjoint
     regions: int = 0  # R > 0: R regional aggregators under a root, each with its own bridged broker (sim.region_run)
+    attack_regions: int = 0  # with regions: the first K regional aggregators send --attack up (sim.rogue_region)
     mode: str = "client"  # "peer": no server, the agents federate among themselves (sim.peer_run, agent.peer)
     prometheus_port: int = 0  # the server's [metrics] prometheus_port (0: no endpoint)
 
@@ -140,8 +141,11 @@ class SimSettings:
             raise ValueError(f"--slowdown must be >= 1 (how many times slower), got {self.slowdown}")
         if self.attackers and not self.attack:
             raise ValueError("--attackers needs --attack KIND (sign-flip, scale:F, noise:SIGMA, samples:N or silent)")
-        if self.attack and not self.attackers:
-            raise ValueError(f"--attack {self.attack} needs --attackers N: how many of the {self.agents} agents attack")
+        if self.attack and not self.attackers and not self.attack_regions:
+            raise ValueError(f"--attack {self.attack} needs --attackers N (how many of the {self.agents} agents "
+                             "attack) or, with --regions, --attack-regions K")  # fmt: skip
+        if self.attack_regions and not self.regions:
+            raise ValueError("--attack-regions K needs --regions R: the first K regional aggregators attack their root")
         if self.attack:
             Attack.parse(self.attack)
         if self.in_process and self.slow_agents:
@@ -207,6 +211,12 @@ class SimSettings:
     def _check_regions(self) -> None:
         if not 1 <= self.regions <= self.running_agents:
             raise ValueError(f"--regions must be between 1 and the {self.running_agents} agents, got {self.regions}")
+        if not 0 <= self.attack_regions < self.regions:
+            raise ValueError(f"--attack-regions must be between 0 and --regions - 1 ({self.regions - 1}), got "
+                             f"{self.attack_regions}")  # fmt: skip
+        if self.attack_regions and (not self.attack or self.attack == "silent"):
+            raise ValueError("--attack-regions K needs --attack KIND (sign-flip, scale:F, noise:SIGMA or samples:N, "
+                             "+samples:N may follow): what the rogue regions send up")  # fmt: skip
         for bad, flag in [(self.mode != "client", "--mode peer"), (self.in_process, "--in-process"),
                           (self.pooled, "pooled"), (self.share_ratio > 0, "--share-ratio")]:  # fmt: skip
             if bad:

@@ -51,7 +51,10 @@ def run_region_sim(settings: SimSettings, out: Path, *, echo=print) -> SimResult
         logs = work / "logs"
         logs.mkdir()
         server = spawn(["server", "run", "--config", str(layout.flat.server_config)], logs / "server.log")
-        regional = [spawn(["server", "run", "--config", str(path)], logs / f"{region}.log")
+        rogue = region_names(settings.regions)[: settings.attack_regions]
+        regional = [spawn(["--config", str(path), "--attack", settings.attack, "--attack-scope", settings.attack_scope],
+                          logs / f"{region}.log", module="sim.rogue_region") if region in rogue
+                    else spawn(["server", "run", "--config", str(path)], logs / f"{region}.log")
                     for region, path in layout.regions.items()]  # fmt: skip
         agents = _spawn_agents(layout.flat.agent_configs, settings, logs)
         stack.callback(_terminate, [server, *regional, *agents])

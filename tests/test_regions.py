@@ -94,6 +94,21 @@ def test_a_hostile_agent_is_bounded_in_its_region_and_a_region_that_lets_it_thro
     assert root_round.aggregation["clip_bound"] <= 2 * root_round.aggregation["median_norm"] * (1 + 1e-6)
 
 
+def test_a_rogue_regional_aggregator_of_three_is_screened_out_at_the_root(tmp_path: Path) -> None:
+    """region-1's participant sends its region's step reversed and boosted x20, claiming 10^12 samples: before
+    the federation's own bounds this took the root's loss to 4.4e20 in four committed rounds (a rogue region
+    is a participant like any other: docs/results/robustness.md, "A rogue of three")."""
+    with RegionFederation(tmp_path, regions=3, agents=6, rounds=3) as fed:
+        participant = fed.regions["region-1"].participant
+        attack = Attack.parse("scale:-20+samples:1000000000000")
+        participant.runner.trainer = AttackingTrainer(participant.runner.trainer, attack, "region-1")
+        rounds = fed.root_rounds(3, timeout_s=180)
+    assert [m.outcome for m in rounds] == ["committed"] * 3
+    assert all(list(m.aggregation["screened"]) == ["region-1"] for m in rounds), [m.aggregation for m in rounds]
+    assert all(sorted(m.accepted) == ["region-1", "region-2", "region-3"] for m in rounds)
+    assert rounds[-1].eval["loss"] < rounds[0].eval["loss"] < 2.3  # the honest regions' training goes on
+
+
 # -- configuration ------------------------------------------------------------------------------------
 @pytest.fixture
 def region_config(tmp_path: Path) -> Path:
