@@ -41,6 +41,7 @@ from flcore.agent_models import Assignment, ModelBank
 from flcore.bounds import InfluencePolicy
 from flcore.change_bound import ChangeHistory
 from flcore.strategies.base import Strategy
+from models.tasks import task_of
 from models.weights import NamedArrays
 
 log = logging.getLogger("skyfed.server")
@@ -66,9 +67,11 @@ def round_steps(
     private = config.privacy.enabled
     steps: list[Step] = [BoundInfluence(policy, current_clip if private else None)]
     if policy.screen_below > 0:
-        if evaluator is None or private or strategy.keeps_models:
+        detector = task_of(config.server.model) == "detect"
+        if evaluator is None or private or strategy.keeps_models or detector:
             why = ("no server.eval_data" if evaluator is None else "[privacy] (a verdict on un-noised updates)"
-                   if private else f"strategy {strategy.name} keeps each agent's model")  # fmt: skip
+                   if private else "a detector's evaluation has no loss to compare" if detector
+                   else f"strategy {strategy.name} keeps each agent's model")  # fmt: skip
             log.info("small rounds are not screened (bounds.screen_below = %d): %s", policy.screen_below, why)
         else:
             steps.append(ScreenUpdates(evaluator, in_force, strategy, policy.screen_below))

@@ -30,6 +30,8 @@ class ScreenUpdates(Step):
         if not MIN_UPDATES <= n < self.below:
             return
         base = self.in_force() or self.evaluator(ctx.global_arrays)
+        if base.get("loss") is None:  # nothing to compare a trial with: spare the evaluations
+            return
         trials = []
         for c in ctx.contributions:
             vector = ctx.global_vector + c.delta * np.float32(c.scale / n)
