@@ -34,9 +34,9 @@ class Delivery:
         if self.publisher.retained.damaged and now - self._model_republished_at >= MODEL_STALL_S:
             self._model_republished_at = now
             damaged = len(self.publisher.retained.damaged)
-            self.publisher.publish(self.engine.version, self.engine.global_arrays)
+            published = self.publisher.publish(self.engine.version, self.engine.global_arrays)
             log.warning("retained model version %d lost %d chunks (cleared or replaced by another publisher); "
-                        "re-published it", self.engine.version, damaged)  # fmt: skip
+                        "re-published it sha256=%s", self.engine.version, damaged, published.sha256[:12])  # fmt: skip
         rs = self.engine.round_state
         for agent in self.model_waits.due(now, rs.pending if rs is not None else []):
             public = self.registry.keyring.get(agent)

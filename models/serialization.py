@@ -2,13 +2,15 @@
 
 Layout (https://github.com/huggingface/safetensors): an 8-byte little-endian header length N, N bytes
 of JSON ``{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}}``, then the
-raw little-endian data. Writing uses the ``safetensors`` package. Reading is done here, zero-copy:
-arrays are views into the received buffer, so a 12.8 MB update is not copied on its way to the
-aggregator, and every structural problem is refused with a reason before any array is built.
+raw little-endian data. Writing uses the ``safetensors`` package, its header re-encoded with sorted keys
+(``dumps``). Reading is done here, zero-copy: arrays are views into the received buffer, so a 12.8 MB
+update is not copied on its way to the aggregator, and every structural problem is refused with a
+reason before any array is built.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from dataclasses import dataclass
@@ -40,8 +42,19 @@ class SerializationError(ValueError):
 
 
 def dumps(arrays: NamedArrays, metadata: dict[str, str] | None = None) -> bytes:
-    """Serialize; safetensors stores tensors sorted by dtype alignment then name, back to back."""
-    return save({k: np.asarray(v, order="C") for k, v in arrays.items()}, metadata=metadata)
+    """Serialize; the bytes are a pure function of the content, so a model published again (a healed
+    retained chunk, an inbox resend, a key rotation) has the SHA-256 its signed task names.
+
+    safetensors stores tensors sorted by dtype alignment then name, back to back, but writes the metadata
+    from a hash map whose order changes between calls; its header is re-encoded here with sorted keys,
+    padded with spaces to 8 bytes as safetensors pads it, and the data after it is left as written.
+    """
+    raw = memoryview(save({k: np.asarray(v, order="C") for k, v in arrays.items()}, metadata=metadata))
+    (length,) = struct.unpack_from("<Q", raw, 0)
+    header = json.dumps(json.loads(bytes(raw[8 : 8 + length])), sort_keys=True, separators=(",", ":"),
+                        ensure_ascii=False).encode()  # fmt: skip
+    header += b" " * (-len(header) % 8)
+    return b"".join((struct.pack("<Q", len(header)), header, raw[8 + length :]))
 
 
 def _parse_header(data: bytes | bytearray | memoryview, max_tensors: int) -> tuple[dict, dict[str, str], int]:

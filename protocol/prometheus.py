@@ -2,18 +2,22 @@
 
 Each daemon keeps its gauges and counters in a ``CollectorRegistry`` of its own (never the process-wide
 default one: the sim and the tests run several daemons in one process), and serves it with
-``prometheus_client``'s own HTTP server on a thread, started when the daemon is built (a port that cannot
-be bound fails the start, naming the key) and shut down when it stops.
+``prometheus_client``'s WSGI app on a bounded server (``protocol.bounded_http``: a connection cap and an
+idle timeout, so idle clients cannot fill the daemon's descriptor table) on a thread, started when the
+daemon is built (a port that cannot be bound fails the start, naming the key) and shut down when it stops.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import socket
+import threading
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from protocol.bounded_http import BoundedWSGIServer
 from protocol.config import ConfigError
 
 log = logging.getLogger("skyfed.metrics")
@@ -53,10 +57,13 @@ class Endpoint:
     def __init__(self, section: MetricsSection, registry: CollectorRegistry) -> None:
         host, port = section.prometheus_host, section.prometheus_port
         try:
-            self._server, self._thread = start_http_server(port, host, registry=registry)
+            family, *_, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+            self._server = BoundedWSGIServer((address[0], port), make_wsgi_app(registry), family=family)
         except OSError as exc:
             raise ConfigError(f"[metrics] cannot listen on {host}:{port} ({exc.strerror or exc}): choose a free "
                               "metrics.prometheus_port (0 = off) or another metrics.prometheus_host") from None
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
+        self._thread.start()
         self.port = self._server.server_address[1]
         log.info("prometheus metrics at http://%s:%d/metrics", host, self.port)
 

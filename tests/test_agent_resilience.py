@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -199,6 +200,46 @@ def test_the_server_puts_back_a_model_someone_cleared_and_a_task_replaced_twice_
         fed.close()
     assert sorted(fed.metrics()[0].accepted) == ["agent-01", "agent-02"]
     assert "re-published it" in caplog.text
+
+
+def test_a_model_healed_after_its_task_was_signed_is_the_one_the_task_names_and_the_waiting_agents_train(
+    tmp_path, broker, monkeypatch, caplog
+):
+    """Every re-publication of the current model is the plaintext its signed task names: a heal that
+    re-serialized it into other bytes left agents ``waiting-model`` until the deadline."""
+    from broker_server import delivery
+
+    monkeypatch.setattr(delivery, "MODEL_STALL_S", 10.0)  # the second heal comes after the task is signed
+    fed = Federation(tmp_path, broker, rounds=1, agents=2)
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    server_thread = threading.Thread(target=server.run, daemon=True)
+    server_thread.start()
+    outsider = MqttClient("outsider", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+    assert outsider.start(timeout_s=5)
+
+    def clear_when_retained(chunks: int) -> None:  # the server's own publishes reached the broker first
+        wait_until(lambda: len(retained(broker, "skyfed/it/model/1/#")) == chunks, 10, "the model to be retained")
+        cleared = [outsider.publish(f"skyfed/it/model/1/{i}", b"", retain=True) for i in range(chunks)]
+        assert MqttClient.wait_published(cleared, 5)
+
+    try:
+        wait_until(lambda: server.publisher.current is not None, 20, "the model to be published")
+        first = server.publisher.current
+        clear_when_retained(first.chunks)
+        wait_until(lambda: caplog.text.count("re-published it") == 1, 10, "the first heal")
+        clear_when_retained(first.chunks)  # again: this time the heal waits MODEL_STALL_S
+        fed.start_agents()
+        wait_until(lambda: server.engine.round_state is not None and server.tasks.payload, 30, "round 1 announced")
+        task_sha = json.loads(server.tasks.payload)["body"]["model_sha256"]
+        assert caplog.text.count("re-published it") == 1, "the task was meant to be signed before the second heal"
+        server_thread.join(40)  # well inside the 60 s deadline: the agents trained from the healed model
+        assert not server_thread.is_alive(), "the agents waited for a model their task does not name"
+    finally:
+        outsider.stop()
+        fed.close()
+    heals = re.findall(r"re-published it sha256=(\w+)", caplog.text)
+    assert heals == [first.sha256[:12]] * 2 and task_sha == first.sha256  # the same bytes every time
+    assert sorted(fed.metrics()[0].accepted) == ["agent-01", "agent-02"]
 
 
 def test_an_agent_keeps_its_newer_model_when_an_older_one_is_replayed(tmp_path):

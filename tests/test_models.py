@@ -1,11 +1,13 @@
 """Model zoo, named arrays, deltas and the zero-copy safetensors reader."""
 
+import hashlib
 import json
 import struct
 
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 
 from models.datasets import load_digits
 from models.serialization import SerializationError, dumps, float32_region, load_file, loads, save_file
@@ -133,6 +135,27 @@ def test_malformed_safetensors_are_refused_with_a_reason(payload, reason):
 def test_nan_values_round_trip_unchanged_because_validation_is_elsewhere():
     arrays, _ = loads(dumps({"x": np.array([np.nan, 1.0], np.float32)}))
     assert np.isnan(arrays["x"][0])
+
+
+def test_twenty_re_serializations_in_any_insertion_order_give_one_sha256_that_safetensors_reads(tmp_path):
+    """A model published again must match the SHA-256 its signed task names: safetensors writes metadata in
+    an order that changes between calls, ``dumps`` must not."""
+    rng = np.random.default_rng(0)
+    kinds = (("weight", np.float32), ("count", np.int64), ("half", np.float16))
+    arrays = {f"layer{i}.{k}": rng.standard_normal((3, i + 1)).astype(t) for i in range(6) for k, t in kinds}
+    metadata = {key: f"value-{key}" for key in ("model", "version", "round", "run_id", "kind", "scope", "z", "a")}
+    digests, payload = set(), b""
+    for _ in range(20):  # fresh dicts, fresh arrays, every time in another insertion order
+        names, keys = rng.permutation(list(arrays)), rng.permutation(list(metadata))
+        payload = dumps({str(n): arrays[n].copy() for n in names}, {str(k): metadata[k] for k in keys})
+        digests.add(hashlib.sha256(payload).hexdigest())
+    assert len(digests) == 1
+    assert struct.unpack_from("<Q", payload)[0] % 8 == 0  # the data starts 8-aligned, as safetensors pads it
+    back, meta = loads(payload)
+    assert meta == metadata and all(np.array_equal(back[n], a) and back[n].dtype == a.dtype for n, a in arrays.items())
+    (tmp_path / "m.safetensors").write_bytes(payload)
+    with safe_open(tmp_path / "m.safetensors", framework="np") as handle:  # the library's own reader, too
+        assert handle.metadata() == metadata and np.array_equal(handle.get_tensor("layer5.half"), arrays["layer5.half"])
 
 
 def test_save_file_is_atomic_and_load_file_copies(tmp_path):

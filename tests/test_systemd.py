@@ -282,6 +282,13 @@ def test_unit_is_a_watched_notify_service_that_restarts_on_failure_but_not_on_a_
     assert not {"KillMode", "TasksMax", "LimitNPROC"} & service.keys()
 
 
+@pytest.mark.parametrize("role", ["agent", "server", "dashboard"])
+def test_unit_raises_the_descriptor_limit_above_systemds_1024(role):
+    """1,022 idle connections to the server's metrics endpoint filled a 1,024 table and stalled a round."""
+    (limit,) = service_section(UNITS[role])["LimitNOFILE"]
+    assert int(limit) >= 8192
+
+
 def test_agent_unit_reaches_serial_ports_through_dialout_only():
     service = service_section(UNITS["agent"])
     assert service["SupplementaryGroups"] == ["dialout"] and service["DevicePolicy"] == ["closed"]
