@@ -292,7 +292,9 @@ def _add_sim_options(
     ldp.add_argument("--ldp-target-epsilon", type=float, metavar="E", help="an agent stops volunteering before E")
     parser.add_argument("--attackers", type=int, default=0, help="how many agents are malicious (real keys)")
     parser.add_argument(
-        "--attack", default=None, help="sign-flip | scale:F | noise:SIGMA | samples:N | silent (trains, never sends)"
+        "--attack", default=None,
+        help="sign-flip | scale:F | noise:SIGMA | samples:N | silent (trains, never sends); +samples:N may follow "
+        "an attack on the weights (scale:-20+samples:1e12)"
     )
     parser.add_argument(
         "--attack-scope", default="parameters", choices=["parameters", "all"],
