@@ -5,12 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from broker_server.pipeline import RoundContext, Step
-from flcore.screening import MIN_UPDATES, screened
+from flcore.screening import screen
 from flcore.strategies.base import Strategy
-from models.weights import NamedArrays, with_floats
+from models.weights import NamedArrays
 
 
 @dataclass
@@ -26,17 +24,10 @@ class ScreenUpdates(Step):
     name: str = "screen"
 
     def run(self, ctx: RoundContext) -> None:
-        n = len(ctx.contributions)
-        if not MIN_UPDATES <= n < self.below:
+        dropped = screen(ctx.contributions, ctx.global_arrays, ctx.global_vector, ctx.float_spec, self.evaluator,
+                         self.in_force(), self.below)  # fmt: skip
+        if not dropped:
             return
-        base = self.in_force() or self.evaluator(ctx.global_arrays)
-        if base.get("loss") is None:  # nothing to compare a trial with: spare the evaluations
-            return
-        trials = []
-        for c in ctx.contributions:
-            vector = ctx.global_vector + c.delta * np.float32(c.scale / n)
-            trials.append(self.evaluator(with_floats(ctx.global_arrays, vector, ctx.float_spec)))
-        dropped = screened(base, trials)
         for i in dropped:
             self.strategy.unfold(ctx.contributions[i])
         ctx.step_detail["screened"] = {ctx.contributions[i].agent: why for i, why in sorted(dropped.items())}

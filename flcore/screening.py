@@ -10,12 +10,19 @@ in force plus sᵢ·Δᵢ/n, as Zeno scores a worker's gradient by the descent i
 ICML 2019, arXiv:1805.10032). An update whose step raises the loss by more than ``TOLERANCE`` of it is left
 out, the worst first, at most ⌊(n - 1)/2⌋ of them, so honest updates stay a majority of what is kept.
 
-Pure: the caller evaluates, this module decides.
+``screened`` decides from evaluations; ``screen`` runs the trials for whoever aggregates (the server's
+pipeline step, a peer's round) with its own evaluator.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+
+import numpy as np
+
+from flcore.strategies.base import Contribution
+from models.weights import NamedArrays, TensorSpec, with_floats
 
 TOLERANCE = 0.01  # a step may raise the validation loss by this fraction of it before it is left out
 MIN_UPDATES = 3  # fewer: no majority to keep
@@ -33,3 +40,20 @@ def screened(in_force: dict[str, float], trials: list[dict[str, float]]) -> dict
     limit = base + TOLERANCE * max(base, 0.0)
     worse = sorted((i for i, loss in enumerate(losses) if not loss <= limit), key=lambda i: -losses[i])
     return {i: f"raises-validation-loss: {base:.4g} -> {losses[i]:.4g}" for i in worse[: (len(trials) - 1) // 2]}
+
+
+def screen(
+    contributions: list[Contribution], model: NamedArrays, vector: np.ndarray, spec: tuple[TensorSpec, ...],
+    evaluate: Callable[[NamedArrays], dict[str, float]], in_force: dict[str, float], below: int,
+) -> dict[int, str]:
+    """Trial every contribution of a round of ``MIN_UPDATES`` to ``below`` - 1 updates at its share (the model in
+    force ``model``/``vector`` plus sᵢ·Δᵢ/n) with ``evaluate``, and decide (``screened``); ``in_force`` is the model
+    in force's evaluation ({}: evaluated here)."""
+    n = len(contributions)
+    if not MIN_UPDATES <= n < below:
+        return {}
+    base = in_force or evaluate(model)
+    if base.get("loss") is None:  # nothing to compare a trial with: spare the evaluations
+        return {}
+    trials = [evaluate(with_floats(model, vector + c.delta * np.float32(c.scale / n), spec)) for c in contributions]
+    return screened(base, trials)
