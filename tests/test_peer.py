@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from agent.config import load_agent_config
+from agent.peer.bestagg import BEST_FILE
 from agent.peer.election import Election
 from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.node import PeerNode
-from agent.peer.rounds import BEST_FILE, initial_model, read_metrics
+from agent.peer.rounds import initial_model, read_metrics
 from agent.runner import in_process_runner
 from common import toml
 from flcore.update import TrainResult
@@ -104,7 +105,7 @@ def state(config: Path) -> Path:
 
 
 def test_three_peers_waiting_for_all_end_with_centralized_fedavg_of_their_updates(tmp_path, broker, peers):
-    configs = peer_configs(tmp_path, broker, rounds=2)
+    configs = peer_configs(tmp_path, broker, rounds=2, strategy={"name": "fedavg"})
     recorders = {}
     for name, path in configs.items():
         peers.start(path, wrap=lambda inner, name=name: recorders.setdefault(name, Recording(inner)))
@@ -187,15 +188,15 @@ def test_hostile_peers_are_bounded_refused_and_cannot_win_the_election(tmp_path,
     peers.start(configs["agent-03"], wrap=lambda inner: AttackingTrainer(inner, Attack("scale", 100.0), "agent-03"))
     peers.start(configs["agent-04"], wrap=nan_trainer)
     peers.nodes["agent-04"].work._accept = lambda *_: True  # a rogue peer skips its own checks and sends anyway
-    liar = peers.nodes["agent-03"].work
-    honest_elect = liar._elect
+    liar = peers.nodes["agent-03"].work.bestagg
+    honest_elect = liar.start
 
-    def lying_elect(evaluation: dict[str, float]) -> None:  # claims a perfect score for a model of noise
-        liar.model = {k: np.random.default_rng(0).normal(0, 1, v.shape).astype(v.dtype) if v.dtype.kind == "f" else v
-                      for k, v in liar.model.items()}  # fmt: skip
-        honest_elect({"accuracy": 1.0})
+    def lying_elect(model: NamedArrays, round_number: int, evaluation: dict[str, float], now: float) -> None:
+        noise = {k: np.random.default_rng(0).normal(0, 1, v.shape).astype(v.dtype) if v.dtype.kind == "f" else v
+                 for k, v in model.items()}  # fmt: skip
+        honest_elect(noise, round_number, {"accuracy": 1.0}, now)  # claims a perfect score for a model of noise
 
-    liar._elect = lying_elect
+    liar.start = lying_elect
     peers.wait_done(honest)
     elections = []
     for name in honest:

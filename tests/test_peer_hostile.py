@@ -204,12 +204,12 @@ def test_unasked_models_a_nan_score_and_a_second_session_change_nothing(tmp_path
     feed(node, sealed_to(node, rogue, "peer-model", 1, dumps(node.work.model)))  # a catch-up nobody asked for
     assert f"model ignored peer={ROGUE} round=1 reason=not-expected" in caplog.text and not node.work.catchup
     feed(node, sealed_to(node, rogue, "peer-model", 3, dumps(node.work.model)))  # "the elected model", unelected
-    assert set(node.work.final_models) == {ROGUE}  # kept aside: adopted only from the leader, by fingerprint
+    assert set(node.work.bestagg.final_models) == {ROGUE}  # kept aside: adopted only from the leader, by fingerprint
     claim = signed_payload(PeerBest("sim", ROGUE, 2, 0.25, "a" * 64, 100.0).to_dict(), rogue)
     node.handle(TOPICS.peer_best(ROGUE), claim.replace(b"0.25", b"NaN"))  # NaN cannot be signed as JSON: written in
     assert f"best model claim refused peer={ROGUE} reason=malformed" in caplog.text
-    node.work._elect({"accuracy": 0.5})
-    assert set(node.work.election.claims) == {"agent-01"}  # a NaN score is no claim
+    node.work.bestagg.start(node.work.model, 2, {"accuracy": 0.5}, time.monotonic())
+    assert set(node.work.bestagg.election.claims) == {"agent-01"}  # a NaN score is no claim
     node.handle(TOPICS.peer_member(ROGUE), membership(rogue, session=200.0))  # a second session: it replaces the first
     node.handle(TOPICS.peer_member(ROGUE), membership(rogue, "left", session=100.0))  # the first one's will: too old
     assert node.roster.members[ROGUE].session == 200.0
