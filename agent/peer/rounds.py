@@ -159,7 +159,8 @@ class PeerRounds:
         """Start round 1 once ``threshold`` peers are here (or ``round_timeout_s`` more passed), or catch up."""
         others = self._member_rounds()
         late = bool(others) and lower_median(np.array(list(others.values()))) > 1
-        few = len(others) + 1 < self.plan.threshold and waited < self.plan.join_wait_s + self.plan.round_timeout_s
+        here = len(others) + 1 + len(set(self.node.roster.sitting_out()) - {self.me})  # gated ones: not waited for
+        few = here < self.plan.threshold and waited < self.plan.join_wait_s + self.plan.round_timeout_s
         if few and not late:
             return
         if late:
