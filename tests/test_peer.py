@@ -252,6 +252,35 @@ def test_bad_peer_plans_fail_at_start_naming_the_key(tmp_path, broker):
         load_agent_config(path)
 
 
+def test_peers_default_to_the_servers_measured_strategy_and_refuse_what_needs_a_server_saying_why(tmp_path, broker):
+    path = peer_configs(tmp_path, broker)["agent-01"]
+    assert load_agent_config(path).federation.build_strategy().name == "auto"  # on main: fedavg
+    for name, why in (("fedprox", "sets the agents' local training through the server's round task"),
+                      ("fedadam", "steps a server optimizer"), ("fedamn", "keeps every agent's model on a server")):
+        override_toml(path, federation={"strategy": {"name": name}})
+        with pytest.raises(ConfigError, match=f"federation.strategy.name '{name}' does not work between peers: it {why}"):
+            load_agent_config(path)
+
+
+@pytest.mark.parametrize(("mode", "tables", "named"), [
+    ("peer", {"agent": {"status_interval_s": 2.0}}, "agent.status_interval_s"),
+    ("peer", {"training": {"onnx": True}}, "training.onnx"),
+    ("peer", {"metrics": {"prometheus_port": 0}}, r"\[metrics\]"),  # off, yet given: on main silently ignored
+    ("client", {"keys": {"enrolled": "enrolled"}}, "keys.enrolled"),
+])  # fmt: skip
+def test_a_key_the_role_never_reads_is_refused_at_start_naming_it(tmp_path, broker, mode, tables, named):
+    path = peer_configs(tmp_path, broker)["agent-01"]
+    if mode == "client":
+        data = toml.loads(path.read_text())
+        data.pop("federation")
+        data["keys"] = {"identity": "agent-01.key", "server": "enrolled/agent-02.pub"}
+        write_toml(path, data)
+        load_agent_config(path)
+    override_toml(path, **tables)
+    with pytest.raises(ConfigError, match=f'{named} is not used with federation.mode = "{mode}": .*; remove it'):
+        load_agent_config(path)
+
+
 def test_a_late_joiner_starts_from_the_median_of_the_members_models(tmp_path, broker, peers, caplog):
     configs = peer_configs(tmp_path, broker, rounds=4, threshold=2)
     caplog.set_level(logging.INFO)
@@ -285,7 +314,7 @@ def test_the_example_peer_config_is_valid_apart_from_its_paths(tmp_path, broker)
     override_toml(path, agent={"id": "agent-01", "data": "data.npz", "test_data": "test.npz", "state_dir": "state"},
                   keys={"identity": "agent-01.key", "enrolled": "enrolled"})  # fmt: skip
     config = load_agent_config(path)
-    assert config.peer_mode and config.federation.threshold == 4 and config.federation.build_strategy().name == "fedavg"
+    assert config.peer_mode and config.federation.threshold == 4 and config.federation.build_strategy().name == "auto"
 
 
 def test_a_best_model_claim_left_retained_by_an_earlier_run_does_not_count():
