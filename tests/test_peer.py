@@ -258,7 +258,7 @@ def test_peers_default_to_the_servers_measured_strategy_and_refuse_what_needs_a_
     for name, why in (("fedprox", "sets the agents' local training through the server's round task"),
                       ("fedadam", "steps a server optimizer"), ("fedamn", "keeps every agent's model on a server")):
         override_toml(path, federation={"strategy": {"name": name}})
-        with pytest.raises(ConfigError, match=f"federation.strategy.name '{name}' does not work between peers: it {why}"):
+        with pytest.raises(ConfigError, match=f"strategy.name '{name}' does not work between peers: it {why}"):
             load_agent_config(path)
 
 
