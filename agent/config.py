@@ -42,6 +42,17 @@ class KeysSection:
     enrolled: str = ""  # peer mode: the folder of every peer's .pub (``revoked/`` inside it), as the server's
 
 
+# Keys one role never reads: given, they would be ignored without a word, so each is refused at start, naming why.
+UNUSED_BY = {
+    "peer": {
+        "agent.status_interval_s": "a peer publishes its signed membership when it changes, not a status on a timer",
+        "training.onnx": "a peer keeps no ONNX export; its model is state_dir/best_model.safetensors",
+        "metrics": "a peer node serves no Prometheus endpoint yet; its rounds are in state_dir/metrics.jsonl",
+    },
+    "client": {"keys.enrolled": "an edge agent trusts the server's key (keys.server); the enrolled folder is a peer's"},
+}
+
+
 TRAINERS = ("classifier", "detector")
 WORKERS = ("adaptive", "per-round", "warm")
 
@@ -170,9 +181,7 @@ def load_agent_config(path: Path) -> AgentConfig:
             raise ValueError('[privacy] (local DP-SGD) works with training.trainer = "classifier" only; remove it')
         check_level("agent.federation", config.agent.federation)
         check_own_code(config)
-        if config.peer_mode and config.metrics.enabled:
-            raise ValueError('metrics.prometheus_port: a peer node (federation.mode = "peer") serves no Prometheus '
-                             "endpoint yet; remove [metrics]")  # fmt: skip
+        check_unused(data, config.federation.mode)
         check_keys(config)
     except ConfigError:
         raise
@@ -182,6 +191,15 @@ def load_agent_config(path: Path) -> AgentConfig:
     config.enrolled_dir if config.peer_mode else config.server_key_path  # noqa: B018
     config.init_weights_path  # noqa: B018
     return config
+
+
+def check_unused(data: dict, mode: str) -> None:
+    """Refuse a table or key that ``federation.mode`` ``mode`` never reads (``UNUSED_BY``), naming it and why."""
+    for key, why in UNUSED_BY[mode].items():
+        table, _, name = key.partition(".")
+        if table in data and (not name or name in data[table]):
+            where = f"[{key}]" if not name else key
+            raise ValueError(f'{where} is not used with federation.mode = "{mode}": {why}; remove it')
 
 
 def check_own_code(config: AgentConfig) -> None:

@@ -41,8 +41,8 @@ ROUND_PLAN_NOTE = """\
 # rounds = 5
 # threshold = 3           # peer updates a peer waits for each round, its own included (all peers: wait for all)
 # round_timeout_s = 120.0
-# [federation.strategy]
-# name = "fedavg"
+# [federation.strategy]  # unset: auto, the server's measured default (docs/results/robustness.md)
+# name = "auto"
 """
 
 

@@ -59,7 +59,7 @@ def create_peer_federation(root: Path, settings: SimSettings, broker: tuple[str,
             enroll(folder / "enrolled", other.public)
         write_toml(folder / "agent.toml", {
             "agent": {"id": name, "federation": settings.federation, "state_dir": "state", **agent_data,
-                      "seed": settings.seed, "status_interval_s": 2.0},
+                      "seed": settings.seed},
             "broker": {"host": broker[0], "port": broker[1]},
             "keys": {"identity": f"{name}.key", "enrolled": "enrolled"},
             "training": {"trainer": trainer, "threads": 1,

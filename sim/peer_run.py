@@ -16,7 +16,8 @@ from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
-from agent.peer.rounds import BEST_FILE, read_metrics
+from agent.peer.bestagg import BEST_FILE
+from agent.peer.rounds import read_metrics
 from models.synthetic_detection import NAMES
 from protocol.messages import headline
 from sim.federation import SimSettings

@@ -20,6 +20,7 @@ from protocol.config import ConfigError
 from protocol.config_check import DaemonConfig
 from protocol.messages import RoundMetrics
 from sim.federation import FederationLayout, SimSettings, create_federation
+from sim.peer_federation import create_peer_federation
 from sim.run import SimResult, logged_rounds, run_sim
 
 if TYPE_CHECKING:
@@ -58,11 +59,15 @@ def run_federation(settings: SimSettings | None = None, *, out: str | Path = "sk
 def write_federation(folder: str | Path, broker: str, settings: SimSettings | None = None,
                      **overrides: object) -> FederationLayout:  # fmt: skip
     """Write the keys, enrolment, partitioned data and configs of a server and ``agents`` agents under ``folder``
-    (as ``skyfed sim`` does), for a broker at ``broker`` (``HOST:PORT``): the configs ``Server`` and ``Agent`` take."""
+    (as ``skyfed sim`` does), for a broker at ``broker`` (``HOST:PORT``): the configs ``Server`` and ``Agent`` take.
+    With ``mode="peer"`` the agents are peers (``sim.peer_federation``): no server, and ``server_config`` names
+    no file; each peer's ``Agent`` ends once the peers elected their best model."""
     host, _, port = broker.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"broker must be HOST:PORT, got {broker!r}")
-    return create_federation(Path(folder).resolve(), settings_of(settings, overrides), (host, int(port)))
+    chosen = settings_of(settings, overrides)
+    write = create_peer_federation if chosen.mode == "peer" else create_federation
+    return write(Path(folder).resolve(), chosen, (host, int(port)))
 
 
 @contextmanager
@@ -198,7 +203,8 @@ class Server(_DaemonThread["ServerConfig"]):
 
 class Agent(_DaemonThread["AgentConfig"]):
     """The agent of ``skyfed agent run --config agent.toml`` (a peer in peer mode); training runs in its
-    training child process, as deployed. Runs until stopped: it waits for the server's next run."""
+    training child process, as deployed. Runs until stopped: it waits for the server's next run (a peer ends
+    after its federation's last round and election)."""
 
     role = "agent"
 

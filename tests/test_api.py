@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.peer.rounds import read_metrics as read_peer_metrics
 from common.lock import StateDirInUse
 from skyfed import api
 from tests.fedharness import override_toml
@@ -61,6 +62,19 @@ def test_a_server_and_two_agents_finish_a_round_and_read_metrics_returns_it(brok
     assert server.metrics() == metrics == api.read_metrics(server.state_dir / "metrics.jsonl")
     again = api.Agent(first).start()  # the stopped agent released its folder
     again.stop()
+
+
+@pytest.mark.integration
+def test_write_federation_in_peer_mode_writes_peers_that_agent_runs_to_their_election(broker, tmp_path):
+    """On main ``mode="peer"`` was dropped: it wrote a client federation, whose agents waited for a server."""
+    layout = api.write_federation(tmp_path / "fed", broker.address, mode="peer", **QUICK)
+    assert not layout.server_config.exists()  # no server in peer mode
+    first, second = layout.agent_configs.values()
+    with api.Agent(first) as one, api.Agent(second) as two:
+        assert one.wait(timeout_s=300) and two.wait(timeout_s=60), "the peers did not finish"
+    for config in (first, second):
+        state = config.parent / "state"
+        assert (state / "best_model.safetensors").exists() and len(read_peer_metrics(state)) == 1
 
 
 def test_read_metrics_of_a_folder_without_any_names_it(tmp_path):

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from agent.config import load_agent_config
+from agent.peer.bestagg import BEST_FILE
 from agent.peer.election import Election
 from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.node import PeerNode
-from agent.peer.rounds import BEST_FILE, initial_model, read_metrics
+from agent.peer.rounds import initial_model, read_metrics
 from agent.runner import in_process_runner
 from common import toml
 from flcore.update import TrainResult
@@ -104,7 +105,7 @@ def state(config: Path) -> Path:
 
 
 def test_three_peers_waiting_for_all_end_with_centralized_fedavg_of_their_updates(tmp_path, broker, peers):
-    configs = peer_configs(tmp_path, broker, rounds=2)
+    configs = peer_configs(tmp_path, broker, rounds=2, strategy={"name": "fedavg"})
     recorders = {}
     for name, path in configs.items():
         peers.start(path, wrap=lambda inner, name=name: recorders.setdefault(name, Recording(inner)))
@@ -187,15 +188,15 @@ def test_hostile_peers_are_bounded_refused_and_cannot_win_the_election(tmp_path,
     peers.start(configs["agent-03"], wrap=lambda inner: AttackingTrainer(inner, Attack("scale", 100.0), "agent-03"))
     peers.start(configs["agent-04"], wrap=nan_trainer)
     peers.nodes["agent-04"].work._accept = lambda *_: True  # a rogue peer skips its own checks and sends anyway
-    liar = peers.nodes["agent-03"].work
-    honest_elect = liar._elect
+    liar = peers.nodes["agent-03"].work.bestagg
+    honest_elect = liar.start
 
-    def lying_elect(evaluation: dict[str, float]) -> None:  # claims a perfect score for a model of noise
-        liar.model = {k: np.random.default_rng(0).normal(0, 1, v.shape).astype(v.dtype) if v.dtype.kind == "f" else v
-                      for k, v in liar.model.items()}  # fmt: skip
-        honest_elect({"accuracy": 1.0})
+    def lying_elect(model: NamedArrays, round_number: int, evaluation: dict[str, float], now: float) -> None:
+        noise = {k: np.random.default_rng(0).normal(0, 1, v.shape).astype(v.dtype) if v.dtype.kind == "f" else v
+                 for k, v in model.items()}  # fmt: skip
+        honest_elect(noise, round_number, {"accuracy": 1.0}, now)  # claims a perfect score for a model of noise
 
-    liar._elect = lying_elect
+    liar.start = lying_elect
     peers.wait_done(honest)
     elections = []
     for name in honest:
@@ -251,6 +252,35 @@ def test_bad_peer_plans_fail_at_start_naming_the_key(tmp_path, broker):
         load_agent_config(path)
 
 
+def test_peers_default_to_the_servers_measured_strategy_and_refuse_what_needs_a_server_saying_why(tmp_path, broker):
+    path = peer_configs(tmp_path, broker)["agent-01"]
+    assert load_agent_config(path).federation.build_strategy().name == "auto"  # on main: fedavg
+    for name, why in (("fedprox", "sets the agents' local training through the server's round task"),
+                      ("fedadam", "steps a server optimizer"), ("fedamn", "keeps every agent's model on a server")):
+        override_toml(path, federation={"strategy": {"name": name}})
+        with pytest.raises(ConfigError, match=f"strategy.name '{name}' does not work between peers: it {why}"):
+            load_agent_config(path)
+
+
+@pytest.mark.parametrize(("mode", "tables", "named"), [
+    ("peer", {"agent": {"status_interval_s": 2.0}}, "agent.status_interval_s"),
+    ("peer", {"training": {"onnx": True}}, "training.onnx"),
+    ("peer", {"metrics": {"prometheus_port": 0}}, r"\[metrics\]"),  # off, yet given: on main silently ignored
+    ("client", {"keys": {"enrolled": "enrolled"}}, "keys.enrolled"),
+])  # fmt: skip
+def test_a_key_the_role_never_reads_is_refused_at_start_naming_it(tmp_path, broker, mode, tables, named):
+    path = peer_configs(tmp_path, broker)["agent-01"]
+    if mode == "client":
+        data = toml.loads(path.read_text())
+        data.pop("federation")
+        data["keys"] = {"identity": "agent-01.key", "server": "enrolled/agent-02.pub"}
+        write_toml(path, data)
+        load_agent_config(path)
+    override_toml(path, **tables)
+    with pytest.raises(ConfigError, match=f'{named} is not used with federation.mode = "{mode}": .*; remove it'):
+        load_agent_config(path)
+
+
 def test_a_late_joiner_starts_from_the_median_of_the_members_models(tmp_path, broker, peers, caplog):
     configs = peer_configs(tmp_path, broker, rounds=4, threshold=2)
     caplog.set_level(logging.INFO)
@@ -284,7 +314,7 @@ def test_the_example_peer_config_is_valid_apart_from_its_paths(tmp_path, broker)
     override_toml(path, agent={"id": "agent-01", "data": "data.npz", "test_data": "test.npz", "state_dir": "state"},
                   keys={"identity": "agent-01.key", "enrolled": "enrolled"})  # fmt: skip
     config = load_agent_config(path)
-    assert config.peer_mode and config.federation.threshold == 4 and config.federation.build_strategy().name == "fedavg"
+    assert config.peer_mode and config.federation.threshold == 4 and config.federation.build_strategy().name == "auto"
 
 
 def test_a_best_model_claim_left_retained_by_an_earlier_run_does_not_count():

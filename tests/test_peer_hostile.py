@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +19,14 @@ from agent.peer.election import Election
 from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.node import PeerNode
 from agent.peer.rounds import initial_model, read_metrics
+from agent.peer.stale import StaleGuard
 from agent.runner import in_process_runner
 from flcore.bounds import InfluencePolicy
 from flcore.strategies import build_strategy
-from flcore.update import TrainResult, encode_model
+from flcore.update import TrainResult, UpdateRejected, encode_model
 from models.serialization import dumps
+from models.weights import NamedArrays, fingerprint
+from participant.trainer import PeerContext, Trainer, TrainerWrapper
 from protocol.messages import RoundTask
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
@@ -204,12 +208,12 @@ def test_unasked_models_a_nan_score_and_a_second_session_change_nothing(tmp_path
     feed(node, sealed_to(node, rogue, "peer-model", 1, dumps(node.work.model)))  # a catch-up nobody asked for
     assert f"model ignored peer={ROGUE} round=1 reason=not-expected" in caplog.text and not node.work.catchup
     feed(node, sealed_to(node, rogue, "peer-model", 3, dumps(node.work.model)))  # "the elected model", unelected
-    assert set(node.work.final_models) == {ROGUE}  # kept aside: adopted only from the leader, by fingerprint
+    assert set(node.work.bestagg.final_models) == {ROGUE}  # kept aside: adopted only from the leader, by fingerprint
     claim = signed_payload(PeerBest("sim", ROGUE, 2, 0.25, "a" * 64, 100.0).to_dict(), rogue)
     node.handle(TOPICS.peer_best(ROGUE), claim.replace(b"0.25", b"NaN"))  # NaN cannot be signed as JSON: written in
     assert f"best model claim refused peer={ROGUE} reason=malformed" in caplog.text
-    node.work._elect({"accuracy": 0.5})
-    assert set(node.work.election.claims) == {"agent-01"}  # a NaN score is no claim
+    node.work.bestagg.start(node.work.model, 2, {"accuracy": 0.5}, time.monotonic())
+    assert set(node.work.bestagg.election.claims) == {"agent-01"}  # a NaN score is no claim
     node.handle(TOPICS.peer_member(ROGUE), membership(rogue, session=200.0))  # a second session: it replaces the first
     node.handle(TOPICS.peer_member(ROGUE), membership(rogue, "left", session=100.0))  # the first one's will: too old
     assert node.roster.members[ROGUE].session == 200.0
@@ -288,3 +292,76 @@ def test_a_zero_update_that_always_comes_first_cannot_freeze_a_peer_at_threshold
     new, _ = collector.aggregate(build_strategy({"name": "fedavg"}))
     moved = max(float(np.abs(new[k] - model[k]).max()) for k in model if model[k].dtype.kind == "f")
     assert moved > 0.01  # on main: 0.0
+
+
+class Replaying(TrainerWrapper):
+    """A rogue peer's trainer: its round-1 model again every round, under the round's number and base name."""
+
+    def __init__(self, inner: Trainer) -> None:
+        super().__init__(inner)
+        self.first: TrainResult | None = None
+
+    def train(self, global_arrays: NamedArrays, task: RoundTask, context: PeerContext | None = None) -> TrainResult:
+        result = self.inner.train(global_arrays, task, context)
+        self.first = self.first or result
+        return replace(result, arrays=self.first.arrays)
+
+
+def test_a_peer_that_replays_its_round_one_model_is_refused_as_stale_from_round_two(tmp_path, broker, peers):
+    """On main the replayed model was accepted every round (the red team's 0.953 against 0.989)."""
+    configs = peer_configs(tmp_path, broker, rounds=3, round_timeout_s=4.0)
+    honest = ["agent-01", "agent-02"]
+    for name in honest:
+        peers.start(configs[name])
+    peers.start(configs[ROGUE], wrap=Replaying)
+    peers.wait_done(honest, timeout_s=90)
+    for name in honest:
+        lines = read_metrics(state(configs[name]))
+        assert [line["aggregated_from"] for line in lines] == [[*honest, ROGUE], honest, honest]
+        for line in lines[1:]:
+            (refused,) = line["rejected"]
+            assert refused["peer"] == ROGUE and refused["reason"].startswith(f"stale-base: its model is one {ROGUE} "
+                                                                             "had in round 1")  # fmt: skip
+
+
+def stale_task(round_number: int) -> RoundTask:
+    return RoundTask(federation="sim", round=round_number, attempt=0, strategy="auto", model="digits_cnn",
+                     num_classes=10, model_version=round_number - 1, model_sha256="", model_chunks=0, group_key_id="",
+                     selected=["agent-01"], pending=[], deadline=0.0, issued_at=0.0, run_id="peer-0")  # fmt: skip
+
+
+def nudged(model: NamedArrays, seed: int) -> NamedArrays:
+    rng = np.random.default_rng(seed)
+    return {k: v + rng.normal(0, 0.01, v.shape).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in model.items()}
+
+
+def test_which_start_models_an_update_may_name(tmp_path):
+    """The receiver's round-r model always; an old one of its own, one the sender named before, or a model seen in
+    an earlier round never, whatever the base an update names (agent.peer.stale)."""
+    guard = StaleGuard("agent-01")
+    m1 = initial_model("digits_cnn", 10, 0)
+    trained1 = nudged(m1, 1)
+
+    def offer(collector: RoundCollector, sender: str, arrays: NamedArrays, base: NamedArrays, seed: int) -> str:
+        update = encode_model(stale_task(collector.round), base, TrainResult(arrays, 10, 0.1),
+                              residual=tmp_path / f"r{seed}")  # fmt: skip
+        try:
+            collector.accept(sender, update, 0)
+        except UpdateRejected as exc:
+            return exc.reason
+        return ""
+
+    one = RoundCollector(1, m1, InfluencePolicy(), "agent-01", guard)
+    assert offer(one, ROGUE, trained1, m1, 1) == ""
+    m2 = nudged(m1, 2)
+    elsewhere = nudged(m1, 3)  # the rogue's own round-2 model, after it closed round 1 on other updates
+    two = RoundCollector(2, m2, InfluencePolicy(), "agent-01", guard)
+    assert offer(two, ROGUE, trained1, m1, 4).startswith("stale-base: built on the model this peer held in round 1")
+    assert offer(two, ROGUE, trained1, m2, 5).startswith(f"stale-base: its model is one {ROGUE} had in round 1")
+    assert offer(two, ROGUE, m1, m2, 6).startswith("stale-base: its model is one this peer had in round 1")
+    assert offer(two, "agent-02", nudged(m2, 7), elsewhere, 7) == ""  # models may differ after a threshold round
+    three = RoundCollector(3, m2, InfluencePolicy(), "agent-01", guard)  # round 2's aggregate was refused: m2 kept
+    assert offer(three, "agent-02", nudged(elsewhere, 8), elsewhere, 8).startswith(
+        f"stale-base: agent-02 named start model {fingerprint(elsewhere)[:12]} in round 2 already")
+    assert offer(three, ROGUE, nudged(m2, 9), m2, 9) == ""  # the receiver's own model is the round's
+    assert [r["reason"].split(":")[0] for r in two.rejected + three.rejected] == ["stale-base"] * 4

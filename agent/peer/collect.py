@@ -9,7 +9,8 @@ every peer starts the round from the same model m_r, that change is bit for bit 
 they compute the same model, bit for bit: the centralized FedAvg of the same updates. After a round some
 peers closed on a threshold, the peers' models differ; a change over the receiver's own model then also
 pulls the peers' models together (SmartFed averages models), where a delta over the sender's model would
-let them drift apart for good. The round's detail names such senders under ``other_base``.
+let them drift apart for good. The round's detail names such senders under ``other_base``. An update built on a
+provably old model is refused ``stale-base`` (``agent.peer.stale``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from agent.peer.stale import StaleGuard, content_digest
 from flcore.aggregation import bounded_contributions, change_limit, check_new_model
 from flcore.bounds import MIN_REFERENCE, InfluencePolicy
 from flcore.rounds import UpdateRecord
@@ -45,6 +47,7 @@ class RoundCollector:
     model: NamedArrays
     policy: InfluencePolicy
     me: str = ""  # this peer: its own update is the bounds' reference in a round of fewer than three
+    guard: StaleGuard | None = None  # what this peer held and saw in earlier rounds: this round starts now
     updates: dict[str, PeerUpdate] = field(default_factory=dict)
     rejected: list[dict[str, str]] = field(default_factory=list)
 
@@ -52,6 +55,8 @@ class RoundCollector:
         self.spec, self.vector = float_layout(self.model)
         self.positive = positive_ranges(self.spec)
         self.sha256 = fingerprint(self.model)
+        if self.guard is not None:
+            self.guard.start(self.round, self.sha256, content_digest(self.vector))
 
     def accept(self, sender: str, data: bytes | bytearray | memoryview, wire_bytes: int) -> PeerUpdate:
         """Check and keep ``sender``'s update, or raise ``UpdateRejected`` (recorded in ``rejected``)."""
@@ -66,13 +71,17 @@ class RoundCollector:
             raise UpdateRejected("duplicate")
         parsed = parse_update(data, expected_spec=self.spec, round_number=self.round, model_version=self.round - 1,
                               base_sha256=claimed_base(data))  # fmt: skip
+        meta, digest = parsed.meta, content_digest(parsed.delta)
+        if self.guard is not None and (stale := self.guard.refusal(sender, meta.base_sha256, digest)):
+            raise UpdateRejected(stale)
         change = np.subtract(parsed.delta, self.vector, dtype=np.float32)  # the sender's model, from this peer's
         scan = check_values(change, self.vector, self.positive, self.policy)
-        meta = parsed.meta
         record = UpdateRecord(agent=sender, samples=meta.weight, loss=meta.loss, norm=scan.norm, wire_bytes=wire_bytes,
                               local_eval=meta.local_eval, start_eval=meta.start_eval)  # fmt: skip
         update = PeerUpdate(record, change, meta.base_sha256)
         self.updates[sender] = update
+        if self.guard is not None:
+            self.guard.note(sender, meta.base_sha256, digest)
         return update
 
     def _round_policy(self) -> InfluencePolicy:

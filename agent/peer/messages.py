@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from protocol.messages import Message
+from protocol.messages import Gate, Message
 
 MEMBER_STATES = ("member", "joining", "left")
 
@@ -17,7 +17,8 @@ MEMBER_STATES = ("member", "joining", "left")
 class PeerMember(Message):
     """``joining``: a late joiner waiting for members' models; ``member``: it trains ``round`` now;
     ``left``: gone (a clean stop or its last will). ``session`` is its connection's time: a ``left`` of
-    an earlier connection replayed does not remove a peer that came back."""
+    an earlier connection replayed does not remove a peer that came back. ``gate``: its device gate (as an
+    edge agent's status says it); closed, it sits the rounds out and nobody waits for it."""
 
     SCHEMA: ClassVar[str] = "skyfed.peer-member/1"
     federation: str
@@ -26,6 +27,7 @@ class PeerMember(Message):
     round: int
     session: float
     issued_at: float
+    gate: Gate = field(default_factory=Gate)
 
     def __post_init__(self) -> None:
         if self.state not in MEMBER_STATES:

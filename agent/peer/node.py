@@ -5,7 +5,9 @@ itself on its retained, signed ``peer/<id>/member`` (its last will is a signed `
 other peers' (``agent.peer.roster``: only enrolled, unrevoked peers count), opens the chunks sealed to
 it on ``peer/+/to/<id>`` (``protocol.transfer.Reassembler`` with a ``security.envelope.Opener`` over the
 enrolled keys) and hands the round work to ``agent.peer.rounds.PeerRounds``. Every refusal (a forged
-membership, a stranger's chunk, a bad update) is logged with its reason, throttled, and survived.
+membership, a stranger's chunk, a bad update) is logged with its reason, throttled, and survived. The device
+gate is the edge agent's (``agent.telemetry.Telemetry`` over ``[telemetry]`` and ``[gate]``): its reasons
+go in the signed membership while the peer sits out.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from agent.peer.collect import transfer_limits
 from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.roster import MembershipRefused, Roster
 from agent.peer.rounds import PeerRounds
+from agent.telemetry import Telemetry
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from flcore.validation import reason_kind
 from models.weights import NamedArrays
 from participant.jobs import Runner
 from participant.upload import Upload, send_sealed
 from protocol.daemon import MqttDaemon, Throttle
-from protocol.messages import MAX_JSON_BYTES, MessageError
+from protocol.messages import MAX_JSON_BYTES, Gate, MessageError
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferRejected
@@ -56,6 +59,7 @@ class PeerNode(MqttDaemon):
         self._log = Throttle(10.0)
         self.session = self._next_session = 0.0
         self._announce = False
+        self.telemetry = Telemetry(config.telemetry, config.gate)  # its serial readers start with the loop
         self.work = PeerRounds(self, config, runner=runner, evaluator=evaluator)
         opener = Opener(identity=self.identity, federation=self.topics.federation, senders=self.roster.keyring)
         self.reassembler = Reassembler(opener, transfer_limits(self.work.model))
@@ -68,6 +72,7 @@ class PeerNode(MqttDaemon):
                 self.topics.peer_wildcard(f"to/{self.id}")]  # fmt: skip
 
     def on_start(self) -> None:
+        self.telemetry.start()
         plan = self.config.federation
         log.info("peer started id=%s federation=%s enrolled=%d rounds=%d threshold=%d strategy=%s",
                  self.id, self.topics.federation, len(self.roster.keyring), plan.rounds, plan.threshold,
@@ -107,6 +112,7 @@ class PeerNode(MqttDaemon):
 
     def publish_final_status(self) -> paho.MQTTMessageInfo | None:
         self.work.close()
+        self.telemetry.stop()
         return self.publish_member("left", self.work.round)
 
     def _next_will(self) -> Will:
@@ -129,7 +135,10 @@ class PeerNode(MqttDaemon):
         return self.roster.current()
 
     def publish_member(self, state: str, round_number: int) -> paho.MQTTMessageInfo:
-        member = PeerMember(self.topics.federation, self.id, state, round_number, self.session, time.time())
+        """Its signed membership, with the reasons its gate keeps it out of the rounds (``PeerRounds.gated``)."""
+        gated = self.work.gated
+        member = PeerMember(self.topics.federation, self.id, state, round_number, self.session, time.time(),
+                            Gate(ok=not gated, reasons=list(gated)))  # fmt: skip
         self.roster.members[self.id] = member  # its own counts at once, not when the broker echoes it
         return self._publish_signed(self.topics.peer_member(self.id), member.to_dict())
 
@@ -173,7 +182,8 @@ class PeerNode(MqttDaemon):
             self.warn(self._key("member", peer, exc.reason), "membership refused peer=%s reason=%s", peer, exc.reason)
             return
         if member is not None:
-            log.info("membership peer=%s state=%s round=%d members=%s", peer, member.state, member.round,
+            gate = "" if member.gate.ok else f" gate=closed ({'; '.join(member.gate.reasons)[:200]})"
+            log.info("membership peer=%s state=%s round=%d%s members=%s", peer, member.state, member.round, gate,
                      ",".join(self.members()))  # fmt: skip
             if member.state == "joining":
                 self.work.catch_up(peer)

@@ -10,8 +10,8 @@ round plan every peer must agree on, checked completely at start (an error names
     rounds = 5
     threshold = 3               # peer updates (its own included) a peer waits for; capped at the current members
     round_timeout_s = 120.0     # then it aggregates what it has
-    [federation.strategy]       # as server.toml's [strategy]: fedavg, median, trimmed-mean, krum, ...
-    name = "fedavg"
+    [federation.strategy]       # as server.toml's [strategy]; unset: the server's default, auto
+    name = "auto"
     [federation.bounds]         # as server.toml's [bounds] (flcore.bounds)
     clip = "adaptive"
 """
@@ -22,9 +22,6 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 MODES = ("client", "peer")
-# Stateless strategies over one model (no server optimizer's moments, no kept per-agent models) peers can share.
-PEER_STRATEGIES = ("fedavg", "median", "trimmed-mean", "krum", "centered-clip")
-PEER_STRATEGY = "fedavg"  # no server default to defer to: the seed's own (SmartFed averages)
 
 
 @dataclass(frozen=True)
@@ -109,7 +106,7 @@ class FederationSection:
         """A fresh strategy from ``[federation.strategy]`` (its errors name the key)."""
         from flcore.strategies import build_strategy
 
-        table = {"name": PEER_STRATEGY, **self.strategy}
+        table = dict(self.strategy)  # no name: the server's measured default (``flcore.strategies.choice``)
         for key in ("threshold", "elect_best"):
             if key in table:
                 raise ValueError(f"federation.strategy.{key} is a server setting: use federation.threshold "
@@ -118,9 +115,9 @@ class FederationSection:
             strategy = build_strategy(table)
         except ValueError as exc:
             raise ValueError(f"federation.{exc}") from None
-        if strategy.name not in PEER_STRATEGIES:
-            raise ValueError(f"federation.strategy.name {strategy.name!r} does not work between peers; choose one "
-                             f"of {', '.join(PEER_STRATEGIES)}")  # fmt: skip
+        if why := peer_refusal(strategy):
+            raise ValueError(f"federation.strategy.name {strategy.name!r} does not work between peers: {why}; choose "
+                             "auto (the default), fedavg, median, trimmed-mean, krum or centered-clip")  # fmt: skip
         return strategy
 
     def influence_policy(self):  # noqa: ANN201
@@ -131,3 +128,18 @@ class FederationSection:
             return build(InfluencePolicy, self.bounds, where="bounds", strict=True)
         except (SchemaError, ValueError) as exc:
             raise ValueError(f"federation.{exc}") from None
+
+
+def peer_refusal(strategy) -> str:  # noqa: ANN001 - flcore's Strategy, imported by the caller only
+    """Why ``strategy`` cannot run between peers ("" if it can): a peer has the round's updates and its own
+    model, and nothing a server adds (a round task's training settings, per-agent models, an optimizer step)."""
+    from flcore.strategies.base import Strategy
+
+    kind = type(strategy)
+    if strategy.keeps_models:
+        return "it keeps every agent's model on a server and sends each agent its own start model"
+    if kind.configure_train is not Strategy.configure_train:
+        return "it sets the agents' local training through the server's round task, which peers do not receive"
+    if kind.server_step is not Strategy.server_step:
+        return "it steps a server optimizer over the averaged update, which peers do not run"
+    return ""

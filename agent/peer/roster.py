@@ -84,8 +84,13 @@ class Roster:
         return member
 
     def current(self) -> list[str]:
-        """Trusted members (this peer included once it is one), sorted: everyone a round's update goes to."""
-        return sorted(p for p, m in self.members.items() if m.state == "member" and p in self.keyring)
+        """Trusted members taking part (this peer included once it is one), sorted: everyone a round's update goes
+        to and waits for. A member whose gate is closed sits out: whatever its reasons, nobody waits for it."""
+        return sorted(p for p, m in self.members.items() if m.state == "member" and m.gate.ok and p in self.keyring)
+
+    def sitting_out(self) -> list[str]:
+        """Trusted members whose gate is closed: here (a federation starts without waiting for them), not waited for."""
+        return sorted(p for p, m in self.members.items() if m.state == "member" and not m.gate.ok and p in self.keyring)
 
     def joining(self) -> list[str]:
         return sorted(p for p, m in self.members.items() if m.state == "joining" and p in self.keyring)

@@ -17,7 +17,10 @@ that sent nothing in a round that timed out, until it sends an update again) or 
 own was ready; then m_{r+1} = m_r + the strategy's aggregate
 (``agent.peer.collect``), scored on its validation split and written as one line of ``metrics.jsonl``. An
 update for the next round is held until then; older ones are refused. *electing*: BestAgg
-(``agent.peer.election``); the adopted model is ``best_model.safetensors``.
+(``agent.peer.bestagg``); the adopted model is ``best_model.safetensors``.
+*gated*: the device gate (``[gate]``, ``[telemetry]``, as an edge agent's) closed before or in a round: a
+training job is cancelled, the reasons go in its signed membership and the others stop counting it; once the
+gate opens it trains the round again, or catches up as a late joiner if the members moved on.
 """
 
 from __future__ import annotations
@@ -31,16 +34,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from agent.config import AgentConfig
+from agent.peer.bestagg import BestAgg
 from agent.peer.collect import RoundCollector, coordinate_median, model_refusal
-from agent.peer.election import Election
 from agent.peer.messages import PeerBest, PeerRoundMetrics
-from common.files import atomic_write
+from agent.peer.stale import StaleGuard
 from flcore.bounds import lower_median
 from flcore.update import UpdateRejected
 from flcore.validation import reason_kind
-from models.serialization import SerializationError, dumps, loads, save_file
+from models.serialization import SerializationError, dumps, loads
 from models.weights import NamedArrays, fingerprint
-from participant.jobs import Runner, Trained
+from participant.jobs import Cancelled, Runner, Trained
 from participant.progress import ProgressStore
 from participant.round_client import RoundClient
 from protocol.messages import AgentStart, RoundTask, TrainSettings, headline
@@ -49,8 +52,8 @@ if TYPE_CHECKING:
     from agent.peer.node import Evaluator, PeerNode
 
 log = logging.getLogger("skyfed.peer")
+GATED = ("gathering", "training", "waiting", "gated")  # the phases a closed gate stops: before and in a round
 METRICS_FILE = "metrics.jsonl"
-BEST_FILE = "best_model.safetensors"
 
 
 def initial_model(model: str, num_classes: int, seed: int, weights: Path | None = None) -> NamedArrays:
@@ -94,9 +97,11 @@ class PeerRounds:
         self.evaluate = evaluator
         self.model = initial_model(self.plan.model, self.plan.num_classes, self.plan.seed, config.init_weights_path)
         self.phase, self.round, self.done = "gathering", 0, False
+        self.gated: list[str] = []  # why the device gate keeps this peer out of the rounds (its membership says it)
         self.since = time.monotonic()  # when the current phase began (gathering: when connected)
         self.connected_at: float | None = None
         self.collector: RoundCollector | None = None
+        self.guard = StaleGuard(self.me)  # the models it held and saw, round after round: stale-base
         self.train_s = 0.0
         self.own_update: bytes | None = None
         self.sent_to: set[str] = set()
@@ -105,16 +110,15 @@ class PeerRounds:
         self.held: dict[str, tuple[int, bytes, int]] = {}  # sender -> (round, update, wire bytes): the next round's
         self.catchup: dict[str, tuple[int, NamedArrays]] = {}
         self.served: dict[str, int] = {}  # joiner -> the round it was last sent this peer's model
-        self.claims: dict[str, PeerBest] = {}
-        self.election: Election | None = None
-        self.final_models: dict[str, NamedArrays] = {}
-        self.leader: PeerBest | None = None  # the election's winning claim, once decided
+        self.bestagg = BestAgg(node, self.plan, self.state_dir, evaluator)
         (self.state_dir / METRICS_FILE).unlink(missing_ok=True)
 
     # the loop ----------------------------------------------------------------------------------------
     def step(self, connected: bool) -> None:
         self.client.runner.release_idle()
         now = time.monotonic()
+        if self.phase in GATED and self._gate(now):
+            return
         if self.phase == "gathering":
             if connected and self.connected_at is None:
                 self.connected_at = now
@@ -127,8 +131,8 @@ class PeerRounds:
         elif self.phase == "waiting":
             self._send_own()
             self._check_waiting(now)
-        elif self.phase == "electing":
-            self._check_election(now)
+        elif self.phase == "electing" and self.bestagg.step(now, self.silent):
+            self.model, self.phase, self.done = self.bestagg.model, "done", True
 
     def announce(self) -> None:
         """(Re)connected: say where this peer stands (while gathering: a member before its first round)."""
@@ -136,7 +140,8 @@ class PeerRounds:
             self.node.publish_member("joining" if self.phase == "joining" else "member", self.round)
 
     def describe(self) -> str:
-        return f"round {self.round}: {self.phase}" if self.round else self.phase
+        phase = f"gated ({'; '.join(self.gated)})" if self.phase == "gated" else self.phase
+        return f"round {self.round}: {phase}" if self.round else phase
 
     def close(self) -> None:
         self.client.close("the peer is stopping")
@@ -147,16 +152,15 @@ class PeerRounds:
             self.collector.drop(peer, reason)
         self.held.pop(peer, None)
         self.catchup.pop(peer, None)
-        self.claims.pop(peer, None)
-        if self.election is not None:
-            self.election.claims.pop(peer, None)
+        self.bestagg.drop(peer)
 
     # joining -----------------------------------------------------------------------------------------
     def _join(self, now: float, waited: float) -> None:
         """Start round 1 once ``threshold`` peers are here (or ``round_timeout_s`` more passed), or catch up."""
         others = self._member_rounds()
         late = bool(others) and lower_median(np.array(list(others.values()))) > 1
-        few = len(others) + 1 < self.plan.threshold and waited < self.plan.join_wait_s + self.plan.round_timeout_s
+        here = len(others) + 1 + len(set(self.node.roster.sitting_out()) - {self.me})  # gated ones: not waited for
+        few = here < self.plan.threshold and waited < self.plan.join_wait_s + self.plan.round_timeout_s
         if few and not late:
             return
         if late:
@@ -199,12 +203,13 @@ class PeerRounds:
     # a round -----------------------------------------------------------------------------------------
     def _start_round(self, round_number: int, model: NamedArrays) -> None:
         self.round, self.model = round_number, model
-        self.collector = RoundCollector(round_number, model, self.policy, self.me)
+        self.collector = RoundCollector(round_number, model, self.policy, self.me, self.guard)
         self.own_update, self.sent_to, self.bytes_sent = None, set(), 0
-        self.node.publish_member("member", round_number)
-        task = self._task(round_number)
-        self.client.train(task, AgentStart(self.me, "peer", task.model_sha256), model)
-        self.phase, self.since = "training", time.monotonic()
+        if reasons := self.node.telemetry.reasons():
+            self._sit_out(reasons)
+        else:
+            self.node.publish_member("member", round_number)
+            self._train()
         held, self.held = self.held, {}
         for sender, (held_round, data, wire) in sorted(held.items()):
             if held_round == round_number:
@@ -224,17 +229,67 @@ class PeerRounds:
                          group_key_id="", selected=[self.me], pending=[], deadline=0.0, issued_at=time.time(),
                          train=train, run_id=f"peer-{plan.seed}", classes=list(plan.classes))  # fmt: skip
 
-    def _check_training(self, now: float) -> None:
+    def _train(self) -> None:
+        task = self._task(self.round)
+        self.client.train(task, AgentStart(self.me, "peer", task.model_sha256), self.model)
+        self.phase, self.since = "training", time.monotonic()
+
+    def _check_training(self, now: float, cancel: str = "") -> None:
+        """Its own update once trained (``cancel``: the gate closed; a result that came first still counts)."""
         assert self.collector is not None
-        report = self.client.poll()
+        report = self.client.poll(cancel=cancel)
         if report is None:
             return
         self.train_s = now - self.since
-        if not isinstance(report.outcome, Trained) or report.update is None:
+        if isinstance(report.outcome, Cancelled):
+            log.warning("training stopped round=%d: %s", self.round, report.outcome.reason)
+        elif not isinstance(report.outcome, Trained) or report.update is None:
             log.error("training round=%d gave no update: %s", self.round, report.outcome)
         elif self._accept(self.me, report.update, 0):
             self.own_update = report.update
-        self.phase, self.since = "waiting", now
+        if not cancel:
+            self.phase, self.since = "waiting", now
+
+    # the device gate ---------------------------------------------------------------------------------
+    def _gate(self, now: float) -> bool:
+        """True while the gate keeps this peer out: a closed gate stops it before or in a round (``_sit_out``);
+        when it opens (and a cancelled job has ended) the peer takes part again (``_resume``)."""
+        reasons = self.node.telemetry.reasons()
+        if reasons and [r.split(":")[0] for r in reasons] != [r.split(":")[0] for r in self.gated]:
+            self._sit_out(reasons)  # closed, or closed for other reasons: its membership says so
+        if self.phase != "gated":
+            return False
+        if self.client.training is not None:
+            self._check_training(now, cancel=f"gate closed: {'; '.join(self.gated)}")
+        elif not reasons:
+            self._resume(now)
+        return True
+
+    def _sit_out(self, reasons: list[str]) -> None:
+        if not self.gated:
+            log.info("gate closed round=%d: %s; the other peers do not wait for this one until it opens", self.round,
+                     "; ".join(reasons))  # fmt: skip
+        self.gated, self.phase = reasons, "gated"
+        self.node.publish_member("member", self.round)
+
+    def _resume(self, now: float) -> None:
+        """Open again: in the members' round it trains it (or, trained already, waits); behind them it catches up
+        as a late joiner does; before round 1 it gathers again."""
+        self.gated = []
+        others = self._member_rounds()
+        behind = self.round >= 1 and bool(others) and lower_median(np.array(list(others.values()))) > self.round
+        log.info("gate open round=%d: taking part again%s", self.round, f"; members are at {others}" if behind else "")
+        if behind:
+            self.phase, self.since, self.collector = "joining", now, None
+            self.node.publish_member("joining", self.round)
+            return
+        self.node.publish_member("member", self.round)
+        if self.round == 0:
+            self.phase = "gathering"
+        elif self.own_update is None:
+            self._train()
+        else:
+            self.phase, self.since = "waiting", now
 
     def _send_own(self) -> None:
         """To every current member it has not gone to yet (one that joined during the round too)."""
@@ -285,8 +340,8 @@ class PeerRounds:
                  ",".join(line.aggregated_from) or "-", headline(evaluation), len(collector.rejected),
                  f" reason={reason}" if reason else "")  # fmt: skip
         if self.round >= self.plan.rounds:
-            self.model = model
-            return self._elect(evaluation)
+            self.model, self.phase = model, "electing"
+            return self.bestagg.start(model, self.round, evaluation, now)
         self._start_round(self.round + 1, model)
 
     def _write_metrics(self, line: PeerRoundMetrics) -> None:
@@ -297,7 +352,7 @@ class PeerRounds:
     # received ----------------------------------------------------------------------------------------
     def receive_update(self, sender: str, round_number: int, data: memoryview, wire_bytes: int) -> None:
         self.silent.discard(sender)  # alive: a straggler is waited for again (security/README.md, "Peer mode")
-        current = self.phase in ("training", "waiting")
+        current = self.phase in ("training", "waiting", "gated") and self.collector is not None
         if current and round_number == self.round:
             self._accept(sender, data, wire_bytes)
         elif round_number == self.round + 1 or (self.phase in ("gathering", "joining") and round_number >= 1):
@@ -331,74 +386,13 @@ class PeerRounds:
         if self.phase == "joining":
             self.catchup[sender] = (round_number, arrays)
         elif round_number == self.plan.rounds + 1:
-            self.final_models[sender] = arrays
+            self.bestagg.final_models[sender] = arrays
         else:
             self.node.warn(f"model-{sender}", "model ignored peer=%s round=%d reason=not-expected", sender,
                            round_number)  # fmt: skip
 
     def note_claim(self, claim: PeerBest) -> None:
-        self.claims[claim.peer] = claim
-        if self.election is not None:
-            self.election.note(claim)
-
-    # BestAgg -----------------------------------------------------------------------------------------
-    def _elect(self, evaluation: dict[str, float]) -> None:
-        score = headline(evaluation)
-        own = PeerBest(self.node.topics.federation, self.me, self.round, float(score if score is not None else -1),
-                       fingerprint(self.model), self.node.session)  # fmt: skip
-        self.election = Election(self.me, own, self.plan.best_margin, time.monotonic())
-        for claim in self.claims.values():
-            self.election.note(claim)
-        self.node.publish_best(own)
-        self.phase, self.since = "electing", time.monotonic()
-
-    def _check_election(self, now: float) -> None:
-        election = self.election
-        assert election is not None
-        members = self.node.members()
-        sessions = {peer: self.node.roster.members[peer].session for peer in members}
-        timed_out = now - self.since >= self.plan.round_timeout_s
-        if self.leader is None:
-            waited_for = {peer: session for peer, session in sessions.items() if peer not in self.silent}
-            if not election.complete(waited_for) and not timed_out and not election.passed:
-                return
-            self.leader = election.leader(sessions)
-            log.info("best model claims %s leader=%s", {p: c.score for p, c in sorted(election.claims.items())},
-                     self.leader.peer)  # fmt: skip
-            if self.leader.peer == self.me:
-                for peer in members:
-                    if peer != self.me:
-                        self.node.seal_to(peer, "peer-model", self.plan.rounds + 1, dumps(self.model))
-                return self._adopt(self.me)
-            self.since = now
-            return None
-        model = self.final_models.get(self.leader.peer)
-        if model is None:
-            if timed_out:
-                self._pass_leader(now, "its model never came")
-            return None
-        score = headline(self.evaluate(model))
-        refusal = election.judge(self.leader, model, self.model, score if score is not None else float("nan"))
-        if refusal:
-            return self._pass_leader(now, refusal)
-        self.model = model
-        return self._adopt(self.leader.peer)
-
-    def _pass_leader(self, now: float, refusal: str) -> None:
-        """The next best claim leads (down to the own): a liar costs one look or ``round_timeout_s``, not the vote."""
-        assert self.election is not None and self.leader is not None
-        log.warning("best model refused peer=%s claimed=%.4f reason=%s", self.leader.peer, self.leader.score, refusal)
-        self.election.passed[self.leader.peer] = refusal
-        self.leader, self.since = None, now
-
-    def _adopt(self, owner: str) -> None:
-        assert self.election is not None
-        save_file(self.state_dir / BEST_FILE, self.model)
-        refused = "; ".join(f"{peer}: {why}" for peer, why in self.election.passed.items())
-        record = {"peer": self.me, "adopted_from": owner, "sha256": fingerprint(self.model), "refused": refused}
-        atomic_write(self.state_dir / "election.json", json.dumps(record).encode())
-        log.info("best model adopted from=%s%s", owner, f" (refused: {refused})" if refused else "")
-        self.phase, self.done = "done", True
+        self.bestagg.note_claim(claim)
 
 
 def read_metrics(state_dir: Path) -> list[dict]:
