@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from agent.config import load_agent_config
-from agent.peer.collect import RoundCollector
+from agent.peer.collect import RoundCollector, RoundGuards
 from agent.peer.election import Election
 from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.node import PeerNode
@@ -289,7 +289,7 @@ def test_a_zero_update_that_always_comes_first_cannot_freeze_a_peer_at_threshold
     for sender, arrays, samples in (("agent-01", trained, 100), (ROGUE, model, 1)):
         update = encode_model(task, model, TrainResult(arrays, samples, 0.1), residual=tmp_path / sender)
         collector.accept(sender, update, 0)
-    new, _ = collector.aggregate(build_strategy({"name": "fedavg"}))
+    new, _ = collector.aggregate(build_strategy({"name": "fedavg"}), RoundGuards(lambda arrays: {"loss": 1.0}))
     moved = max(float(np.abs(new[k] - model[k]).max()) for k in model if model[k].dtype.kind == "f")
     assert moved > 0.01  # on main: 0.0
 

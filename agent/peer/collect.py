@@ -15,6 +15,7 @@ provably old model is refused ``stale-base`` (``agent.peer.stale``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,7 +24,9 @@ import numpy as np
 from agent.peer.stale import StaleGuard, content_digest
 from flcore.aggregation import bounded_contributions, change_limit, check_new_model
 from flcore.bounds import MIN_REFERENCE, InfluencePolicy
+from flcore.change_bound import ChangeHistory, collapse, shrink_step
 from flcore.rounds import UpdateRecord
+from flcore.screening import screen
 from flcore.strategies.base import Strategy
 from flcore.update import UpdateMeta, UpdateMetaError, UpdateRejected, float_layout, parse_update
 from flcore.validation import check_values, positive_ranges
@@ -37,6 +40,23 @@ class PeerUpdate:
     record: UpdateRecord
     delta: np.ndarray  # float32, this process's own copy
     base_sha256: str
+
+
+@dataclass
+class RoundGuards:
+    """What outlasts a peer's rounds to guard the next: its validation ``evaluate``, its committed steps and the
+    evaluation of the model it holds (by identity: a catch-up or elected model has none until evaluated)."""
+
+    evaluate: Callable[[NamedArrays], dict[str, float]]
+    history: ChangeHistory = field(default_factory=ChangeHistory)
+    model: NamedArrays | None = None
+    evaluation: dict[str, float] = field(default_factory=dict)
+
+    def evaluation_of(self, model: NamedArrays) -> dict[str, float]:
+        return self.evaluation if model is self.model else {}
+
+    def note(self, model: NamedArrays, evaluation: dict[str, float]) -> None:
+        self.model, self.evaluation = model, evaluation
 
 
 @dataclass
@@ -103,24 +123,41 @@ class RoundCollector:
         if self.updates.pop(peer, None) is not None:
             self.rejected.append({"peer": peer, "reason": reason})
 
-    def aggregate(self, strategy: Strategy) -> tuple[NamedArrays, dict[str, Any]]:
-        """The next model: this one plus the strategy's aggregate of the bounded updates; ``UpdateRejected``
-        when the result must not replace it (non-finite, invalid running variance, moved too far)."""
+    def aggregate(self, strategy: Strategy, guards: RoundGuards) -> tuple[NamedArrays, dict[str, Any]]:
+        """The next model: this one plus the strategy's aggregate of the bounded (and screened) updates, its step
+        held to the recent ones; ``UpdateRejected`` when the result must not replace it (non-finite, invalid
+        running variance, moved too far, its evaluation collapsed). ``guards`` then holds its evaluation."""
         peers = sorted(self.updates)
         records = [self.updates[p].record for p in peers]
         policy = self._round_policy()
         influence, contributions = bounded_contributions(policy, records, lambda p: self.updates[p].delta)
+        in_force = guards.evaluation_of(self.model)
+        dropped = screen(contributions, self.model, self.vector, self.spec, guards.evaluate, in_force,
+                         policy.screen_below)  # fmt: skip
+        kept = [c for i, c in enumerate(contributions) if i not in dropped]
         strategy.begin(self.vector, self.spec)
-        result = strategy.aggregate(self.vector, contributions)
+        result = strategy.aggregate(self.vector, kept)
         check_new_model(result.global_vector, self.vector, self.spec,
                         limit=change_limit(policy, influence, strategy.bounded_by_clip))  # fmt: skip
-        strategy.on_commit(result)
+        limit = guards.history.limit(policy.change_multiple, influence.clip_bound)
+        vector, step, factor = shrink_step(result.global_vector, self.vector, limit)
+        model = with_floats(self.model, vector, self.spec)
+        evaluation = guards.evaluate(model)
+        if why := collapse(in_force, evaluation, policy.collapse_ratio):
+            raise UpdateRejected(why)
+        strategy.on_commit(replace(result, global_vector=vector))
+        guards.history.note(step)
+        guards.note(model, evaluation)
         norms = np.array([r.norm for r in records])
         claimed = np.array([r.samples for r in records], np.float64)
-        detail = {**influence.describe(peers, claimed, norms), **result.detail}
+        detail = {**influence.describe(peers, claimed, norms), **result.detail, "change_norm": round(step, 6)}
+        if dropped:
+            detail["screened"] = {contributions[i].agent: why for i, why in sorted(dropped.items())}
+        if factor < 1:
+            detail.update(change_bound=round(limit, 6), change_shrunk=round(factor, 6))
         if other := [p for p in peers if self.updates[p].base_sha256 != self.sha256]:
             detail["other_base"] = other
-        return with_floats(self.model, result.global_vector, self.spec), detail
+        return model, detail
 
 
 def claimed_base(data: bytes | bytearray | memoryview) -> str:

@@ -35,7 +35,7 @@ import numpy as np
 
 from agent.config import AgentConfig
 from agent.peer.bestagg import BestAgg
-from agent.peer.collect import RoundCollector, coordinate_median, model_refusal
+from agent.peer.collect import RoundCollector, RoundGuards, coordinate_median, model_refusal
 from agent.peer.messages import PeerBest, PeerRoundMetrics
 from agent.peer.stale import StaleGuard
 from flcore.bounds import lower_median
@@ -95,6 +95,7 @@ class PeerRounds:
             evaluator = build_evaluator(self.plan.model, self.plan.num_classes, split, image_size=self.plan.image_size,
                                         work_dir=self.state_dir / "eval")  # fmt: skip
         self.evaluate = evaluator
+        self.guards = RoundGuards(evaluator)  # screening, the step bound and the collapse check (``collect``)
         self.model = initial_model(self.plan.model, self.plan.num_classes, self.plan.seed, config.init_weights_path)
         self.phase, self.round, self.done = "gathering", 0, False
         self.gated: list[str] = []  # why the device gate keeps this peer out of the rounds (its membership says it)
@@ -324,10 +325,10 @@ class PeerRounds:
             outcome, reason = "rejected", "no-updates"
         else:
             try:
-                model, detail = collector.aggregate(self.strategy)
+                model, detail = collector.aggregate(self.strategy, self.guards)
             except UpdateRejected as exc:
                 outcome, reason = "rejected", exc.reason
-        evaluation = self.evaluate(model)
+        evaluation = self.guards.evaluation_of(model) or self.evaluate(model)
         line = PeerRoundMetrics(peer=self.me, round=self.round, outcome=outcome, eval=evaluation,
                                 aggregated_from=sorted(collector.updates) if outcome == "aggregated" else [],
                                 rejected=collector.rejected, members=self.node.members(), reason=reason,
