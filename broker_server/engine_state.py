@@ -78,7 +78,7 @@ class EngineState:
         new version, checkpointed, and written as ``global_model.safetensors``. The caller checked its layout."""
         self._set_model(arrays)
         self.version += 1
-        self.model_eval = {}
+        self.model_eval, self.fallback = {}, Fallback()  # the model before is not this region's to go back to
         self.checkpoint()
         self.outputs_pending.add("model")
         with suppress(DiskError):  # tried again on the daemon's next ticks

@@ -3,8 +3,8 @@
 Before, a round whose every selected agent had been refused was re-announced at each deadline to an
 empty list of pending agents, for ever (a model made bad by a rogue participant: every honest update then
 came back non-finite). Now such a round is closed as rolled back with the reason (``stuck``), and the next
-one opens as usual. When every update the round refused was non-finite, the model in force is what is
-broken, not the agents: the model before it comes back as a new version, which the next task names
+one opens as usual. When most of the agents it selected had their update refused as non-finite, the model
+in force is what is broken, not the agents: the model before it comes back as a new version, which the next task names
 (``docs/architecture.md``, "Safe commit"). The model before is the checkpoint's own
 ``global-v<version>.safetensors`` of the version that was replaced, kept while ``Fallback`` names it: no
 extra write per round. One level: a second broken model in a row finds no fallback, and says so.
@@ -45,7 +45,9 @@ def stuck_reason(rs: RoundState, quorum: int) -> tuple[str, list[str]]:
 
 
 def broken_model(rs: RoundState) -> bool:
-    """Whether the round says the model in force cannot be trained on: nothing accepted, and every refusal
-    of a selected agent's update was for non-finite values (honest agents trained it into NaN or overflow)."""
-    kinds = {reason_kind(r["reason"]) for r in rs.rejected if r["agent"] in rs.failed}
-    return not rs.updates and bool(kinds) and kinds <= NON_FINITE
+    """Whether the round says the model in force cannot be trained on: most of the agents it selected had their
+    update refused for non-finite values (honest agents trained it into NaN or overflow). A majority, not every
+    refusal: one rogue must neither veto the fallback (a malformed update of its own) nor pull it alone (its NaN
+    while the others gave up)."""
+    non_finite = {r["agent"] for r in rs.rejected if r["agent"] in rs.failed and reason_kind(r["reason"]) in NON_FINITE}
+    return 2 * len(non_finite) > len(rs.selected)

@@ -314,8 +314,10 @@ class Evaluate(Step):
         ctx.evaluation = self.evaluator(ctx.candidate)
         if not all(math.isfinite(v) for v in ctx.evaluation.values()):
             raise RoundRejected("non-finite-evaluation", offenders(ctx.contributions))
-        if ctx.plan.publish and (why := collapse(self.in_force(), ctx.evaluation, self.collapse_ratio)):
-            raise RoundRejected(why, offenders(ctx.contributions))
+        if ctx.plan.publish and self.collapse_ratio > 0:
+            before = self.in_force() or self.evaluator(ctx.global_arrays)  # the first round: the initial model
+            if why := collapse(before, ctx.evaluation, self.collapse_ratio):
+                raise RoundRejected(why, offenders(ctx.contributions))
 
 
 class AgentsEvaluation(Step):

@@ -77,6 +77,8 @@ def collapse(in_force: dict[str, float], candidate: dict[str, float], ratio: flo
     either is missing: the first evaluated round has nothing to fall from)."""
     if ratio <= 0 or not in_force or not candidate:
         return ""
+    if not all(math.isfinite(v) for v in candidate.values() if v is not None):
+        return "evaluation-collapsed: non-finite"
     if in_force.get("loss") is not None and candidate.get("loss") is not None:
         floor = max(float(in_force["loss"]), LOSS_FLOOR)
         if candidate["loss"] > ratio * floor:

@@ -8,7 +8,9 @@ weighed as a third, a delta x -20 still held three agents at 0.76 accuracy again
 in force plus sᵢ·Δᵢ/n, as Zeno scores a worker's gradient by the descent it brings on a validation batch
 (Xie, Koyejo & Gupta, "Zeno: Distributed Stochastic Gradient Descent with Suspicion-based Fault-tolerance",
 ICML 2019, arXiv:1805.10032). An update whose step raises the loss by more than ``TOLERANCE`` of it is left
-out, the worst first, at most ⌊(n - 1)/2⌋ of them, so honest updates stay a majority of what is kept.
+out, the worst first, at most ⌊(n - 1)/2⌋ of them, so honest updates stay a majority of what is kept; of
+two, one is left out when the other does not raise the loss (a round that closed on its quorum while an
+agent was late is otherwise one honest update against one rogue's, at half the weight each).
 
 ``screened`` decides from evaluations; ``screen`` runs the trials for whoever aggregates (the server's
 pipeline step, a peer's round) with its own evaluator.
@@ -25,7 +27,7 @@ from flcore.strategies.base import Contribution
 from models.weights import NamedArrays, TensorSpec, with_floats
 
 TOLERANCE = 0.01  # a step may raise the validation loss by this fraction of it before it is left out
-MIN_UPDATES = 3  # fewer: no majority to keep
+MIN_UPDATES = 2
 
 
 def screened(in_force: dict[str, float], trials: list[dict[str, float]]) -> dict[int, str]:
@@ -39,7 +41,8 @@ def screened(in_force: dict[str, float], trials: list[dict[str, float]]) -> dict
         return {}
     limit = base + TOLERANCE * max(base, 0.0)
     worse = sorted((i for i, loss in enumerate(losses) if not loss <= limit), key=lambda i: -losses[i])
-    return {i: f"raises-validation-loss: {base:.4g} -> {losses[i]:.4g}" for i in worse[: (len(trials) - 1) // 2]}
+    most = (len(trials) - 1) // 2 if len(trials) > 2 else len(trials) - len(worse)  # of two: one, if one is good
+    return {i: f"raises-validation-loss: {base:.4g} -> {losses[i]:.4g}" for i in worse[:most]}
 
 
 def screen(

@@ -3,12 +3,15 @@ a step longer than the recent ones is shortened, a collapsing evaluation is roll
 finish is closed, and a model nobody can train on gives way to the one before it."""
 
 import math
+import time
 
 import numpy as np
 import pytest
 
 from flcore.change_bound import WINDOW, ChangeHistory, collapse, shrink_step
 from flcore.screening import screened
+from protocol.messages import AgentStatus
+from security.signing import signed_payload
 from sim.federation import SimSettings
 from skyfed.api import run_federation
 from tests.fedharness import ServerHarness, wait_until
@@ -40,6 +43,7 @@ def test_a_step_is_shortened_to_a_multiple_of_the_recent_steps_and_keeps_its_dir
         ({"map50": 0.6}, {"map50": 0.1}, True),
         ({"map50": 0.6}, {"map50": 0.3}, False),
         ({"map50": 0.05}, {"map50": 0.0}, False),
+        ({"loss": 0.05}, {"loss": math.nan}, True),  # a peer would have kept it, and its NaN as the loss in force
     ],
 )
 def test_an_evaluation_collapses_when_its_loss_passes_three_times_the_model_in_force(in_force, candidate, collapsed):
@@ -96,7 +100,8 @@ def test_a_round_nobody_can_finish_is_closed_and_a_model_nobody_can_train_on_fal
         ([0.9, 1.005, 0.95], set()),  # within 1 % of the model in force's loss
         ([1.5, 1.2, 3.0, 0.9], {2}),  # at most (n - 1) // 2: one of four, the worst
         ([1.5, 1.2, 3.0, 0.9, 2.0], {2, 4}),  # two of five
-        ([1.5, 3.0], set()),  # two updates: no majority to keep
+        ([1.5, 3.0], set()),  # two updates, both raising the loss: both kept (nothing to prefer)
+        ([0.9, 3.0], {1}),  # two updates, one good: the other is left out
     ],
 )
 def test_a_small_rounds_update_that_raises_the_validation_loss_is_left_out(losses, dropped):
@@ -118,3 +123,45 @@ def test_a_rogue_of_three_sending_its_step_reversed_and_boosted_is_screened_out(
     assert sum(s == attacker for s in screened_out) >= 6, screened_out
     assert rogue.final_eval["accuracy"] >= clean.final_eval["accuracy"] - 0.10
     assert all(m.duration_s < 60 for m in rogue.metrics)  # no round waited out its deadline
+
+
+def _first_round_of_three(h: ServerHarness) -> None:
+    h.announce_agents()
+    for agent, seed in zip(h.agents, (1, 2, 3), strict=True):
+        h.send(agent, h.random_delta(seed))
+    assert h.wait_metrics(1).outcome == "committed"
+    wait_until(lambda: h.tasks[-1].round == 2, what="round 2 task")
+
+
+def test_a_rogues_malformed_update_does_not_keep_a_broken_model_in_force(tmp_path, broker):
+    """Both honest updates non-finite, the rogue's refused for another reason: with "every refusal non-finite"
+    the rogue vetoed the fallback (found by a red-team review); a majority of the selected agents decides."""
+    with ServerHarness(tmp_path, broker, agents=3, rounds=3, round_rules={"deadline_s": 2.0}) as h:
+        _first_round_of_three(h)
+        honest, rogue = list(h.agents)[:2], list(h.agents)[2]
+        for agent in honest:
+            h.send(agent, {k: np.full_like(v, np.nan) for k, v in h.random_delta(4).items()}, round_number=2)
+        h.send(rogue, dict(list(h.random_delta(5).items())[1:]), round_number=2)  # one tensor left out
+        second = h.wait_metrics(2)
+    assert second.outcome == "rolled-back" and second.reason.startswith("stuck")
+    assert "back to version 1 as 3" in second.reason
+
+
+def test_a_rogues_nan_alone_does_not_roll_the_federation_back(tmp_path, broker):
+    """The honest agents report their training failed (excused); only the rogue's update is non-finite: one
+    agent's word is no evidence that the model in force is broken."""
+    with ServerHarness(tmp_path, broker, agents=3, rounds=3, round_rules={"deadline_s": 2.0}) as h:
+        _first_round_of_three(h)
+        honest, rogue = list(h.agents)[:2], list(h.agents)[2]
+        committed = h.server.engine.global_vector.copy()
+        for agent in honest:
+            status = AgentStatus(agent=agent, state="failed", round=2, samples=100, version=2, updated_at=time.time(),
+                                 group_key_id=h.server.group_keys.key.key_id, detail="training failed: out of memory")
+            h.driver.publish(h.topics.agent_status(agent), signed_payload(status.to_dict(), h.agents[agent]),
+                             retain=True)  # fmt: skip
+        h.send(rogue, {k: np.full_like(v, np.nan) for k, v in h.random_delta(4).items()}, round_number=2)
+        second = h.wait_metrics(2)
+        wait_until(lambda: h.tasks[-1].round == 3, what="round 3 task")
+        now = h.server.engine.global_vector.copy()
+    assert second.outcome == "rolled-back" and "back to version" not in second.reason
+    assert np.array_equal(now, committed)

@@ -15,6 +15,7 @@ provably old model is refused ``stale-base`` (``agent.peer.stale``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -143,6 +144,8 @@ class RoundCollector:
         vector, step, factor = shrink_step(result.global_vector, self.vector, limit)
         model = with_floats(self.model, vector, self.spec)
         evaluation = guards.evaluate(model)
+        if not all(math.isfinite(v) for v in evaluation.values()):
+            raise UpdateRejected("non-finite-evaluation")
         if why := collapse(in_force, evaluation, policy.collapse_ratio):
             raise UpdateRejected(why)
         strategy.on_commit(replace(result, global_vector=vector))
