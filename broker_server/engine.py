@@ -89,7 +89,7 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         self.changes, self.fallback = ChangeHistory(), Fallback()
         self.steps = round_steps(config, self.strategy, self.policy, self.store.agents, self.base_vector,
                                  lambda: self.assignments, self._round_rng, evaluator,
-                                 lambda: self.ledger.clip, self.changes, lambda: self.model_eval)  # fmt: skip
+                                 lambda: self.ledger.clip, self.changes, self._in_force_eval)  # fmt: skip
         self.ledger = PrivacyLedger(config.privacy)
         config.privacy.configure(self.strategy)
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
@@ -378,6 +378,10 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
             with suppress(DiskError), self.durably("the best model's election"):  # else elected at the next start
                 self._elect_best()
         return metrics
+
+    def _in_force_eval(self) -> dict:
+        """The model in force's evaluation: as published, or as this round's start scores have it (the initial one)."""
+        return self.model_eval or self.start_scores.of(f"{GLOBAL}-v{self.version}")
 
     def _start_key(self, agent: str) -> str:
         """Names the model ``agent`` starts this round from: the global model's version, or its assignment's."""

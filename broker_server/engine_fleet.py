@@ -24,7 +24,7 @@ class FleetEvents:
         if rs is None or rs.round != round_number or agent not in rs.pending:
             return False
         rs.missed.append(agent)  # excused: a stand-in may replace it at the deadline, a late update is welcome
-        self.health.back_off([agent], round_number, why, now)
+        self.health.back_off([agent], round_number, why, now, timed=False)  # not waited for: it cost no deadline
         self.checkpoint()
         return True
 

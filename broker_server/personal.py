@@ -55,6 +55,10 @@ class StartScores:
     def known(self, key: str, evaluation: dict) -> None:
         self._scores[key] = evaluation
 
+    def of(self, key: str) -> dict:
+        """The evaluation of model ``key`` if this round's agents started from it ({}: not evaluated)."""
+        return self._scores.get(key, {})
+
     def personal(self, updates: list[UpdateRecord], start_of: dict[str, str],
                  start_model: Callable[[str], NamedArrays]) -> dict:  # fmt: skip
         """``personal_metrics`` of a round whose counted ``updates`` came from agents that started from

@@ -142,8 +142,8 @@ class SimSettings:
         if self.attackers and not self.attack:
             raise ValueError("--attackers needs --attack KIND (sign-flip, scale:F, noise:SIGMA, samples:N or silent)")
         if self.attack and not self.attackers and not self.attack_regions:
-            raise ValueError(f"--attack {self.attack} needs --attackers N (how many of the {self.agents} agents "
-                             "attack) or, with --regions, --attack-regions K")  # fmt: skip
+            raise ValueError(f"--attack {self.attack} needs --attackers N: how many of the {self.agents} agents "
+                             "attack (or, with --regions, --attack-regions K)")  # fmt: skip
         if self.attack_regions and not self.regions:
             raise ValueError("--attack-regions K needs --regions R: the first K regional aggregators attack their root")
         if self.attack:

@@ -68,7 +68,7 @@ def test_an_update_that_would_make_a_running_variance_negative_is_refused(tmp_pa
 
 
 def test_with_bounds_off_a_poisoned_round_is_rolled_back_and_the_federation_carries_on(tmp_path, broker):
-    off = {"clip": "off", "sample_multiple": 0.0}
+    off = {"clip": "off", "sample_multiple": 0.0, "change_multiple": 0.0, "collapse_ratio": 0.0}
     with ServerHarness(tmp_path, broker, agents=3, rounds=2, bounds=off) as h:
         h.announce_agents()
         h.send("agent-01", h.random_delta(1))

@@ -23,7 +23,7 @@ from sim.slow import SlowTrainer
 from tests.fedharness import override_toml, wait_until
 from tests.regionharness import RegionFederation
 
-UNBOUNDED = {"clip": "off", "sample_multiple": 0}
+UNBOUNDED = {"clip": "off", "sample_multiple": 0, "change_multiple": 0, "collapse_ratio": 0, "screen_below": 0}
 
 
 def test_two_regions_of_three_give_the_flat_fedavg_model(tmp_path: Path) -> None:
