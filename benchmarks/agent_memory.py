@@ -7,8 +7,8 @@ connected with no server (idle), the peak of daemon + training child while round
 0.1 s), the memory after the rounds (adaptive: after its ``warm_idle_s``, set to 10 s here; the deployed
 default is 120 s), and the round times from the server's ``metrics.jsonl`` (the first round pays the child's
 start-up; per-round children pay it every round). Baselines in the same run: the warm child's median round
-time (issue 21: adaptive within 1.2x of it while rounds keep coming) and a process importing what the
-daemon imported before its training moved to a child (issue 11: idle <= 80 MB).
+time (the target: adaptive within 1.2x of it while rounds keep coming) and a process importing what the
+daemon imported before its training moved to a child (the target: idle <= 80 MB).
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ def wait_for_line(log: Path, text: str, timeout_s: float = 60.0) -> None:
 
 
 def baseline_idle_rss() -> int:
-    """What the daemon held when it imported PyTorch and built its trainer itself (before issue 11)."""
+    """What the daemon held when it imported PyTorch and built its trainer itself (before training moved to a
+    child process)."""
     code = "import agent.daemon, participant.classifier, models.zoo, torch; torch.zeros(1); import time; time.sleep(30)"
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
     try:
