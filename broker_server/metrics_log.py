@@ -93,7 +93,7 @@ def log_round(m: RoundMetrics) -> None:
     """One journal line per closed round."""
     log.info(
         "round closed round=%d outcome=%s accepted=%d/%d rejected=%d score=%s loss=%s aggregate_ms=%.2f "
-        "version=%d clipped=%s%s%s",
+        "version=%d clipped=%s%s%s%s",
         m.round,
         m.outcome,
         len(m.accepted),
@@ -105,6 +105,7 @@ def log_round(m: RoundMetrics) -> None:
         m.model_version,
         ",".join(m.aggregation.get("clipped", [])) or "-",
         f" by={m.aggregation['chose']}" if "chose" in m.aggregation else "",
+        f" screened={','.join(m.aggregation['screened'])}" if m.aggregation.get("screened") else "",
         _clusters(m.aggregation.get("clusters")),
     )
     if m.aggregation.get("decided"):

@@ -31,6 +31,8 @@ class ServerMetrics:
         self.accepted = Counter("skyfed_server_updates_accepted", "Updates accepted into a round", registry=r)
         self.rejected = Counter("skyfed_server_updates_rejected", "Updates and transfers refused, by the refusal's "
                                 "kind", ["reason"], registry=r)  # fmt: skip
+        self.screened = Counter("skyfed_server_updates_screened", "Accepted updates left out of a small round's "
+                                "aggregate for raising the validation loss", registry=r)  # fmt: skip
         self.rounds = Counter("skyfed_server_rounds", "Rounds closed, by outcome (committed or rolled-back)",
                               ["outcome"], registry=r)  # fmt: skip
         self.duration = Gauge("skyfed_server_round_duration_seconds", "How long the last closed round took",
@@ -62,6 +64,7 @@ class ServerMetrics:
 
     def round_closed(self, metrics: RoundMetrics) -> None:
         self.rounds.labels(outcome=metrics.outcome).inc()
+        self.screened.inc(len(metrics.aggregation.get("screened", {})))
         self.duration.set(metrics.duration_s)
         self.bytes_up.inc(metrics.bytes_up)
         self.bytes_down.inc(metrics.bytes_down)

@@ -88,6 +88,14 @@ def round_steps(
         CheckModel(policy, strategy.bounded_by_clip, private=private),
         *([] if private or strategy.keeps_models else [BoundChange(policy, history)]),
     ]
+    if policy.change_multiple > 0 and (private or strategy.keeps_models):
+        log.info("published steps are not held to bounds.change_multiple = %g: %s", policy.change_multiple,
+                 "[privacy] clips every update instead" if private else
+                 f"strategy {strategy.name} keeps each agent's model (the drift bound holds them)")  # fmt: skip
+    if policy.collapse_ratio > 0 and (evaluator is None or config.server.share != "full"):
+        log.info("a collapsing evaluation cannot roll a round back (bounds.collapse_ratio = %g): %s",
+                 policy.collapse_ratio, "no server.eval_data" if evaluator is None else "the agents evaluate their "
+                 "own models (server.share)")  # fmt: skip
     if private:
         steps.append(AddNoise(config.privacy, strategy.dp_sensitivity))
         if config.privacy.adaptive_clip:

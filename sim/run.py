@@ -103,6 +103,8 @@ def format_round(m: RoundMetrics, elapsed_s: float) -> str:
     if m.outcome != "committed":
         return f"round {m.round:3d}  {m.outcome}: {m.reason}  offenders {','.join(m.offenders) or '-'}"
     privacy = f"  epsilon {m.privacy.get('epsilon')}" if m.privacy else ""
+    if screened := m.aggregation.get("screened"):
+        privacy += f"  screened {','.join(screened)}"
     scores = f"{score_name} {score if score is None else f'{score:.4f}'}  "
     scores += f"loss {loss if loss is None else f'{loss:.4f}'}"
     if m.action == "local":  # model swapping: agents trained on, nothing was uploaded, so nothing to evaluate
