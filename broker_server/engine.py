@@ -361,8 +361,9 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         averaged = [*charged, *rs.failed] if ctx.result is not None else []
         self.ledger.after_round(averaged, published=published, next_clip=ctx.next_clip)
         bytes_down = model_wire_bytes * global_starts + rs.inbox_bytes
-        metrics = round_metrics(ctx, strategy=self.strategy.name, now=now, outcome=(outcome, reason, offenders),
-                                version=self.version, bytes_down=bytes_down, personal=personal)  # fmt: skip
+        metrics = round_metrics(ctx, strategy=self.strategy.name, models=self.strategy.models, now=now,
+                                outcome=(outcome, reason, offenders), version=self.version, bytes_down=bytes_down,
+                                personal=personal)  # fmt: skip
         if published and ctx.evaluation:  # the next round's agents start from this model: evaluated already
             self.start_scores.known(f"{GLOBAL}-v{self.version}", ctx.evaluation)
         if self.config.privacy.enabled:

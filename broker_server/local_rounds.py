@@ -93,8 +93,8 @@ class LocalRounds:
         ctx = RoundContext(state=rs, global_arrays={}, global_vector=np.zeros(0, np.float32), float_spec=(),
                            open_delta=lambda agent: np.zeros(0, np.float32))  # fmt: skip
         bytes_down = model_wire_bytes * self.global_downloads() + rs.inbox_bytes
-        metrics = round_metrics(ctx, strategy=self.strategy.name, now=now, outcome=("committed", "", []),
-                                version=self.version, bytes_down=bytes_down)  # fmt: skip
+        metrics = round_metrics(ctx, strategy=self.strategy.name, models=self.strategy.models, now=now,
+                                outcome=("committed", "", []), version=self.version, bytes_down=bytes_down)  # fmt: skip
         metrics = replace(metrics, accepted=list(rs.trained))
         if self.config.privacy.enabled:
             metrics = replace(metrics, privacy=self.ledger.summary())

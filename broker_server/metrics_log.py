@@ -54,6 +54,7 @@ def round_metrics(
     ctx: RoundContext,
     *,
     strategy: str,
+    models: str,
     now: float,
     outcome: tuple[str, str, list[str]],
     version: int,
@@ -69,6 +70,7 @@ def round_metrics(
     return RoundMetrics(
         round=rs.round,
         strategy=strategy,
+        models=models,
         participants=rs.selected,
         accepted=rs.accepted,
         rejected=[Rejection.from_dict(r) for r in rs.rejected],

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from protocol.codecs import Codec
+from protocol.scores import MODEL_KINDS, round_headline
 from protocol.typed import SchemaError, build
 
 MAX_JSON_BYTES = 256 * 1024
@@ -339,3 +340,12 @@ class RoundMetrics(Message):
     action: str = "average"  # average (a new global model), swap or local (agents keep their own models)
     privacy: dict = field(default_factory=dict)  # differential privacy: epsilon, delta, … spent so far (worst agent)
     personal: dict = field(default_factory=dict)  # C-SPE and C-GEN of the models agents trained from (personal.py)
+    models: str = "global"  # what agents keep: the global model, or one per group or agent (Strategy.models)
+    # The scores the round is judged by, lead first (protocol.scores). Always derived from the fields above,
+    # never taken from a sender, so no surface can show a headline the numbers do not support.
+    headline: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.models not in MODEL_KINDS:
+            raise ValueError(f"models must be one of {', '.join(MODEL_KINDS)}, got {self.models!r}")
+        object.__setattr__(self, "headline", round_headline(self.models, self.eval, self.personal))

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from broker_server.checkpoint import model_evaluation
-from protocol.messages import MessageError, RoundMetrics, headline
+from protocol.messages import MessageError, RoundMetrics
 from protocol.mqtt import BrokerSettings, MqttClient, parse_address
+from protocol.scores import headline_text
 from protocol.topics import Topics
 from sim.broker import start_broker
 from sim.federation import SimSettings, create_federation
@@ -98,15 +99,13 @@ def _spawn_agents(configs: dict[str, Path], settings: SimSettings, logs: Path) -
 
 
 def format_round(m: RoundMetrics, elapsed_s: float) -> str:
-    score, score_name = headline(m.eval), "mAP@.5" if "map50" in m.eval else "accuracy"
-    loss = m.eval.get("loss")
+    """The console's line for a closed round, led by what the run is judged by (``RoundMetrics.headline``)."""
     if m.outcome != "committed":
         return f"round {m.round:3d}  {m.outcome}: {m.reason}  offenders {','.join(m.offenders) or '-'}"
     privacy = f"  epsilon {m.privacy.get('epsilon')}" if m.privacy else ""
     if screened := m.aggregation.get("screened"):
         privacy += f"  screened {','.join(screened)}"
-    scores = f"{score_name} {score if score is None else f'{score:.4f}'}  "
-    scores += f"loss {loss if loss is None else f'{loss:.4f}'}"
+    scores = headline_text(m.headline) or "no evaluation"
     if m.action == "local":  # model swapping: agents trained on, nothing was uploaded, so nothing to evaluate
         scores = "local round (trained on, not uploaded)"
     return (

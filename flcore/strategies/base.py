@@ -127,6 +127,8 @@ class Strategy(ABC):
     # True when every agent's model is kept across rounds (``flcore.agent_models``): deltas are then
     # over each agent's own start model, and ``Contribution.model`` holds its model after the round.
     keeps_models: ClassVar[bool] = False
+    # What agents are judged by (``protocol.scores``): the one global model, or a model per group or per agent.
+    models: ClassVar[str] = "global"
     last_round: int = 0  # ``server.rounds`` (0: no end): a schedule that must end on a published model knows where
     # Under differential privacy with ``privacy.weight_cap`` = ŵ: an update weighs min(weight / ŵ, 1) and the
     # weighted sum is divided by the number of updates (DP-FedAvg's fixed denominator; FedAvg and its kin).

@@ -134,6 +134,7 @@ class DemLearn(Strategy):
     name = "demlearn"
     Options = DemLearnOptions
     keeps_models = True
+    models = "group"
 
     def __init__(self, options: DemLearnOptions | None = None) -> None:
         super().__init__(options)

@@ -112,6 +112,7 @@ class FedAMN(Strategy):
     name = "fedamn"
     Options = FedAMNOptions
     keeps_models = True
+    models = "agent"
     bounded_by_clip = True  # w_g: a weighted mean of model changes clipped within the round's clip bound
 
     def __init__(self, options: FedAMNOptions | None = None) -> None:

@@ -85,6 +85,7 @@ class FedAMP(Strategy):
     name = "fedamp"
     Options = FedAMPOptions
     keeps_models = True
+    models = "agent"
 
     def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
         return TrainPlan(replace(settings, prox_mu=self.options.lam / self.options.alpha_k))

@@ -1,0 +1,57 @@
+"""What a round is judged by, in order: the scores every surface shows first (docs/architecture.md,
+"One headline per shape and kind of model").
+
+A run that keeps one global model is judged by that model on the server's evaluation set (accuracy, or
+mAP@.5 for a detector). A run that keeps a model per group (DemLearn) or per agent (FedAMP, FedAMN) is
+judged by those models: C-SPE (each agent's start model on its own test split) first, then C-GEN (on
+the server's set with every class), then the global model beside them. The server computes the list
+once per round (``RoundMetrics.headline``) so the console, ``skyfed monitor``, the dashboard and
+``skyfed report`` cannot disagree about which number leads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+MODEL_KINDS = ("global", "group", "agent")  # what a strategy leaves agents with: ``Strategy.models``
+LABELS = {
+    "c_spe": "C-SPE",
+    "c_gen": "C-GEN",
+    "accuracy": "accuracy",
+    "map50": "mAP@.5",
+    "map50_95": "mAP@.5:.95",
+    "loss": "loss",
+    "box_loss": "box loss",
+    "cls_loss": "cls loss",
+    "dfl_loss": "dfl loss",
+}
+GLOBAL_KEYS = ("accuracy", "map50", "map50_95", "loss", "box_loss", "cls_loss", "dfl_loss")  # in this order
+PERSONAL_KEYS = ("c_spe", "c_gen")
+
+
+def round_headline(models: str, evaluation: Mapping[str, Any], personal: Mapping[str, Any]) -> list[dict]:
+    """``[{"key", "label", "value"}, …]``, the lead score first: the personal means before the global
+    model's scores when agents keep their own (``models`` ``group`` or ``agent``), after them otherwise.
+    Only finite numbers present in the round appear; a round with none gives ``[]``."""
+    own = [_score(k, personal.get(k), "") for k in PERSONAL_KEYS]
+    shared = [_score(k, evaluation.get(k), "global " if models != "global" else "") for k in GLOBAL_KEYS]
+    ordered = [*own, *shared] if models != "global" else [*shared, *own]
+    return [s for s in ordered if s is not None]
+
+
+def lead(headline: list[dict]) -> dict | None:
+    """The first score of a round's headline, or None when the round has none (a rolled-back round)."""
+    return headline[0] if headline else None
+
+
+def headline_text(headline: list[dict], *, width: int = 3) -> str:
+    """The first ``width`` scores as ``label value`` pairs, for a console or a log line."""
+    return "  ".join(f"{s['label']} {s['value']:.4f}" for s in headline[:width])
+
+
+def _score(key: str, value: Any, prefix: str) -> dict | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
+        return None
+    label = LABELS[key]
+    return {"key": key, "label": f"{prefix}{label}" if key in GLOBAL_KEYS else label, "value": float(value)}

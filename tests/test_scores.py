@@ -1,0 +1,40 @@
+"""The headline every surface leads with (protocol.scores): personal models are judged by C-SPE first,
+the global model by its own score, detectors by mAP; a sender cannot forge it."""
+
+import json
+
+from protocol.messages import RoundMetrics
+from protocol.scores import round_headline
+from sim.run import format_round
+from tests.fedharness import round_metrics
+
+PERSONAL = {"c_spe": 0.672, "c_gen": 0.41, "agents": {"a1": {"c_spe": 0.7}}}
+
+
+def test_personal_models_lead_with_c_spe_and_show_the_global_score_beside():
+    keys = [s["key"] for s in round_headline("group", {"accuracy": 0.258, "loss": 2.0}, PERSONAL)]
+    assert keys == ["c_spe", "c_gen", "accuracy", "loss"]
+    labels = [s["label"] for s in round_headline("agent", {"accuracy": 0.258}, PERSONAL)]
+    assert labels == ["C-SPE", "C-GEN", "global accuracy"]
+
+
+def test_a_global_model_leads_with_its_own_score_and_detectors_with_map():
+    assert [s["key"] for s in round_headline("global", {"accuracy": 0.9, "loss": 0.3}, PERSONAL)] == [
+        "accuracy", "loss", "c_spe", "c_gen"]  # fmt: skip
+    detect = round_headline("global", {"map50": 0.4, "map50_95": 0.2, "loss": None}, {})
+    assert [s["key"] for s in detect] == ["map50", "map50_95"]  # no "loss None"
+
+
+def test_the_headline_is_derived_never_taken_from_the_sender():
+    m = round_metrics(eval={"accuracy": 0.25, "loss": float("nan")}, personal=PERSONAL, models="group")
+    forged = {**json.loads(m.to_json()), "headline": [{"key": "c_spe", "label": "<b>C-SPE</b>", "value": 1.0}]}
+    received = RoundMetrics.from_dict(forged)
+    assert received.headline == m.headline and received.headline[0] == {"key": "c_spe", "label": "C-SPE",
+                                                                          "value": 0.672}  # fmt: skip
+
+
+def test_the_console_line_of_a_personalized_round_leads_with_c_spe():
+    line = format_round(round_metrics(eval={"accuracy": 0.258, "loss": 2.1}, personal=PERSONAL, models="group"), 1.0)
+    assert line.index("C-SPE 0.6720") < line.index("C-GEN 0.4100") < line.index("global accuracy 0.2580")
+    detect = format_round(round_metrics(eval={"map50": 0.41, "map50_95": 0.2}), 1.0)
+    assert "mAP@.5 0.4100" in detect and "None" not in detect
