@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from protocol.messages import headline
+from sim.summary import summary_lines
 
 
 def parse_option(text: str) -> tuple[str, object]:
@@ -117,13 +117,11 @@ def run_sim_command(args: argparse.Namespace) -> int:
     except (OSError, RuntimeError) as exc:  # --out not a folder we can make; no broker at --broker
         print(f"skyfed {args.command}: {exc}", file=sys.stderr)
         return 1
-    final = headline(result.final_eval)
     privacy = result.metrics[-1].privacy if result.metrics else {}
     if settings.privacy and len(result.metrics) < settings.rounds:
         print(f"stopped after {len(result.metrics)} of {settings.rounds} rounds: the privacy budget is spent "
               f"(epsilon {privacy.get('epsilon')} of target {settings.privacy.get('target_epsilon')})")  # fmt: skip
-    print(f"done in {result.seconds:.1f} s; final {'mAP@.5' if settings.task == 'detect' else 'accuracy'} {final}; "
-          f"results in {result.out}/")  # fmt: skip
+    print("\n".join(summary_lines(result.out, result.metrics, result.final_eval, seconds=result.seconds)))
     return 0
 
 

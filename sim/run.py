@@ -105,7 +105,7 @@ def format_round(m: RoundMetrics, elapsed_s: float) -> str:
     privacy = f"  epsilon {m.privacy.get('epsilon')}" if m.privacy else ""
     if screened := m.aggregation.get("screened"):
         privacy += f"  screened {','.join(screened)}"
-    scores = headline_text(m.headline) or "no evaluation"
+    scores = headline_text(m.headline, width=2 if m.models == "global" else 3) or "no evaluation"
     if m.action == "local":  # model swapping: agents trained on, nothing was uploaded, so nothing to evaluate
         scores = "local round (trained on, not uploaded)"
     return (
