@@ -43,6 +43,11 @@ class ServerMetrics:
                                   registry=r)  # fmt: skip
         self.eval_score = Gauge("skyfed_server_eval_score", "The model in force's evaluation: accuracy, or mAP@.5 "
                                 "for detectors (NaN without server.eval_data)", registry=r)  # fmt: skip
+        self.round_score = Gauge("skyfed_server_round_score", "The last committed round's scores by name (c_spe, "
+                                 "c_gen, accuracy, loss, map50, …: protocol.scores)", ["score"], registry=r)  # fmt: skip
+        self.headline = Gauge("skyfed_server_headline_score", "The score the run is judged by, from the last "
+                              "committed round: C-SPE for per-group and per-agent models, else the global model's",
+                              ["score"], registry=r)  # fmt: skip
         self.epsilon = Gauge("skyfed_server_epsilon", "Differential privacy spent so far by the worst agent (+Inf "
                              "without [privacy] or once a model went out without noise)", registry=r)  # fmt: skip
         for outcome in ("committed", "rolled-back"):
@@ -68,6 +73,11 @@ class ServerMetrics:
         self.duration.set(metrics.duration_s)
         self.bytes_up.inc(metrics.bytes_up)
         self.bytes_down.inc(metrics.bytes_down)
+        if metrics.headline:
+            for score in metrics.headline:
+                self.round_score.labels(score=score["key"]).set(score["value"])
+            self.headline.clear()  # one series: the lead
+            self.headline.labels(score=metrics.headline[0]["key"]).set(metrics.headline[0]["value"])
 
     def status(self, status: ServerStatus, participants: int) -> None:
         """What the server just reported in ``server/status``, and how many agents its open round selected."""

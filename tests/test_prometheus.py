@@ -162,6 +162,22 @@ def test_epsilon_and_eval_score_say_when_there_is_no_guarantee_or_no_evaluation(
     assert value("skyfed_server_phase", {"phase": "training"}) == 1 and value("skyfed_server_round") == 3
 
 
+def test_the_headline_score_is_what_the_run_is_judged_by_one_series_at_a_time():
+    from broker_server.prometheus import ServerMetrics
+    from protocol.prometheus import MetricsSection
+    from tests.fedharness import round_metrics
+
+    metrics = ServerMetrics(MetricsSection())
+    value = metrics.registry.get_sample_value
+    metrics.round_closed(round_metrics(eval={"accuracy": 0.9, "loss": 0.3}))
+    assert value("skyfed_server_headline_score", {"score": "accuracy"}) == 0.9
+    assert value("skyfed_server_round_score", {"score": "loss"}) == 0.3
+    metrics.round_closed(round_metrics(models="group", eval={"accuracy": 0.26}, personal={"c_spe": 0.67}))
+    assert value("skyfed_server_headline_score", {"score": "c_spe"}) == 0.67
+    assert value("skyfed_server_headline_score", {"score": "accuracy"}) is None  # the lead alone
+    assert value("skyfed_server_round_score", {"score": "accuracy"}) == 0.26
+
+
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory):
     return create_federation(tmp_path_factory.mktemp("fed"), SimSettings(agents=1, rounds=1), ("127.0.0.1", 1))
