@@ -107,7 +107,7 @@ def _agent_notes(view: FederationView) -> list[Text]:
     notes = _more(len(view.agents), "agents")
     s = view.server
     claimed = sum(a.state != "offline" for a in view.agents.values())
-    if s is not None and s.state != "offline" and claimed != s.agents_online:
+    if s is not None and s.state not in ("offline", "finished") and claimed != s.agents_online:  # it still counts
         notes.append(Text(f"the server counts {s.agents_online} agents online; {claimed} statuses here claim to be "
                           "(the server checks signatures, replays and freshness: a row may show a claim it "
                           "refused, or an agent it has not heard from lately)"))  # fmt: skip
