@@ -101,7 +101,8 @@ def add_monitor_command(commands: argparse._SubParsersAction) -> None:
                      help="HOST:PORT of the MQTT broker (a cluster: its nodes, comma-separated)")  # fmt: skip
     mon.add_argument("--federation", default="demo")
     mon.add_argument("--once", action="store_true", help="print one snapshot and exit")
-    mon.add_argument("--timeout", type=float, default=3.0, help="with --once: seconds to collect status")
+    mon.add_argument("--timeout", type=float, default=3.0,
+                     help="seconds to collect retained status; a federation with none by then exits 1")  # fmt: skip
     mon.add_argument("--cafile", help="TLS: the federation CA (skyfed provision's DIR/monitor/ca.crt)")
     mon.add_argument("--cert", help="TLS: the monitoring certificate (DIR/monitor/monitor.crt)")
     mon.add_argument("--key", help="TLS: its key (DIR/monitor/monitor.crt.key)")

@@ -4,8 +4,10 @@ import json
 
 from rich.console import Console
 
-from broker_server.monitor import FederationView
-from protocol.messages import AgentStatus
+from broker_server.monitor_tables import render
+from broker_server.monitor_view import FederationView
+from protocol.messages import AgentStatus, Gate, Rejection
+from protocol.peer_messages import PeerBest, PeerMember, PeerRoundMetrics
 from protocol.topics import Topics
 from security.keys import Identity
 from security.signing import signed_payload
@@ -14,7 +16,7 @@ from tests.fedharness import round_metrics
 
 def _render(view: FederationView) -> str:
     console = Console(record=True, width=200)
-    console.print(view.render())
+    console.print(render(view))
     return console.export_text()
 
 
@@ -44,3 +46,114 @@ def test_a_rolled_back_round_is_shown_with_its_reason():
     view.apply("skyfed/fleet/server/metrics", metrics.to_json())
     assert json.loads(metrics.to_json())["eval"]["loss"] is None
     assert "rolled-back: non-finite-evaluation" in _render(view)
+
+
+def _signed(message: object, name: str = "peer") -> bytes:
+    return signed_payload(message.to_dict(), Identity.generate(name))  # the monitor checks no signature
+
+
+def _header(text: str, first: str) -> list[str]:
+    """The column names of the table whose header starts with ``first``, in order."""
+    line = next(line for line in text.splitlines() if line.startswith(f"┃ {first} "))
+    return [cell.strip() for cell in line.strip("┃").split("┃")]
+
+
+def test_each_kind_of_model_leads_with_its_headline():
+    cases = [  # (models, eval, personal) -> the columns after round, accepted, rejected; the line's score keys
+        ("global", {"accuracy": 0.9, "loss": 0.3}, {}, ["accuracy", "loss"], ["accuracy", "loss"]),
+        ("global", {"map50": 0.4, "map50_95": 0.2}, {}, ["mAP@.5", "mAP@.5:.95"], ["map50", "map50_95"]),
+        ("group", {"accuracy": 0.6, "loss": 1.1}, {"c_spe": 0.9, "c_gen": 0.5},
+         ["C-SPE", "C-GEN", "global accuracy", "global loss"], ["c_spe", "c_gen", "accuracy", "loss"]),
+    ]  # fmt: skip
+    for models, evaluation, personal, columns, keys in cases:
+        view = FederationView(Topics("fleet"))
+        metrics = round_metrics(round=2, models=models, eval=evaluation, personal=personal)
+        line = view.apply("skyfed/fleet/server/metrics", metrics.to_json())
+        shown = _render(view)
+        assert _header(shown, "round")[3 : 3 + len(columns)] == columns, shown
+        fields = [f.split("=")[0] for f in line.split()[1:]]
+        assert fields[3 : 3 + len(keys)] == keys, line  # after round, outcome, reason
+        assert "None" not in shown and "None" not in line
+        assert f"{keys[0]}={metrics.headline[0]['value']:.4f}" in line
+
+
+def test_demlearn_groups_are_listed_as_plain_text():
+    groups = [{"level": 1, "group": "0", "members": ["a", "[bold]b"], "g_gen": 0.5},
+              {"level": 1, "group": "1", "members": [f"m{i}" for i in range(20)]}, "junk", {"members": 5}]  # fmt: skip
+    view = FederationView(Topics("fleet"))
+    metrics = round_metrics(round=3, models="group", personal={"c_spe": 0.8}, aggregation={"groups": groups})
+    view.apply("skyfed/fleet/server/metrics", metrics.to_json())
+    shown = _render(view)
+    assert "level 1, group 0: a, [bold]b; G-GEN 0.5000" in shown
+    assert "m7 +12; G-GEN -" in shown and "m8" not in shown
+
+
+def test_a_root_shows_each_region_with_what_its_last_round_made_of_it():
+    view = FederationView(Topics("root"))
+    for region in ("region-1", "region-2"):
+        status = AgentStatus(agent=region, state="training", round=4, samples=0, version=3, updated_at=0.0)
+        view.apply(f"skyfed/root/agent/{region}/status", _signed(status, region))
+    metrics = round_metrics(round=4, participants=["region-1", "region-2"], accepted=["region-1"],
+                            rejected=[Rejection("region-2", "norm-too-large")], eval={"accuracy": 0.9},
+                            aggregation={"local_eval": {"region-1": {"accuracy": 0.87, "loss": 0.4}}})  # fmt: skip
+    view.apply("skyfed/root/server/metrics", metrics.to_json())
+    rows = {line.split("│")[1].strip(): line for line in _render(view).splitlines() if "region-" in line}
+    assert "4: accepted" in rows["region-1"] and "accuracy 0.8700" in rows["region-1"]
+    assert "4: rejected (norm-too-large)" in rows["region-2"]
+
+
+def _peer(view: FederationView, name: str, accuracy: float, *, best: float | None = None) -> None:
+    member = PeerMember("p2p", name, "member", 5, 1.0, 1.0)
+    metrics = PeerRoundMetrics(name, 4, "aggregated", {"accuracy": accuracy, "loss": 0.5}, ["p0", "p1", "p2"],
+                               [{"peer": "px", "reason": "stale-base"}])  # fmt: skip
+    for leaf, message in (("member", member), ("metrics", metrics)):
+        view.apply(f"skyfed/p2p/peer/{name}/{leaf}", _signed(message, name))
+    if best is not None:
+        view.apply(f"skyfed/p2p/peer/{name}/best", _signed(PeerBest("p2p", name, 5, best, "ab" * 32, 1.0), name))
+
+
+def test_peers_each_show_their_round_headline_counts_and_the_highest_claim():
+    view = FederationView(Topics("p2p"))
+    _peer(view, "p0", 0.81, best=0.8)
+    _peer(view, "p1", 0.85, best=0.9)
+    forged = PeerRoundMetrics("p0", 99, "aggregated", {"accuracy": 0.01}, [])  # p0's metrics under p1's name
+    assert view.apply("skyfed/p2p/peer/p1/metrics", _signed(forged)) is None
+    shown = _render(view)
+    assert _header(shown, "peer") == ["peer", "state", "round", "last round", "accuracy", "aggregated from",
+                                      "rejected", "best claim"]  # fmt: skip
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
+            for line in shown.splitlines() if line.startswith("│ p")}  # fmt: skip
+    assert rows["p0"] == ["p0", "member", "5", "4", "0.8100", "3", "1", "0.8000 (abababababab)"]
+    assert rows["p1"][4] == "0.8500" and rows["p1"][7].endswith("◀ highest claim")
+    assert "SkyFed federation" not in shown  # a peer federation has no server
+
+
+def test_hostile_numbers_names_and_floods_stay_bounded():
+    view = FederationView(Topics("fleet"))
+    huge = 10**4000
+    metrics = json.loads(round_metrics(round=7, eval={"accuracy": 1e300}).to_json())
+    metrics.update(bytes_up=huge, bytes_down=huge, duration_s=1e308, round=huge,
+                   rejected=[{"agent": "x", "reason": "[red]r\x1b[2J" * 500}])  # fmt: skip
+    view.apply("skyfed/fleet/server/metrics", json.dumps(metrics).encode())
+    for i in range(150):
+        name = f"p{i:03d}"
+        gate = Gate(ok=False, reasons=["[/x]\x1b]52;c;x\x07"] * 99)
+        member = PeerMember("fleet", name, "member", huge, 1.0, 1.0, gate)
+        view.apply(f"skyfed/fleet/peer/{name}/member", _signed(member, name))
+    shown = _render(view)
+    assert "(too large)" in shown and "1e+300" in shown
+    assert "50 more peers not shown" in shown and "p149" not in shown
+    assert "\x1b" not in shown and "[/x]" in shown
+    assert max(len(line) for line in shown.splitlines()) <= 200
+
+
+def test_a_replayed_offline_is_shown_as_the_server_treats_it():
+    view = FederationView(Topics("fleet"))
+    live = AgentStatus(agent="d1", state="ready", round=2, samples=5, version=2, updated_at=200.0, session=150.0)
+    view.apply("skyfed/fleet/agent/d1/status", _signed(live, "d1"))
+    view.apply("skyfed/fleet/agent/d1/status", _signed(AgentStatus.offline("d1", session=100.0), "d1"))
+    row = next(line for line in _render(view).splitlines() if line.startswith("│ d1"))
+    assert "ready (a replayed 'offline'" in row
+    view.apply("skyfed/fleet/agent/d1/status", _signed(AgentStatus.offline("d1", session=160.0), "d1"))
+    row = next(line for line in _render(view).splitlines() if line.startswith("│ d1"))
+    assert row.split("│")[2].strip() == "offline"  # a newer connection's will counts

@@ -14,11 +14,14 @@ import paho.mqtt.client as paho
 import pytest
 from rich.console import Console
 
-from broker_server.monitor import FederationView, monitor
+from broker_server.monitor import monitor
+from broker_server.monitor_tables import render
+from broker_server.monitor_view import FederationView
 from common.text import PrintableFormatter, printable
 from protocol.daemon import JournalFormatter
 from protocol.messages import AgentStatus, ServerStatus
 from protocol.mqtt import BrokerSettings, TlsSettings
+from protocol.peer_messages import PeerMember, PeerRoundMetrics
 from protocol.topics import Topics
 from security.keys import Identity
 from security.pki import create_ca, issue
@@ -62,7 +65,7 @@ def test_escape_sequences_in_status_never_reach_the_terminal():
     line = view.apply("skyfed/fleet/agent/drone-01/status", signed_payload(status.to_dict(), Identity.generate("d")))
     assert line is not None and line.isprintable() and "\\x1b]52" in line
     out = io.StringIO()
-    Console(file=out, force_terminal=True, width=300).print(view.render())
+    Console(file=out, force_terminal=True, width=300).print(render(view))
     for sequence in ("\x1b]52", "\x1b[2J", "\x1b[8m", "\u202e", "\x9b", "\x07"):
         assert sequence not in out.getvalue()
     assert "\\x1b[2J" in out.getvalue()
@@ -159,3 +162,69 @@ def test_a_second_monitor_on_the_same_certificate_is_named_not_an_unspecified_er
             proc.wait()
     assert first.returncode == 1
     assert "another client is connected with this client id" in err and "monitor.crt is in use elsewhere" in err, err
+
+
+def _retain(broker, messages: dict[str, bytes]) -> None:  # noqa: ANN001
+    publisher = _publisher(broker)
+    for topic, payload in messages.items():
+        publisher.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
+    publisher.loop_stop()
+    publisher.disconnect()
+
+
+def _member(federation: str, peer: str) -> bytes:
+    return signed_payload(PeerMember(federation, peer, "member", 3, 1.0, 1.0).to_dict(), Identity.generate(peer))
+
+
+def test_the_live_monitor_exits_on_a_federation_the_broker_does_not_carry(broker):
+    _retain(broker, {"skyfed/fleet/server/status": _server_status("fleet"),
+                     "skyfed/p2p/peer/p0/member": _member("p2p", "p0")})  # fmt: skip
+    started = time.monotonic()
+    proc = _skyfed("monitor", "--broker", f"{broker.host}:{broker.port}", "--federation", "flet", "--timeout", "1")
+    try:
+        out, err = proc.communicate(timeout=60)  # on main: it waited for ever, printing a note
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, (out, err)
+    assert "no status from federation 'flet'" in err and "with a server status there: fleet" in err
+    assert "peer federations there: p2p" in err and time.monotonic() - started < 30
+
+
+def test_the_live_monitor_waits_for_a_server_not_started_when_its_agents_are_there(broker):
+    status = AgentStatus(agent="d1", state="ready", round=0, samples=1, version=1, updated_at=time.time())
+    _retain(broker, {"skyfed/fleet/agent/d1/status": signed_payload(status.to_dict(), Identity.generate("d1"))})
+    proc = _skyfed("monitor", "--broker", f"{broker.host}:{broker.port}", "--federation", "fleet", "--timeout", "0.5")
+    try:
+        first = proc.stdout.readline()
+        time.sleep(0.5 + 1.5 + 1.0)  # past --timeout and the discovery it would make for an empty federation
+        assert proc.poll() is None, proc.stderr.read()
+        _retain(broker, {"skyfed/fleet/server/status": _server_status("fleet")})
+        second = proc.stdout.readline()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert first.startswith("agent id=d1 state=ready"), first
+    assert second.startswith("server federation=fleet state=running"), second
+
+
+def test_once_shows_a_peer_federation(broker):
+    peers = {f"skyfed/p2p/peer/{p}/member": _member("p2p", p) for p in ("p0", "p1")}
+    metrics = PeerRoundMetrics("p1", 2, "aggregated", {"map50": 0.42}, ["p0", "p1"])
+    peers["skyfed/p2p/peer/p1/metrics"] = signed_payload(metrics.to_dict(), Identity.generate("p1"))
+    _retain(broker, peers)
+    out = io.StringIO()
+    settings = BrokerSettings(broker.host, broker.port, protocol="5")
+    assert monitor(settings, "p2p", once=True, timeout_s=0.5, console=Console(file=out, width=200)) == 0
+    rows = [line for line in out.getvalue().splitlines() if line.startswith("│ p")]
+    assert len(rows) == 2 and "mAP@.5" in out.getvalue() and "0.4200" in rows[1] and "│ 2 " in rows[1]
+
+
+def test_a_replayed_offline_beside_the_servers_count_is_said_to_be_a_claim(broker):
+    replayed = AgentStatus.offline("d1", session=time.time() - 3600)  # an earlier connection's will, published again
+    will = signed_payload(replayed.to_dict(), Identity.generate("d1"))
+    _retain(broker, {"skyfed/fleet/server/status": _server_status("fleet"), "skyfed/fleet/agent/d1/status": will})
+    out = io.StringIO()
+    settings = BrokerSettings(broker.host, broker.port, protocol="5")
+    assert monitor(settings, "fleet", once=True, timeout_s=0.5, console=Console(file=out, width=200)) == 0
+    shown = out.getvalue()
+    assert "as each claims" in shown and "the server counts 1 agents online; 0 statuses here claim to be" in shown

@@ -18,7 +18,6 @@ import pytest
 from agent.config import load_agent_config
 from agent.peer.bestagg import BEST_FILE
 from agent.peer.election import Election
-from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.node import PeerNode
 from agent.peer.rounds import initial_model, read_metrics
 from agent.runner import in_process_runner
@@ -30,6 +29,7 @@ from participant.trainer import PeerContext, Trainer, TrainerWrapper
 from protocol.config import ConfigError, write_toml
 from protocol.messages import RoundTask
 from protocol.mqtt import BrokerSettings, MqttClient
+from protocol.peer_messages import PeerBest, PeerMember
 from protocol.topics import Topics
 from security.keys import Identity, revoke
 from security.signing import signed_payload

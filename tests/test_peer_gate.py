@@ -9,8 +9,8 @@ import datetime as dt
 
 import pytest
 
-from agent.peer.messages import PeerMember
 from agent.peer.rounds import read_metrics
+from protocol.peer_messages import PeerMember
 from sim.flight_controller import FlightController
 from tests.fedharness import override_toml, wait_until
 from tests.test_federation import SlowInRound

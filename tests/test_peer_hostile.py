@@ -16,7 +16,6 @@ import pytest
 from agent.config import load_agent_config
 from agent.peer.collect import RoundCollector, RoundGuards
 from agent.peer.election import Election
-from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.node import PeerNode
 from agent.peer.rounds import initial_model, read_metrics
 from agent.peer.stale import StaleGuard
@@ -29,6 +28,7 @@ from models.weights import NamedArrays, fingerprint
 from participant.trainer import PeerContext, Trainer, TrainerWrapper
 from protocol.messages import RoundTask
 from protocol.mqtt import BrokerSettings, MqttClient
+from protocol.peer_messages import PeerBest, PeerMember
 from protocol.topics import Topics
 from security.envelope import seal
 from security.keys import Identity

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent.peer.election import Election
-from agent.peer.messages import PeerBest
 from common.files import atomic_write
 from models.serialization import dumps, save_file
 from models.weights import NamedArrays, fingerprint
 from protocol.messages import headline
+from protocol.peer_messages import PeerBest
 
 if TYPE_CHECKING:
     from agent.peer.node import Evaluator, PeerNode

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agent.peer.collect import same_layout
-from agent.peer.messages import PeerBest
 from models.weights import NamedArrays, fingerprint, float_part
+from protocol.peer_messages import PeerBest
 
 
 @dataclass

@@ -20,7 +20,6 @@ import paho.mqtt.client as paho
 
 from agent.config import AgentConfig
 from agent.peer.collect import transfer_limits
-from agent.peer.messages import PeerBest, PeerMember
 from agent.peer.roster import MembershipRefused, Roster
 from agent.peer.rounds import PeerRounds
 from agent.telemetry import Telemetry
@@ -32,6 +31,7 @@ from participant.upload import Upload, send_sealed
 from protocol.daemon import MqttDaemon, Throttle
 from protocol.messages import MAX_JSON_BYTES, Gate, MessageError
 from protocol.mqtt import MqttClient, Will
+from protocol.peer_messages import PeerBest, PeerMember
 from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferRejected
 from security.envelope import Opener

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from agent.peer.messages import PeerMember
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from protocol.messages import MAX_JSON_BYTES, MessageError
+from protocol.peer_messages import PeerMember
 from security.enrolled_watch import EnrolledWatch
 from security.keys import Keyring, revoked_names
 from security.signing import InvalidDocument, verify_document

@@ -36,7 +36,6 @@ import numpy as np
 from agent.config import AgentConfig
 from agent.peer.bestagg import BestAgg
 from agent.peer.collect import RoundCollector, RoundGuards, coordinate_median, model_refusal
-from agent.peer.messages import PeerBest, PeerRoundMetrics
 from agent.peer.stale import StaleGuard
 from flcore.bounds import lower_median
 from flcore.update import UpdateRejected
@@ -47,6 +46,7 @@ from participant.jobs import Cancelled, Runner, Trained
 from participant.progress import ProgressStore
 from participant.round_client import RoundClient
 from protocol.messages import AgentStart, RoundTask, TrainSettings, headline
+from protocol.peer_messages import PeerBest, PeerRoundMetrics
 
 if TYPE_CHECKING:
     from agent.peer.node import Evaluator, PeerNode

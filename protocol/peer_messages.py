@@ -1,7 +1,8 @@
 """What peers publish about themselves, each signed with the peer's Ed25519 key (``security.signing``) and
 retained under its own ``peer/<id>/`` subtree (the broker ACL lets only that peer write there):
 ``member`` (its membership; its last will is a signed ``left``), ``best`` (BestAgg's claim) and
-``metrics`` (its last round, for operators)."""
+``metrics`` (its last round, for operators). They live in ``protocol/`` because ``skyfed monitor`` reads
+them too (docs/architecture.md, "Peer mode")."""
 
 from __future__ import annotations
 
