@@ -11,6 +11,7 @@ from common import toml
 from protocol.mqtt import BrokerSettings
 from security.provision import (
     MODES,
+    MONITOR_SUB,
     Layout,
     ProvisionError,
     Provisioning,
@@ -77,7 +78,8 @@ def _plan(args: argparse.Namespace, out: Path) -> Provisioning:
 def instructions(out: Path, plan: Provisioning) -> str:
     """How to install and watch what was written (also kept as DIR/README.txt)."""
     f, mon = plan.federation, (out / "monitor").absolute()
-    tls = f"--cafile {mon}/ca.crt --cert {mon}/monitor.crt --key {mon}/monitor.crt.key"
+    tls, sub = (f"--cafile {mon}/ca.crt --cert {mon}/{name}.crt --key {mon}/{name}.crt.key" for name in
+                ("monitor", MONITOR_SUB))  # fmt: skip
     where = f"{plan.broker_host}:{plan.broker_port}"
     topics = f"-t skyfed/{f}/server/status -t skyfed/{f}/server/metrics -t 'skyfed/{f}/agent/+/status'"
     return "\n".join(
@@ -90,7 +92,8 @@ def instructions(out: Path, plan: Provisioning) -> str:
             f"  each agent:  install {out}/agents/<id>/* in /etc/skyfed/ on the device; its data goes to "
             f"{plan.state_dir}/<id>/data.npz",
             f"  monitor:     skyfed monitor --broker {where} --federation {f} {tls}",
-            f"               mosquitto_sub -h {plan.broker_host} -p {plan.broker_port} {tls} {topics} -v",
+            f"               mosquitto_sub -h {plan.broker_host} -p {plan.broker_port} {sub} {topics} -v",
+            "               (one connection per certificate: a second watcher with the same one evicts the first)",
             *dashboard_instructions(out, plan),
             f"  add agents:  skyfed provision --federation {f} --agents <all ids> --out {out} (existing keys stay)",
             f"  revoke:      skyfed provision revoke <id> --out {out}",
