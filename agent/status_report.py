@@ -25,6 +25,9 @@ class StatusReport:
         why = f" ({'; '.join(self.telemetry.reasons())})" if self.state == "gated" else ""
         return f"{where}: {self.state}{why}" + ("; the server's run is over" if self.run_end.ended else "")
 
+    def progress_fields(self: EdgeAgent) -> str:
+        return f"round={self.task.round if self.task is not None else 0} model_version={max(self.models, default=0)}"
+
     def _waiting_for(self: EdgeAgent) -> str:
         return waiting_for(agent=self.id, topics=self.topics, key_mismatch=self.inbox.key_mismatch,
                            has_group_key=bool(self.group_keys), task=self.task, state=self.state)  # fmt: skip

@@ -145,7 +145,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
             self.publisher.retained.observe(version, topic.rsplit("/", 1)[1], payload)
             return
         if (foreign := self.topics.foreign_status_of(topic)) is not None:
-            self.ignored.foreign(*foreign)
+            self.ignored.foreign(*foreign, payload)
             return
         agent = self.topics.agent_of(topic)
         if agent is None:

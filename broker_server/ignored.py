@@ -12,8 +12,11 @@ from collections import Counter
 from pathlib import Path
 
 from common.text import printable
+from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from protocol.daemon import Throttle
+from protocol.messages import MAX_JSON_BYTES
 from security.keys import REVOKED, Keyring, revoked_names
+from security.signing import InvalidDocument, verify_document
 
 log = logging.getLogger("skyfed.server")
 
@@ -30,10 +33,16 @@ class IgnoredAgents:
         self.revoked = revoked_names(enrolled_dir)
         self._log = Throttle(IGNORED_LOG_INTERVAL_S)
 
-    def foreign(self, federation: str, agent: str) -> None:
-        """One of our enrolled agents publishing under another federation: its agent.federation is wrong.
-        Ids we do not know there belong to someone else's federation and are none of our business."""
-        if agent not in self.keyring:
+    def foreign(self, federation: str, agent: str, payload: bytes) -> None:
+        """An agent status from another federation. Signed by the key we enrolled for that id, it is one of our
+        agents with a wrong agent.federation; anything else is another federation's agent (on a shared broker
+        ids repeat: drone-01 everywhere), none of our business: not counted, named once an hour at debug."""
+        if agent not in self.keyring or not payload:
+            return
+        if not self._signed_by_ours(agent, payload):
+            if self._log.allow(f"other:{federation}") is not None:
+                log.debug("status ignored federation=%s agent=%s: another federation's agent (not signed by the key "
+                          "enrolled here)", printable(federation, 64), printable(agent, 64))  # fmt: skip
             return
         self.counts["ignored-wrong-federation"] += 1
         if self._log.allow(f"foreign:{agent}") is not None:  # per agent: federation names are free
@@ -42,6 +51,15 @@ class IgnoredAgents:
                 "%r: set federation = %r in its agent.toml",
                 agent, printable(federation, 64), self.federation, self.federation,
             )  # fmt: skip
+
+    def _signed_by_ours(self, agent: str, payload: bytes) -> bool:
+        if (public := self.keyring.get(agent)) is None:
+            return False
+        try:
+            verify_document(parse_untrusted_json(payload, max_bytes=MAX_JSON_BYTES), public)
+        except (InvalidDocument, UntrustedJsonError):
+            return False
+        return True
 
     def status_refused(self, agent: str, reason: str) -> None:
         """A status the registry does not believe: counted, and logged once an hour per agent and kind

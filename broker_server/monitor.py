@@ -26,6 +26,9 @@ ANY_SERVER_STATUS = f"{ROOT}/+/server/status"  # which federations a broker carr
 ANY_PEER_MEMBER = f"{ROOT}/+/peer/+/member"  # and which peer federations (they have no server)
 DISCOVERY_S = 1.5  # retained status arrives at once; this is ample
 STOP_WAIT_S = 1.0  # paho's thread may be mid-reconnect: the monitor exits without it
+# the broker names a TLS client by its certificate: every watcher needs its own (docs/monitoring.md)
+TAKEN_OVER_FIX = ("this monitor stops rather than take the connection back: run one skyfed monitor per certificate, "
+                  "and mosquitto_sub with DIR/monitor/monitor-sub.crt (skyfed provision writes it)")  # fmt: skip
 PIPE_WIDTH = 200  # columns of a --once snapshot into a file or pipe (rich would cut it at 80)
 
 
@@ -119,7 +122,8 @@ def _watch(
         show(view.apply(*msg) if msg is not None else None)
         if view.empty and time.monotonic() > quiet_until and _gone(client, view, where, timeout_s):
             return 1
-    _say(client.problem or "the broker closed the connection")
+    _say(f"{client.problem}; {TAKEN_OVER_FIX}" if client.taken_over else client.problem or "the broker closed the "
+         "connection")  # fmt: skip
     return 1
 
 

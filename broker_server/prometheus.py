@@ -44,7 +44,7 @@ class ServerMetrics:
         self.eval_score = Gauge("skyfed_server_eval_score", "The model in force's evaluation: accuracy, or mAP@.5 "
                                 "for detectors (NaN without server.eval_data)", registry=r)  # fmt: skip
         self.round_score = Gauge("skyfed_server_round_score", "The last committed round's scores by name (c_spe, "
-                                 "c_gen, accuracy, loss, map50, …: protocol.scores)", ["score"], registry=r)  # fmt: skip
+                                 "c_gen, accuracy, loss, map50, …)", ["score"], registry=r)  # fmt: skip
         self.headline = Gauge("skyfed_server_headline_score", "The score the run is judged by, from the last "
                               "committed round: C-SPE for per-group and per-agent models, else the global model's",
                               ["score"], registry=r)  # fmt: skip

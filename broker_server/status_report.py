@@ -23,6 +23,11 @@ class StatusReport:
         disk = f"; {self.disk.problem}" if self.disk.problem else ""  # the state cannot be written: say it first
         return self._round_line() + disk
 
+    def progress_fields(self: Aggregator) -> str:
+        rs = self.engine.round_state
+        round_ = rs.round if rs is not None else self.engine.next_round - 1
+        return f"round={round_} model_version={self.engine.version}"
+
     def _round_line(self: Aggregator) -> str:
         rs = self.engine.round_state
         if self.engine.finished:

@@ -12,6 +12,7 @@ ROLE=server
 CONFIG_NAME=server.toml
 UNIT=skyfed-server.service
 OTHER_UNIT=skyfed-agent.service
+DASHBOARD_UNIT=skyfed-dashboard.service
 EXTRA_GROUPS=()
 MOSQUITTO=""       # --mosquitto: a provisioned broker folder, plain or none
 MOSQUITTO_USER=mosquitto
@@ -27,7 +28,9 @@ Installs the SkyFed aggregator as the systemd service skyfed-server: the system 
 shell, home /var/lib/skyfed), a venv in /opt/skyfed, the folder's config, keys and enrolled/ in
 /etc/skyfed (private keys 0600 skyfed, the rest 0640 root:skyfed; agents the folder lists as revoked
 are taken out of /etc/skyfed/enrolled), the unit in /etc/systemd/system, and mosquitto's SkyFed config;
-then (re)starts mosquitto and enables and starts the server. PROVISIONING_FOLDER is fleet-pki/server/
+then (re)starts mosquitto and enables and starts the server. The dashboard's unit (skyfed-dashboard) is
+installed too, and enabled and started, with a drop-in naming the federation, the broker and its
+WebSockets port, where the broker folder has a WebSockets listener (skyfed provision --ws-port). PROVISIONING_FOLDER is fleet-pki/server/
 from `skyfed provision`, or one made by hand: server.toml and the keys and enrolled/ folder it names.
 
 server options:
@@ -168,10 +171,66 @@ role_install() {
     *) install_broker_tls ;;
     esac
     apply_broker
+    install_dashboard
+}
+
+# The port of the provisioned broker's WebSockets listener (skyfed provision --ws-port), or nothing.
+ws_port_of() {
+    [[ $MOSQUITTO != none && $MOSQUITTO != plain ]] || return 0
+    awk '$1 == "listener" { port = $2 } $1 == "protocol" && $2 == "websockets" { print port; exit }' \
+        "$MOSQUITTO/skyfed.conf"
+}
+
+# skyfed-dashboard: the unit always (inert until enabled); with a WebSockets listener also a drop-in naming
+# this federation, its broker and that port, and the unit enabled and (re)started.
+install_dashboard() {
+    local unit_dir dropin ws_port changed=0
+    unit_dir=$(at /etc/systemd/system)
+    ensure_dir "$unit_dir" 0755 0:0
+    put_file "$DEPLOY_DIR/systemd/$DASHBOARD_UNIT" "$unit_dir/$DASHBOARD_UNIT" 0644 0:0 && changed=1
+    ws_port=$(ws_port_of)
+    if [[ -z $ws_port ]]; then
+        say "$DASHBOARD_UNIT: installed, not enabled: the broker has no WebSockets listener (skyfed provision" \
+            "--ws-port, docs/dashboard.md)"
+        ((changed == 0)) || [[ -n $ROOT ]] || systemctl daemon-reload
+        return 0
+    fi
+    dropin=$STAGE/dashboard.conf
+    printf '# written by deploy/install-server.sh from %s: run it again to update\n[Service]\n' "$PROV" >"$dropin"
+    printf 'Environment=SKYFED_BROKER=%s:%s SKYFED_WS_PORT=%s SKYFED_FEDERATION=%s\n' \
+        "$(toml_get "$PROV/$CONFIG_NAME" broker host)" "$(toml_get "$PROV/$CONFIG_NAME" broker port)" "$ws_port" \
+        "$(toml_get "$PROV/$CONFIG_NAME" server federation)" >>"$dropin"
+    ensure_dir "$unit_dir/$DASHBOARD_UNIT.d" 0755 0:0
+    put_file "$dropin" "$unit_dir/$DASHBOARD_UNIT.d/skyfed.conf" 0644 0:0 && changed=1
+    if ((NO_START == 1)); then
+        say "$DASHBOARD_UNIT: installed, not enabled (--no-start): systemctl enable --now $DASHBOARD_UNIT"
+    elif [[ -n $ROOT ]]; then
+        command -v systemctl >/dev/null && ! systemctl --root="$ROOT" is-enabled --quiet "$DASHBOARD_UNIT" 2>/dev/null &&
+            systemctl --root="$ROOT" --quiet enable "$DASHBOARD_UNIT" 2>/dev/null &&
+            say "  enabled $DASHBOARD_UNIT in $ROOT (not started: --root)"
+    else
+        ((changed == 0)) || systemctl daemon-reload
+        systemctl is-enabled --quiet "$DASHBOARD_UNIT" || systemctl enable "$DASHBOARD_UNIT"
+        if ((changed == 1)) || ! systemctl is-active --quiet "$DASHBOARD_UNIT"; then
+            systemctl restart "$DASHBOARD_UNIT" || die "$DASHBOARD_UNIT did not start: journalctl -u $DASHBOARD_UNIT -n 50"
+        fi
+        say "$DASHBOARD_UNIT: serves the page on 127.0.0.1:8080 (systemctl edit $DASHBOARD_UNIT to change it)"
+    fi
+    return 0
 }
 
 role_uninstall() {
-    local conf_d link_target=""
+    local conf_d link_target="" dashboard
+    dashboard=$(at "/etc/systemd/system/$DASHBOARD_UNIT")
+    if [[ -f $dashboard ]]; then
+        if [[ -z $ROOT ]]; then
+            systemctl disable --now "$DASHBOARD_UNIT" || true
+        elif command -v systemctl >/dev/null; then
+            systemctl --root="$ROOT" --quiet disable "$DASHBOARD_UNIT" 2>/dev/null || true
+        fi
+        rm -rf "$dashboard" "$dashboard.d"
+        say "  removed $dashboard"
+    fi
     conf_d=$(at /etc/mosquitto/conf.d)
     [[ -d $conf_d ]] || return 0
     if [[ -L $conf_d/skyfed.conf ]]; then

@@ -77,11 +77,23 @@ def quiet_connection_logs() -> None:
         logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-def stop_on_signals() -> threading.Event:
+class SignalStop(threading.Event):
+    """Set by a signal, whose name it keeps (``SIGTERM``): a daemon's last log line says why it stopped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signal_name = ""
+
+    def receive(self, signum: int, _frame: object = None) -> None:
+        self.signal_name = signal.Signals(signum).name
+        self.set()
+
+
+def stop_on_signals() -> SignalStop:
     """SIGTERM (systemd stop) and SIGINT set the returned event; daemons then shut down cleanly."""
-    stop = threading.Event()
+    stop = SignalStop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, stop.receive)
     return stop
 
 
@@ -166,6 +178,10 @@ class MqttDaemon(ABC):
             return state, detail
         return "unreachable", f"{problem}; {detail}" if detail else problem
 
+    @abstractmethod
+    def progress_fields(self) -> str:
+        """Where the daemon stands, as ``key=value`` fields (``round=3 model_version=2``), for its stop line."""
+
     def on_start(self) -> None:  # noqa: B027 - optional hook
         """After connecting has begun, before the first message."""
 
@@ -211,6 +227,8 @@ class MqttDaemon(ABC):
                     self.guard("systemd notification", self._notify_systemd)
         finally:
             self._shut_down()
+            if isinstance(stop, SignalStop) and stop.signal_name:  # one line that says why the journal ends here
+                self.log.info("stopped on %s %s", stop.signal_name, self.progress_fields())
 
     def _notify_systemd(self) -> None:
         """WATCHDOG=1 as the loop turns, READY=1 once the broker first accepted us, STATUS= when it changed."""

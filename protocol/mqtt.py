@@ -25,7 +25,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from protocol.mqtt_problems import describe_connect_error, describe_refusal, taken_over_text
+from protocol.mqtt_problems import describe_connect_error, describe_disconnect, describe_refusal, taken_over_text
 
 log = logging.getLogger("skyfed.mqtt")
 
@@ -340,8 +340,9 @@ class MqttClient:
             self.taken_over = True
             self._report(taken_over_text(self.client_id, self.at))
         elif self.connected.is_set():
-            log.warning("mqtt disconnected client=%s reason=%s; reconnecting", self.client_id, reason_code)
-            self.problem = f"connection lost ({reason_code}); reconnecting"
+            why = describe_disconnect(reason_code, self.client_id, self.at)
+            log.warning("mqtt disconnected client=%s reason=%s; reconnecting", self.client_id, why)
+            self.problem = f"{why}; reconnecting"
         elif self.problem is None and self.settings.tls is None:
             self._report(
                 f"{self.at.host}:{self.at.port} closed the connection before answering: a TLS "

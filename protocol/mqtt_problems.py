@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -59,12 +60,46 @@ def describe_refusal(reason: object, settings: BrokerSettings) -> str:
     return f"broker {settings.host}:{settings.port} refused the connection ({text}): {fix}"
 
 
+def effective_client_id(client_id: str, settings: BrokerSettings) -> str:
+    """The client id the broker knows us by: with a TLS client certificate, SkyFed's mosquitto config
+    (``use_username_as_clientid``) replaces the one we asked for with the certificate's name (CN)."""
+    if settings.tls is None or not settings.tls.certfile:
+        return client_id
+    try:
+        from cryptography import x509
+
+        cert = x509.load_pem_x509_certificate(Path(settings.tls.certfile).read_bytes())
+        names = cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+    except (OSError, ValueError):  # unreadable now: the id we asked for is the best guess left
+        return client_id
+    return str(names[0].value) if names else client_id
+
+
 def taken_over_text(client_id: str, settings: BrokerSettings) -> str:
     """Why the broker closed a connection for another client with the same id, and what that id is."""
-    who = f"client id {client_id!r}"
-    if settings.tls is not None and settings.tls.certfile:  # mosquitto's use_username_as_clientid
-        who += f" (with TLS the broker uses the certificate name: {settings.tls.certfile} is in use elsewhere)"
     return (
-        f"another client is connected with this {who}: the broker closes one connection for the other "
-        "(twice running right after accepting it, or MQTT 5's 'Session taken over'); run one client per id"
+        f"{_other_client(client_id, settings)}: the broker closes one connection for the other (twice running "
+        "right after accepting it, or MQTT 5's 'Session taken over'); run one client per id"
+        + (" (per certificate)" if settings.tls is not None and settings.tls.certfile else "")
     )
+
+
+def describe_disconnect(reason: object, client_id: str, settings: BrokerSettings) -> str:
+    """A connection the broker closed, in words. paho says ``Unspecified error`` for a socket closed without a
+    DISCONNECT, which is all mosquitto 2.0 sends a client it evicts for another one with the same id."""
+    text = str(reason)
+    if text == "Unspecified error":
+        return (f"the broker closed the connection without a reason: {_other_client(client_id, settings)}, or "
+                "the broker restarted or the network failed; if it repeats, stop the other client")  # fmt: skip
+    if text in ("Server shutting down", "Administrative action"):
+        return f"the broker closed the connection ({text}): it is stopping or was told to drop this client"
+    if text == "Keep alive timeout":
+        return f"no answer within {settings.keepalive_s} s (broker.keepalive_s): the network or the broker stalled"
+    return f"connection lost ({text})"
+
+
+def _other_client(client_id: str, settings: BrokerSettings) -> str:
+    who = effective_client_id(client_id, settings)
+    if settings.tls is not None and settings.tls.certfile:
+        return f"another client connected with this client id {who!r} (the same certificate? {settings.tls.certfile})"
+    return f"another client connected with this client id {who!r}"

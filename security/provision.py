@@ -7,7 +7,8 @@
                          CN as user name, ACL, CRL, message size limit), skyfed.acl, crl.pem, ca.crt,
                          broker.crt and its key
     DIR/server/          server.toml, server.key/.pub, server.crt and key, ca.crt, enrolled/<agent>.pub
-    DIR/monitor/         monitor.crt and key, ca.crt: read-only access to status and metrics
+    DIR/monitor/         monitor.crt and key, ca.crt: read-only access to status and metrics; monitor-sub.crt
+                         and key, the same for mosquitto_sub (one connection per certificate)
     DIR/dashboard/       with --ws-port: dashboard.crt and key, ca.crt, and dashboard.p12 (+ .password) for a
                          browser: the same read-only access over the broker's WebSockets listener
     DIR/agents/<id>/     agent.toml, <id>.key/.pub, server.pub, <id>.crt and key, ca.crt
@@ -41,7 +42,8 @@ from security.broker_files import acl_text, mosquitto_conf_text, peer_acl_text
 from security.keys import Identity, PublicIdentity, check_name, enroll, revoke
 from security.pki import Issued, create_ca, issue, serial_of, write_crl, write_pkcs12
 
-RESERVED = ("server", "monitor", "dashboard")  # the certificate CNs (MQTT user names) of the other roles
+MONITOR_SUB = "monitor-sub"  # the second monitoring certificate: mosquitto_sub next to skyfed monitor
+RESERVED = ("server", "monitor", MONITOR_SUB, "dashboard")  # the certificate CNs (MQTT user names) of the other roles
 PLAN = "provision.json"
 MODES = ("client", "peer")  # agents of a server, or peers federating among themselves
 
@@ -176,6 +178,8 @@ def start(out: Path, plan: Provisioning, agents: list[str]) -> Layout:
         create_ca(layout.ca.cert.parent, plan.federation)
     if not (layout.monitor / "monitor.crt").exists():
         certificate(layout, layout.monitor, "monitor")
+    if plan.mode != "peer" and not (layout.monitor / f"{MONITOR_SUB}.crt").exists():  # also for older folders
+        issue(layout.ca, layout.monitor, MONITOR_SUB)
     if plan.ws_port and not (layout.dashboard / "dashboard.crt").exists():
         dashboard_certificate(layout)
     return layout

@@ -4,6 +4,7 @@ revoke AGENT --out DIR`` (either mode: the folder's plan says which)."""
 from __future__ import annotations
 
 import argparse
+import posixpath
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from common import toml
 from protocol.mqtt import BrokerSettings
 from security.provision import (
     MODES,
+    MONITOR_SUB,
     Layout,
     ProvisionError,
     Provisioning,
@@ -34,6 +36,19 @@ DEFAULTS = {"broker": "broker.local:8883", "state_dir": "/var/lib/skyfed", "serv
             "broker_user": "mosquitto", "listen": ""}  # fmt: skip
 
 
+def check_installable_state_dir(state_dir: str) -> None:
+    """deploy/install-common.sh's rule (check_state_dir), checked before any file is written: the units may
+    write only in /var/lib/skyfed (StateDirectory=skyfed, ProtectSystem=strict)."""
+    root = DEFAULTS["state_dir"]
+    normal = posixpath.normpath(state_dir)
+    if normal != root and not normal.startswith(f"{root}/"):
+        raise ProvisionError(
+            f"--state-dir {state_dir} is outside {root}, which deploy/install-server.sh and install-agent.sh refuse "
+            f"(the units may write only there): give --state-dir {root} or a folder in it, or add --any-state-dir "
+            "for daemons you start yourself"
+        )
+
+
 def _plan(args: argparse.Namespace, out: Path) -> Provisioning:
     """The stored plan when ``out`` was provisioned before (options given again must agree), else a new one."""
     given = {key: getattr(args, key) for key in DEFAULTS if getattr(args, key) is not None}
@@ -54,6 +69,8 @@ def _plan(args: argparse.Namespace, out: Path) -> Provisioning:
             raise ProvisionError(f"{out} was provisioned with --broker-dir {plan.broker_dir}, not {args.broker_dir}")
         return plan
     settings = {**DEFAULTS, **given}
+    if not args.any_state_dir:
+        check_installable_state_dir(str(settings["state_dir"]))
     try:
         broker = BrokerSettings.from_address(str(settings["broker"]))
     except ValueError as exc:
@@ -77,7 +94,8 @@ def _plan(args: argparse.Namespace, out: Path) -> Provisioning:
 def instructions(out: Path, plan: Provisioning) -> str:
     """How to install and watch what was written (also kept as DIR/README.txt)."""
     f, mon = plan.federation, (out / "monitor").absolute()
-    tls = f"--cafile {mon}/ca.crt --cert {mon}/monitor.crt --key {mon}/monitor.crt.key"
+    tls, sub = (f"--cafile {mon}/ca.crt --cert {mon}/{name}.crt --key {mon}/{name}.crt.key" for name in
+                ("monitor", MONITOR_SUB))  # fmt: skip
     where = f"{plan.broker_host}:{plan.broker_port}"
     topics = f"-t skyfed/{f}/server/status -t skyfed/{f}/server/metrics -t 'skyfed/{f}/agent/+/status'"
     return "\n".join(
@@ -90,7 +108,8 @@ def instructions(out: Path, plan: Provisioning) -> str:
             f"  each agent:  install {out}/agents/<id>/* in /etc/skyfed/ on the device; its data goes to "
             f"{plan.state_dir}/<id>/data.npz",
             f"  monitor:     skyfed monitor --broker {where} --federation {f} {tls}",
-            f"               mosquitto_sub -h {plan.broker_host} -p {plan.broker_port} {tls} {topics} -v",
+            f"               mosquitto_sub -h {plan.broker_host} -p {plan.broker_port} {sub} {topics} -v",
+            "               (one connection per certificate: a second watcher with the same one evicts the first)",
             *dashboard_instructions(out, plan),
             f"  add agents:  skyfed provision --federation {f} --agents <all ids> --out {out} (existing keys stay)",
             f"  revoke:      skyfed provision revoke <id> --out {out}",
@@ -206,6 +225,8 @@ def add_provision_command(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--broker-dir", help="where the broker folder is installed on the broker host "
                         "(default: DIR/broker itself)")  # fmt: skip
     parser.add_argument("--state-dir", help=f"daemons' state root on their hosts (default {DEFAULTS['state_dir']})")
+    parser.add_argument("--any-state-dir", action="store_true", help=f"accept a --state-dir outside "
+                        f"{DEFAULTS['state_dir']}, for daemons started by hand (deploy/install-*.sh refuse one)")
     parser.add_argument("--service-user", help="owner of server and agent folders when run as root (default skyfed)")
     parser.add_argument("--broker-user", help="owner of the broker folder when run as root (default mosquitto)")
     parser.set_defaults(handler=run_provision, action=None)

@@ -303,6 +303,10 @@ def test_server_install_with_the_broker_folder_revocations_and_an_agent_on_the_s
     assert unit.read_bytes() == (DEPLOY / "systemd/skyfed-server.service").read_bytes()
     if shutil.which("systemctl"):
         assert enabled(root, "skyfed-server.service")
+    dashboard = root / "etc/systemd/system/skyfed-dashboard.service"  # installed, idle: no WebSockets listener
+    assert dashboard.read_bytes() == (DEPLOY / "systemd/skyfed-dashboard.service").read_bytes()
+    assert not dashboard.with_suffix(".service.d").exists() and not enabled(root, "skyfed-dashboard.service")
+    assert "skyfed-dashboard.service: installed, not enabled" in first.stdout and "--ws-port" in first.stdout
 
     # revoking an agent in the provisioning folder and installing again takes it out everywhere
     assert main(["provision", "revoke", "drone-02", "--out", str(pki)]) == 0
@@ -333,9 +337,31 @@ def test_server_install_with_the_broker_folder_revocations_and_an_agent_on_the_s
     gone = run("install-server.sh", "--uninstall", root=root, cwd=root.parent)
     assert gone.returncode == 0, gone.stderr
     assert not unit.exists() and not any(conf_d.iterdir()) and (root / "opt/skyfed").exists()
+    assert not dashboard.exists()
     purged = run("install-agent.sh", "--uninstall", "--purge", root=root, cwd=root.parent)
     assert purged.returncode == 0, purged.stderr
     assert not (root / "opt/skyfed").exists() and not etc.exists() and "skyfed" not in table(root / "etc/passwd")
+
+
+def test_server_install_sets_up_the_dashboard_for_a_broker_with_a_websockets_listener(root, wheel, tmp_path):
+    out = tmp_path / "fleet-pki"
+    assert main(["provision", "--federation", "fleet", "--agents", "drone-01", "--out", str(out), "--broker",
+                 "broker.example:8883", "--broker-dir", "/etc/mosquitto/skyfed", "--ws-port", "8884"]) == 0  # fmt: skip
+    done = install("install-server.sh", out / "server", "--source", str(wheel), root=root)
+    units = root / "etc/systemd/system"
+    shipped = (DEPLOY / "systemd/skyfed-dashboard.service").read_bytes()
+    assert (units / "skyfed-dashboard.service").read_bytes() == shipped
+    dropin = (units / "skyfed-dashboard.service.d/skyfed.conf").read_text()
+    assert "Environment=SKYFED_BROKER=broker.example:8883 SKYFED_WS_PORT=8884 SKYFED_FEDERATION=fleet\n" in dropin
+    if shutil.which("systemctl"):
+        assert enabled(root, "skyfed-dashboard.service") and "enabled skyfed-dashboard.service" in done.stdout
+    before = snapshot(root)
+    install("install-server.sh", out / "server", "--source", str(wheel), root=root)
+    assert snapshot(root) == before  # a second run changes nothing
+    gone = run("install-server.sh", "--uninstall", root=root, cwd=root.parent)
+    assert gone.returncode == 0, gone.stderr
+    assert not (units / "skyfed-dashboard.service").exists() and not (units / "skyfed-dashboard.service.d").exists()
+    assert not enabled(root, "skyfed-dashboard.service")
 
 
 # --- bad input -----------------------------------------------------------------------------------------

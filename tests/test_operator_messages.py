@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
-from protocol.messages import AgentStatus
+from protocol.messages import AgentStatus, ServerStatus
 from security.keys import Identity, revoke
 from tests.fedharness import Federation, hosted_agent, override_toml, wait_until
 
@@ -76,3 +77,28 @@ def test_an_update_signed_by_another_key_says_re_enrol(tmp_path, broker):
         metrics = h.wait_metrics()
     (rejection,) = metrics.rejected
     assert rejection.agent == "agent-01" and "re-enrol this agent" in rejection.reason
+
+
+def test_another_federations_agents_on_a_shared_broker_are_not_called_misconfigured(tmp_path, broker, caplog):
+    from protocol.topics import Topics
+    from security.signing import signed_payload
+    from tests.fedharness import ServerHarness
+
+    caplog.set_level(logging.DEBUG, logger="skyfed.server")
+
+    def status(name: str, identity: Identity) -> bytes:
+        return signed_payload(AgentStatus(agent=name, state="idle", round=0, samples=100, version=1,
+                                          updated_at=time.time()).to_dict(), identity)  # fmt: skip
+
+    with ServerHarness(tmp_path, broker) as h:
+        other = Topics("dash2")  # a second federation on the same broker, with ids like ours
+        h.driver.publish(other.agent_status("agent-01"), status("agent-01", Identity.generate("agent-01")), retain=True)
+        h.driver.publish(other.agent_status("agent-02"), status("agent-02", h.agents["agent-02"]), retain=True)
+        wait_until(lambda: "ignored-wrong-federation" in h.server._status_json().decode(), 30, "our lost agent counted")
+        time.sleep(1.0)  # both were delivered in order: the other federation's came first
+        reported = ServerStatus.from_json(h.server._status_json())
+    assert "ignored-wrong-federation=1" in reported.detail and reported.agents_online == 0, reported
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "dash2" in r.getMessage()]
+    assert len(warned) == 1 and "agent=agent-02 reason=wrong-federation" in warned[0], warned
+    (quiet,) = [r for r in caplog.records if "another federation's agent" in r.getMessage()]
+    assert quiet.levelno == logging.DEBUG and "federation=dash2 agent=agent-01" in quiet.getMessage()

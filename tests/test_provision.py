@@ -49,7 +49,8 @@ def workdir():
 
 def provision(out: Path, agents: str, port: int, state: Path) -> None:
     argv = ["provision", "--federation", FED, "--agents", agents, "--out", str(out),
-            "--broker", f"127.0.0.1:{port}", "--listen", "127.0.0.1", "--state-dir", str(state)]  # fmt: skip
+            "--broker", f"127.0.0.1:{port}", "--listen", "127.0.0.1", "--state-dir", str(state),
+            "--any-state-dir"]  # fmt: skip
     assert main(argv) == 0
 
 
@@ -82,6 +83,9 @@ def test_layout_modes_and_adding_an_agent_keeps_the_others(workdir, capsys):
         (["--agents", "bad/id"], "--agents"),
         (["--agents", "a1", "--broker", "nohostport"], "--broker"),
         (["--agents", "a1", "--federation", "+"], "--federation '+' is not a valid name"),
+        (["--agents", "a1", "--state-dir", "/srv/skyfed"], "--state-dir /srv/skyfed is outside /var/lib/skyfed"),
+        (["--agents", "a1", "--state-dir", "/var/lib/skyfed/../x"], "install-server.sh and install-agent.sh refuse"),
+        (["--agents", "a1", "--state-dir", "state"], "or add --any-state-dir for daemons you start yourself"),
     ],
 )
 def test_bad_requests_are_refused_with_the_option_named(workdir, capsys, argv, message):

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _provision(out: Path, agents: str) -> int:
     return main(["provision", "--federation", "fleet", "--agents", agents, "--out", str(out), "--broker",
-                 "127.0.0.1:8883", "--state-dir", str(out.parent / "state")])  # fmt: skip
+                 "127.0.0.1:8883", "--state-dir", str(out.parent / "state"), "--any-state-dir"])  # fmt: skip
 
 
 def test_adding_an_agent_says_to_reload_the_broker_and_enrol_its_key(tmp_path, capsys):

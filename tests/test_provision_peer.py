@@ -40,7 +40,8 @@ def workdir():
 
 def provision(out: Path, peers: str, port: int = 8883, mode: tuple[str, ...] = ("--mode", "peer")) -> int:
     argv = ["provision", *mode, "--federation", FED, "--agents", peers, "--out", str(out), "--broker",
-            f"127.0.0.1:{port}", "--listen", "127.0.0.1", "--state-dir", str(out.parent / "state")]  # fmt: skip
+            f"127.0.0.1:{port}", "--listen", "127.0.0.1", "--state-dir", str(out.parent / "state"),
+            "--any-state-dir"]  # fmt: skip
     return main(argv)
 
 

@@ -34,7 +34,8 @@ def workdir():
 
 def provision(out: Path, federation: str, agents: str, port: int, state: Path, *extra: str) -> int:
     return main(["provision", "--federation", federation, "--agents", agents, "--out", str(out), "--broker",
-                 f"127.0.0.1:{port}", "--listen", "127.0.0.1", "--state-dir", str(state), *extra])  # fmt: skip
+                 f"127.0.0.1:{port}", "--listen", "127.0.0.1", "--state-dir", str(state), "--any-state-dir",
+                 *extra])  # fmt: skip
 
 
 def test_a_provisioned_region_takes_part_in_its_roots_rounds_over_the_bridge(workdir: Path) -> None:

@@ -362,6 +362,8 @@ def test_unit_command_is_ready_only_once_connected_then_pings_reports_and_stops(
             process.wait()
         assert [value for _, value in notify.received("STOPPING")] == ["1"]
     assert process.returncode == 0 and elapsed < STOP_BOUND_S, (elapsed, (tmp_path / "daemon.log").read_text())
+    said = [line for line in (tmp_path / "daemon.log").read_text().splitlines() if "stopped on" in line]
+    assert len(said) == 1 and re.search(r"stopped on SIGTERM round=\d+ model_version=\d+$", said[0]), said
     if role == "server":  # the last retained status still goes out when the broker is up
         assert retained(broker, topics.server_status)["state"] == "stopped"
     else:

@@ -110,6 +110,9 @@ class PeerNode(MqttDaemon):
     def systemd_status(self) -> str:
         return self.work.describe()
 
+    def progress_fields(self) -> str:
+        return f"round={self.work.round}"
+
     def publish_final_status(self) -> paho.MQTTMessageInfo | None:
         self.work.close()
         self.telemetry.stop()
