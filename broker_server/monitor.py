@@ -120,7 +120,9 @@ def _watch(
     while not client.taken_over:
         msg = client.poll(0.5)
         show(view.apply(*msg) if msg is not None else None)
-        if view.empty and time.monotonic() > quiet_until and _gone(client, view, where, timeout_s):
+        # judged only while connected: a connection being taken over is said as such, not as an empty federation
+        if view.empty and client.problem is None and time.monotonic() > quiet_until and _gone(client, view, where,
+                                                                                              timeout_s):
             return 1
     _say(f"{client.problem}; {TAKEN_OVER_FIX}" if client.taken_over else client.problem or "the broker closed the "
          "connection")  # fmt: skip

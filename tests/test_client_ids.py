@@ -33,7 +33,8 @@ def test_the_printed_monitor_and_mosquitto_sub_lines_run_together(provisioned, c
     printed = (out / "README.txt").read_text()
     assert "monitor-sub.crt" in printed and "a second watcher with the same one evicts the first" in printed
     tls = ["--cafile", str(mon / "ca.crt"), "--cert", str(mon / "monitor.crt"), "--key", str(mon / "monitor.crt.key")]
-    watcher = _skyfed("monitor", "--broker", f"127.0.0.1:{port}", "--federation", "fleet", *tls)
+    # no server runs here: a long --timeout keeps the live monitor from exiting on an empty federation
+    watcher = _skyfed("monitor", "--broker", f"127.0.0.1:{port}", "--federation", "fleet", "--timeout", "120", *tls)
     try:
         time.sleep(2.0)
         sub = _sub(mon, "monitor-sub", port, "-t", "skyfed/fleet/agent/+/status", "-W", "4")

@@ -151,9 +151,9 @@ def test_a_second_monitor_on_the_same_certificate_is_named_not_an_unspecified_er
     out, _, _, port = provisioned
     mon = out / "monitor"
     tls = ["--cafile", str(mon / "ca.crt"), "--cert", str(mon / "monitor.crt"), "--key", str(mon / "monitor.crt.key")]
-    first = _skyfed("monitor", "--broker", f"127.0.0.1:{port}", "--federation", "fleet", *tls)
+    first = _skyfed("monitor", "--broker", f"127.0.0.1:{port}", "--federation", "fleet", "--timeout", "120", *tls)
     time.sleep(2.0)
-    second = _skyfed("monitor", "--broker", f"127.0.0.1:{port}", "--federation", "fleet", *tls)
+    second = _skyfed("monitor", "--broker", f"127.0.0.1:{port}", "--federation", "fleet", "--timeout", "120", *tls)
     try:
         _, err = first.communicate(timeout=20)  # on main: both reconnect and evict each other for ever
     finally:
