@@ -78,7 +78,7 @@ def draw_peer_curves(rows: list[dict], election: ElectedModel) -> Figure:
         ax.set(xlabel="round", ylabel=name or "score", title=f"Each peer's {name}" if name else "Nothing measured")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
-        if ax.lines:
+        if ax.get_legend_handles_labels()[0]:  # more than MAX_NAMED peers and none elected: nothing named
             ax.legend(fontsize="x-small")
     fig.suptitle(election.describe(len(by_peer(rows))), fontsize="medium")
     return fig
