@@ -34,10 +34,25 @@ def round_headline(models: str, evaluation: Mapping[str, Any], personal: Mapping
     """``[{"key", "label", "value"}, …]``, the lead score first: the personal means before the global
     model's scores when agents keep their own (``models`` ``group`` or ``agent``), after them otherwise.
     Only finite numbers present in the round appear; a round with none gives ``[]``."""
-    own = [_score(k, personal.get(k), "") for k in PERSONAL_KEYS]
-    shared = [_score(k, evaluation.get(k), "global " if models != "global" else "") for k in GLOBAL_KEYS]
-    ordered = [*own, *shared] if models != "global" else [*shared, *own]
-    return [s for s in ordered if s is not None]
+    prefix = "global " if models != "global" else ""
+    held = {**evaluation, **{k: personal.get(k) for k in PERSONAL_KEYS}}
+    scores = (_score(k, held.get(k), prefix) for k in headline_order(models))
+    return [s for s in scores if s is not None]
+
+
+def headline_order(models: str) -> tuple[str, ...]:
+    """Every key a headline of ``models`` can hold, in the order they lead."""
+    return (*PERSONAL_KEYS, *GLOBAL_KEYS) if models != "global" else (*GLOBAL_KEYS, *PERSONAL_KEYS)
+
+
+def row_headline(row: Mapping[str, Any]) -> list[dict]:
+    """The headline of a ``metrics.jsonl`` row, derived again from its numbers (never read from the file): a row
+    written before ``models`` existed, or a peer's row, is a global model's."""
+    models = row.get("models", "global")
+    evaluation, personal = row.get("eval"), row.get("personal")
+    return round_headline(models if models in MODEL_KINDS else "global",
+                          evaluation if isinstance(evaluation, Mapping) else {},
+                          personal if isinstance(personal, Mapping) else {})  # fmt: skip
 
 
 def lead(headline: list[dict]) -> dict | None:

@@ -152,7 +152,7 @@ def _run_experiment(path: Path, out: str) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from sim.plots import has_privacy, plot_agents, plot_curves, plot_privacy
+    from sim.report import write_report
 
     out = Path(args.dir)
     metrics = out / "metrics.jsonl"
@@ -160,12 +160,7 @@ def run_report(args: argparse.Namespace) -> int:
         print(f"skyfed report: no {metrics}: give the folder of a run (its --out, or a server's state_dir)",
               file=sys.stderr)  # fmt: skip
         return 2
-    plots = [(plot_curves, "curves.png"), (plot_agents, "agents.png")]
-    plots += [(plot_privacy, "privacy.png")] if has_privacy(metrics) else []
-    for plot, name in plots:
-        plot(metrics, out / name)
-        print(f"wrote {out / name}")
-    return 0
+    return 0 if write_report(out) else 1
 
 
 def _add_sim_options(

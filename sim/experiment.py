@@ -12,7 +12,8 @@ Measured per run: the final accuracy of the published global model; rounds and s
 *published* model (not a swapping strategy's local or swap round) first reached ``target``; bytes per
 round, up and down; the server's aggregation time per round. Where rounds carry ``personal`` metrics
 (issue 22): the last row's mean C-SPE and C-GEN and the rounds of training until the mean C-GEN first
-reached ``personal_target`` (default ``target``). A row describes the models agents started it from, i.e.
+reached ``personal_target`` (default ``target``), and which score each run leads with (its last headline's
+first: C-SPE for a method that keeps its agents' own models). A row describes the models agents started it from, i.e.
 what the previous round produced, so row r counts as r − 1 rounds: FedAvg's count equals its global model's.
 """
 
@@ -28,10 +29,14 @@ from typing import Any
 
 from common import toml
 from protocol.messages import headline
+from protocol.scores import LABELS, row_headline
 from protocol.typed import SchemaError, build
 from sim.federation import SimSettings
 from sim.run import run_sim
 from sim.sweep import final_accuracy
+
+# a run's lead score (``summarise``'s ``lead``) → the row field that holds its final value
+FINAL = {"c_spe": "final_c_spe", "c_gen": "final_c_gen", "accuracy": "final_accuracy", "map50": "final_accuracy"}
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,7 @@ def summarise(metrics: list[dict], target: float, personal_target: float | None 
         "aggregate_ms_per_round": round(statistics.mean(m.get("aggregate_s", 0.0) for m in metrics) * 1e3, 3),
         "accuracy_by_round": [headline(m["eval"]) for m in metrics],
         "epsilon": _epsilon(metrics),
+        "lead": next((h[0]["key"] for m in reversed(metrics) if (h := row_headline(m))), None),
         **_personal(metrics, target if personal_target is None else personal_target),
     }
 
@@ -186,14 +192,19 @@ def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
 
 
 def table(experiment: Experiment, rows: list[dict]) -> str:
-    """Markdown, one line per condition and method: mean ± sd over seeds."""
+    """Markdown, one line per condition and method: mean ± sd over seeds. Where agents report C-SPE and C-GEN,
+    each line leads with its method's own score, named (C-SPE for a method that keeps a model per group or
+    agent, the global model's otherwise: docs/architecture.md, "One headline per shape and kind of model"),
+    then the personal scores, then the global model's."""
     target = f"{experiment.target:.0%}"
     personal = any(r.get("final_c_gen") is not None or r.get("final_c_spe") is not None for r in rows)
-    extra = f" final C-SPE % | final C-GEN % | rounds to C-GEN {experiment.c_gen_target:.0%} |" if personal else ""
+    own = (f" lead: the method's own score % | final C-SPE % | final C-GEN % | rounds to C-GEN "
+           f"{experiment.c_gen_target:.0%} |") if personal else ""  # fmt: skip
+    shared = f"global {experiment.score}" if personal else experiment.score
     lines = [
-        f"| condition | method | final {experiment.score} % | rounds to {target} | seconds to {target} | kB up / round "
-        f"| kB down / round | epsilon |{extra}",
-        "|---|---|---|---|---|---|---|---|" + "---|" * (3 if personal else 0),
+        f"| condition | method |{own} final {shared} % | rounds to {target} | seconds to {target} | kB up / round "
+        "| kB down / round | epsilon |",
+        "|---|---|---|---|---|---|---|---|" + "---|" * (4 if personal else 0),
     ]
     for condition in experiment.conditions:
         for method in experiment.methods:
@@ -203,14 +214,25 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
             rounds, seconds = (_reached(runs, key) for key in ("rounds_to_target", "seconds_to_target"))
             if personal:
                 spe, gen = ([r[key] for r in runs if r.get(key) is not None] for key in ("final_c_spe", "final_c_gen"))
-                extra = f" {_mean_sd(spe, 100)} | {_mean_sd(gen, 100)} | {_reached(runs, 'rounds_to_c_gen')} |"
+                own = f" {_lead(runs)} | {_mean_sd(spe, 100)} | {_mean_sd(gen, 100)} |"
+                own += f" {_reached(runs, 'rounds_to_c_gen')} |"
             lines.append(
-                f"| {condition} | {method} | {_mean_sd([r['final_accuracy'] for r in runs], 100)} | {rounds} | "
+                f"| {condition} | {method} |{own} {_mean_sd([r['final_accuracy'] for r in runs], 100)} | {rounds} | "
                 f"{seconds} | {_mean_sd([r['bytes_up_per_round'] for r in runs], 1e-3, 0)} | "
                 f"{_mean_sd([r['bytes_down_per_round'] for r in runs], 1e-3, 0)} | "
-                f"{_mean_sd([r['epsilon'] for r in runs if r.get('epsilon') is not None], digits=2)} |{extra}"
+                f"{_mean_sd([r['epsilon'] for r in runs if r.get('epsilon') is not None], digits=2)} |"
             )
     return "\n".join(lines)
+
+
+def _lead(runs: list[dict]) -> str:
+    """The score the method is judged by (its runs' headline lead, ``summarise``'s ``lead``), named, as mean ±
+    sd over seeds: C-SPE or C-GEN as the runs' last rows give them, the global model's as published."""
+    leads = [r.get("lead") for r in runs]
+    key = max(leads, key=leads.count)
+    if key not in FINAL:
+        return "–"
+    return f"{LABELS[key]} {_mean_sd([r[FINAL[key]] for r in runs if r.get(FINAL[key]) is not None], 100)}"
 
 
 def _reached(runs: list[dict], key: str) -> str:
@@ -222,14 +244,15 @@ def _reached(runs: list[dict], key: str) -> str:
 
 
 def plot(experiment: Experiment, rows: list[dict], out: Path) -> None:
-    """``curves-<condition>.png``: accuracy per round, mean over seeds, one line per method; beside it mean
+    """``curves-<condition>.png``: accuracy per round, mean over seeds, one line per method; before it mean
     C-SPE and C-GEN per round where the runs have them (plotted at the round that produced the models)."""
     from sim.plots import plt
 
     panels = [("accuracy_by_round", f"global model {experiment.score}", 1, experiment.target)]
     if any(r.get("final_c_gen") is not None or r.get("final_c_spe") is not None for r in rows):
-        panels += [("c_spe_by_round", "C-SPE (start model, own test split)", 0, None),
-                   ("c_gen_by_round", "C-GEN (start model, evaluation set)", 0, experiment.c_gen_target)]  # fmt: skip
+        panels = [("c_spe_by_round", "C-SPE (start model, own test split)", 0, None),
+                  ("c_gen_by_round", "C-GEN (start model, evaluation set)", 0, experiment.c_gen_target),
+                  *panels]  # fmt: skip
     for condition in experiment.conditions:
         fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
         for ax, (key, name, first, line) in zip(axes[0], panels, strict=True):

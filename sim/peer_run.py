@@ -72,15 +72,19 @@ def collect_peer_results(work: Path, out: Path, names: list[str], settings: SimS
     (out / "metrics.jsonl").write_text("".join(json.dumps({**line, **extra}) + "\n" for line in lines))
     elections = {name: json.loads(p.read_text()) for name in names if (p := work / name / "state" / "election.json")
                  .exists()}  # fmt: skip
-    votes = Counter(e["sha256"] for name, e in elections.items() if name not in extra["attackers"])
     final_eval: dict = {}
-    if votes:
-        sha = votes.most_common(1)[0][0]
+    if (sha := elected_sha(elections, extra["attackers"])) is not None:
         holder = next(name for name, e in sorted(elections.items()) if e["sha256"] == sha)
         shutil.copy(work / holder / "state" / BEST_FILE, out / "global_model.safetensors")
         final_eval = shared_test_evaluation(work, settings, out / "global_model.safetensors")
     (out / "election.json").write_text(json.dumps(elections, indent=1))
     return SimResult(out=out, metrics=[], seconds=time.monotonic() - started, final_eval=final_eval)
+
+
+def elected_sha(elections: dict[str, dict], attackers: list[str]) -> str | None:
+    """The model the honest peers adopted most often in the BestAgg election (None: none adopted one)."""
+    votes = Counter(e["sha256"] for name, e in elections.items() if name not in attackers)
+    return votes.most_common(1)[0][0] if votes else None
 
 
 def shared_test_evaluation(work: Path, settings: SimSettings, model: Path) -> dict:

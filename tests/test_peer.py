@@ -36,6 +36,9 @@ from security.signing import signed_payload
 from sim.attacks import Attack, AttackingTrainer
 from sim.federation import SimSettings
 from sim.peer_federation import create_peer_federation
+from sim.plot_peers import ElectedModel, draw_peer_curves
+from sim.report import write_report
+from sim.report_rows import read_rows
 from sim.run import run_sim
 from tests.fedharness import override_toml, wait_until
 from tests.test_federation import SlowInRound
@@ -304,6 +307,11 @@ def test_skyfed_sim_mode_peer_writes_a_line_per_round_and_peer_and_the_elected_m
     assert all(line["aggregated_from"] == ["agent-01", "agent-02"] and "accuracy" in line["eval"] for line in lines)
     assert set(load_file(tmp_path / "out" / "global_model.safetensors")[0]) == set(initial_model("digits_cnn", 10, 0))
     assert result.final_eval["accuracy"] > 0.5  # the elected model on the centralized sim's evaluation set
+    out = tmp_path / "out"  # skyfed report: a curve per peer, both holding the elected model
+    assert write_report(out, echo=lambda line: None) == [out / "curves.png", out / "agents.png"]
+    score = draw_peer_curves(read_rows(out / "metrics.jsonl"), ElectedModel.read(out / "election.json", [])).axes[0]
+    assert sorted(line.get_label() for line in score.lines) == ["agent-01 (adopted it)", "agent-02 (adopted it)",
+                                                               "elected model"]  # fmt: skip
 
 
 def test_the_example_peer_config_is_valid_apart_from_its_paths(tmp_path, broker):

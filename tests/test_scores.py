@@ -4,7 +4,7 @@ the global model by its own score, detectors by mAP; a sender cannot forge it.""
 import json
 
 from protocol.messages import RoundMetrics
-from protocol.scores import round_headline
+from protocol.scores import round_headline, row_headline
 from sim.run import format_round
 from tests.fedharness import round_metrics
 
@@ -16,6 +16,15 @@ def test_personal_models_lead_with_c_spe_and_show_the_global_score_beside():
     assert keys == ["c_spe", "c_gen", "accuracy", "loss"]
     labels = [s["label"] for s in round_headline("agent", {"accuracy": 0.258}, PERSONAL)]
     assert labels == ["C-SPE", "C-GEN", "global accuracy"]
+
+
+def test_a_metrics_row_is_judged_again_from_its_numbers_and_an_old_row_as_a_global_models():
+    row = {"eval": {"accuracy": 0.5}, "personal": PERSONAL, "models": "agent",
+           "headline": [{"key": "accuracy", "label": "forged", "value": 1.0}]}  # fmt: skip
+    assert [s["key"] for s in row_headline(row)] == ["c_spe", "c_gen", "accuracy"]
+    old = {k: v for k, v in row.items() if k not in ("models", "headline")}  # written before ``models`` existed
+    assert [s["key"] for s in row_headline(old)] == ["accuracy", "c_spe", "c_gen"]
+    assert row_headline({**row, "models": "<b>", "eval": [1], "personal": "x"}) == []
 
 
 def test_a_global_model_leads_with_its_own_score_and_detectors_with_map():

@@ -312,7 +312,9 @@ def test_a_finished_experiment_is_summarised_again_from_its_metrics_with_the_cur
 
 def test_experiment_reports_final_c_spe_c_gen_and_rounds_until_c_gen_reached_its_target(tmp_path):
     """Issue 22: a row's ``personal`` describes the models the previous round produced, so C-GEN reaching
-    the target in row 3 counts as 2 rounds; the last row gives the final C-SPE and C-GEN."""
+    the target in row 3 counts as 2 rounds; the last row gives the final C-SPE and C-GEN. Each line leads with
+    its method's own score, named: the global model's for FedAvg (rows written before ``models`` existed
+    count as a global model's), C-SPE for a method whose agents keep their own models."""
     from sim.experiment import Experiment, run_experiment
 
     (tmp_path / "metrics").mkdir()
@@ -322,16 +324,21 @@ def test_experiment_reports_final_c_spe_c_gen_and_rounds_until_c_gen_reached_its
               for r, acc, spe, gen in ((1, 0.5, 0.1, 0.1), (2, 0.6, 0.7, 0.5), (3, 0.7, 0.9, 0.65),
                                        (4, 0.72, 0.95, 0.6))]  # fmt: skip
     (tmp_path / "metrics" / "c-m-0.jsonl").write_text("\n".join(json.dumps(r) for r in rounds) + "\n")
+    own = [{**r, "models": "agent", "action": "fedamp"} for r in rounds]
+    (tmp_path / "metrics" / "c-amp-0.jsonl").write_text("\n".join(json.dumps(r) for r in own) + "\n")
     row = {"condition": "c", "method": "m", "seed": 0, "final_accuracy": 0.72, "rounds": 4, "seconds": 40.0}
-    (tmp_path / "runs.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "runs.jsonl").write_text(json.dumps(row) + "\n" + json.dumps({**row, "method": "amp"}) + "\n")
     experiment = Experiment(title="t", seeds=[0], target=0.9, personal_target=0.6, conditions={"c": {}},
-                            methods={"m": {}})  # fmt: skip
-    [summary] = run_experiment(experiment, tmp_path, echo=lambda _line: None)
+                            methods={"m": {}, "amp": {}})  # fmt: skip
+    summary, personal = run_experiment(experiment, tmp_path, echo=lambda _line: None)
     assert (summary["final_c_spe"], summary["final_c_gen"], summary["rounds_to_c_gen"]) == (0.95, 0.6, 2)
     assert summary["aggregate_ms_per_round"] == 2.0
+    assert (summary["lead"], personal["lead"]) == ("accuracy", "c_spe")
     results = (tmp_path / "results.md").read_text()
-    assert "| final C-SPE % | final C-GEN % | rounds to C-GEN 60% |" in results
-    assert results.rstrip().endswith("| – | 95.0 ± 0.0 | 60.0 ± 0.0 | 2.0 ± 0.0 |"), results
+    assert ("| condition | method | lead: the method's own score % | final C-SPE % | final C-GEN % | rounds to C-GEN "
+            "60% | final global accuracy % | rounds to 90% |") in results, results  # fmt: skip
+    assert "| c | m | accuracy 72.0 ± 0.0 | 95.0 ± 0.0 | 60.0 ± 0.0 | 2.0 ± 0.0 | 72.0 ± 0.0 | never |" in results
+    assert "| c | amp | C-SPE 95.0 ± 0.0 | 95.0 ± 0.0 | 60.0 ± 0.0 | 2.0 ± 0.0 | 72.0 ± 0.0 | never |" in results
     assert (tmp_path / "curves-c.png").stat().st_size > 0
 
 
