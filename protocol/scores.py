@@ -55,11 +55,6 @@ def row_headline(row: Mapping[str, Any]) -> list[dict]:
                           personal if isinstance(personal, Mapping) else {})  # fmt: skip
 
 
-def lead(headline: list[dict]) -> dict | None:
-    """The first score of a round's headline, or None when the round has none (a rolled-back round)."""
-    return headline[0] if headline else None
-
-
 def headline_text(headline: list[dict], *, width: int = 3) -> str:
     """The first ``width`` scores as ``label value`` pairs, for a console or a log line."""
     return "  ".join(f"{s['label']} {s['value']:.4f}" for s in headline[:width])
