@@ -293,7 +293,7 @@ def test_hostile_fields_stay_bounded_text_and_the_server_count_is_shown_beside_t
     assert "d3 (bounds <img" in row and f"group {markup[:15]}…" in row and "+480 more" in row
     assert text(browser, "#updates tbody tr td.scores") == f"{markup} 0.5000", "as text; the forged lead dropped"
     assert browser.execute_script("return window.skyfedDashboard.forged") == 1
-    assert text(browser, "#score-title") == f"{markup} / loss"
+    assert text(browser, "#score-title") == f"{markup[:23]}… / loss", "an axis title, cut shorter"
     assert "battery 12% < 30%" in text(browser, "#agents tbody tr[data-agent='d1']")
     assert max(len(t) for t in texts(browser, "#agents td, #updates td")) < 2000, "a flood in a field is cut"
     assert markup in agent_states(browser)

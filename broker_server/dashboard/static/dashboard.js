@@ -95,7 +95,7 @@
     // the lead score of the newest round that has one; rounds led by another score are not on its curve
     const newest = kept.slice().reverse().find((r) => r.headline.length);
     const lead = newest ? newest.headline[0] : null;
-    const label = lead ? str(lead.label, 40) : "score";
+    const label = lead ? str(lead.label, 24) : "score";  // an axis title: short
     if (label !== leadLabel) {
       charts.score.plot.destroy();
       charts.score = scoreChart(label);
