@@ -1,9 +1,11 @@
 """``server/history``: a retained, bounded summary of the run's last rounds, for a dashboard opened late.
 
 ``server/metrics`` is not retained, so a page that connects at round 40 would see nothing of rounds 1-39.
-The server keeps one small headline row per round (score, loss, ε, bytes, accepted/rejected counts) and
+The server keeps one small row per round (its headline scores, loss, ε, bytes, accepted/rejected counts) and
 republishes the last rows, retained, after every round: at most ``max_rounds`` rows and ``max_bytes`` of
-JSON, oldest dropped first, so a WebSockets client reads it in well under a second. Seeded from
+JSON, oldest dropped first, so a WebSockets client reads it in well under a second. A row names its scores by
+key with six significant digits; the payload's ``labels`` says once what each key is called (protocol/scores.py),
+which keeps a row near 200 bytes. Seeded from
 ``metrics.jsonl`` at start, so a restarted server still serves the whole (bounded) run.
 """
 
@@ -14,29 +16,39 @@ import logging
 from collections import deque
 from pathlib import Path
 
-from protocol.messages import MessageError, RoundMetrics, finite_or_null, headline
+from protocol.messages import MessageError, RoundMetrics, finite_or_null
 
 log = logging.getLogger("skyfed.server")
 
-SCHEMA = "skyfed.history/1"
+SCHEMA = "skyfed.history/2"  # /2: rows carry ``headline`` (and the payload ``labels``) instead of ``score``
 MAX_ROUNDS = 500
 MAX_BYTES = 64 << 10
+HEADLINE_WIDTH = 3  # the scores a row keeps, lead first: what the dashboard's rounds table shows
+
+
+def short(value: object) -> object:
+    """A number to six significant digits (what a chart or a table shows); anything else as it is."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    return value
 
 
 def history_row(metrics: RoundMetrics) -> dict:
-    """One round's headline numbers, as the dashboard plots them."""
-    return finite_or_null({
+    """One round's numbers, as the dashboard plots them: ``headline`` is ``[[key, value], …]``, lead first; a
+    number the round does not have (no ε without differential privacy) is left out."""
+    row = finite_or_null({
         "round": metrics.round,
         "outcome": metrics.outcome,
-        "score": headline(metrics.eval),
-        "loss": metrics.eval.get("loss"),
-        "epsilon": metrics.privacy.get("epsilon"),
+        "headline": [[s["key"], short(s["value"])] for s in metrics.headline[:HEADLINE_WIDTH]],
+        "loss": short(metrics.eval.get("loss")),
+        "epsilon": short(metrics.privacy.get("epsilon")),
         "bytes_up": metrics.bytes_up,
         "bytes_down": metrics.bytes_down,
         "accepted": len(metrics.accepted),
         "rejected": len(metrics.rejected),
-        "finished_at": metrics.finished_at,
+        "finished_at": round(metrics.finished_at, 1),
     })  # fmt: skip
+    return {k: v for k, v in row.items() if v is not None}
 
 
 class RunHistory:
@@ -46,14 +58,16 @@ class RunHistory:
         self.federation = federation
         self.max_bytes = max_bytes
         self.rows: deque[dict] = deque(maxlen=max_rounds)
+        self.labels: dict[str, str] = {}  # score key -> what it is called (its label in RoundMetrics.headline)
 
     def add(self, metrics: RoundMetrics) -> None:
         self.rows.append(history_row(metrics))
+        self.labels.update((s["key"], s["label"]) for s in metrics.headline[:HEADLINE_WIDTH])
 
     def payload(self) -> bytes:
         """The retained message: the newest rows that fit ``max_bytes`` (oldest dropped first)."""
         while True:
-            body = {"schema": SCHEMA, "federation": self.federation, "rounds": list(self.rows)}
+            body = {"schema": SCHEMA, "federation": self.federation, "labels": self.labels, "rounds": list(self.rows)}
             data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
             if len(data) <= self.max_bytes or not self.rows:
                 return data

@@ -22,7 +22,16 @@ def test_history_keeps_the_newest_rounds_within_its_round_bound():
         history.add(round_metrics(round=number, eval={"accuracy": number / 100, "loss": 1.0}))
     rows = json.loads(history.payload())["rounds"]
     assert [r["round"] for r in rows] == list(range(21, 31))
-    assert rows[-1]["score"] == 0.3 and rows[-1]["loss"] == 1.0
+    assert rows[-1]["headline"] == [["accuracy", 0.3], ["loss", 1.0]] and rows[-1]["loss"] == 1.0
+
+
+def test_history_rows_lead_with_the_rounds_headline_and_the_payload_names_each_score():
+    history = RunHistory("fleet")
+    history.add(round_metrics(round=1, strategy="demlearn", models="group", eval={"accuracy": 0.5, "loss": 1.2},
+                              personal={"c_spe": 0.912345678, "c_gen": 0.6}))  # fmt: skip
+    body = json.loads(history.payload())
+    assert body["rounds"][0]["headline"] == [["c_spe", 0.912346], ["c_gen", 0.6], ["accuracy", 0.5]]
+    assert body["labels"] == {"c_spe": "C-SPE", "c_gen": "C-GEN", "accuracy": "global accuracy"}
 
 
 def test_history_payload_never_exceeds_its_byte_bound():

@@ -23,10 +23,12 @@ from protocol.topics import Topics
 log = logging.getLogger("skyfed.dashboard")
 
 STATIC = Path(__file__).resolve().parent / "static"
-# the page's own files and the broker's WebSockets listener, nothing else (the libraries are vendored)
+# the page's own files and the broker's WebSockets listener, nothing else (the libraries are vendored); MQTT.js
+# runs its keepalive timer in a worker it starts from a blob: URL (a background tab throttles a page's own
+# timers until the broker drops the connection), so blob: workers, and nothing else, are allowed too
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; connect-src ws: wss:; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
+    "img-src 'self' data:; worker-src blob:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
