@@ -181,6 +181,9 @@ def load_agent_config(path: Path) -> AgentConfig:
             raise ValueError('[privacy] (local DP-SGD) works with training.trainer = "classifier" only; remove it')
         check_level("agent.federation", config.agent.federation)
         check_own_code(config)
+        if "warm_idle_s" in data.get("training", {}) and config.training.worker != "adaptive":
+            raise ValueError(f'training.warm_idle_s is for training.worker = "adaptive" (how long an idle child '
+                             f'stays); worker = "{config.training.worker}" never reads it: remove it')  # fmt: skip
         refuse_unused(data, UNUSED_BY[config.federation.mode], f'with federation.mode = "{config.federation.mode}"')
         check_keys(config)
     except ConfigError:

@@ -66,6 +66,8 @@ def test_bad_server_config_names_the_key(tmp_path, layout, tables, message):
         ({"training": {"trainer": "detector"}}, 'agent.test_data (a local test split .npz) is for training.trainer'),
         ({"training": {"device": "tpu"}}, 'training.device must be "auto", "cpu", "cuda" or "cuda:N"'),
         ({"broker": {"protocol": "4"}}, 'broker.protocol must be "3.1.1" or "5"'),
+        ({"training": {"warm_idle_s": 30.0}}, 'training.warm_idle_s is for training.worker = "adaptive" (how long an '
+                                              'idle child stays); worker = "warm" never reads it: remove it'),
     ],
 )
 def test_bad_agent_config_names_the_key(tmp_path, layout, tables, message):
