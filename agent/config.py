@@ -12,7 +12,7 @@ from agent.device import check_device_spec
 from agent.peer.plan import FederationSection
 from agent.telemetry import GatePolicy, TelemetrySection, check_gate_sources
 from participant.local_dp import LocalPrivacySection
-from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
+from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, refuse_unused, table
 from protocol.mqtt import BrokerSettings
 from protocol.prometheus import MetricsSection
 from protocol.topics import check_level
@@ -181,7 +181,10 @@ def load_agent_config(path: Path) -> AgentConfig:
             raise ValueError('[privacy] (local DP-SGD) works with training.trainer = "classifier" only; remove it')
         check_level("agent.federation", config.agent.federation)
         check_own_code(config)
-        check_unused(data, config.federation.mode)
+        if "warm_idle_s" in data.get("training", {}) and config.training.worker != "adaptive":
+            raise ValueError(f'training.warm_idle_s is for training.worker = "adaptive" (how long an idle child '
+                             f'stays); worker = "{config.training.worker}" never reads it: remove it')  # fmt: skip
+        refuse_unused(data, UNUSED_BY[config.federation.mode], f'with federation.mode = "{config.federation.mode}"')
         check_keys(config)
     except ConfigError:
         raise
@@ -191,15 +194,6 @@ def load_agent_config(path: Path) -> AgentConfig:
     config.enrolled_dir if config.peer_mode else config.server_key_path  # noqa: B018
     config.init_weights_path  # noqa: B018
     return config
-
-
-def check_unused(data: dict, mode: str) -> None:
-    """Refuse a table or key that ``federation.mode`` ``mode`` never reads (``UNUSED_BY``), naming it and why."""
-    for key, why in UNUSED_BY[mode].items():
-        table, _, name = key.partition(".")
-        if table in data and (not name or name in data[table]):
-            where = f"[{key}]" if not name else key
-            raise ValueError(f'{where} is not used with federation.mode = "{mode}": {why}; remove it')
 
 
 def check_own_code(config: AgentConfig) -> None:

@@ -13,7 +13,7 @@ from broker_server.privacy import PrivacyPolicy
 from flcore.bounds import InfluencePolicy
 from flcore.rounds import RoundRules
 from protocol.codecs import Codec, CodecError
-from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, table
+from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, refuse_unused, table
 from protocol.messages import TrainSettings
 from protocol.mqtt import BrokerSettings
 from protocol.prometheus import MetricsSection
@@ -112,6 +112,15 @@ class UpstreamSection:
     def __post_init__(self) -> None:
         check_level("upstream.id", self.id)
         check_level("upstream.federation", self.federation)
+
+
+# What a server of each shape never reads: given, it would be ignored without a word, so it is refused at start.
+SET_BY_STRATEGY = "the strategy sets it in each round task (fedprox's strategy.mu and work, fedamn's meta_epochs, …)"
+UNUSED_BY = {
+    "server": {f"training.{key}": SET_BY_STRATEGY for key in ("prox_mu", "work", "meta_epochs", "meta_lr")},
+    "region": {"server.init_weights": "a region adopts the root's model before each of its rounds"},
+    "classifier": {"training.image_size": "it is a detector's input size; a classifier takes its data's samples"},
+}
 
 
 @dataclass(frozen=True)
@@ -215,8 +224,27 @@ def load_server_config(path: Path) -> ServerConfig:
         raise ConfigError(f"{path}: {problem}")
     if config.server.rounds < 0:
         raise ConfigError(f"{path}: server.rounds must be >= 0 (0 = run forever), got {config.server.rounds}")
+    if problem := build_strategy(config.privacy.strategy_table(config.strategy)[0]).run_problem(config.server.rounds):
+        raise ConfigError(f"{path}: server.rounds = {config.server.rounds}: {problem}")
+    try:
+        for shape, context in server_shapes(config):
+            refuse_unused(data, UNUSED_BY[shape], context)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     config.identity_path, config.enrolled_dir, config.eval_path, config.init_weights_path  # noqa: B018 - fail now
     return config
+
+
+def server_shapes(config: ServerConfig) -> list[tuple[str, str]]:
+    """The shapes of ``UNUSED_BY`` this server has, each with the words that name it in a refusal."""
+    from models.tasks import task_of
+
+    shapes = [("server", "in server.toml")]
+    if config.upstream is not None:
+        shapes.append(("region", "by a region's server (with [upstream])"))
+    if task_of(config.server.model) == "classify":
+        shapes.append(("classifier", f"with classifier server.model {config.server.model}"))
+    return shapes
 
 
 def upstream_section(path: Path, data: dict[str, Any]) -> UpstreamSection | None:

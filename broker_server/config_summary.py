@@ -24,4 +24,7 @@ def server_summary(config: ServerConfig) -> str:
 
 def server_warnings(config: ServerConfig) -> list[str]:
     """What loads but is likely a mistake: said at start, by ``skyfed server check`` and by provision."""
-    return [] if config.server.eval_data else [NO_EVAL_DATA]
+    from flcore.strategies import build_strategy
+
+    strategy = build_strategy(config.privacy.strategy_table(config.strategy)[0])
+    return ([] if config.server.eval_data else [NO_EVAL_DATA]) + strategy.run_warnings(config.server.rounds)

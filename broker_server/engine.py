@@ -81,8 +81,6 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         self.strategy.last_round = config.server.rounds
         for note in notes + strategy_notes(table, len(Keyring.load_dir(config.enrolled_dir).names()), config.rounds):
             log.log(note.level, "%s", note.text)
-        for warning in self.strategy.run_warnings(config.server.rounds):
-            log.warning("%s", warning)
         self.store = CheckpointStore(config.state_dir / "checkpoint")
         self.metrics_log = MetricsLog(config.state_dir / "metrics.jsonl")
         self.assignments: dict[str, Assignment] = {}

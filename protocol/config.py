@@ -68,6 +68,16 @@ def check_tables(path: Path, data: dict[str, Any], known: dict[str, type | None]
                 raise ConfigError(f"{path}: {name}.{key} belongs in [{home[0]}]: move `{key} = …` there")
 
 
+def refuse_unused(data: dict[str, Any], unused: dict[str, str], context: str) -> None:
+    """Refuse a table (``"metrics"``) or key (``"training.onnx"``) of ``unused`` that ``data`` gives: a role that never
+    reads it would ignore it without a word. ``unused`` maps each to why; ``context`` names the role."""
+    for key, why in unused.items():
+        name, _, inner = key.partition(".")
+        given = data.get(name)
+        if given is not None and (not inner or (isinstance(given, dict) and inner in given)):
+            raise ValueError(f"{key if inner else f'[{key}]'} is not used {context}: {why}; remove it")
+
+
 def broker_settings(path: Path, data: dict[str, Any], name: str = "broker") -> BrokerSettings:
     """``[broker]`` (or the table ``name``, e.g. ``upstream.broker`` given as a top-level key of ``data``) with
     its optional ``.tls`` table, whose files are resolved relative to the config file (as every other path is)

@@ -3,6 +3,7 @@ share and local test split, and (seed 002's hybrid sharing) the server's pool.""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,12 @@ class Sharing:
     mode: str = "share-disjoint"
 
 
+def smallest_ratio(count: int) -> float:
+    """The smallest share ratio, at 4 decimals, whose floor(ratio x ``count``) is 1: one agent (unify, ``count``
+    agents) or one sample (share-disjoint, ``count`` samples in the largest share)."""
+    return math.ceil(10_000 / count) / 10_000
+
+
 POOL_FILE = "shared.npz"  # the server's [pool] data, beside its server.toml
 
 
@@ -43,6 +50,10 @@ def write_classify_data(
     sharing = sharing or Sharing(len(names))
     split = partition.share(partition.parse(partition_spec)(pool.y, sharing.shares, seed), sharing.ratio,
                             sharing.mode, seed)  # fmt: skip
+    if sharing.ratio and not len(split.pool):  # share-disjoint: floor(ratio x n) = 0 for every agent's n samples
+        raise ValueError(f"--share-ratio {sharing.ratio:g} with --share-mode {sharing.mode} gives the server's pool no "
+                         f"sample (floor(ratio x samples) = 0 for every agent), so there would be no pool: use "
+                         f"--share-ratio {smallest_ratio(max(len(p) for p in split.parts)):g} or more")  # fmt: skip
     (root / "server").mkdir(parents=True, exist_ok=True)
     save_npz(root / "server" / "test.npz", evaluation)
     if len(split.pool):

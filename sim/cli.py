@@ -83,6 +83,7 @@ def run_sim_command(args: argparse.Namespace) -> int:
     from protocol.daemon import quiet_connection_logs
     from protocol.mqtt import BrokerSettings
     from sim.run import exit_on_sigterm, run_sim
+    from sim.start_check import start_warnings
 
     quiet_connection_logs()
     exit_on_sigterm()
@@ -106,6 +107,8 @@ def run_sim_command(args: argparse.Namespace) -> int:
         f"{f'dataset {settings.dataset}, ' if settings.dataset else ''}model {settings.model}, "
         f"partition {settings.partition}, strategy {settings.strategy.get('name', 'default')}, seed {settings.seed}"
     )
+    for warning in start_warnings(settings):
+        print(f"warning: {warning}")
     progress = None
     if settings.mode == "client" and not settings.in_process and not settings.regions:  # agents as daemons
         from sim.progress import BarProgress, LineProgress
@@ -117,6 +120,9 @@ def run_sim_command(args: argparse.Namespace) -> int:
     except (OSError, RuntimeError) as exc:  # --out not a folder we can make; no broker at --broker
         print(f"skyfed {args.command}: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # settings refused once the data is laid out (a --share-ratio that shares nothing)
+        print(f"skyfed {args.command}: {exc}", file=sys.stderr)
+        return 2
     privacy = result.metrics[-1].privacy if result.metrics else {}
     if settings.privacy and len(result.metrics) < settings.rounds:
         print(f"stopped after {len(result.metrics)} of {settings.rounds} rounds: the privacy budget is spent "

@@ -27,6 +27,7 @@ from security.keys import Identity, enroll
 from sim.classify_layout import POOL_FILE, Sharing, describe_partition, write_classify_data
 from sim.nats_cluster import spread_broker_table
 from sim.scale import agents_export_onnx, round_deadline_s, status_interval_s
+from sim.start_check import check_read
 
 # what an unset model, partition, batch size or learning rate means for each task
 TASK_DEFAULTS = {
@@ -97,6 +98,7 @@ class SimSettings:
 
         if self.task not in TASK_DEFAULTS:
             raise ValueError(f"--task must be one of {', '.join(TASK_DEFAULTS)}, got {self.task!r}")
+        check_read(self)  # before the defaults are filled in
         if self.task == "classify":
             self._default_dataset_and_model()
         elif self.dataset:
@@ -181,8 +183,10 @@ class SimSettings:
         TrainSettings(optimizer=self.optimizer, keep_momentum=self.keep_momentum)  # names a bad --optimizer
         bounds = build(InfluencePolicy, self.bounds, where="bounds", strict=True)
         privacy = build(PrivacyPolicy, self.privacy, where="privacy", strict=True)
-        build_strategy(privacy.strategy_table(self.strategy)[0])
+        strategy = build_strategy(privacy.strategy_table(self.strategy)[0])
         privacy.check_compatible(self.strategy, bounds)
+        if problem := strategy.run_problem(self.rounds):
+            raise ValueError(f"--rounds {self.rounds}: {problem} (--strategy-option after=N)")
         local_dp = build(LocalPrivacySection, self.local_privacy, where="local_privacy", strict=True).enabled
         if local_dp and self.strategy.get("name") == "fedamn":
             raise ValueError("--strategy fedamn with local DP: the attention meta-network also trains on each "
@@ -217,10 +221,6 @@ class SimSettings:
         if self.attack_regions and (not self.attack or self.attack == "silent"):
             raise ValueError("--attack-regions K needs --attack KIND (sign-flip, scale:F, noise:SIGMA or samples:N, "
                              "+samples:N may follow): what the rogue regions send up")  # fmt: skip
-        for bad, flag in [(self.mode != "client", "--mode peer"), (self.in_process, "--in-process"),
-                          (self.pooled, "pooled"), (self.share_ratio > 0, "--share-ratio")]:  # fmt: skip
-            if bad:
-                raise ValueError(f"{flag} is not available with --regions: drop it")
 
     def _check_prometheus(self) -> None:
         """``--prometheus-port``: the server's endpoint, so a run must have a server daemon."""
@@ -232,14 +232,11 @@ class SimSettings:
 
     def _check_peer_mode(self) -> None:
         """What a peer-mode run cannot do (yet): say so now, naming the flag."""
-        unsupported = [(self.pooled, "pooled"),
-                       (self.share != "full", "--share"), (self.in_process, "--in-process"),
-                       (bool(self.privacy), "--dp-*"), (self.fraction < 1, "--fraction"),
-                       (self.codec != "fp32", "--codec"), (self.attack == "silent", "--attack silent"),
-                       (self.share_ratio > 0, "--share-ratio"), (self.optimizer != "sgd", "--optimizer")]  # fmt: skip
-        for bad, flag in unsupported:
-            if bad:
-                raise ValueError(f"{flag} is not available with --mode peer: drop it")
+        if self.attack == "silent":
+            raise ValueError("--attack silent is not available with --mode peer: drop it")
+        if "elect_best" in self.strategy:
+            raise ValueError("--strategy-option elect_best is not available with --mode peer: peers always elect the "
+                             "best model at the end (BestAgg); drop it")  # fmt: skip
         from agent.peer.plan import FederationSection
         from sim.peer_federation import peer_plan
 

@@ -68,8 +68,8 @@ def format_peer_round(line: dict, elapsed_s: float) -> str:
 def collect_peer_results(work: Path, out: Path, names: list[str], settings: SimSettings, started: float) -> SimResult:
     """Merged metrics (with who attacked) and the elected model: the one most peers adopted."""
     extra = {"attackers": settings.attacker_names(), "attack": settings.attack or None, "mode": "peer"}
-    lines = merged_metrics(work, names)
-    (out / "metrics.jsonl").write_text("".join(json.dumps({**line, **extra}) + "\n" for line in lines))
+    lines = [{**line, **extra} for line in merged_metrics(work, names)]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     elections = {name: json.loads(p.read_text()) for name in names if (p := work / name / "state" / "election.json")
                  .exists()}  # fmt: skip
     final_eval: dict = {}
@@ -78,7 +78,7 @@ def collect_peer_results(work: Path, out: Path, names: list[str], settings: SimS
         shutil.copy(work / holder / "state" / BEST_FILE, out / "global_model.safetensors")
         final_eval = shared_test_evaluation(work, settings, out / "global_model.safetensors")
     (out / "election.json").write_text(json.dumps(elections, indent=1))
-    return SimResult(out=out, metrics=[], seconds=time.monotonic() - started, final_eval=final_eval)
+    return SimResult(out=out, metrics=[], seconds=time.monotonic() - started, final_eval=final_eval, peer_rounds=lines)
 
 
 def elected_sha(elections: dict[str, dict], attackers: list[str]) -> str | None:

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker_server.checkpoint import model_evaluation
@@ -39,6 +39,8 @@ class SimResult:
     seconds: float
     final_eval: dict  # the evaluation of the global model the run saved (not the last round's: a swap round's
     # is the mean of the agents' models, and an elected best model or a rolled-back round differ too)
+    peer_rounds: list[dict] = field(default_factory=list)  # peer mode (no server, so no ``metrics``): each peer's
+    # rounds, one dict per round and peer, as --out/metrics.jsonl holds them (sim.peer_run)
 
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding sim/, agent/, skyfed/

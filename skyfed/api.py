@@ -16,9 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from agent.peer.messages import PeerRoundMetrics
 from protocol.config import ConfigError
 from protocol.config_check import DaemonConfig
-from protocol.messages import RoundMetrics
+from protocol.messages import MessageError, RoundMetrics
 from sim.federation import FederationLayout, SimSettings, create_federation
 from sim.peer_federation import create_peer_federation
 from sim.run import SimResult, logged_rounds, run_sim
@@ -93,7 +94,13 @@ def read_metrics(path: str | Path) -> list[RoundMetrics]:
             raise FileNotFoundError(f"{path.parent}: no metrics.jsonl, and not a SkyFed state folder")
     elif not path.exists():
         raise FileNotFoundError(f"{path}: no such metrics file")
-    return logged_rounds(path)
+    try:
+        return logged_rounds(path)
+    except MessageError as exc:
+        if PeerRoundMetrics.SCHEMA not in str(exc):
+            raise
+        raise ValueError(f"{path}: a peer-mode run's metrics, one line per round and peer: there is no server, so "
+                         "no RoundMetrics; read them as SimResult.peer_rounds or one JSON object a line") from None
 
 
 class _DaemonThread(ABC, Generic[C]):

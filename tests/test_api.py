@@ -75,6 +75,17 @@ def test_write_federation_in_peer_mode_writes_peers_that_agent_runs_to_their_ele
     for config in (first, second):
         state = config.parent / "state"
         assert (state / "best_model.safetensors").exists() and len(read_peer_metrics(state)) == 1
+    # what run_federation(mode="peer") returns: on main .metrics was [] without a word, and read_metrics(out) raised
+    # "expected schema 'skyfed.metrics/1'"; the peers' rounds are SimResult.peer_rounds
+    from sim.peer_run import collect_peer_results
+
+    (tmp_path / "out").mkdir()
+    result = collect_peer_results(layout.root, tmp_path / "out", list(layout.agent_configs),
+                                  api.SimSettings(mode="peer", **QUICK), 0.0)  # fmt: skip
+    assert result.metrics == [] and sorted(line["peer"] for line in result.peer_rounds) == ["agent-01", "agent-02"]
+    assert "accuracy" in result.final_eval
+    with pytest.raises(ValueError, match="a peer-mode run's metrics, one line per round and peer: .*peer_rounds"):
+        api.read_metrics(tmp_path / "out")
 
 
 def test_read_metrics_of_a_folder_without_any_names_it(tmp_path):

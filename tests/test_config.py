@@ -40,6 +40,10 @@ def test_generated_configs_load(layout):
         ({"extra": {"x": 1}}, "unknown table [extra]"),
         ({"keys": {"rotate_every_rounds": -1}}, "keys.rotate_every_rounds must be >= 0"),
         ({"broker": {"tls": {"ca_certs": "ca.crt"}}}, "broker.tls.ca_certs = 'ca.crt': CA certificate not found"),
+        # keys the server never reads: on main silently ignored (the strategy overwrote them, a classifier ignored it)
+        ({"training": {"prox_mu": 0.1}}, "training.prox_mu is not used in server.toml: the strategy sets it"),
+        ({"training": {"meta_epochs": 2}}, "training.meta_epochs is not used in server.toml: the strategy sets it"),
+        ({"training": {"image_size": 320}}, "training.image_size is not used with classifier server.model digits_cnn"),
     ],
 )
 def test_bad_server_config_names_the_key(tmp_path, layout, tables, message):
@@ -62,6 +66,8 @@ def test_bad_server_config_names_the_key(tmp_path, layout, tables, message):
         ({"training": {"trainer": "detector"}}, 'agent.test_data (a local test split .npz) is for training.trainer'),
         ({"training": {"device": "tpu"}}, 'training.device must be "auto", "cpu", "cuda" or "cuda:N"'),
         ({"broker": {"protocol": "4"}}, 'broker.protocol must be "3.1.1" or "5"'),
+        ({"training": {"warm_idle_s": 30.0}}, 'training.warm_idle_s is for training.worker = "adaptive" (how long an '
+                                              'idle child stays); worker = "warm" never reads it: remove it'),
     ],
 )
 def test_bad_agent_config_names_the_key(tmp_path, layout, tables, message):

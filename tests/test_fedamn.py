@@ -150,13 +150,28 @@ def test_no_bundle_row_can_be_named_from_the_round_task(tmp_path):
                    for order in itertools.permutations(AGENTS))  # fmt: skip
 
 
-def test_bad_options_name_the_key_and_a_run_shorter_than_p_is_warned():
+def test_bad_options_name_the_key_and_a_run_shorter_than_p_is_a_problem():
     with pytest.raises(ValueError, match="strategy.max_peers must be >= 1"):
         build_strategy({"name": "fedamn", "max_peers": 0})
     with pytest.raises(ValueError, match="strategy.meta_lr must be > 0"):
         build_strategy({"name": "fedamn", "meta_lr": 0})
-    warning = build_strategy({"name": "fedamn", "after": 10}).run_warnings(5)
-    assert warning and "never joins" in warning[0]
+    strategy = build_strategy({"name": "fedamn", "after": 10})
+    assert "never joins and the run is plain FedAvg; set strategy.after to 5 or less" in strategy.run_problem(5)
+    assert strategy.run_problem(10) == strategy.run_problem(0) == ""  # p is run; 0: forever
+
+
+def test_a_fedamn_run_that_ends_before_p_is_refused_at_start_by_the_server_and_the_sim(tmp_path):
+    """It ran plain FedAvg, the only word in the server's log (``skyfed sim --strategy fedamn --rounds 5``)."""
+    from broker_server.config import ConfigError
+
+    layout = create_federation(tmp_path, SimSettings(agents=2, rounds=5, federation="p"), ("127.0.0.1", 1))
+    override_toml(layout.server_config, strategy={"name": "fedamn"})
+    with pytest.raises(ConfigError, match="server.rounds = 5: fedamn runs 5 rounds, all before strategy.after = 10"):
+        load_server_config(layout.server_config)
+    override_toml(layout.server_config, strategy={"name": "fedamn", "after": 5})
+    load_server_config(layout.server_config)
+    with pytest.raises(ValueError, match="--rounds 5: fedamn runs 5 rounds.*--strategy-option after=N"):
+        SimSettings(agents=2, rounds=5, strategy={"name": "fedamn"})
 
 
 @pytest.mark.timeout(300)
@@ -289,8 +304,9 @@ def test_fedamn_with_a_detector_model_fails_at_start_naming_the_strategy(tmp_pat
 def test_a_sim_of_fedamn_with_local_dp_fails_at_start():
     """Every agent would decline from round p on; in process the tip crashed there (TrainingDeclined uncaught)."""
     with pytest.raises(ValueError, match="--strategy fedamn with local DP"):
-        SimSettings(agents=2, rounds=2, strategy={"name": "fedamn"}, local_privacy={"noise_multiplier": 1.0})
-    SimSettings(agents=2, rounds=2, strategy={"name": "fedamn"}, local_privacy={"noise_multiplier": 0.0})  # off
+        SimSettings(agents=2, rounds=2, strategy={"name": "fedamn", "after": 2},
+                    local_privacy={"noise_multiplier": 1.0})  # fmt: skip
+    SimSettings(agents=2, rounds=2, strategy={"name": "fedamn", "after": 2}, local_privacy={"noise_multiplier": 0.0})
 
 
 def test_after_a_server_reset_the_new_runs_bundle_is_kept_though_the_old_run_held_a_later_round(tmp_path):

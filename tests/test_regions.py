@@ -12,9 +12,10 @@ import pytest
 
 from broker_server.config import load_server_config
 from broker_server.upstream import RegionalRoundFailed, RegionResult, RootRound, UpstreamHandoff
+from common import toml
 from flcore.rounds import UpdateRecord
 from models.serialization import load_file
-from protocol.config import ConfigError
+from protocol.config import ConfigError, write_toml
 from sim.attacks import Attack, AttackingTrainer
 from sim.federation import SimSettings
 from sim.regions import create_regions, split_agents
@@ -137,6 +138,17 @@ def test_a_region_config_loads(region_config: Path) -> None:
 def test_a_bad_upstream_fails_at_start_naming_the_key(region_config: Path, tables: dict, message: str) -> None:
     override_toml(region_config, **tables)
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        load_server_config(region_config)
+
+
+def test_a_regions_start_checkpoint_is_refused_it_adopts_the_roots_model(region_config: Path) -> None:
+    """``server.init_weights`` was read and never used: a region trains each round from the root's model."""
+    data = toml.loads(region_config.read_text())
+    data["server"].pop("eval_data")
+    data["server"] |= {"model": "yolo11n", "classes": ["car"], "init_weights": "warm.pt"}
+    write_toml(region_config, data)
+    with pytest.raises(ConfigError, match=r"server\.init_weights is not used by a region's server \(with "
+                       r"\[upstream\]\): a region adopts the root's model before each of its rounds"):  # fmt: skip
         load_server_config(region_config)
 
 

@@ -18,6 +18,7 @@ from models.weights import load_arrays
 from models.zoo import build_model
 from protocol.mqtt import MqttClient
 from sim import run as sim_run
+from sim.classify_layout import POOL_FILE, Sharing
 from sim.federation import SimSettings, create_federation
 from sim.scale import STATUS_RATE_PER_S, hosted_tick_s, round_deadline_s, status_interval_s
 
@@ -215,12 +216,68 @@ def test_sim_with_central_dp_reports_epsilon_and_stops_when_the_budget_is_spent(
         (["--broker", "127.0.0.1:"], "skyfed sim: "),  # a malformed address: one line, not a traceback
         (["--mode", "peer", "--task", "detect", "--share", "head"], "--share is not available with --mode peer"),
         (["--mode", "peer", "--strategy", "fedswap"], "federation.strategy.name 'fedswap' does not work between peers"),
+        # options that changed nothing on main: FedAMN ran plain FedAvg, unify gave the pool nothing, without a word
+        (["--strategy", "fedamn", "--rounds", "5"], "--rounds 5: fedamn runs 5 rounds, all before strategy.after = 10"),
+        (["--share-ratio", "0.05", "--share-mode", "unify"], "0 agents' data to the server's pool, so there would be "
+                                                             "no pool: use --share-ratio 0.25 or more"),
     ],
 )
 def test_sim_refuses_bad_arguments_with_a_message(args, message):
     result = skyfed("sim", *args, timeout=60)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"mode": "peer", "keep_momentum": True}, "--keep-momentum is not available with --mode peer: the peers'"),
+        ({"mode": "peer", "local_privacy": {"noise_multiplier": 1.0}}, "--ldp-* is not available with --mode peer"),
+        ({"mode": "peer", "strategy": {"elect_best": False}}, "--strategy-option elect_best is not available with --m"),
+        ({"in_process": True, "worker": "per-round"}, "--worker is not available with --in-process: its trainers run"),
+        ({"in_process": True, "agents_per_process": 2}, "--agents-per-process is not available with --in-process"),
+        ({"in_process": True, "deadline_s": 30.0}, "--deadline is not available with --in-process"),
+        ({"image_size": 320}, "--image-size is not available with --task classify: it is the detector's image size"),
+        ({"init_weights": "warm.pt"}, "--init-weights is not available with --task classify"),
+        ({"share": "head"}, "--share is not available with --task classify"),
+        ({"share_mode": "unify"}, "--share-mode unify needs --share-ratio R: without it no data is shared"),
+        ({"regions": 2, "share_ratio": 0.5}, "--share-ratio is not available with --regions: no region trains"),
+    ],
+)
+def test_an_option_the_run_would_never_read_is_refused_naming_it_and_why(settings, message):
+    """On main each of these ran as if the option had not been given."""
+    with pytest.raises(ValueError) as err:
+        SimSettings(**settings)
+    assert message in str(err.value), str(err.value)
+    assert str(err.value).endswith("drop it") or "needs --share-ratio" in message
+
+
+def test_a_share_ratio_that_gives_the_pool_no_sample_is_refused_with_one_that_does(tmp_path):
+    """share-disjoint: floor(ratio x n) = 0 for every agent's n samples ran with no pool and no word on main."""
+    result = skyfed("sim", "--in-process", "--share-ratio", "0.0001", "--out", str(tmp_path / "run"), timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    found = re.search(r"gives the server's pool no sample \(floor\(ratio x samples\) = 0 for every agent\), so "
+                      r"there would be no pool: use --share-ratio ([0-9.]+) or more", result.stderr)  # fmt: skip
+    assert found, result.stderr
+    from sim.classify_layout import write_classify_data
+
+    names = ["agent-01", "agent-02", "agent-03", "agent-04"]
+    write_classify_data(tmp_path / "fed", names, "dirichlet:0.5", 0, sharing=Sharing(4, float(found[1])))
+    assert (tmp_path / "fed" / "server" / POOL_FILE).exists()  # the ratio it names gives the pool a sample
+
+
+def test_what_the_server_would_only_log_about_the_strategy_is_said_on_the_console(tmp_path):
+    """Krum's f lowered to nothing for 4 agents was in server.log only; the run here fails after the warning (its
+    --out cannot be made), so no federation runs."""
+    (tmp_path / "plainfile").write_text("")
+    result = skyfed("sim", "--strategy", "krum", "--out", str(tmp_path / "plainfile" / "run"), timeout=60)
+    assert result.returncode == 1, result.stderr
+    assert "warning: strategy krum f=2 needs 7 updates a round; with 4 agents enrolled (4 updates a round) f is " \
+           "lowered to 0: no protection" in result.stdout, result.stdout  # fmt: skip
+    from sim.start_check import start_warnings
+
+    assert "round 5 averages early" in start_warnings(SimSettings(rounds=5, strategy={"name": "fedswap", "h1": 2}))[0]
+    assert start_warnings(SimSettings(agents=8, strategy={"name": "krum"})) == []  # 8 updates: f = 2 holds
 
 
 def test_momentum_and_a_thesis_model_reach_the_servers_training_settings(tmp_path):

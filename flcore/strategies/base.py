@@ -189,6 +189,11 @@ class Strategy(ABC):
         """What the server should warn about at start when this strategy runs ``rounds`` rounds."""
         return []
 
+    def run_problem(self, rounds: int) -> str:
+        """Why a run of ``rounds`` rounds (0: forever) would never do what this strategy is for, or ``""``: such a
+        run is refused at start, not run as another strategy."""
+        return ""
+
     def plan_starts(self, models: KeptModels | None) -> StartPlan:
         """What every agent starts the next round from, and whether this round's result is published
         (``models`` is None for strategies that keep no models). Default: published, all start from it."""

@@ -130,11 +130,13 @@ class FedAMN(Strategy):
     def action(self, round_number: int) -> str:
         return "personal"
 
-    def run_warnings(self, rounds: int) -> list[str]:
-        if 0 < rounds < self.options.after:
-            return [f"fedamn runs {rounds} rounds, all before strategy.after = {self.options.after}: the attention "
-                    f"meta-network never joins (plain FedAvg); lower strategy.after or raise server.rounds"]
-        return []
+    def run_problem(self, rounds: int) -> str:
+        after = self.options.after
+        if 0 < rounds < after:
+            return (f"fedamn runs {rounds} rounds, all before strategy.after = {after}: the attention meta-network "
+                    f"never joins and the run is plain FedAvg; set strategy.after to {rounds} or less, or run {after} "
+                    "rounds or more")  # fmt: skip
+        return ""
 
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
         """w_g: the mean of the agents' models weighted by their capped samples, each model's change from w_g
