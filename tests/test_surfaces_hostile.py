@@ -1,0 +1,87 @@
+"""The operator's surfaces (``skyfed monitor``, ``skyfed report``, the sim's console lines, the Prometheus headline)
+against what an enrolled agent, a peer or a region gone rogue can publish or get written: numbers no float holds,
+claims under another's name, replays the server or the peers refuse, markup and floods."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+from rich.console import Console
+
+from broker_server.monitor import monitor
+from broker_server.monitor_tables import render
+from broker_server.monitor_view import FederationView
+from protocol.messages import AgentStatus, RoundMetrics, ServerStatus
+from protocol.mqtt import BrokerSettings
+from protocol.peer_messages import PeerRoundMetrics
+from protocol.scores import row_headline
+from protocol.topics import Topics
+from security.keys import Identity
+from security.signing import signed_payload
+from sim.report import write_report
+from tests.fedharness import round_metrics
+from tests.test_monitor_cli import _retain
+
+HUGE = 10**400  # JSON allows it (4,300 digits at most); no float holds it
+
+
+def _render(view: FederationView) -> str:
+    console = Console(record=True, width=200)
+    console.print(render(view))
+    return console.export_text()
+
+
+def _signed(message: object, name: str) -> bytes:
+    body = message if isinstance(message, dict) else message.to_dict()
+    return signed_payload(body, Identity.generate(name))  # the monitor checks no signature
+
+
+def _server_status(federation: str = "fleet", **fields: object) -> bytes:
+    status = ServerStatus(state="running", federation=federation, round=3, phase="training", strategy="fedavg",
+                          model_version=2, agents_online=1, updated_at=time.time()).to_dict()  # fmt: skip
+    return json.dumps({**status, **fields}).encode()
+
+
+def _metrics(**fields: object) -> bytes:
+    return json.dumps({**json.loads(round_metrics(round=4, participants=["d1"], accepted=["d1"]).to_json()),
+                       **fields}).encode()  # fmt: skip
+
+
+def test_an_integer_no_float_holds_is_no_score_on_any_monitor_row(broker):
+    """A region's own score (``local_eval``), a server status', a round's, a DemLearn group's or a peer's: an
+    integer of 400 digits crashed the monitor (OverflowError) wherever it was turned into a float."""
+    status = AgentStatus(agent="d1", state="ready", round=4, samples=5, version=3, updated_at=time.time())
+    peer = PeerRoundMetrics("p0", 4, "aggregated", {}, []).to_dict() | {"eval": {"accuracy": HUGE, "loss": 0.5}}
+    _retain(broker, {"skyfed/fleet/server/status": _server_status(eval={"accuracy": HUGE}),
+                     "skyfed/fleet/agent/d1/status": _signed(status, "d1"),
+                     "skyfed/fleet/peer/p0/metrics": _signed(peer, "p0")})  # fmt: skip
+    out = io.StringIO()
+    settings = BrokerSettings(broker.host, broker.port, protocol="5")
+    assert monitor(settings, "fleet", once=True, timeout_s=0.5, console=Console(file=out, width=200)) == 0
+    rows = {line.split("│")[1].strip(): line for line in out.getvalue().splitlines() if line.startswith("│ ")}
+    assert rows["running"].split("│")[6].strip() == "-"  # the server's score column
+    assert "loss" in out.getvalue() and "0.5000" in rows["p0"]
+
+    view = FederationView(Topics("fleet"))
+    view.apply("skyfed/fleet/agent/d1/status", _signed(status, "d1"))
+    line = view.apply("skyfed/fleet/server/metrics", _metrics(
+        models="group", eval={"accuracy": HUGE, "loss": 0.25}, personal={"c_spe": HUGE, "c_gen": 0.5},
+        aggregation={"local_eval": {"d1": {"accuracy": HUGE}}, "groups": [{"level": 1, "group": "0", "g_gen": HUGE,
+                                                                           "members": ["d1"]}]}))  # fmt: skip
+    assert line is not None and "c_gen=0.5000" in line and "accuracy=" not in line and "metric=(too large)" in line
+    shown = _render(view)
+    assert "G-GEN (too large)" in shown and "C-SPE" not in shown and "global loss" in shown
+    assert view.metrics[0].headline == [{"key": "c_gen", "label": "C-GEN", "value": 0.5},
+                                        {"key": "loss", "label": "global loss", "value": 0.25}]  # fmt: skip
+
+
+def test_an_integer_no_float_holds_is_a_gap_in_the_report(tmp_path):
+    row = {"round": 2, "accepted": ["a"], "eval": {"accuracy": HUGE, "loss": 1.0}, "personal": {"c_spe": HUGE}}
+    assert [s["key"] for s in row_headline(row)] == ["loss"]
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"round": 1, "accepted": ["a"], "eval": {"accuracy": 0.5}})
+                                            + "\n" + json.dumps(row) + "\n")  # fmt: skip
+    said: list[str] = []
+    assert [p.name for p in write_report(tmp_path, said.append)] == ["curves.png", "agents.png"]
+    assert RoundMetrics.from_json(_metrics(eval={"accuracy": HUGE})).headline == []
