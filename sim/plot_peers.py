@@ -39,7 +39,7 @@ class ElectedModel:
     def read(cls, path: Path, attackers: list[str]) -> ElectedModel:
         try:
             records = json.loads(path.read_text()) if path.is_file() else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep
             records = {}
         records = {str(peer): e for peer, e in records.items() if isinstance(e, dict)
                    and isinstance(e.get("sha256"), str)} if isinstance(records, dict) else {}  # fmt: skip
@@ -52,7 +52,7 @@ class ElectedModel:
         if self.sha is None:
             return "no model elected (no election.json)"
         adopted = f"adopted by {len(self.holders)} of {peers} peers"
-        return f"★ elected: {label(self.owner)}'s model ({self.sha[:12]}), {adopted}"
+        return f"★ elected: {label(self.owner)}'s model ({label(self.sha[:12])}), {adopted}"
 
 
 def by_peer(rows: list[dict]) -> dict[str, list[dict]]:

@@ -20,9 +20,12 @@ from protocol.scores import row_headline
 from protocol.topics import Topics
 from security.keys import Identity
 from security.signing import signed_payload
+from sim.plot_peers import ElectedModel, draw_peer_curves
 from sim.report import write_report
+from sim.report_rows import read_rows
 from tests.fedharness import round_metrics
 from tests.test_monitor_cli import _retain
+from tests.test_report import _election, _peer_rows, _round, _write
 
 HUGE = 10**400  # JSON allows it (4,300 digits at most); no float holds it
 
@@ -85,3 +88,22 @@ def test_an_integer_no_float_holds_is_a_gap_in_the_report(tmp_path):
     said: list[str] = []
     assert [p.name for p in write_report(tmp_path, said.append)] == ["curves.png", "agents.png"]
     assert RoundMetrics.from_json(_metrics(eval={"accuracy": HUGE})).headline == []
+
+
+def test_a_report_skips_a_line_nested_too_deep_and_draws_a_forged_election_as_plain_text(tmp_path):
+    """A line or an ``election.json`` of 100,000 ``[`` raised RecursionError; a sha256 with mathtext in it made
+    matplotlib fail to draw the title."""
+    server, peer, nested = tmp_path / "server", tmp_path / "peer", "[" * 100_000
+    _write(server, [_round(1, eval={"accuracy": 0.5})])
+    with open(server / "metrics.jsonl", "a") as handle:
+        handle.write(nested + "\n")
+    said: list[str] = []
+    assert [p.name for p in write_report(server, said.append)] == ["curves.png", "agents.png"]
+    assert any("skipped 1 line(s)" in line for line in said)
+    _write(peer, _peer_rows(3, 2), election=_election(["peer-1", "peer-2"], "peer-1", sha="$\\frac{$" + "a" * 60))
+    assert draw_peer_curves(read_rows(peer / "metrics.jsonl"),
+                            ElectedModel.read(peer / "election.json", [])).get_suptitle().startswith(
+        "★ elected: peer-1's model (\\$\\frac{\\$aaaa)")  # fmt: skip
+    assert [p.name for p in write_report(peer, said.append)] == ["curves.png", "agents.png"]
+    (peer / "election.json").write_text(nested)
+    assert ElectedModel.read(peer / "election.json", []).sha is None
