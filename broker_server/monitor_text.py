@@ -84,8 +84,8 @@ def metrics_line(m: RoundMetrics) -> str:
                  metric=score(headline(m.eval)), seconds=number(m.duration_s))  # fmt: skip
 
 
-def peer_member_line(m: PeerMember) -> str:
-    return _line("peer", id=m.peer, state=member_text(m), round=m.round)
+def peer_member_line(m: PeerMember, note: str = "") -> str:
+    return _line("peer", id=m.peer, state=member_text(m) + (f" ({note})" if note else ""), round=m.round)
 
 
 def peer_metrics_line(m: PeerRoundMetrics) -> str:

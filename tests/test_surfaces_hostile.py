@@ -15,7 +15,7 @@ from broker_server.monitor_tables import render
 from broker_server.monitor_view import FederationView
 from protocol.messages import AgentStatus, RoundMetrics, ServerStatus
 from protocol.mqtt import BrokerSettings
-from protocol.peer_messages import PeerRoundMetrics
+from protocol.peer_messages import PeerBest, PeerMember, PeerRoundMetrics
 from protocol.scores import row_headline
 from protocol.topics import Topics
 from security.keys import Identity
@@ -107,3 +107,59 @@ def test_a_report_skips_a_line_nested_too_deep_and_draws_a_forged_election_as_pl
     assert [p.name for p in write_report(peer, said.append)] == ["curves.png", "agents.png"]
     (peer / "election.json").write_text(nested)
     assert ElectedModel.read(peer / "election.json", []).sha is None
+
+
+def _row(shown: str, name: str) -> list[str]:
+    line = next(line for line in shown.splitlines() if line.startswith(f"│ {name} "))
+    return [cell.strip() for cell in line.split("│")[1:-1]]
+
+
+def test_a_status_the_server_refuses_is_not_shown_as_the_agents_claim():
+    """Signed for another agent (status-mismatch), an older status replayed (status-older), another federation's
+    server status (a region's under its root's name): the server ignores each, and so does the monitor."""
+    view = FederationView(Topics("fleet"))
+    live = AgentStatus(agent="d1", state="ready", round=5, samples=9, version=4, updated_at=200.0, session=150.0)
+    old = AgentStatus(agent="d1", state="training", round=2, samples=9, version=1, updated_at=100.0, session=50.0)
+    view.apply("skyfed/fleet/agent/d1/status", _signed(live, "d1"))
+    assert view.apply("skyfed/fleet/agent/d2/status", _signed(live, "d1")) is None  # d1's status on d2's topic
+    line = view.apply("skyfed/fleet/agent/d1/status", _signed(old, "d1"))
+    assert line is not None and "state=training (a replayed older status ignored, as the server does)" in line
+    shown = _render(view)
+    assert "│ d2 " not in shown and _row(shown, "d1")[2] == "5"
+    assert _row(shown, "d1")[1].startswith("ready (a replayed older status ignored")
+    view.apply("skyfed/fleet/agent/d1/status", _signed(live, "d1"))  # the same one again (retained, then live)
+    assert _row(_render(view), "d1")[1] == "ready"
+    view.apply("skyfed/fleet/server/status", _server_status(agents_online=1))
+    assert view.apply("skyfed/fleet/server/status", _server_status("region-1", agents_online=7, round=99)) is None
+    assert view.server is not None and view.server.round == 3 and view.server.agents_online == 1
+
+
+def _member(peer: str, state: str, session: float, federation: str = "p2p") -> bytes:
+    return _signed(PeerMember(federation, peer, state, 3, session, session), peer)
+
+
+def _best(peer: str, score: float, session: float, federation: str = "p2p") -> bytes:
+    return _signed(PeerBest(federation, peer, 3, score, "cd" * 32, session), peer)
+
+
+def test_peer_claims_the_peers_refuse_are_not_shown_as_in_force():
+    """A ``left`` of an earlier connection replayed, a membership or claim signed for another federation, and a
+    best claim of an earlier membership (retained from an earlier run) or of a peer that left: peers pass each
+    over (agent.peer.roster, agent.peer.election), so no such claim is marked the highest."""
+    view = FederationView(Topics("p2p"))
+    for leaf, payload in (("member", _member("p0", "member", 200.0)), ("best", _best("p0", 0.7, 200.0)),
+                          ("member", _member("p1", "member", 300.0)), ("best", _best("p1", 0.99, 100.0)),
+                          ("member", _member("p2", "left", 50.0)), ("best", _best("p2", 0.98, 50.0)),
+                          ("member", _member("p3", "member", 10.0, "other")), ("best", _best("p3", 1.0, 10.0, "x"))):
+        peer = json.loads(payload)["body"]["peer"]
+        view.apply(f"skyfed/p2p/peer/{peer}/{leaf}", payload)
+    line = view.apply("skyfed/p2p/peer/p0/member", _member("p0", "left", 100.0))  # its earlier connection's will
+    assert line is not None and "a replayed 'left' of an earlier connection ignored" in line
+    shown = _render(view)
+    assert "p3" not in shown
+    assert _row(shown, "p0")[1].startswith("member (a replayed 'left' of an earlier connection ignored")
+    assert _row(shown, "p0")[-1] == "0.7000 (cdcdcdcdcdcd) ◀ highest claim"
+    assert _row(shown, "p1")[-1] == "0.9900 (cdcdcdcdcdcd) (not counted: of an earlier membership)"
+    assert _row(shown, "p2")[-1] == "0.9800 (cdcdcdcdcdcd) (not counted: not a member now)"
+    view.apply("skyfed/p2p/peer/p0/member", _member("p0", "left", 200.0))  # its own connection's will counts
+    assert _row(_render(view), "p0")[1] == "left" and "◀" not in _render(view)
