@@ -23,6 +23,7 @@ from security.signing import signed_payload
 from sim.plot_peers import ElectedModel, draw_peer_curves
 from sim.report import write_report
 from sim.report_rows import read_rows
+from sim.run import format_round
 from tests.fedharness import round_metrics
 from tests.test_monitor_cli import _retain
 from tests.test_report import _election, _peer_rows, _round, _write
@@ -163,3 +164,17 @@ def test_peer_claims_the_peers_refuse_are_not_shown_as_in_force():
     assert _row(shown, "p2")[-1] == "0.9800 (cdcdcdcdcdcd) (not counted: not a member now)"
     view.apply("skyfed/p2p/peer/p0/member", _member("p0", "left", 200.0))  # its own connection's will counts
     assert _row(_render(view), "p0")[1] == "left" and "◀" not in _render(view)
+
+
+def test_a_forged_round_on_the_public_topic_is_one_printable_console_line():
+    """Anyone on a sim's broker (anonymous, loopback) can publish a round: a newline in its reason forged a second
+    line, an escape reached the terminal, and byte counts no float holds or a ``screened`` that is a number
+    crashed the sim's console."""
+    forged = [RoundMetrics.from_json(_metrics(reason="x\nround   9  accuracy 1.0000\x1b]52;c;x\x07",
+                                              outcome="rolled-back", offenders=["a\nb"])),
+              RoundMetrics.from_json(_metrics(bytes_up=HUGE, bytes_down=HUGE, aggregation={"screened": 5},
+                                              eval={"accuracy": 0.5}, privacy={"epsilon": "\x1b[2J"}))]  # fmt: skip
+    lines = [format_round(m, 1.0) for m in forged]
+    assert all(line.isprintable() for line in lines), lines
+    assert "x\\nround   9" in lines[0] and "offenders a\\nb" in lines[0] and "\\x1b]52" in lines[0]
+    assert "MB up (too large)  MB down (too large)" in lines[1] and "screened" not in lines[1]
