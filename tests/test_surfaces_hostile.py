@@ -13,9 +13,11 @@ from rich.console import Console
 from broker_server.monitor import monitor
 from broker_server.monitor_tables import render
 from broker_server.monitor_view import FederationView
+from broker_server.prometheus import ServerMetrics
 from protocol.messages import AgentStatus, RoundMetrics, ServerStatus
 from protocol.mqtt import BrokerSettings
 from protocol.peer_messages import PeerBest, PeerMember, PeerRoundMetrics
+from protocol.prometheus import MetricsSection
 from protocol.scores import row_headline
 from protocol.topics import Topics
 from security.keys import Identity
@@ -178,3 +180,18 @@ def test_a_forged_round_on_the_public_topic_is_one_printable_console_line():
     assert all(line.isprintable() for line in lines), lines
     assert "x\\nround   9" in lines[0] and "offenders a\\nb" in lines[0] and "\\x1b]52" in lines[0]
     assert "MB up (too large)  MB down (too large)" in lines[1] and "screened" not in lines[1]
+
+
+def test_the_prometheus_scores_are_the_last_committed_rounds_alone():
+    """A score the newest committed round lacks kept its older value under the same name, and a rolled-back round
+    (its personal scores; no evaluation) replaced the committed round's: both read as the last committed round's."""
+    metrics = ServerMetrics(MetricsSection())  # the registry alone, no endpoint
+    value = metrics.registry.get_sample_value
+    metrics.round_closed(round_metrics(round=1, eval={"accuracy": 0.9, "loss": 0.3}))
+    metrics.round_closed(round_metrics(round=2, eval={"accuracy": 0.8}))
+    assert value("skyfed_server_round_score", {"score": "accuracy"}) == 0.8
+    assert value("skyfed_server_round_score", {"score": "loss"}) is None
+    metrics.round_closed(round_metrics(round=3, models="group", eval={}, personal={"c_spe": 0.99},
+                                       outcome="rolled-back", reason="non-finite-model"))  # fmt: skip
+    assert value("skyfed_server_headline_score", {"score": "accuracy"}) == 0.8
+    assert value("skyfed_server_round_score", {"score": "c_spe"}) is None
