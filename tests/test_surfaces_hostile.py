@@ -8,12 +8,14 @@ import io
 import json
 import time
 
+import pytest
 from rich.console import Console
 
 from broker_server.monitor import monitor
 from broker_server.monitor_tables import render
 from broker_server.monitor_view import FederationView
 from broker_server.prometheus import ServerMetrics
+from flcore.update import FORMAT, UpdateMeta, UpdateMetaError
 from protocol.messages import AgentStatus, RoundMetrics, ServerStatus
 from protocol.mqtt import BrokerSettings
 from protocol.peer_messages import PeerBest, PeerMember, PeerRoundMetrics
@@ -195,3 +197,12 @@ def test_the_prometheus_scores_are_the_last_committed_rounds_alone():
                                        outcome="rolled-back", reason="non-finite-model"))  # fmt: skip
     assert value("skyfed_server_headline_score", {"score": "accuracy"}) == 0.8
     assert value("skyfed_server_round_score", {"score": "c_spe"}) is None
+
+
+def test_an_agents_own_score_no_float_holds_is_a_refused_update_not_an_unexpected_error():
+    """Its ``local_eval`` or ``start_eval`` (the monitor's "own score", the server's C-SPE) of 400 digits raised
+    OverflowError through the server's accept path: neither refused nor counted against the agent."""
+    header = {"format": FORMAT, "round": "1", "base_version": "0", "samples": "5", "loss": "0.5"}
+    for key in ("local_eval", "start_eval"):
+        with pytest.raises(UpdateMetaError, match="bad-metadata"):
+            UpdateMeta.from_metadata({**header, key: json.dumps({"accuracy": HUGE})})
