@@ -24,7 +24,8 @@ from protocol.scores import row_headline
 from protocol.topics import Topics
 from security.keys import Identity
 from security.signing import signed_payload
-from sim.plot_peers import ElectedModel, draw_peer_curves
+from sim.plot_agents import MAX_GRID, agent_grid, draw_agents
+from sim.plot_peers import ElectedModel, draw_peer_curves, peer_grid
 from sim.report import write_report
 from sim.report_rows import read_rows
 from sim.run import format_round
@@ -206,3 +207,16 @@ def test_an_agents_own_score_no_float_holds_is_a_refused_update_not_an_unexpecte
     for key in ("local_eval", "start_eval"):
         with pytest.raises(UpdateMetaError, match="bad-metadata"):
             UpdateMeta.from_metadata({**header, key: json.dumps({"accuracy": HUGE})})
+
+
+def test_a_report_of_a_new_name_on_every_line_stays_linear_in_memory(tmp_path):
+    """20,000 lines each naming a new agent (or a new peer in a new round) made a 20,000 × 20,000 grid: 3.2 GB."""
+    lines = 20_000
+    agents = [{"round": i, "accepted": [f"a{i}"], "eval": {}, "personal": {}} for i in range(1, lines + 1)]
+    names, grid = agent_grid(agents)
+    assert grid.shape == (MAX_GRID, lines) and grid.nbytes <= MAX_GRID * lines and names[0] == "a1"
+    peers = [{"peer": f"p{i}", "round": i, "mode": "peer", "aggregated_from": ["x"]} for i in range(1, lines + 1)]
+    shown, rounds, outcome, counts = peer_grid(peers)
+    assert len(shown) == MAX_GRID and outcome.shape == counts.shape == (MAX_GRID, MAX_GRID)
+    figure = draw_agents(agents[:2000])
+    assert figure.axes[0].get_title() == "Each agent's rounds (1000 more not drawn)"
