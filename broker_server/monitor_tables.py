@@ -167,7 +167,8 @@ def _peers_table(view: FederationView) -> Table:
     for name, s in rows:
         lead = leads[name]
         shown = score(lead[0]["value"]) if lead and label != "score" else _lead(lead)
-        peers.add_row(*cells(name, member_text(s.member) if s.member else "-", s.member.round if s.member else "-"),
+        state = (member_text(s.member) if s.member else "-") + (f" ({s.note})" if s.note else "")
+        peers.add_row(*cells(name), *cells(state, limit=MAX_CELL), *cells(s.member.round if s.member else "-"),
                       *cells(_peer_round(s), limit=MAX_CELL),
                       *cells(shown, *_peer_counts(s), _claim(s, top)))  # fmt: skip
     return peers
@@ -185,15 +186,18 @@ def _peer_counts(s: PeerState) -> tuple[str, str]:
 
 
 def _highest_claim(peers: dict[str, PeerState]) -> str | None:
-    claims = {p: s.best.score for p, s in peers.items() if s.best is not None}
+    claims = {p: s.best.score for p, s in peers.items() if s.best is not None and s.counted}
     return max(sorted(claims), key=lambda p: claims[p]) if claims else None
 
 
 def _claim(s: PeerState, top: str | None) -> str:
     if s.best is None:
         return "-"
-    marker = " ◀ highest claim" if top == s.best.peer else ""
-    return f"{score(s.best.score)} ({s.best.sha256[:12]}){marker}"
+    claimed = f"{score(s.best.score)} ({s.best.sha256[:12]})"
+    if not s.counted:  # peers pass it over: the monitor does not mark it highest either
+        why = "of an earlier membership" if s.member and s.member.session != s.best.session else "not a member now"
+        return f"{claimed} (not counted: {why})"
+    return claimed + (" ◀ highest claim" if top == s.best.peer else "")
 
 
 def _peer_notes(view: FederationView) -> list[Text]:

@@ -24,7 +24,11 @@ def score(value: object) -> str:
     """A score or loss: four decimals, or four digits where it is out of any score's range; ``-`` if none."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "-"
-    return f"{value:.4f}" if abs(value) < 1e6 else f"{float(value):.4g}"
+    try:
+        value = float(value)
+    except OverflowError:  # an integer claim beyond any float
+        return "(too large)"
+    return f"{value:.4f}" if abs(value) < 1e6 else f"{value:.4g}"
 
 
 def number(value: float, scale: float = 1.0, digits: int = 1) -> str:
@@ -80,8 +84,8 @@ def metrics_line(m: RoundMetrics) -> str:
                  metric=score(headline(m.eval)), seconds=number(m.duration_s))  # fmt: skip
 
 
-def peer_member_line(m: PeerMember) -> str:
-    return _line("peer", id=m.peer, state=member_text(m), round=m.round)
+def peer_member_line(m: PeerMember, note: str = "") -> str:
+    return _line("peer", id=m.peer, state=member_text(m) + (f" ({note})" if note else ""), round=m.round)
 
 
 def peer_metrics_line(m: PeerRoundMetrics) -> str:

@@ -9,12 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from broker_server import monitor_text as text
+from broker_server.registry import Seen, StatusRefused, refuse_stale
 from protocol.messages import AgentStatus, MessageError, RoundMetrics, ServerStatus
-from protocol.peer_messages import PeerBest, PeerMember, PeerRoundMetrics
+from protocol.peer_messages import PeerBest, PeerMember, PeerRoundMetrics, older
 from protocol.topics import Topics
 
 ROUNDS_KEPT = 10  # rounds of metrics shown (metrics are not retained: those since the monitor started)
 STALE_WILL = "a replayed 'offline' of an earlier connection ignored, as the server does"
+STALE_STATUS = "a replayed older status ignored, as the server does"
+STALE_LEFT = "a replayed 'left' of an earlier connection ignored, as peers do"
+STALE_MEMBER = "a replayed older membership ignored, as peers do"
 
 
 @dataclass
@@ -24,6 +28,13 @@ class PeerState:
     member: PeerMember | None = None
     metrics: PeerRoundMetrics | None = None
     best: PeerBest | None = None
+    note: str = ""  # why its row is not simply its last membership document
+
+    @property
+    def counted(self) -> bool:
+        """Peers count a best claim only of a current member, made in its current membership (agent.peer.election)."""
+        m, b = self.member, self.best
+        return m is not None and b is not None and m.state == "member" and m.gate.ok and m.session == b.session
 
 
 @dataclass
@@ -32,11 +43,14 @@ class FederationView:
 
     topics: Topics
     server: ServerStatus | None = None
-    agents: dict[str, AgentStatus] = field(default_factory=dict)
     metrics: list[RoundMetrics] = field(default_factory=list)
     peers: dict[str, PeerState] = field(default_factory=dict)
-    sessions: dict[str, float] = field(default_factory=dict)  # each agent's newest connection, as its statuses claim
+    seen: dict[str, Seen] = field(default_factory=dict)  # each agent's status as the server's registry keeps it
     notes: dict[str, str] = field(default_factory=dict)  # per agent: why its row is not simply its last claim
+
+    @property
+    def agents(self) -> dict[str, AgentStatus]:
+        return {agent: seen.status for agent, seen in self.seen.items()}
 
     @property
     def empty(self) -> bool:
@@ -54,8 +68,11 @@ class FederationView:
             return None  # a retained message cleared
         try:
             if topic == self.topics.server_status:
-                self.server = ServerStatus.from_json(payload)
-                return text.server_line(self.server)
+                status = ServerStatus.from_json(payload)
+                if status.federation != self.topics.federation:
+                    return None  # another federation's server status (a region's, say): not this one's server
+                self.server = status
+                return text.server_line(status)
             if topic == self.topics.server_metrics:
                 self.metrics = [*self.metrics[1 - ROUNDS_KEPT :], RoundMetrics.from_json(payload)]
                 return text.metrics_line(self.metrics[-1])
@@ -67,29 +84,41 @@ class FederationView:
             pass
         return None
 
-    def _agent(self, agent: str, status: AgentStatus) -> str:
-        """An ``offline`` older than a connection the agent already claimed is a replayed last will: the server
-        refuses it (broker_server.registry), so the row keeps the newer claim and says why."""
-        newest = self.sessions.get(agent, 0.0)
-        if status.state == "offline" and status.updated_at < newest and agent in self.agents:
-            self.notes[agent] = STALE_WILL
-            return text.agent_line(agent, status, STALE_WILL)
-        self.sessions[agent] = max(newest, status.session)
-        self.agents[agent] = status
+    def _agent(self, agent: str, status: AgentStatus) -> str | None:
+        """What the server's registry makes of a status, judged alike (broker_server.registry): one signed for
+        another agent is not this agent's; a replay (an earlier connection's ``offline``, a status not newer than
+        one shown) leaves the row with the newer claim, saying why."""
+        if status.agent != agent:
+            return None  # the server refuses it: status-mismatch
+        before = self.seen.get(agent)
+        if before is None:
+            self.seen[agent] = Seen(status, 0.0, status.updated_at, status.session)
+        elif status != before.status:  # the same one twice (retained, then live) changes nothing
+            try:
+                refuse_stale(agent, status, before)
+            except StatusRefused:
+                self.notes[agent] = STALE_WILL if status.state == "offline" else STALE_STATUS
+                return text.agent_line(agent, status, self.notes[agent])
+            newest = before.newest if status.state == "offline" else status.updated_at
+            self.seen[agent] = Seen(status, 0.0, newest, max(before.session, status.session))
         self.notes.pop(agent, None)
         return text.agent_line(agent, status, "")
 
     def _peer(self, peer: str, leaf: str, payload: bytes) -> str | None:
-        """A peer's message counts only under its own name (peers refuse it otherwise: ``peer-mismatch``)."""
+        """A peer's message counts only under its own name and federation (peers refuse it otherwise:
+        ``peer-mismatch``, ``wrong-federation``); a membership older than the one shown is a replay."""
         kind = {"member": PeerMember, "metrics": PeerRoundMetrics, "best": PeerBest}.get(leaf)
         if kind is None:
             return None
         message = kind.from_signed_json(payload)
-        if message.peer != peer:
+        if message.peer != peer or getattr(message, "federation", self.topics.federation) != self.topics.federation:
             return None
         state = self.peers.setdefault(peer, PeerState())
         if isinstance(message, PeerMember):
-            state.member = message
+            if state.member is not None and older(message, state.member):
+                state.note = STALE_LEFT if message.state == "left" else STALE_MEMBER
+                return text.peer_member_line(message, state.note)
+            state.member, state.note = message, ""
             return text.peer_member_line(message)
         if isinstance(message, PeerRoundMetrics):
             state.metrics = message

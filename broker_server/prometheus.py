@@ -73,7 +73,8 @@ class ServerMetrics:
         self.duration.set(metrics.duration_s)
         self.bytes_up.inc(metrics.bytes_up)
         self.bytes_down.inc(metrics.bytes_down)
-        if metrics.headline:
+        if metrics.outcome == "committed" and metrics.headline:  # the series say this round's scores, no older one's
+            self.round_score.clear()
             for score in metrics.headline:
                 self.round_score.labels(score=score["key"]).set(score["value"])
             self.headline.clear()  # one series: the lead

@@ -84,7 +84,7 @@ class UpdateMeta:
                 local_eval=_local_eval(metadata.get("local_eval")),
                 start_eval=_local_eval(metadata.get("start_eval"), "start_eval"),
             )
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, OverflowError) as exc:  # Overflow: a score of 400 digits
             raise UpdateMetaError(f"bad-metadata: {exc}") from None
         if not 0 < meta.samples <= MAX_SAMPLES:
             raise UpdateMetaError(f"bad-samples: {str(meta.samples)[:24]}")

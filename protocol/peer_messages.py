@@ -35,6 +35,14 @@ class PeerMember(Message):
             raise ValueError(f"state must be one of {', '.join(MEMBER_STATES)}, got {self.state!r}")
 
 
+def older(member: PeerMember, held: PeerMember) -> bool:
+    """A ``left`` (a last will, made when its connection began) counts for its own connection or a later one;
+    any other document must also be newer than the one held (peers and ``skyfed monitor`` judge alike)."""
+    if member.state == "left":
+        return member.session < held.session
+    return (member.session, member.issued_at) < (held.session, held.issued_at)
+
+
 @dataclass(frozen=True)
 class PeerBest(Message):
     """BestAgg: this peer's final model scored on its own validation split. ``session`` is the connection

@@ -63,5 +63,9 @@ def headline_text(headline: list[dict], *, width: int = 3) -> str:
 def _score(key: str, value: Any, prefix: str) -> dict | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) == float("inf"):
         return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float (JSON allows 4,300 digits): not a score either
+        return None
     label = LABELS[key]
-    return {"key": key, "label": f"{prefix}{label}" if key in GLOBAL_KEYS else label, "value": float(value)}
+    return {"key": key, "label": f"{prefix}{label}" if key in GLOBAL_KEYS else label, "value": number}

@@ -4,6 +4,8 @@ detector, of the model it started the round from, on its own split)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
@@ -19,19 +21,26 @@ GRID_COLOURS = ("white", "tab:green", "tab:orange", "tab:red")
 LAYERS = ((MISSED, "missed", None), (REFUSED, "rejected", "agent"), (ACCEPTED, "accepted", None))  # later wins
 MAX_TICKS = 40  # participants named on the axis; more are drawn unnamed
 MAX_NAMED = 10  # curves named in a legend
+MAX_GRID = 1000  # agents in the grid: more rows than a figure has pixels show nothing more
+
+
+def named(rows: list[dict]) -> Counter[str]:
+    """How many times the rounds name each agent."""
+    return Counter(a for r in rows for _, key, field in LAYERS for a in names(r.get(key), field))
 
 
 def agent_grid(rows: list[dict]) -> tuple[list[str], np.ndarray]:
-    """Every agent a round named, and per agent and round what happened to it (``ACCEPTED`` …); an agent
-    both refused and accepted in a round (a refused re-send) counts as accepted."""
-    agents = sorted({a for r in rows for a in (*names(r.get("accepted")), *names(r.get("missed")))}
-                    | {a for r in rows for a in names(r.get("rejected"), "agent")})  # fmt: skip
+    """The agents the rounds name (the ``MAX_GRID`` named most often: a file naming a new agent per line must not
+    make a grid of lines squared), and per agent and round what happened to it (``ACCEPTED`` …); an agent both
+    refused and accepted in a round (a refused re-send) counts as accepted."""
+    agents = sorted(a for a, _ in named(rows).most_common(MAX_GRID))
     index = {a: i for i, a in enumerate(agents)}
-    grid = np.full((len(agents), len(rows)), NOT_SELECTED)
+    grid = np.full((len(agents), len(rows)), NOT_SELECTED, dtype=np.int8)
     for column, r in enumerate(rows):
         for state, key, field in LAYERS:
             for agent in names(r.get(key), field):
-                grid[index[agent], column] = state
+                if (row := index.get(agent)) is not None:
+                    grid[row, column] = state
     return agents, grid
 
 
@@ -56,7 +65,8 @@ def draw_agents(rows: list[dict], regional: dict[str, list[dict]] | None = None)
     handles = [matplotlib.patches.Patch(color=c, label=n) for c, n in
                zip(GRID_COLOURS[1:], ("accepted", "missed", "refused"), strict=True)]  # fmt: skip
     ax_grid.legend(handles=handles, fontsize="x-small", loc="upper right")
-    ax_grid.set(xlabel="round", ylabel=noun, title=f"Each {noun}'s rounds")
+    more = f" ({len(named(rows)) - len(agents)} more not drawn)" if len(agents) == MAX_GRID else ""
+    ax_grid.set(xlabel="round", ylabel=noun, title=f"Each {noun}'s rounds{more}")
     if regional:
         _draw_regions(ax_own, regional)
     else:

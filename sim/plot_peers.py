@@ -24,6 +24,7 @@ GRID_COLOURS = ("white", "tab:green", "tab:orange")
 MAX_NAMED = 10  # peers named in a legend
 MAX_SENDERS = 200  # columns of the who-aggregated-whom matrix; the senders named most often are kept
 MAX_ANNOTATED = 300  # cells written with their counts; a bigger grid is colour only
+MAX_GRID = 1000  # peers in the grid of rounds
 
 
 @dataclass
@@ -39,7 +40,7 @@ class ElectedModel:
     def read(cls, path: Path, attackers: list[str]) -> ElectedModel:
         try:
             records = json.loads(path.read_text()) if path.is_file() else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep
             records = {}
         records = {str(peer): e for peer, e in records.items() if isinstance(e, dict)
                    and isinstance(e.get("sha256"), str)} if isinstance(records, dict) else {}  # fmt: skip
@@ -52,7 +53,7 @@ class ElectedModel:
         if self.sha is None:
             return "no model elected (no election.json)"
         adopted = f"adopted by {len(self.holders)} of {peers} peers"
-        return f"★ elected: {label(self.owner)}'s model ({self.sha[:12]}), {adopted}"
+        return f"★ elected: {label(self.owner)}'s model ({label(self.sha[:12])}), {adopted}"
 
 
 def by_peer(rows: list[dict]) -> dict[str, list[dict]]:
@@ -101,12 +102,14 @@ def _draw_peers(ax: Axes, rows: list[dict], key: str, election: ElectedModel) ->
 
 
 def peer_grid(rows: list[dict]) -> tuple[list[str], list[int], np.ndarray, np.ndarray]:
-    """Peers, rounds, per peer and round its outcome (``AGGREGATED`` …) and how many updates it aggregated."""
-    peers = by_peer(rows)
-    rounds = sorted({r["round"] for r in rows})
+    """Peers (the ``MAX_GRID`` with the most rows: a file naming a new peer and round per line must not make a grid
+    of lines squared), rounds, per peer and round its outcome (``AGGREGATED`` …) and how many updates it aggregated."""
+    every = by_peer(rows)
+    peers = {p: every[p] for p in sorted(sorted(every, key=lambda p: -len(every[p]))[:MAX_GRID])}
+    rounds = sorted({r["round"] for lines in peers.values() for r in lines})
     column = {n: i for i, n in enumerate(rounds)}
-    outcome = np.full((len(peers), len(rounds)), NO_LINE)
-    counts = np.zeros((len(peers), len(rounds)), dtype=int)
+    outcome = np.full((len(peers), len(rounds)), NO_LINE, dtype=np.int8)
+    counts = np.zeros((len(peers), len(rounds)), dtype=np.int32)
     for i, lines in enumerate(peers.values()):
         for r in lines:
             outcome[i, column[r["round"]]] = AGGREGATED if r.get("outcome", "aggregated") == "aggregated" else KEPT

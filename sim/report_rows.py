@@ -30,7 +30,7 @@ def load_rows(path: Path) -> Rows:
             continue
         try:
             row = json.loads(line)
-        except ValueError:  # a line cut short by a crash, or not JSON at all
+        except (ValueError, RecursionError):  # a line cut short by a crash, not JSON at all, or nested too deep
             row = None
         if (why := _refusal(row)) is not None:
             loaded.skipped[why] = loaded.skipped.get(why, 0) + 1

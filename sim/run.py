@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker_server.checkpoint import model_evaluation
+from broker_server.monitor_text import number
+from common.text import printable
 from protocol.messages import MessageError, RoundMetrics
 from protocol.mqtt import BrokerSettings, MqttClient, parse_address
 from protocol.scores import headline_text
@@ -43,7 +45,8 @@ class SimResult:
     # rounds, one dict per round and peer, as --out/metrics.jsonl holds them (sim.peer_run)
 
 
-SOURCE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding sim/, agent/, skyfed/
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
+MAX_LINE = 2000  # characters of one round's console line  # the folder holding sim/, agent/, skyfed/
 
 
 def child_pythonpath(inherited: str, search_path: list[str]) -> str:
@@ -101,19 +104,23 @@ def _spawn_agents(configs: dict[str, Path], settings: SimSettings, logs: Path) -
 
 
 def format_round(m: RoundMetrics, elapsed_s: float) -> str:
-    """The console's line for a closed round, led by what the run is judged by (``RoundMetrics.headline``)."""
+    """The console's line for a closed round, led by what the run is judged by (``RoundMetrics.headline``): one
+    printable line whatever the public topic carried (a reason may hold an agent's text; anyone on a sim's
+    broker can publish there)."""
     if m.outcome != "committed":
-        return f"round {m.round:3d}  {m.outcome}: {m.reason}  offenders {','.join(m.offenders) or '-'}"
+        return printable(f"round {m.round:3d}  {m.outcome}: {m.reason}  offenders {','.join(m.offenders) or '-'}",
+                         MAX_LINE)  # fmt: skip
     privacy = f"  epsilon {m.privacy.get('epsilon')}" if m.privacy else ""
-    if screened := m.aggregation.get("screened"):
-        privacy += f"  screened {','.join(screened)}"
+    if isinstance(screened := m.aggregation.get("screened"), (dict, list)) and screened:
+        privacy += f"  screened {','.join(map(str, screened))}"
     scores = headline_text(m.headline, width=2 if m.models == "global" else 3) or "no evaluation"
     if m.action == "local":  # model swapping: agents trained on, nothing was uploaded, so nothing to evaluate
         scores = "local round (trained on, not uploaded)"
-    return (
+    return printable(
         f"round {m.round:3d}  {scores}  participants {len(m.accepted)}/{len(m.participants)}  "
         f"rejected {len(m.rejected)}  round_s {m.duration_s:6.2f}  elapsed_s {elapsed_s:6.1f}  "
-        f"MB up {m.bytes_up / 1e6:.2f}  MB down {m.bytes_down / 1e6:.2f}{privacy}"
+        f"MB up {number(m.bytes_up, 1e6, 2)}  MB down {number(m.bytes_down, 1e6, 2)}{privacy}",
+        MAX_LINE,
     )
 
 

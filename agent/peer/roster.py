@@ -16,7 +16,7 @@ from pathlib import Path
 
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from protocol.messages import MAX_JSON_BYTES, MessageError
-from protocol.peer_messages import PeerMember
+from protocol.peer_messages import PeerMember, older
 from security.enrolled_watch import EnrolledWatch
 from security.keys import Keyring, revoked_names
 from security.signing import InvalidDocument, verify_document
@@ -94,12 +94,3 @@ class Roster:
 
     def joining(self) -> list[str]:
         return sorted(p for p, m in self.members.items() if m.state == "joining" and p in self.keyring)
-
-
-
-def older(member: PeerMember, held: PeerMember) -> bool:
-    """A ``left`` (a last will, made when its connection began) counts for its own connection or a later one;
-    any other document must also be newer than the one held."""
-    if member.state == "left":
-        return member.session < held.session
-    return (member.session, member.issued_at) < (held.session, held.issued_at)
