@@ -235,7 +235,7 @@ def test_a_detection_federation_reports_map_and_leaves_an_onnx_model_the_agent_r
     wait_until(lambda: all(a.onboard.version == final and a.onboard.job is None for a in fed.agents), 120, "final onnx")
     fed.close()
     for m in metrics:
-        assert {"map50", "map50_95"} <= set(m.eval)
+        assert {"map50", "map50_95", "box_loss", "cls_loss", "dfl_loss"} <= set(m.eval)
         assert set(m.aggregation["local_eval"]) == {"agent-01", "agent-02"}
         assert m.aggregation["onnx"]["ok"] and m.aggregation["onnx"]["max_abs_diff"] <= 1e-4
     assert (fed.server_state / "global_model.onnx").exists()
