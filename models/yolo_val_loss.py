@@ -29,9 +29,9 @@ class LossKeepingValidator(DetectionValidator):
 
     def __call__(self, trainer: Any = None, model: torch.nn.Module | None = None, **kwargs: Any) -> dict:
         """Validate ``model``, a ``DetectionModel``, keeping its loss; under a trainer, as Ultralytics does."""
-        if trainer is None and model is not None:
-            model.args = self.args  # the loss gains, attached as Ultralytics' trainer attaches its own
-            self.detector, self.sums, self.batches = model, {}, 0
+        self.detector, self.sums, self.batches = (model if trainer is None else None), {}, 0
+        if self.detector is not None:
+            self.detector.args = self.args  # the loss gains, attached as Ultralytics' trainer attaches its own
         return super().__call__(trainer=trainer, model=model, **kwargs)
 
     def preprocess(self, batch: dict[str, Any]) -> dict[str, Any]:
