@@ -113,7 +113,8 @@ def format_round(m: RoundMetrics, elapsed_s: float) -> str:
     privacy = f"  epsilon {m.privacy.get('epsilon')}" if m.privacy else ""
     if isinstance(screened := m.aggregation.get("screened"), (dict, list)) and screened:
         privacy += f"  screened {','.join(map(str, screened))}"
-    scores = headline_text(m.headline, width=2 if m.models == "global" else 3) or "no evaluation"
+    own = 3 if "map50" in m.eval else 2  # a global model's own: accuracy and loss, or mAP@.5, mAP@.5:.95, box loss
+    scores = headline_text(m.headline, width=own if m.models == "global" else 3) or "no evaluation"
     if m.action == "local":  # model swapping: agents trained on, nothing was uploaded, so nothing to evaluate
         scores = "local round (trained on, not uploaded)"
     return printable(

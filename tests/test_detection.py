@@ -163,8 +163,9 @@ def test_the_server_measures_map_with_ultralytics_validator(dataset, tmp_path):
     start = start_arrays(1)
     before = {k: v.copy() for k, v in start.items()}
     evaluation = evaluator(start)
-    assert set(evaluation) == {"map50", "map50_95", "precision", "recall"}
-    assert all(0 <= v <= 1 for v in evaluation.values())
+    maps = {"map50", "map50_95", "precision", "recall"}
+    assert set(evaluation) == maps | {"box_loss", "cls_loss", "dfl_loss"}  # the losses: test_detection_eval_loss
+    assert all(0 <= evaluation[k] <= 1 for k in maps)
     assert all(np.array_equal(before[k], start[k]) for k in start), "the validator fused the caller's arrays"
 
 
@@ -234,7 +235,7 @@ def test_a_detection_federation_reports_map_and_leaves_an_onnx_model_the_agent_r
     wait_until(lambda: all(a.onboard.version == final and a.onboard.job is None for a in fed.agents), 120, "final onnx")
     fed.close()
     for m in metrics:
-        assert {"map50", "map50_95"} <= set(m.eval)
+        assert {"map50", "map50_95", "box_loss", "cls_loss", "dfl_loss"} <= set(m.eval)
         assert set(m.aggregation["local_eval"]) == {"agent-01", "agent-02"}
         assert m.aggregation["onnx"]["ok"] and m.aggregation["onnx"]["max_abs_diff"] <= 1e-4
     assert (fed.server_state / "global_model.onnx").exists()

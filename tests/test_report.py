@@ -141,8 +141,9 @@ def test_a_personalized_runs_curves_lead_with_c_spe_and_c_gen_the_global_score_b
 
 
 def test_a_detection_runs_plots_draw_what_its_evaluation_holds_and_name_the_agents_metric():
-    """The server's detector evaluation has no loss: the second panel draws mAP@.5:.95, precision and recall
-    instead of nothing; each agent's C-SPE is its mAP@.5 and says so."""
+    """A detector evaluated without a loss (a row from before the server kept one): the second panel draws
+    mAP@.5:.95, precision and recall instead of nothing; with its losses, those; each agent's C-SPE is its mAP@.5
+    and says so."""
     from sim.plot_agents import draw_agents
     from sim.plots import draw_curves
 
@@ -156,6 +157,11 @@ def test_a_detection_runs_plots_draw_what_its_evaluation_holds_and_name_the_agen
     _, own = draw_agents(rows).axes
     assert own.get_title() == "Each agent's start model: C-SPE (mAP@.5)" and len(own.lines) == 2
     assert own.get_ylabel() == "mAP@.5 on its own val split"
+    # an evaluation with the detector's own val losses draws them in the second panel, the scores in the first
+    losses = {"box_loss": 1.5, "cls_loss": 2.5, "dfl_loss": 1.25}
+    score, other = draw_curves([_round(r, eval={**evaluation, **losses}) for r in (1, 2)]).axes
+    assert [line.get_label() for line in other.lines] == ["box loss", "cls loss", "dfl loss"]
+    assert other.get_title() == "Global model loss" and "mAP@.5:.95" in [line.get_label() for line in score.lines]
 
 
 def test_report_on_a_region_run_draws_the_roots_regions_and_each_regions_own_agents(tmp_path):

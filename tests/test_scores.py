@@ -47,3 +47,8 @@ def test_the_console_line_of_a_personalized_round_leads_with_c_spe():
     assert line.index("C-SPE 0.6720") < line.index("C-GEN 0.4100") < line.index("global accuracy 0.2580")
     detect = format_round(round_metrics(eval={"map50": 0.41, "map50_95": 0.2}), 1.0)
     assert "mAP@.5 0.4100" in detect and "None" not in detect
+    losses = {"box_loss": 1.5, "cls_loss": 2.5, "dfl_loss": 1.25}
+    detect = format_round(round_metrics(eval={"map50": 0.41, "map50_95": 0.2, **losses}, personal=PERSONAL), 1.0)
+    assert "mAP@.5 0.4100  mAP@.5:.95 0.2000  box loss 1.5000  participants" in detect
+    classify = format_round(round_metrics(eval={"accuracy": 0.9, "loss": 0.3}, personal=PERSONAL), 1.0)
+    assert "accuracy 0.9000  loss 0.3000  participants" in classify  # a global model's own scores, not C-SPE
