@@ -6,6 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.skyfed-installed
 PYTEST_ARGS ?=
+# Two workers on CI's two cores: most tests wait on brokers, daemons and deadlines, not the CPU. A test file
+# stays on one worker (its module fixtures, a browser or a federation, are made once).
+PYTEST_WORKERS ?= 2
 
 .PHONY: install demo test bench lint clean
 
@@ -22,7 +25,7 @@ demo: $(STAMP)
 	$(PY) -m skyfed demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, TypeVar
 
-from agent.peer.messages import PeerRoundMetrics
 from protocol.config import ConfigError
 from protocol.config_check import DaemonConfig
 from protocol.messages import MessageError, RoundMetrics
+from protocol.peer_messages import PeerRoundMetrics
 from sim.federation import FederationLayout, SimSettings, create_federation
 from sim.peer_federation import create_peer_federation
 from sim.run import SimResult, logged_rounds, run_sim

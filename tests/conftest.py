@@ -19,7 +19,8 @@ if str(ROOT) not in sys.path:
 from models.yolo import ultralytics_offline  # noqa: E402
 from sim.broker import mosquitto_path, start_broker  # noqa: E402
 
-ultralytics_offline(Path(tempfile.gettempdir()) / "skyfed-test-ultralytics")
+# one settings folder per pytest-xdist worker: two workers never write the same settings file
+ultralytics_offline(Path(tempfile.gettempdir()) / f"skyfed-test-ultralytics{os.environ.get('PYTEST_XDIST_WORKER', '')}")
 
 
 @pytest.fixture
