@@ -309,7 +309,7 @@ def test_hostile_fields_stay_bounded_text_and_the_server_count_is_shown_beside_t
     assert console_errors(browser) == []
 
 
-def test_a_peer_federation_shows_a_row_per_peer_and_the_model_most_peers_adopted(browser, page, player):
+def test_a_peer_federation_shows_a_row_per_peer_and_the_model_most_peers_adopted(tmp_path, browser, page, player):
     topics = Topics("it")
     markup = '<img src=x onerror="window.pwned=1">'
     honest = Adoption("c0ffee" * 10 + "abcd", "p2", 0.88)
@@ -340,6 +340,9 @@ def test_a_peer_federation_shows_a_row_per_peer_and_the_model_most_peers_adopted
     assert len(marked) == 1 and marked[0].endswith("elected by 3 of 4 peers")
     assert "Elected: p2's model (c0ffeec0ffee), adopted by 3 of the 4 peers" in text(browser, "#peers-elected")
     assert browser.execute_script("return window.skyfedDashboard.peers.refused") == 1
+    shot = tmp_path / "peers.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 0
+    print(f"screenshot: {shot}")
     assert browser.execute_script("return document.querySelectorAll('img').length") == 0
     assert browser.execute_script("return window.pwned === undefined")
     assert console_errors(browser) == []
