@@ -11,8 +11,17 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from broker_server.monitor_text import MAX_CELL, cells, gate_text, global_scores, member_text, number, score
-from broker_server.monitor_view import FederationView, PeerState
+from broker_server.monitor_text import (
+    MAX_CELL,
+    adopted_text,
+    cells,
+    gate_text,
+    global_scores,
+    member_text,
+    number,
+    score,
+)
+from broker_server.monitor_view import Elected, FederationView, PeerState, elected
 from protocol.messages import RoundMetrics
 from protocol.scores import round_headline
 
@@ -156,21 +165,24 @@ def _groups(m: RoundMetrics) -> list[Text]:
 
 
 def _peers_table(view: FederationView) -> Table:
-    """One row per peer, as it claims: membership, its last round (led by its headline), its BestAgg claim."""
+    """One row per peer, as it claims: membership, its last round (led by its headline), its BestAgg claim and
+    the model it adopted. The claim of the model most peers adopted is marked with their count; before any
+    peer decided, the highest claim peers count is."""
     rows = sorted(view.peers.items())[:MAX_ROWS]
     leads = {p: global_scores(s.metrics.eval) if s.metrics else [] for p, s in rows}
     labels = {scores[0]["label"] for scores in leads.values() if scores}
     label = labels.pop() if len(labels) == 1 else "score"
     peers = _table("peers, as each claims: the monitor checks no signatures", "peer", "state", "round",
-                   "last round", label, "aggregated from", "rejected", "best claim")  # fmt: skip
-    top = _highest_claim(view.peers)
+                   "last round", label, "aggregated from", "rejected", "best claim", "adopted")  # fmt: skip
+    top, chosen = _highest_claim(view.peers), elected(view.peers)
     for name, s in rows:
         lead = leads[name]
         shown = score(lead[0]["value"]) if lead and label != "score" else _lead(lead)
         state = (member_text(s.member) if s.member else "-") + (f" ({s.note})" if s.note else "")
         peers.add_row(*cells(name), *cells(state, limit=MAX_CELL), *cells(s.member.round if s.member else "-"),
                       *cells(_peer_round(s), limit=MAX_CELL),
-                      *cells(shown, *_peer_counts(s), _claim(s, top)))  # fmt: skip
+                      *cells(shown, *_peer_counts(s)), *cells(_claim(s, top, chosen), limit=MAX_CELL),
+                      *cells(adopted_text(s.decision) if s.decision else "-", limit=MAX_CELL))  # fmt: skip
     return peers
 
 
@@ -190,19 +202,30 @@ def _highest_claim(peers: dict[str, PeerState]) -> str | None:
     return max(sorted(claims), key=lambda p: claims[p]) if claims else None
 
 
-def _claim(s: PeerState, top: str | None) -> str:
+def _claim(s: PeerState, top: str | None, chosen: Elected | None) -> str:
     if s.best is None:
         return "-"
     claimed = f"{score(s.best.score)} ({s.best.sha256[:12]})"
+    if chosen is not None:  # decided: the mark follows what the peers adopted, not the claims
+        return claimed + (_elected_mark(chosen) if chosen.owner == s.best.peer else "")
     if not s.counted:  # peers pass it over: the monitor does not mark it highest either
         why = "of an earlier membership" if s.member and s.member.session != s.best.session else "not a member now"
         return f"{claimed} (not counted: {why})"
     return claimed + (" ◀ highest claim" if top == s.best.peer else "")
 
 
+def _elected_mark(chosen: Elected) -> str:
+    return f" ◀ elected by {chosen.adopters} of {chosen.decided} peers"
+
+
 def _peer_notes(view: FederationView) -> list[Text]:
     notes = _more(len(view.peers), "peers")
-    if any(s.best is not None for s in view.peers.values()):
-        notes.append(Text("the election's outcome is not published: each peer adopts the highest claim only if "
-                          "its own validation split agrees (federation.best_margin), else the next"))  # fmt: skip
+    chosen = elected(view.peers)
+    if chosen is not None:
+        notes += cells(f"elected: {chosen.owner}'s model ({chosen.sha256[:12]}), adopted by {chosen.adopters} of the "
+                       f"{chosen.decided} peers that published their decision (each peer's own claim)",
+                       limit=MAX_CELL)  # fmt: skip
+    elif any(s.best is not None for s in view.peers.values()):
+        notes.append(Text("no peer has published its decision yet: each adopts the highest claim only if its own "
+                          "validation split agrees (federation.best_margin), else the next"))  # fmt: skip
     return notes

@@ -7,7 +7,7 @@ from rich.text import Text
 
 from common.text import printable
 from protocol.messages import AgentStatus, RoundMetrics, ServerStatus, headline
-from protocol.peer_messages import PeerBest, PeerMember, PeerRoundMetrics
+from protocol.peer_messages import Adoption, PeerBest, PeerMember, PeerRoundMetrics
 from protocol.scores import round_headline
 
 MAX_CELL = 800  # characters of one free-text value shown (an agent's detail names a fix)
@@ -95,4 +95,11 @@ def peer_metrics_line(m: PeerRoundMetrics) -> str:
 
 
 def peer_best_line(b: PeerBest) -> str:
-    return _line("peer-best", id=b.peer, round=b.round, score=score(b.score), sha256=b.sha256[:16])
+    """Its claim; once it elected, also the model it adopted, whose, and its score on this peer's split."""
+    a = b.adopted
+    decided = {"adopted": a.sha256[:16], "adopted_from": a.owner, "adopted_score": score(a.score)} if a.sha256 else {}
+    return _line("peer-best", id=b.peer, round=b.round, score=score(b.score), sha256=b.sha256[:16], **decided)
+
+
+def adopted_text(a: Adoption) -> str:
+    return f"{a.owner}'s ({a.sha256[:12]}), {score(a.score)} here"

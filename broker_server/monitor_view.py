@@ -6,12 +6,13 @@ view says so beside the claim (docs/monitoring.md, "skyfed monitor")."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from broker_server import monitor_text as text
 from broker_server.registry import Seen, StatusRefused, refuse_stale
 from protocol.messages import AgentStatus, MessageError, RoundMetrics, ServerStatus
-from protocol.peer_messages import PeerBest, PeerMember, PeerRoundMetrics, older
+from protocol.peer_messages import Adoption, PeerBest, PeerMember, PeerRoundMetrics, older
 from protocol.topics import Topics
 
 ROUNDS_KEPT = 10  # rounds of metrics shown (metrics are not retained: those since the monitor started)
@@ -35,6 +36,33 @@ class PeerState:
         """Peers count a best claim only of a current member, made in its current membership (agent.peer.election)."""
         m, b = self.member, self.best
         return m is not None and b is not None and m.state == "member" and m.gate.ok and m.session == b.session
+
+    @property
+    def decision(self) -> Adoption | None:
+        """The model this peer says it adopted at the end of its run: of its current (or last) membership only,
+        so a decision retained from an earlier run does not count; a peer that left after deciding still does."""
+        m, b = self.member, self.best
+        return b.adopted if m is not None and b is not None and b.adopted.sha256 and m.session == b.session else None
+
+
+@dataclass(frozen=True)
+class Elected:
+    """The model most peers say they adopted (``owner``'s, ``sha256``): ``adopters`` of the ``decided`` peers."""
+
+    owner: str
+    sha256: str
+    adopters: int
+    decided: int
+
+
+def elected(peers: dict[str, PeerState]) -> Elected | None:
+    """Each peer's decision is its own claim (a rogue peer may lie about it), so the surfaces count agreement:
+    the (owner, model) most peers adopted, ties to the smaller owner id; None before any peer decided."""
+    votes = Counter((d.owner, d.sha256) for s in peers.values() if (d := s.decision) is not None)
+    if not votes:
+        return None
+    (owner, sha256), count = min(votes.items(), key=lambda vote: (-vote[1], vote[0]))
+    return Elected(owner, sha256, count, sum(votes.values()))
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """What peers publish about themselves, each signed with the peer's Ed25519 key (``security.signing``) and
 retained under its own ``peer/<id>/`` subtree (the broker ACL lets only that peer write there):
-``member`` (its membership; its last will is a signed ``left``), ``best`` (BestAgg's claim) and
-``metrics`` (its last round, for operators). They live in ``protocol/`` because ``skyfed monitor`` reads
+``member`` (its membership; its last will is a signed ``left``), ``best`` (BestAgg's claim, then also its
+decision) and ``metrics`` (its last round, for operators). They live in ``protocol/`` because ``skyfed monitor`` reads
 them too (docs/architecture.md, "Peer mode")."""
 
 from __future__ import annotations
@@ -44,9 +44,21 @@ def older(member: PeerMember, held: PeerMember) -> bool:
 
 
 @dataclass(frozen=True)
+class Adoption(Message):
+    """A peer's election decision: the model it adopted (``sha256``), whose it was (``owner``) and its score on
+    the peer's own validation split. Empty (``sha256`` "") until it decided; a peer's own word, so operators
+    count how many peers agree rather than trust one."""
+
+    sha256: str = ""
+    owner: str = ""
+    score: float | None = None  # null where the model scored no finite number there
+
+
+@dataclass(frozen=True)
 class PeerBest(Message):
     """BestAgg: this peer's final model scored on its own validation split. ``session`` is the connection
-its membership names: a claim retained from an earlier run does not count in this one."""
+its membership names: a claim retained from an earlier run does not count in this one. Once it elected, the
+peer publishes the same claim again with ``adopted`` filled in (a reader of the older schema ignores it)."""
 
     SCHEMA: ClassVar[str] = "skyfed.peer-best/1"
     federation: str
@@ -55,6 +67,7 @@ its membership names: a claim retained from an earlier run does not count in thi
     score: float
     sha256: str
     session: float
+    adopted: Adoption = field(default_factory=Adoption)
 
 
 @dataclass(frozen=True)

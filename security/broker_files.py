@@ -85,8 +85,12 @@ def peer_acl_text(federation: str, peers: list[str]) -> str:
         f"# mosquitto ACL for SkyFed peer federation {federation!r} (no server), written by skyfed provision",
         "# --mode peer: edits are overwritten, re-run skyfed provision instead. User names are certificate CNs.",
         "",
-        "# monitoring (mosquitto_sub): membership, metrics and best scores of every peer, read only",
+        "# monitoring (mosquitto_sub): membership, metrics and best scores (with each peer's decision), read only",
         "user monitor",
+        *shared,
+        "",
+        "# the dashboard page in a browser (skyfed dashboard, over the WebSockets listener): the same, read only",
+        "user dashboard",
         *shared,
     ]
     for peer in peers:

@@ -23,6 +23,7 @@ from security.provision import (
 )
 from security.provision_notes import (
     checkout_warning,
+    dashboard_instructions,
     defaults_notes,
     eval_data_note,
     next_steps,
@@ -119,17 +120,6 @@ def instructions(out: Path, plan: Provisioning) -> str:
     )
 
 
-def dashboard_instructions(out: Path, plan: Provisioning) -> list[str]:
-    """With --ws-port: the dashboard command, and the certificate its browsers present."""
-    if not plan.ws_port:
-        return []
-    dash = (out / "dashboard").absolute()
-    return [f"  dashboard:   skyfed dashboard --broker {plan.broker_host}:{plan.broker_port} --ws-port {plan.ws_port} "
-            f"--tls --federation {plan.federation} --port 8080",  # fmt: skip
-            f"    each browser imports {dash}/dashboard.p12 (password in dashboard.p12.password) and trusts "
-            f"{dash}/ca.crt; one browser tab at a time per certificate"]  # fmt: skip
-
-
 def region_instructions(out: Path, plan: Provisioning) -> list[str]:
     """A region (``--upstream``): how its broker joins the root's."""
     if not plan.upstream:
@@ -173,9 +163,8 @@ def run_provision(args: argparse.Namespace) -> int:
         if args.upstream and peer:
             raise ProvisionError("--upstream makes a region's server a participant of a root: peers have no server")
         if args.ws_port is not None:  # may be added to (or changed in) a folder provisioned before
-            if peer or not 0 < args.ws_port < 65536:
-                raise ProvisionError("--ws-port: a port 1-65535 for the dashboard's WebSockets listener (a server's "
-                                     "federation: not with --mode peer)")  # fmt: skip
+            if not 0 < args.ws_port < 65536:
+                raise ProvisionError("--ws-port: a port 1-65535 for the dashboard's WebSockets listener")
             plan.ws_port = args.ws_port
         upstream = Path(args.upstream) if args.upstream else None
         new = provision_peers(out, plan, agents) if peer else provision(out, plan, agents, upstream)

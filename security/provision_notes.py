@@ -71,6 +71,17 @@ def checkout_warning(out: Path) -> str | None:
 
 
 # peer mode ---------------------------------------------------------------------------------------------
+def dashboard_instructions(out: Path, plan: Provisioning) -> list[str]:
+    """With --ws-port: the dashboard command, and the certificate its browsers present."""
+    if not plan.ws_port:
+        return []
+    dash = (out / "dashboard").absolute()
+    return [f"  dashboard:   skyfed dashboard --broker {plan.broker_host}:{plan.broker_port} --ws-port {plan.ws_port} "
+            f"--tls --federation {plan.federation} --port 8080",  # fmt: skip
+            f"    each browser imports {dash}/dashboard.p12 (password in dashboard.p12.password) and trusts "
+            f"{dash}/ca.crt; one browser tab at a time per certificate"]  # fmt: skip
+
+
 def peer_instructions(out: Path, plan: Provisioning) -> str:
     """How to install and watch a peer federation (also kept as DIR/README.txt)."""
     f, mon = plan.federation, (out / "monitor").absolute()
@@ -86,6 +97,7 @@ def peer_instructions(out: Path, plan: Provisioning) -> str:
             "round plan in [federation] of its agent.toml, the same on every peer;",
             f"               its data goes to {plan.state_dir}/<id>/data.npz and its validation split to test.npz",
             f"  monitor:     mosquitto_sub -h {plan.broker_host} -p {plan.broker_port} {tls} {topics} -v",
+            *dashboard_instructions(out, plan),
             f"  add peers:   skyfed provision --mode peer --federation {f} --agents <all ids> --out {out} "
             "(existing keys stay)",
             f"  revoke:      skyfed provision revoke <id> --out {out}",

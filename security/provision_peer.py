@@ -1,9 +1,10 @@
 """``skyfed provision --mode peer``: a federation with no server, whose peers trust one another's keys.
 
     DIR/provision.json   as in client mode, with "mode": "peer"
-    DIR/ca/, DIR/broker/, DIR/monitor/
+    DIR/ca/, DIR/broker/, DIR/monitor/, with --ws-port DIR/dashboard/
                          as in client mode; the ACL is ``broker_files.peer_acl_text`` (a peer writes only
-                         ``peer/<itself>/#``), the monitor reads membership, metrics and best scores
+                         ``peer/<itself>/#``), the monitor and the dashboard read membership, metrics and best
+                         scores (with each peer's election decision)
     DIR/enrolled/        every peer's .pub, ``revoked/`` inside: the master copy of what each peer trusts
     DIR/peers/<id>/      agent.toml ([federation] mode = "peer"), <id>.key/.pub, <id>.crt and key, ca.crt,
                          enrolled/ (every peer's .pub, this one's included; ``revoked/`` inside)

@@ -92,7 +92,7 @@ def test_page_server_serves_page_config_and_vendored_libraries_only():
         assert status == 200
         settings = json.loads(config.decode().split("=", 1)[1].rstrip().rstrip(";"))
         assert settings == {"federation": "fleet", "ws_port": 9001, "ws_host": "broker.lan", "ws_path": "/mqtt",
-                            "tls": False}  # fmt: skip
+                            "tls": False, "peer_scores": [["accuracy", "accuracy"], ["map50", "mAP@.5"]]}  # fmt: skip
         assert fetch(server.url + "vendor/mqtt.min.js")[0] == 200
         assert fetch(server.url + "vendor/uPlot.iife.min.js")[0] == 200
         assert fetch(server.url + "vendor/")[0] == 404, "no directory listings"

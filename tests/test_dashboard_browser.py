@@ -19,7 +19,10 @@ from broker_server.daemon import Aggregator
 from broker_server.dashboard.server import DashboardServer, PageConfig
 from protocol.messages import AgentStatus, Gate, Rejection, RoundMetrics, ServerStatus
 from protocol.mqtt import BrokerSettings, MqttClient
+from protocol.peer_messages import Adoption, PeerBest, PeerMember, PeerRoundMetrics
 from protocol.topics import Topics
+from security.keys import Identity
+from security.signing import signed_payload
 from sim.broker import free_port, start_broker
 from tests.fedharness import Federation, round_metrics, wait_until
 from tests.wsharness import documented_lab_listener
@@ -89,7 +92,7 @@ def dashboard(*, ws_port: int, tls: bool = False) -> DashboardServer:
 
 
 def wait_subscribed(driver) -> None:  # noqa: ANN001
-    wait_until(lambda: driver.execute_script("return window.skyfedDashboard.subscribed.length") == 4,
+    wait_until(lambda: driver.execute_script("return window.skyfedDashboard.subscribed.length") == 7,
                timeout_s=15, what="the page's subscriptions")  # fmt: skip
 
 
@@ -162,7 +165,8 @@ def test_page_follows_a_live_federation_and_reads_no_model_or_update_topic(tmp_p
                                       " dropped: window.skyfedDashboard.dropped};")  # fmt: skip
         granted = {g["topic"]: g["qos"] for g in hook["granted"]}
         assert sorted(granted) == sorted([topics.server_status, topics.server_metrics, topics.server_history,
-                                          topics.agent_status_wildcard])  # fmt: skip
+                                          topics.agent_status_wildcard,
+                                          *(topics.peer_wildcard(leaf) for leaf in ("member", "metrics", "best"))])
         assert granted[topics.server_metrics] == 1, "metrics at QoS 1: a round's row is not dropped"
         assert not [t for t in granted if any(u in t for u in UPDATE_TOPICS) or "#" in t]
         assert hook["dropped"] == 0
@@ -300,6 +304,45 @@ def test_hostile_fields_stay_bounded_text_and_the_server_count_is_shown_beside_t
     wait_until(lambda: text(browser, "#server-online") == "3", timeout_s=5, what="the server's count")
     assert text(browser, "#agents-online") == "2", "the rows shown online: d1 (gated) and the markup-named one"
     assert "The server counts 3 agents online, the agent rows show 2" in text(browser, "#online-mismatch")
+    assert browser.execute_script("return document.querySelectorAll('img').length") == 0
+    assert browser.execute_script("return window.pwned === undefined")
+    assert console_errors(browser) == []
+
+
+def test_a_peer_federation_shows_a_row_per_peer_and_the_model_most_peers_adopted(tmp_path, browser, page, player):
+    topics = Topics("it")
+    markup = '<img src=x onerror="window.pwned=1">'
+    honest = Adoption("c0ffee" * 10 + "abcd", "p2", 0.88)
+
+    def publish(peer: str, leaf: str, message: object, signer: str | None = None) -> None:
+        payload = signed_payload(message.to_dict(), Identity.generate(signer or peer))  # the page checks none
+        player.publish(topics.peer_wildcard(leaf).replace("+", peer), payload, retain=True)
+
+    for n, peer in enumerate(("p1", "p2", "p3", "p4"), 1):
+        gate = Gate(ok=False, reasons=["battery 12% < 30%"]) if peer == "p3" else Gate()
+        publish(peer, "member", PeerMember("it", peer, "left" if peer == "p1" else "member", 3, 5.0, 6.0, gate))
+        rejected = [{"peer": "p4", "reason": markup}] if peer != "p4" else []
+        publish(peer, "metrics", PeerRoundMetrics(peer, 2, "aggregated", {"accuracy": 0.8 + n / 100, "loss": 0.5},
+                                                  ["p1", "p2", "p3"], rejected))  # fmt: skip
+        adopted = Adoption("f" * 64, "p4", 1.0) if peer == "p4" else honest  # p4 says it adopted its own model
+        publish(peer, "best", PeerBest("it", peer, 2, 0.8 + n / 100, f"{n}" * 64, 5.0, adopted))
+    publish("p2", "metrics", PeerRoundMetrics("p1", 9, "aggregated", {"accuracy": 0.01}, []))  # p1's under p2's name
+    wait_until(lambda: "elected by 3 of 4" in text(browser, "#peers"), timeout_s=5, what="the elected model marked")
+    rows = browser.execute_script("const out = {}; for (const tr of document.querySelectorAll('#peers tbody tr'))"
+                                  " out[tr.getAttribute('data-peer')] = [...tr.cells].map(c => c.textContent);"
+                                  " return out;")  # fmt: skip
+    assert sorted(rows) == ["p1", "p2", "p3", "p4"], "one row per peer"
+    assert rows["p2"] == ["p2", "member", "3", "2", "accuracy 0.8200", "3", "1",
+                          "0.8200 (222222222222) ◀ elected by 3 of 4 peers", "p2's (c0ffeec0ffee), 0.8800 here"]
+    assert rows["p1"][1] == "left" and rows["p3"][1] == "member, gate blocked: battery 12% < 30%"
+    assert rows["p4"][7] == "0.8400 (444444444444)" and rows["p4"][8] == "p4's (ffffffffffff), 1.0000 here"
+    marked = texts(browser, "#peers tbody tr[data-peer] td[data-elected='yes']")
+    assert len(marked) == 1 and marked[0].endswith("elected by 3 of 4 peers")
+    assert "Elected: p2's model (c0ffeec0ffee), adopted by 3 of the 4 peers" in text(browser, "#peers-elected")
+    assert browser.execute_script("return window.skyfedDashboard.peers.refused") == 1
+    shot = tmp_path / "peers.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 0
+    print(f"screenshot: {shot}")
     assert browser.execute_script("return document.querySelectorAll('img').length") == 0
     assert browser.execute_script("return window.pwned === undefined")
     assert console_errors(browser) == []

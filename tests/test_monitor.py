@@ -7,7 +7,7 @@ from rich.console import Console
 from broker_server.monitor_tables import render
 from broker_server.monitor_view import FederationView
 from protocol.messages import AgentStatus, Gate, Rejection
-from protocol.peer_messages import PeerBest, PeerMember, PeerRoundMetrics
+from protocol.peer_messages import Adoption, PeerBest, PeerMember, PeerRoundMetrics
 from protocol.topics import Topics
 from security.keys import Identity
 from security.signing import signed_payload
@@ -102,14 +102,21 @@ def test_a_root_shows_each_region_with_what_its_last_round_made_of_it():
     assert "4: rejected (norm-too-large)" in rows["region-2"]
 
 
-def _peer(view: FederationView, name: str, accuracy: float, *, best: float | None = None) -> None:
-    member = PeerMember("p2p", name, "member", 5, 1.0, 1.0)
+def _peer(view: FederationView, name: str, accuracy: float, *, best: float | None = None,
+          adopted: Adoption | None = None, state: str = "member") -> None:
+    member = PeerMember("p2p", name, state, 5, 1.0, 1.0)
     metrics = PeerRoundMetrics(name, 4, "aggregated", {"accuracy": accuracy, "loss": 0.5}, ["p0", "p1", "p2"],
                                [{"peer": "px", "reason": "stale-base"}])  # fmt: skip
     for leaf, message in (("member", member), ("metrics", metrics)):
         view.apply(f"skyfed/p2p/peer/{name}/{leaf}", _signed(message, name))
     if best is not None:
-        view.apply(f"skyfed/p2p/peer/{name}/best", _signed(PeerBest("p2p", name, 5, best, "ab" * 32, 1.0), name))
+        claim = PeerBest("p2p", name, 5, best, name * 32, 1.0, adopted or Adoption())
+        view.apply(f"skyfed/p2p/peer/{name}/best", _signed(claim, name))
+
+
+def _rows(shown: str) -> dict[str, list[str]]:
+    return {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
+            for line in shown.splitlines() if line.startswith("│ p")}  # fmt: skip
 
 
 def test_peers_each_show_their_round_headline_counts_and_the_highest_claim():
@@ -120,12 +127,32 @@ def test_peers_each_show_their_round_headline_counts_and_the_highest_claim():
     assert view.apply("skyfed/p2p/peer/p1/metrics", _signed(forged)) is None
     shown = _render(view)
     assert _header(shown, "peer") == ["peer", "state", "round", "last round", "accuracy", "aggregated from",
-                                      "rejected", "best claim"]  # fmt: skip
-    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
-            for line in shown.splitlines() if line.startswith("│ p")}  # fmt: skip
-    assert rows["p0"] == ["p0", "member", "5", "4", "0.8100", "3", "1", "0.8000 (abababababab)"]
+                                      "rejected", "best claim", "adopted"]  # fmt: skip
+    rows = _rows(shown)
+    assert rows["p0"] == ["p0", "member", "5", "4", "0.8100", "3", "1", "0.8000 (p0p0p0p0p0p0)", "-"]
     assert rows["p1"][4] == "0.8500" and rows["p1"][7].endswith("◀ highest claim")
     assert "SkyFed federation" not in shown  # a peer federation has no server
+    assert "no peer has published its decision yet" in shown
+
+
+def test_the_model_most_peers_adopted_is_marked_with_their_count_each_decision_shown_as_claimed():
+    view = FederationView(Topics("p2p"))
+    honest = Adoption("p1" * 32, "p1", 0.88)
+    for name in ("p0", "p1", "p2"):  # p2 has left since: its decision of that membership still counts
+        _peer(view, name, 0.8, best=0.8, adopted=honest, state="left" if name == "p2" else "member")
+    _peer(view, "p3", 0.1, best=0.99, adopted=Adoption("p3" * 32, "p3", 0.99))  # a rogue peer adopts its own
+    _peer(view, "p4", 0.8, best=0.8)  # not decided yet
+    stale = PeerMember("p2p", "p5", "member", 5, 2.0, 2.0)  # p5's decision is of an earlier connection
+    view.apply("skyfed/p2p/peer/p5/member", _signed(stale, "p5"))
+    earlier = PeerBest("p2p", "p5", 5, 0.5, "p5" * 32, 1.0, Adoption("p5" * 32, "p5", 0.5))
+    line = view.apply("skyfed/p2p/peer/p5/best", _signed(earlier, "p5"))
+    assert "adopted=p5p5p5p5p5p5p5p5 adopted_from=p5 adopted_score=0.5000" in line
+    shown = _render(view)
+    rows = _rows(shown)
+    assert rows["p1"][7] == "0.8000 (p1p1p1p1p1p1) ◀ elected by 3 of 4 peers", "a liar's claim is not marked"
+    assert "◀" not in rows["p3"][7] and rows["p3"][8] == "p3's (p3p3p3p3p3p3), 0.9900 here"
+    assert rows["p0"][8] == "p1's (p1p1p1p1p1p1), 0.8800 here" and rows["p4"][8] == rows["p5"][8] == "-"
+    assert "elected: p1's model (p1p1p1p1p1p1), adopted by 3 of the 4 peers that published" in shown
 
 
 def test_hostile_numbers_names_and_floods_stay_bounded():

@@ -24,15 +24,15 @@ from agent.runner import in_process_runner
 from common import toml
 from flcore.update import TrainResult
 from models.serialization import load_file
-from models.weights import NamedArrays, float_part
+from models.weights import NamedArrays, fingerprint, float_part
 from participant.trainer import PeerContext, Trainer, TrainerWrapper
 from protocol.config import ConfigError, write_toml
 from protocol.messages import RoundTask
 from protocol.mqtt import BrokerSettings, MqttClient
-from protocol.peer_messages import PeerBest, PeerMember
+from protocol.peer_messages import Adoption, PeerBest, PeerMember
 from protocol.topics import Topics
-from security.keys import Identity, revoke
-from security.signing import signed_payload
+from security.keys import Identity, PublicIdentity, revoke
+from security.signing import signed_payload, verify_document
 from sim.attacks import Attack, AttackingTrainer
 from sim.federation import SimSettings
 from sim.peer_federation import create_peer_federation
@@ -107,6 +107,29 @@ def state(config: Path) -> Path:
     return config.parent / "state"
 
 
+def published_decisions(broker, configs: dict[str, Path]) -> dict[str, Adoption]:  # noqa: ANN001
+    """Each peer's election decision as the broker retains it (its ``best``), its signature checked."""
+    reader = MqttClient("test-reader", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
+    reader.subscribe(Topics("sim").peer_wildcard("best"))
+    assert reader.start(timeout_s=10)
+    decisions: dict[str, Adoption] = {}
+
+    def read() -> bool:
+        while (message := reader.poll(0.1)) is not None:
+            name = message[0].split("/")[-2]
+            public = PublicIdentity.load(configs[name].parent / "enrolled" / f"{name}.pub")
+            best = PeerBest.from_dict(verify_document(json.loads(message[1]), public))
+            if best.adopted.sha256:
+                decisions[name] = best.adopted
+        return set(decisions) == set(configs)
+
+    try:
+        wait_until(read, 10, "every peer's decision retained")
+    finally:
+        reader.stop()
+    return decisions
+
+
 def test_three_peers_waiting_for_all_end_with_centralized_fedavg_of_their_updates(tmp_path, broker, peers):
     configs = peer_configs(tmp_path, broker, rounds=2, strategy={"name": "fedavg"})
     recorders = {}
@@ -134,6 +157,12 @@ def test_three_peers_waiting_for_all_end_with_centralized_fedavg_of_their_update
         lines = read_metrics(state(path))
         assert [(line["round"], line["aggregated_from"]) for line in lines] == [(1, list(configs)), (2, list(configs))]
         assert all(line["peer"] == name and "accuracy" in line["eval"] for line in lines)
+    decisions = published_decisions(broker, configs)  # made public, signed and retained, as election.json says
+    for name, path in configs.items():
+        election = json.loads((state(path) / "election.json").read_text())
+        adopted = decisions[name]
+        assert (adopted.sha256, adopted.owner) == (fingerprint(models[name]), election["adopted_from"])
+        assert adopted.score == election["score"] and 0.0 <= adopted.score <= 1.0
 
 
 def test_a_revoked_peer_is_dropped_and_its_models_refused(tmp_path, broker, peers, caplog):

@@ -68,11 +68,31 @@ def test_the_dashboard_reads_status_metrics_and_history_over_websockets_and_noth
         print(f"--- broker log ---\n{broker.log_tail(40)}")
 
 
-def test_ws_port_is_refused_for_peers(workdir, capsys):
-    argv = ["provision", "--mode", "peer", "--federation", FED, "--agents", "p1,p2", "--out", str(workdir / "p"),
-            "--ws-port", "8884"]  # fmt: skip
-    assert main(argv) == 2
-    assert "--ws-port" in capsys.readouterr().err
+def test_a_peer_federations_dashboard_reads_each_peers_member_metrics_and_best_and_nothing_else(workdir, capsys):
+    out, port, ws_port = workdir / "p", free_port(), free_port()
+    argv = ["provision", "--mode", "peer", "--federation", FED, "--agents", "p1,p2", "--out", str(out), "--broker",
+            f"127.0.0.1:{port}", "--listen", "127.0.0.1", "--state-dir", str(workdir / "state"), "--any-state-dir",
+            "--ws-port", str(ws_port)]  # fmt: skip
+    assert main(argv) == 0  # on main: refused, so a peer federation had no dashboard
+    assert f"--ws-port {ws_port} --tls --federation {FED}" in capsys.readouterr().out
+    broker = start_broker(data_dir=workdir / "broker-run", kind="mosquitto", port=port,
+                          config_file=out / "broker" / "skyfed.conf")  # fmt: skip
+    peers = f"skyfed/{FED}/peer"
+    try:
+        p1 = Client(out / "peers" / "p1", "p1", port)
+        for leaf in ("member", "metrics", "best", "to/p2"):
+            p1.publish(f"{peers}/p1/{leaf}", leaf.encode(), retain=True)
+        dash = Client(out / "dashboard", "dashboard", ws_port, *(f"{peers}/+/{leaf}" for leaf in
+                      ("member", "metrics", "best", "to/p2")), transport="websockets")  # fmt: skip
+        wait_until(lambda: len(dash.received) >= 3, 5, "each peer's retained member, metrics and best over WebSockets")
+        dash.publish(f"{peers}/p1/best", b"forged by the dashboard", retain=True)
+        time.sleep(0.5)
+        assert sorted(p for _, p in dash.received) == [b"best", b"member", b"metrics"], "read only, no sealed model"
+        dash.close()
+        p1.close()
+    finally:
+        broker.stop()
+        print(f"--- broker log ---\n{broker.log_tail(40)}")
 
 
 def test_the_websockets_listener_on_every_address_lets_no_one_in_without_a_certificate(workdir):

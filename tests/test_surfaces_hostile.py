@@ -18,7 +18,7 @@ from broker_server.prometheus import ServerMetrics
 from flcore.update import FORMAT, UpdateMeta, UpdateMetaError
 from protocol.messages import AgentStatus, RoundMetrics, ServerStatus
 from protocol.mqtt import BrokerSettings
-from protocol.peer_messages import PeerBest, PeerMember, PeerRoundMetrics
+from protocol.peer_messages import Adoption, PeerBest, PeerMember, PeerRoundMetrics
 from protocol.prometheus import MetricsSection
 from protocol.scores import row_headline
 from protocol.topics import Topics
@@ -144,17 +144,19 @@ def _member(peer: str, state: str, session: float, federation: str = "p2p") -> b
     return _signed(PeerMember(federation, peer, state, 3, session, session), peer)
 
 
-def _best(peer: str, score: float, session: float, federation: str = "p2p") -> bytes:
-    return _signed(PeerBest(federation, peer, 3, score, "cd" * 32, session), peer)
+def _best(peer: str, score: float, session: float, federation: str = "p2p", adopted: Adoption | None = None) -> bytes:
+    return _signed(PeerBest(federation, peer, 3, score, "cd" * 32, session, adopted or Adoption()), peer)
 
 
 def test_peer_claims_the_peers_refuse_are_not_shown_as_in_force():
     """A ``left`` of an earlier connection replayed, a membership or claim signed for another federation, and a
     best claim of an earlier membership (retained from an earlier run) or of a peer that left: peers pass each
-    over (agent.peer.roster, agent.peer.election), so no such claim is marked the highest."""
+    over (agent.peer.roster, agent.peer.election), so no such claim is marked the highest; nor does a decision
+    of an earlier run count as one this run's peers made."""
     view = FederationView(Topics("p2p"))
+    old = Adoption("cd" * 32, "p1", 0.99)  # p1's decision at the end of its earlier run
     for leaf, payload in (("member", _member("p0", "member", 200.0)), ("best", _best("p0", 0.7, 200.0)),
-                          ("member", _member("p1", "member", 300.0)), ("best", _best("p1", 0.99, 100.0)),
+                          ("member", _member("p1", "member", 300.0)), ("best", _best("p1", 0.99, 100.0, "p2p", old)),
                           ("member", _member("p2", "left", 50.0)), ("best", _best("p2", 0.98, 50.0)),
                           ("member", _member("p3", "member", 10.0, "other")), ("best", _best("p3", 1.0, 10.0, "x"))):
         peer = json.loads(payload)["body"]["peer"]
@@ -164,9 +166,10 @@ def test_peer_claims_the_peers_refuse_are_not_shown_as_in_force():
     shown = _render(view)
     assert "p3" not in shown
     assert _row(shown, "p0")[1].startswith("member (a replayed 'left' of an earlier connection ignored")
-    assert _row(shown, "p0")[-1] == "0.7000 (cdcdcdcdcdcd) ◀ highest claim"
-    assert _row(shown, "p1")[-1] == "0.9900 (cdcdcdcdcdcd) (not counted: of an earlier membership)"
-    assert _row(shown, "p2")[-1] == "0.9800 (cdcdcdcdcdcd) (not counted: not a member now)"
+    assert _row(shown, "p0")[-2] == "0.7000 (cdcdcdcdcdcd) ◀ highest claim"
+    claim, adopted = _row(shown, "p1")[-2:]  # the claim folds onto a second line beside the adopted column
+    assert claim.startswith("0.9900 (cdcdcdcdcdcd) (not counted: of an earlier") and adopted == "-"
+    assert _row(shown, "p2")[-2] == "0.9800 (cdcdcdcdcdcd) (not counted: not a member now)"
     view.apply("skyfed/p2p/peer/p0/member", _member("p0", "left", 200.0))  # its own connection's will counts
     assert _row(_render(view), "p0")[1] == "left" and "◀" not in _render(view)
 

@@ -2,13 +2,16 @@
 it publishes its final model's score, waits for every current member's claim (or ``round_timeout_s``), and
 adopts the leader's model once its own split scores it within ``best_margin`` (``agent.peer.election``); a
 refused or missing leader passes the lead to the next claim, down to its own model. The adopted model is
-``best_model.safetensors``, the decision ``election.json``.
+``best_model.safetensors``, the decision ``election.json``, and the peer publishes its decision too (its
+``best`` again, ``adopted`` filled in) for operators' surfaces.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,7 +20,7 @@ from common.files import atomic_write
 from models.serialization import dumps, save_file
 from models.weights import NamedArrays, fingerprint
 from protocol.messages import headline
-from protocol.peer_messages import PeerBest
+from protocol.peer_messages import Adoption, PeerBest
 
 if TYPE_CHECKING:
     from agent.peer.node import Evaluator, PeerNode
@@ -78,7 +81,7 @@ class BestAgg:
                 for peer in members:
                     if peer != self.me:
                         self.node.seal_to(peer, "peer-model", self.plan.rounds + 1, dumps(self.model))
-                return self._adopt(self.me)
+                return self._adopt(self.me, election.own.score)
             self.since = now
             return False
         model = self.final_models.get(self.leader.peer)
@@ -92,7 +95,7 @@ class BestAgg:
             self._pass_leader(now, refusal)
             return False
         self.model = model
-        return self._adopt(self.leader.peer)
+        return self._adopt(self.leader.peer, score)
 
     def _pass_leader(self, now: float, refusal: str) -> None:
         """The next best claim leads (down to the own): a liar costs one look or ``round_timeout_s``, not the vote."""
@@ -101,11 +104,15 @@ class BestAgg:
         self.election.passed[self.leader.peer] = refusal
         self.leader, self.since = None, now
 
-    def _adopt(self, owner: str) -> bool:
+    def _adopt(self, owner: str, score: float | None) -> bool:
+        """Keep ``owner``'s model (``score`` on this peer's split), write the decision and publish it."""
         assert self.election is not None
         save_file(self.state_dir / BEST_FILE, self.model)
         refused = "; ".join(f"{peer}: {why}" for peer, why in self.election.passed.items())
-        record = {"peer": self.me, "adopted_from": owner, "sha256": fingerprint(self.model), "refused": refused}
+        score = score if score is not None and math.isfinite(score) else None
+        adopted = Adoption(fingerprint(self.model), owner, score)
+        record = {"peer": self.me, "adopted_from": owner, "sha256": adopted.sha256, "score": score, "refused": refused}
         atomic_write(self.state_dir / "election.json", json.dumps(record).encode())
+        self.node.publish_best(replace(self.election.own, adopted=adopted))
         log.info("best model adopted from=%s%s", owner, f" (refused: {refused})" if refused else "")
         return True

@@ -3,6 +3,7 @@
 The Python process never touches MQTT: the browser connects to the broker's WebSockets listener itself and
 subscribes to status, metrics and history topics only. This server hands out files from ``static/`` (no
 directory listings) and ``config.js``, which tells the page where the broker is and which federation to show.
+A peer federation's page reads its peers' ``member``, ``metrics`` and ``best`` instead (``static/peers.js``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote
 
+from protocol.messages import HEADLINE
+from protocol.scores import LABELS
 from protocol.topics import Topics
 
 log = logging.getLogger("skyfed.dashboard")
@@ -55,7 +58,9 @@ class PageConfig:
             raise ValueError(f"--ws-path must start with '/', got {self.ws_path!r}")
 
     def script(self) -> bytes:
-        return f"window.SKYFED_DASHBOARD = {json.dumps(asdict(self))};\n".encode()
+        """Also the keys a peer's round is led by, with their labels: the page names them as every surface does."""
+        page = {**asdict(self), "peer_scores": [[key, LABELS[key]] for key in HEADLINE]}
+        return f"window.SKYFED_DASHBOARD = {json.dumps(page)};\n".encode()
 
 
 class DashboardHandler(SimpleHTTPRequestHandler):

@@ -1,5 +1,5 @@
 // SkyFed dashboard: subscribes to a federation's status, metrics and history topics over MQTT-over-WebSockets
-// and draws them. Every payload is untrusted text from the broker: parsed with JSON.parse inside try/catch,
+// (a peer federation's peers: peers.js) and draws them. Every payload is untrusted text from the broker: parsed with JSON.parse inside try/catch,
 // bounded in size, turned into clipped text by format.js and written with textContent only (never innerHTML).
 // A message only updates state (O(log n) at most); the page is redrawn from that state at most every
 // REDRAW_MS, and keeps at most MAX_ROUNDS rounds and MAX_AGENTS agent rows, so a flood cannot freeze it.
@@ -9,7 +9,8 @@
   const cfg = window.SKYFED_DASHBOARD;
   const prefix = "skyfed/" + cfg.federation;
   const TOPICS = [prefix + "/server/status", prefix + "/server/metrics", prefix + "/server/history",
-                  prefix + "/agent/+/status"];
+                  prefix + "/agent/+/status", prefix + "/peer/+/member", prefix + "/peer/+/metrics",
+                  prefix + "/peer/+/best"];
   const MAX_PAYLOAD = 256 * 1024;  // status and metrics are a few KiB; history is at most 64 KiB
   const MAX_AGENTS = 5000;
   const MAX_ROUNDS = 500;  // as many as the server's retained history holds (broker_server/history.py)
@@ -54,6 +55,8 @@
     return td;
   }
   const clock = (t) => num(t) === null ? "" : new Date(t * 1000).toLocaleTimeString();
+  const peers = window.skyfedPeers(F, cfg, cell);
+  hook.peers = peers.hook;
 
   $("federation").textContent = cfg.federation;
 
@@ -154,6 +157,7 @@
     for (const [id, status] of work.agents) drawAgent(id, status);
     if (work.server || work.agents.size) drawOnline();
     if (work.server) drawServerStatus(server);
+    peers.draw($);
     if (hook.agentsNotShown) {
       const note = $("agents-capped");
       note.hidden = false;
@@ -322,6 +326,7 @@
     else {
       const parts = rest.split("/");
       if (parts.length === 3 && parts[0] === "agent" && parts[2] === "status") onAgentStatus(parts[1], body);
+      else if (parts.length === 3 && parts[0] === "peer") peers.onMessage(parts[1], parts[2], body);
       else { hook.dropped++; return; }
     }
     scheduleDraw();
