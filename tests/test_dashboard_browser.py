@@ -318,6 +318,8 @@ def test_a_peer_federation_shows_a_row_per_peer_and_the_model_most_peers_adopted
         payload = signed_payload(message.to_dict(), Identity.generate(signer or peer))  # the page checks none
         player.publish(topics.peer_wildcard(leaf).replace("+", peer), payload, retain=True)
 
+    shown = "return [...document.querySelectorAll('.server-only')].map(e => e.offsetParent !== null)"
+    assert all(browser.execute_script(shown)), "before any peer: the server's cards, charts, agents and rounds"
     for n, peer in enumerate(("p1", "p2", "p3", "p4"), 1):
         gate = Gate(ok=False, reasons=["battery 12% < 30%"]) if peer == "p3" else Gate()
         publish(peer, "member", PeerMember("it", peer, "left" if peer == "p1" else "member", 3, 5.0, 6.0, gate))
@@ -340,6 +342,9 @@ def test_a_peer_federation_shows_a_row_per_peer_and_the_model_most_peers_adopted
     assert len(marked) == 1 and marked[0].endswith("elected by 3 of 4 peers")
     assert "Elected: p2's model (c0ffeec0ffee), adopted by 3 of the 4 peers" in text(browser, "#peers-elected")
     assert browser.execute_script("return window.skyfedDashboard.peers.refused") == 1
+    assert not any(browser.execute_script(shown)), "a peer federation has no server, agents or server rounds"
+    assert browser.find_element("id", "connection").is_displayed() and "peer-federation" in browser.execute_script(
+        "return document.body.className")  # fmt: skip
     shot = tmp_path / "peers.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 0
     print(f"screenshot: {shot}")

@@ -158,6 +158,8 @@
     if (work.server || work.agents.size) drawOnline();
     if (work.server) drawServerStatus(server);
     peers.draw($);
+    // a peer federation (peers heard, no server status, no agent): the page shows its peers alone
+    document.body.classList.toggle("peer-federation", peers.count() > 0 && server === null && !agentOrder.length);
     if (hook.agentsNotShown) {
       const note = $("agents-capped");
       note.hidden = false;

@@ -114,5 +114,5 @@ window.skyfedPeers = function (F, cfg, cell) {
       " messages from further ids were not shown.";
   }
 
-  return { onMessage: onMessage, draw: draw, hook: hook };
+  return { onMessage: onMessage, draw: draw, hook: hook, count: () => peers.size };
 };
