@@ -1,4 +1,4 @@
-"""Mixed precision on a GPU agent (issue 21): skipped optimizer steps, loss and time of short YOLO rounds.
+"""Mixed precision on a GPU agent (participant/amp.py): skipped optimizer steps, loss and time of short YOLO rounds.
 
 ``python -m benchmarks.gpu_amp --out DIR [--rounds 4] [--modes amp-kept,amp-reset,fp32,cpu]`` trains one
 agent's rounds of YOLO11n on the synthetic aerial set (192 images at 160 px, batch 16: 12 optimizer steps

@@ -1,4 +1,4 @@
-"""Per-agent models at the server (issue 22): DemLearn's, FedAMP's and FedAMN's end of round for 100 agents of a
+"""Per-agent models at the server (docs/strategies.md): DemLearn's, FedAMP's and FedAMN's end of round for 100 agents of a
 3.2M-value model, whose models live in the server's model store on disk (1.28 GB).
 
 Target: the strategies' own memory (numpy allocations, tracemalloc; the models themselves are
