@@ -1,5 +1,5 @@
-"""Per-agent models at the server (docs/strategies.md): DemLearn's, FedAMP's and FedAMN's end of round for 100 agents of a
-3.2M-value model, whose models live in the server's model store on disk (1.28 GB).
+"""Per-agent models at the server (docs/strategies.md). DemLearn's, FedAMP's and FedAMN's end of round for 100 agents
+of a 3.2M-value model, whose models live in the server's model store on disk (1.28 GB).
 
 Target: the strategies' own memory (numpy allocations, tracemalloc; the models themselves are
 memory-mapped files the kernel may drop) stays far under the 1.3 GB that holding every model in RAM
