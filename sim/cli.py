@@ -127,7 +127,8 @@ def run_sim_command(args: argparse.Namespace) -> int:
     if settings.privacy and len(result.metrics) < settings.rounds:
         print(f"stopped after {len(result.metrics)} of {settings.rounds} rounds: the privacy budget is spent "
               f"(epsilon {privacy.get('epsilon')} of target {settings.privacy.get('target_epsilon')})")  # fmt: skip
-    print("\n".join(summary_lines(result.out, result.metrics, result.final_eval, seconds=result.seconds)))
+    print("\n".join(summary_lines(result.out, result.metrics, result.final_eval, seconds=result.seconds,
+                                   attackers=settings.attacker_names())))
     return 0
 
 

@@ -6,14 +6,15 @@ elected and who holds it, each region's last round."""
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 from protocol.messages import MessageError, RoundMetrics, headline
 from protocol.scores import headline_text
 
 
-def summary_lines(out: Path, metrics: list[RoundMetrics], final_eval: dict, *, seconds: float) -> list[str]:
+def summary_lines(out: Path, metrics: list[RoundMetrics], final_eval: dict, *, seconds: float,
+                  attackers: list[str] = ()) -> list[str]:  # fmt: skip
+    """``attackers``: peers whose decision the election leaves out (``sim.peer_run.elected_sha``)."""
     score = headline(final_eval)
     name = "mAP@.5" if "map50" in final_eval else "accuracy"
     lines = [f"done in {seconds:.1f} s; final {name} {score}; results in {out}/"]
@@ -22,22 +23,25 @@ def summary_lines(out: Path, metrics: list[RoundMetrics], final_eval: dict, *, s
         m = kept[-1]
         lines.append(f"personal models ({m.models}): {headline_text(m.headline)} (round {m.round}, the models "
                      "agents started it from; the global model's score above is not what this strategy optimizes)")
-    lines += _election_lines(out / "election.json")
+    lines += _election_lines(out / "election.json", list(attackers))
     lines += [_region_line(p) for p in sorted((out / "regions").glob("*/metrics.jsonl"))]
     return lines
 
 
-def _election_lines(path: Path) -> list[str]:
-    """Which peers hold the elected model (the one most peers adopted), from the sim's ``election.json``."""
+def _election_lines(path: Path, attackers: list[str]) -> list[str]:
+    """Which peers hold the elected model (``sim.peer_run.elected_sha``, the one the sim saved), from the sim's
+    ``election.json``; a decision that is not an object with a ``sha256`` is left out."""
     if not path.exists():
         return []
-    elections = json.loads(path.read_text())
-    votes = Counter(e.get("sha256") for e in elections.values())
-    if not votes:
+    from sim.peer_run import elected_sha  # peer mode only: it imports the peer daemon
+
+    read = json.loads(path.read_text())
+    elections = {name: e for name, e in read.items() if isinstance(e, dict) and isinstance(e.get("sha256"), str)}
+    sha = elected_sha(elections, attackers)
+    if sha is None:
         return ["no peer elected a model"]
-    sha, count = votes.most_common(1)[0]
-    holders = sorted(name for name, e in elections.items() if e.get("sha256") == sha)
-    return [f"elected model {str(sha)[:12]}: held by {count} of {len(elections)} peers ({', '.join(holders)})"]
+    holders = sorted(name for name, e in elections.items() if e["sha256"] == sha)
+    return [f"elected model {sha[:12]}: held by {len(holders)} of {len(read)} peers ({', '.join(holders)})"]
 
 
 def _region_line(path: Path) -> str:

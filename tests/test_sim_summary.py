@@ -26,6 +26,11 @@ def test_a_peer_run_names_who_holds_the_elected_model(tmp_path):
     (tmp_path / "election.json").write_text(json.dumps(elections))
     lines = summary_lines(tmp_path, [], {"accuracy": 0.8}, seconds=1.0)
     assert lines[1] == f"elected model {'ab' * 6}: held by 2 of 3 peers (p1, p2)"
+    # as the sim saves it: attackers' decisions do not count; an entry that is no decision is left out
+    elections |= {"p4": {"sha256": "cd" * 32}, "p5": {"sha256": "cd" * 32}, "p6": ["not", "a", "decision"]}
+    (tmp_path / "election.json").write_text(json.dumps(elections))
+    lines = summary_lines(tmp_path, [], {"accuracy": 0.8}, seconds=1.0, attackers=["p4", "p5"])
+    assert lines[1] == f"elected model {'ab' * 6}: held by 2 of 6 peers (p1, p2)"
 
 
 def test_a_region_run_gives_each_region_its_last_round(tmp_path):
