@@ -121,13 +121,14 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 from protocol.bounded_http import BoundedWSGIServer
 server = BoundedWSGIServer(("127.0.0.1", 0), lambda environ, start_response: [])
 threading.Thread(target=server.serve_forever, daemon=True).start()
-print(server.server_address[1], flush=True)
+time.sleep(0.5)  # serve_forever holds its selector before the table fills
 hog = []
 try:
     while True:
         hog.append(open("/dev/null"))
 except OSError:
     pass
+print(server.server_address[1], flush=True)  # only now: a connection made earlier would be accepted
 sys.stdin.readline()
 cpu = time.process_time()
 time.sleep(2)
