@@ -70,6 +70,10 @@ def test_a_peer_whose_drone_arms_mid_round_stops_training_and_catches_up_once_di
         wait_until(lambda: all(seen_by(peers, "agent-01", p).round == 2 for p in HONEST), 30, "round 1 without it")
         assert drone.work.client.progress.last_completed_round == 0  # its round-1 job cancelled: nothing trained
         flight_controller.disarm()
+        # agent-02's view of agent-01 while both run: a peer that finishes first leaves, and the roster drops it
+        wait_until(lambda: (m := seen_by(peers, "agent-02", "agent-01")) is not None and m.gate.ok, 60,
+                   "agent-02 sees agent-01's gate open")  # fmt: skip
+        rejoined = seen_by(peers, "agent-02", "agent-01")
         peers.wait_done(["agent-01", *HONEST], timeout_s=90)
     everyone = ["agent-01", *HONEST]
     for name in HONEST:
@@ -78,4 +82,4 @@ def test_a_peer_whose_drone_arms_mid_round_stops_training_and_catches_up_once_di
         assert lines[0]["wait_s"] < 20  # round 1 did not wait for the gated drone
     (line,) = read_metrics(state(configs["agent-01"]))  # it joined the members' round 2 and trained it
     assert (line["round"], line["aggregated_from"]) == (2, everyone)
-    assert seen_by(peers, "agent-02", "agent-01").gate.ok
+    assert rejoined.gate.ok
