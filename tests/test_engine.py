@@ -103,8 +103,9 @@ class ToyMomentum(FedAvg):
         self.momentum = state.get("momentum", np.zeros(0, np.float32))
 
 
-def test_strategy_state_that_lasts_across_rounds_survives_a_restart(config, monkeypatch):
-    monkeypatch.setitem(STRATEGIES, ToyMomentum.name, ToyMomentum)
+def test_strategy_state_that_lasts_across_rounds_survives_a_restart(config, monkeypatch, request):
+    STRATEGIES.add(ToyMomentum.name, ToyMomentum)
+    request.addfinalizer(lambda: STRATEGIES.remove(ToyMomentum.name))
     override_toml(config.path, strategy={"name": "toy-momentum"})
     config = load_server_config(config.path)
     engine = RoundEngine(config, replay=ReplayGuard(3600))
@@ -156,8 +157,9 @@ class NegativeVariance(FedAvg):
         return RoundResult(vector)
 
 
-def test_a_round_whose_aggregate_has_a_negative_running_variance_is_rolled_back(config, monkeypatch):
-    monkeypatch.setitem(STRATEGIES, NegativeVariance.name, NegativeVariance)
+def test_a_round_whose_aggregate_has_a_negative_running_variance_is_rolled_back(config, monkeypatch, request):
+    STRATEGIES.add(NegativeVariance.name, NegativeVariance)
+    request.addfinalizer(lambda: STRATEGIES.remove(NegativeVariance.name))
     override_toml(config.path, strategy={"name": "negative-variance"})
     engine = RoundEngine(load_server_config(config.path), replay=ReplayGuard(3600))
     before = {k: v.copy() for k, v in engine.global_arrays.items()}

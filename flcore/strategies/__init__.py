@@ -9,24 +9,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from flcore.strategies.auto import AutoDefault
+from common.registry import Registry
 from flcore.strategies.base import Contribution, RoundResult, Strategy
-from flcore.strategies.centered_clip import CenteredClip
 from flcore.strategies.choice import DEFAULT_STRATEGY
-from flcore.strategies.demlearn import DemLearn
-from flcore.strategies.fedamn import FedAMN
-from flcore.strategies.fedamp import FedAMP
-from flcore.strategies.fedavg import FedAvg
-from flcore.strategies.fedprox import FedProx
-from flcore.strategies.krum import MultiKrum
-from flcore.strategies.median import FedMedian
-from flcore.strategies.server_optimizers import FedAdam, FedAvgM, FedYogi
-from flcore.strategies.swapping import ModelSwapping, SimFedSwap
-from flcore.strategies.trimmed_mean import TrimmedMean
 
-_ALL = (AutoDefault, FedAvg, FedProx, FedMedian, TrimmedMean, MultiKrum, CenteredClip, FedAvgM, FedAdam, FedYogi)
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (*_ALL, ModelSwapping, SimFedSwap, DemLearn, FedAMP,
-                                                                      FedAMN)}
+STRATEGIES: Registry[type[Strategy]] = Registry("strategy", "strategy.name")
+STRATEGIES.add("auto", "flcore.strategies.auto:AutoDefault")
+STRATEGIES.add("fedavg", "flcore.strategies.fedavg:FedAvg")
+STRATEGIES.add("fedprox", "flcore.strategies.fedprox:FedProx")
+STRATEGIES.add("median", "flcore.strategies.median:FedMedian")
+STRATEGIES.add("trimmed-mean", "flcore.strategies.trimmed_mean:TrimmedMean")
+STRATEGIES.add("krum", "flcore.strategies.krum:MultiKrum")
+STRATEGIES.add("centered-clip", "flcore.strategies.centered_clip:CenteredClip")
+STRATEGIES.add("fedavgm", "flcore.strategies.server_optimizers:FedAvgM")
+STRATEGIES.add("fedadam", "flcore.strategies.server_optimizers:FedAdam")
+STRATEGIES.add("fedyogi", "flcore.strategies.server_optimizers:FedYogi")
+STRATEGIES.add("fedswap", "flcore.strategies.swapping:ModelSwapping")
+STRATEGIES.add("simfedswap", "flcore.strategies.swapping:SimFedSwap")
+STRATEGIES.add("demlearn", "flcore.strategies.demlearn:DemLearn")
+STRATEGIES.add("fedamp", "flcore.strategies.fedamp:FedAMP")
+STRATEGIES.add("fedamn", "flcore.strategies.fedamn:FedAMN")
 
 
 def build_strategy(table: dict[str, Any]) -> Strategy:
@@ -35,14 +37,14 @@ def build_strategy(table: dict[str, Any]) -> Strategy:
     name = options.pop("name", DEFAULT_STRATEGY)
     threshold = options.pop("threshold", 0)
     elect_best = options.pop("elect_best", False)
-    if not isinstance(name, str) or name not in STRATEGIES:
-        raise ValueError(f"strategy.name {name!r} is unknown; choose one of {', '.join(sorted(STRATEGIES))}")
+    if not isinstance(name, str):
+        raise ValueError(f"strategy.name must be a string; choose one of {', '.join(STRATEGIES.names())}")
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
         raise ValueError(
             f"strategy.threshold must be a whole number >= 0 (close a round once that many updates are in; "
             f"0 = wait for every selected agent), got {threshold!r}"
         )
-    strategy = STRATEGIES[name].from_table(options)
+    strategy = STRATEGIES.get(name).from_table(options)
     if not isinstance(elect_best, bool):
         raise ValueError(
             f"strategy.elect_best must be true or false (at the end of the run, publish the global model that "

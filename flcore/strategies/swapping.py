@@ -40,6 +40,7 @@ import numpy as np
 from flcore.agent_models import Assignment
 from flcore.pairing import PAIRINGS, fedswap_action, pair_agents
 from flcore.similarity import METRICS, similarity_matrix, weight_layers
+from flcore.strategies import STRATEGIES
 from flcore.strategies.base import (
     Contribution,
     KeptModels,
@@ -186,9 +187,7 @@ class ModelSwapping(Strategy):
 def aggregation(options: SwapOptions) -> Strategy:
     """The strategy an ``average`` round uses, built from ``aggregate_options`` (FedAvg's weighting defaults
     to the swapping strategy's own)."""
-    from flcore.strategies import STRATEGIES  # the registry imports this module
-
-    cls = STRATEGIES[options.aggregate]
+    cls = STRATEGIES.get(options.aggregate)
     table = dict(options.aggregate_options)
     if "weighting" in getattr(cls.Options, "__dataclass_fields__", {}):
         table.setdefault("weighting", options.weighting)
