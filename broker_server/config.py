@@ -12,6 +12,7 @@ from typing import Any
 from broker_server.privacy import PrivacyPolicy
 from flcore.bounds import InfluencePolicy
 from flcore.rounds import RoundRules
+from flcore.strategies.base import Strategy
 from protocol.codecs import Codec, CodecError
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, refuse_unused, table
 from protocol.messages import TrainSettings
@@ -115,9 +116,8 @@ class UpstreamSection:
 
 
 # What a server of each shape never reads: given, it would be ignored without a word, so it is refused at start.
-SET_BY_STRATEGY = "the strategy sets it in each round task (fedprox's strategy.mu and work, fedamn's meta_epochs, …)"
 UNUSED_BY = {
-    "server": {f"training.{key}": SET_BY_STRATEGY for key in ("prox_mu", "work", "meta_epochs", "meta_lr")},
+    "server": {"training.recipes": "the strategy sets them in each round task from its own options ([strategy])"},
     "region": {"server.init_weights": "a region adopts the root's model before each of its rounds"},
     "classifier": {"training.image_size": "it is a detector's input size; a classifier takes its data's samples"},
 }
@@ -342,6 +342,19 @@ def model_problem(server: ServerSection) -> str:
     return ""
 
 
+def recipe_problem(strategy: Strategy, training: TrainSettings, trainer: str) -> str:
+    """Why a ``trainer``'s participants could not follow the recipes ``strategy`` asks for, or ``""``: found at start
+    instead of every participant declining every round."""
+    from participant.recipes import refusal
+
+    plan = strategy.configure_train(training, 1, {})
+    for settings in (plan.shared, *plan.agents.values()):
+        for record in settings.recipes:
+            if why := refusal(record, trainer):
+                return f"strategy {strategy.name}: {why}"
+    return ""
+
+
 def task_problem(config: ServerConfig) -> str:
     """Why the model's task (classify or detect) does not fit the rest of the configuration, or ``""``."""
     from flcore.strategies import build_strategy
@@ -364,11 +377,8 @@ def task_problem(config: ServerConfig) -> str:
     if config.training.optimizer != "sgd":
         return (f"training.optimizer = {config.training.optimizer!r} is for classifier models; the detector trainer "
                 f"runs Ultralytics' SGD: remove training.optimizer or choose a classifier model")  # fmt: skip
-    if config.strategy.get("name") == "fedprox":
-        return "strategy fedprox needs a proximal term in local training, which the detector trainer does not have"
-    if config.strategy.get("name") == "fedamn":
-        return ("strategy fedamn needs the attention meta-network, which the detector trainer does not have (every "
-                "agent would decline from strategy.after on): choose another strategy or a classifier model")
+    if problem := recipe_problem(build_strategy(config.strategy), config.training, "detector"):
+        return f"{problem}: choose another strategy or a classifier model"
     if config.eval_path is not None and config.eval_path.suffix not in (".yaml", ".yml"):
         return f"server.eval_data must be a YOLO data.yaml for detector {server.model}, got {config.eval_path.name}"
     if config.eval_path is not None:

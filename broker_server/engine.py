@@ -50,6 +50,7 @@ from models.serialization import save_file
 from models.weights import NamedArrays, to_arrays, with_floats
 from models.yolo import load_pt_weights
 from models.zoo import build_model
+from participant.recipes import checked_settings, work_share
 from protocol.codecs import Codec
 from protocol.messages import Rejection, RoundMetrics, TrainSettings, headline
 from protocol.transfer import Completed
@@ -206,8 +207,9 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
             deadline=0.0,
             started_at=now,
             action=self.strategy.action(number),
-            train=plan.shared.to_dict(),
-            agent_train={agent: settings.to_dict() for agent, settings in plan.agents.items() if agent in selected},
+            train=checked_settings(plan.shared).to_dict(),
+            agent_train={agent: checked_settings(settings).to_dict() for agent, settings in plan.agents.items()
+                         if agent in selected},
             probation=probation,
         )
         self.round_state.rejected.extend(self.orphan_rejections)
@@ -289,7 +291,7 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
             self.round_state.failed.remove(record.agent)
         self.health.delivered(record.agent)
         self.pace.observe(record.agent, (time.time() if now is None else now) - self.round_state.started_at,
-                          self.train_of(record.agent).work)  # fmt: skip
+                          work_share(self.train_of(record.agent)))  # fmt: skip
         self.checkpoint()
         return record
 

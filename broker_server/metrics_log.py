@@ -13,8 +13,9 @@ import os
 from pathlib import Path
 
 from broker_server.pipeline import RoundContext
-from flcore.rounds import per_agent_detail
-from protocol.messages import Rejection, RoundMetrics, headline
+from flcore.rounds import RoundState
+from participant.recipes import work_share
+from protocol.messages import Rejection, RoundMetrics, TrainSettings, headline
 
 log = logging.getLogger("skyfed.server")
 
@@ -135,3 +136,18 @@ def log_run_finished(*, rounds: int, version: int, evaluation: dict, best: dict,
         out,
         why,
     )
+
+
+def per_agent_detail(state: RoundState) -> dict[str, dict[str, float]]:
+    """What differs per agent in a round, for its metrics: the share of work each was asked for (e.g.
+    FedProx's partial work), each agent's own local-DP epsilon and its own validation metrics."""
+    detail: dict[str, dict[str, float]] = {}
+    if state.agent_train:
+        detail["work"] = {a: work_share(TrainSettings.from_dict(train)) for a, train in state.agent_train.items()}
+    local = {u.agent: u.local_epsilon for u in state.updates if u.local_epsilon is not None}
+    if local:
+        detail["local_epsilon"] = local
+    local_eval = {u.agent: u.local_eval for u in state.updates if u.local_eval}
+    if local_eval:
+        detail["local_eval"] = local_eval
+    return detail

@@ -2,7 +2,7 @@
 
 Measured from the round's start to the agent's accepted update (download, training and upload, on
 the server's own clock; nothing the agent claims), divided by the share of the round's local work
-the agent was asked for (``TrainSettings.work``), so the figure does not move when a strategy
+the agent was asked for (a partial-work recipe's share), so the figure does not move when a strategy
 changes that share. An exponential moving average (``SMOOTHING``) lets a device that slows down or
 speeds up be followed within a few rounds. Strategies read it in ``configure_train`` (FedProx's partial
 work for slow devices). Pure bookkeeping; the engine keeps it in the checkpoint.

@@ -139,21 +139,6 @@ class RoundState:
         return cls(**data, updates=updates)
 
 
-def per_agent_detail(state: RoundState) -> dict[str, dict[str, float]]:
-    """What differs per agent in a round, for its metrics: the share of work each was asked for (e.g.
-    FedProx's partial work), each agent's own local-DP epsilon and its own validation metrics."""
-    detail: dict[str, dict[str, float]] = {}
-    if state.agent_train:
-        detail["work"] = {agent: settings["work"] for agent, settings in state.agent_train.items()}
-    local = {u.agent: u.local_epsilon for u in state.updates if u.local_epsilon is not None}
-    if local:
-        detail["local_epsilon"] = local
-    local_eval = {u.agent: u.local_eval for u in state.updates if u.local_eval}
-    if local_eval:
-        detail["local_eval"] = local_eval
-    return detail
-
-
 def replace_missing(
     state: RoundState, candidates: list[str], seed: int, quorum: int = 0
 ) -> tuple[list[str], list[str]]:

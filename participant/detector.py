@@ -49,8 +49,10 @@ from models.yolo_dataset import class_counts, load_data_yaml
 from models.yolo_eval import map_metrics
 from models.zoo import build_model
 from participant.amp import MixedPrecision, ScalerStore
+from participant.declined import TrainingDeclined
 from participant.momentum import MomentumStore
-from participant.trainer import PeerContext, TrainingDeclined
+from participant.recipes import knobs_of, recipes_for
+from participant.trainer import PeerContext
 from protocol.messages import RoundTask
 
 log = logging.getLogger("skyfed.agent")
@@ -94,11 +96,12 @@ class DetectorTrainer:
         start = {**global_arrays, **self._kept(task.share, global_arrays, private)}
         load_arrays(model, start)
         settings = task.train_of(self.agent_id)
+        knobs = knobs_of(recipes_for(settings, "detector"))
         run = self.work_dir / "round"
         architecture = task.model if is_model_file(task.model) else f"{task.model}.yaml"  # what its logs name
         args = dict(model=architecture, data=str(self.yaml), epochs=settings.epochs, imgsz=settings.image_size,
                     batch=settings.batch_size, nbs=settings.batch_size, optimizer="SGD", lr0=settings.lr, lrf=1.0,
-                    momentum=settings.momentum, warmup_epochs=0, close_mosaic=0, fraction=settings.work,
+                    momentum=settings.momentum, warmup_epochs=0, close_mosaic=0, fraction=knobs.work,
                     device=str(self.device), workers=0, amp=False, plots=False,
                     val=bool(self.data.val), seed=self.seed * 100_003 + task.round, deterministic=False,
                     project=str(run.parent), name=run.name, exist_ok=True, verbose=False)  # fmt: skip

@@ -14,7 +14,8 @@ from typing import Protocol, Union
 
 from flcore.update import TrainResult
 from models.weights import NamedArrays
-from participant.trainer import PeerContext, Trainer, TrainingDeclined
+from participant.declined import TrainingDeclined
+from participant.trainer import PeerContext, Trainer
 from protocol.messages import RoundTask
 
 log = logging.getLogger("skyfed.participant")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.files import read_json, write_json
+from participant.recipes import work_share
 from protocol.messages import RoundTask, TrainSettings
 
 if TYPE_CHECKING:
@@ -63,9 +64,9 @@ class LocalPrivacySection:
 
 def steps_of(train: TrainSettings, samples: int) -> tuple[float, int]:
     """``(sample rate, steps)`` of one round with these settings, at most: Poisson sampling at rate
-    batch/N for the number of batches the round's epochs (and ``work``) take."""
+    batch/N for the number of batches the round's epochs (and a partial-work recipe's share) take."""
     batches = math.ceil(samples / train.batch_size)
-    return min(1.0, train.batch_size / samples), max(1, math.ceil(train.work * train.epochs * batches))
+    return min(1.0, train.batch_size / samples), max(1, math.ceil(work_share(train) * train.epochs * batches))
 
 
 def merged(history: list[Step]) -> tuple[Step, ...]:

@@ -29,6 +29,7 @@ from flcore.update import TrainResult, encode_model, encode_update
 from models.weights import NamedArrays, advanced
 from participant.jobs import Cancelled, Declined, Failed, Job, Outcome, Runner, Trained
 from participant.progress import RESIDUAL_FILE, Progress, ProgressStore
+from participant.recipes import work_share
 from participant.start_models import StartModels
 from participant.trainer import PeerContext
 from participant.upload import PUBLISH_TIMEOUT_S, Upload, send_sealed
@@ -170,7 +171,7 @@ class RoundClient:
             start.source,
             "+continued" if self.continued(start) is not None else "",
             task.action,
-            task.train_of(self.name).work,
+            work_share(task.train_of(self.name)),
             result.samples,
             result.weight or result.samples,
             result.loss,

@@ -43,10 +43,6 @@ class PeerContext:
         return cls(parts["peers"], parts["global"])
 
 
-class TrainingDeclined(Exception):
-    """The trainer will not train this round (local DP: it would pass the agent's epsilon budget)."""
-
-
 class Trainer(Protocol):
     budget: PrivacyBudget | None
 

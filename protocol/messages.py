@@ -103,20 +103,31 @@ def finite_or_null(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class RecipeRecord:
+    """One client-side training recipe a strategy asks for (``participant.recipes``, docs/architecture.md "Recipes"):
+    its registered ``name``, the ``version`` of its options and the ``options``. It travels inside the signed round
+    task; the server validates the options with the recipe's own options class before it signs, and the
+    participant again before it trains, declining with a reason that names a recipe it lacks."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    version: int = 1
+
+
+@dataclass(frozen=True)
 class TrainSettings(Message):
-    """Local training settings the server sends with each round (agents need no copy of them)."""
+    """Local training settings the server sends with each round (agents need no copy of them). What a strategy
+    adds to plain local training (FedProx's proximal pull, partial work, FedAMN's meta-network, Ditto's personal
+    model) is in ``recipes``, never in fields of its own."""
 
     epochs: int = 1
     batch_size: int = 32
     lr: float = 0.05
     momentum: float = 0.9
-    prox_mu: float = 0.0  # FedProx's proximal coefficient μ (0: plain SGD); set by the strategy, not [training]
-    work: float = 1.0  # share of the epochs' mini-batches to run (FedProx's partial work); set by the strategy
     image_size: int = 640  # detectors: the square input size in pixels (a multiple of 32); classifiers ignore it
     keep_momentum: bool = False  # agents carry their SGD momentum across rounds (participant.momentum), not zeroed
-    meta_epochs: int = 0  # FedAMN: the attention meta-network's epochs, when peers are given
-    meta_lr: float = 0.01  # FedAMN: its Adam learning rate; both set by the strategy
     optimizer: str = "sgd"  # classifiers' local optimizer: sgd (with momentum) or adamw; a task without it: sgd
+    recipes: tuple[RecipeRecord, ...] = ()  # set by the strategy, in the order they apply; not by [training]
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -124,12 +135,10 @@ class TrainSettings(Message):
         if self.optimizer != "sgd" and self.keep_momentum:
             raise ValueError("training.keep_momentum carries SGD's momentum across rounds: it needs training.optimizer "
                              f"= \"sgd\", got {self.optimizer!r}")  # fmt: skip
-        if not 0 < self.work <= 1:
-            raise ValueError(f"work must be in (0, 1] (the share of the local epochs to run), got {self.work}")
-        if self.meta_epochs < 0 or not self.meta_lr > 0:
-            raise ValueError(f"meta_epochs must be >= 0 and meta_lr > 0, got {self.meta_epochs} and {self.meta_lr}")
         if self.image_size < 32 or self.image_size % 32:
             raise ValueError(f"training.image_size must be a multiple of 32 (YOLO's stride), got {self.image_size}")
+        if len({r.name for r in self.recipes}) != len(self.recipes):
+            raise ValueError(f"recipes must name each recipe once, got {[r.name for r in self.recipes]}")
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ def _convert(where: str, value: Any, hint: Any, strict: bool) -> Any:
         if isinstance(value, hint):
             return value
     elif origin in (list, tuple):
-        if isinstance(value, list):
+        if isinstance(value, (list, tuple)):  # a tuple: a message's own ``to_dict``, before JSON
             item = typing.get_args(hint)[0]
             items = [_convert(f"{where}[{i}]", v, item, strict) for i, v in enumerate(value)]
             return items if origin is list else tuple(items)

@@ -41,8 +41,7 @@ def test_generated_configs_load(layout):
         ({"keys": {"rotate_every_rounds": -1}}, "keys.rotate_every_rounds must be >= 0"),
         ({"broker": {"tls": {"ca_certs": "ca.crt"}}}, "broker.tls.ca_certs = 'ca.crt': CA certificate not found"),
         # keys the server never reads: on main silently ignored (the strategy overwrote them, a classifier ignored it)
-        ({"training": {"prox_mu": 0.1}}, "training.prox_mu is not used in server.toml: the strategy sets it"),
-        ({"training": {"meta_epochs": 2}}, "training.meta_epochs is not used in server.toml: the strategy sets it"),
+        ({"training": {"recipes": []}}, "training.recipes is not used in server.toml: the strategy sets them"),
         ({"training": {"image_size": 320}}, "training.image_size is not used with classifier server.model digits_cnn"),
     ],
 )

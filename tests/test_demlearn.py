@@ -61,7 +61,8 @@ def test_each_agent_starts_from_its_group_model_and_a_restart_keeps_the_tree(con
     engine = RoundEngine(config, replay=ReplayGuard(3600))
     engine.begin_round(AGENTS, now=0.0)
     engine.announce(now=0.0)
-    assert engine.round_state.train["prox_mu"] == 0.002  # the PLP's proximal term toward the start model
+    # the PLP's proximal term toward the start model
+    assert list(engine.round_state.train["recipes"]) == [{"name": "proximal", "options": {"mu": 0.002}, "version": 1}]
     held = {}
     for i, agent in enumerate(AGENTS):
         done, delta = update(engine, agent, seed=i % 2, scale=1 + 0.1 * (i // 2))  # two kinds of agents

@@ -20,6 +20,8 @@ from flcore.update import NotForThisRound, UpdateMeta
 from models.serialization import dumps
 from models.weights import float_part, load_arrays, ranges_of
 from models.zoo import build_model, input_shape
+from participant.recipes import work_share
+from protocol.messages import RecipeRecord
 from protocol.transfer import Completed
 from security.envelope import NO_DIGEST, Manifest
 from security.replay import ReplayGuard
@@ -249,8 +251,9 @@ def test_fedprox_partial_work_asks_a_slow_agent_for_less_and_remembers_paces_acr
     resumed = RoundEngine(config, replay=ReplayGuard(3600))
     assert resumed.pace.of(["agent-01", "agent-02", "agent-03"]) == {"agent-01": 1.0, "agent-02": 2.0, "agent-03": 10.0}
     open_round(resumed)
-    assert resumed.train_of("agent-03").work == 0.2 and resumed.train_of("agent-03").prox_mu == 0.01
-    assert resumed.train_of("agent-01").work == 1.0 and list(resumed.round_state.agent_train) == ["agent-03"]
+    slow = resumed.train_of("agent-03").recipes
+    assert slow == (RecipeRecord("proximal", {"mu": 0.01}), RecipeRecord("partial-work", {"share": 0.2}))
+    assert work_share(resumed.train_of("agent-01")) == 1.0 and list(resumed.round_state.agent_train) == ["agent-03"]
     for i, (agent, at) in enumerate([("agent-01", 1.0), ("agent-02", 2.0), ("agent-03", 2.0)]):
         resumed.accept(completed(resumed, agent, seed=i), now=at)
     assert resumed.pace.of(["agent-03"]) == {"agent-03": 10.0}  # 2 s for a fifth of the work: as slow as before

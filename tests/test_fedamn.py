@@ -54,7 +54,8 @@ def test_fedavg_until_round_p_then_each_agent_gets_its_cluster_and_a_restart_kee
     for round_number in (1, 2):
         engine.begin_round(AGENTS, now=0.0)
         engine.announce(now=0.0)
-        assert engine.round_state.train["meta_epochs"] == 2 and engine.round_state.train["meta_lr"] == 0.01
+        attention = {"name": "attention", "options": {"epochs": 2, "lr": 0.01}, "version": 1}
+        assert list(engine.round_state.train["recipes"]) == [attention]
         held = {}
         for i, agent in enumerate(AGENTS):
             done, delta = update(engine, agent, seed=10 * round_number + i, samples=100 * (i + 1),
@@ -297,7 +298,7 @@ def test_fedamn_with_a_detector_model_fails_at_start_naming_the_strategy(tmp_pat
 
     layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="d"), ("127.0.0.1", 1))
     override_toml(layout.server_config, server={"model": "yolov8n", "classes": ["car"]}, strategy={"name": "fedamn"})
-    with pytest.raises(ConfigError, match="strategy fedamn needs the attention meta-network"):
+    with pytest.raises(ConfigError, match="strategy fedamn: recipe .attention. needs a classifier trainer"):
         load_server_config(layout.server_config)
 
 

@@ -48,7 +48,8 @@ def test_each_agent_gets_its_own_cloud_model_sealed_to_it(tmp_path):
     engine = RoundEngine(load_server_config(layout.server_config), replay=ReplayGuard(3600))
     engine.begin_round(AGENTS, now=0.0)
     engine.announce(now=0.0)
-    assert engine.round_state.train["prox_mu"] == 0.5  # λ/αₖ toward the cloud model
+    proximal = {"name": "proximal", "options": {"mu": 0.5}, "version": 1}
+    assert list(engine.round_state.train["recipes"]) == [proximal]  # λ/αₖ toward the cloud model
     held = {}
     for i, agent in enumerate(AGENTS):
         done, delta = update(engine, agent, seed=i)

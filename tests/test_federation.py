@@ -28,6 +28,7 @@ from models.training import evaluate
 from models.weights import float_part, load_arrays
 from models.zoo import build_model, pick_device
 from participant.trainer import Trainer, TrainerWrapper
+from protocol.messages import RecipeRecord
 from sim.broker import start_broker
 from tests.fedharness import Federation, hosted_agent, round_task, wait_until
 
@@ -271,7 +272,7 @@ def test_the_round_task_carries_what_the_strategy_configures(tmp_path, broker):
 
     with ServerHarness(tmp_path, broker, strategy={"name": "fedprox", "mu": 0.05}) as h:
         task = h.announce_agents()
-    assert task.strategy == "fedprox" and task.train.prox_mu == 0.05
+    assert task.strategy == "fedprox" and task.train.recipes == (RecipeRecord("proximal", {"mu": 0.05}),)
 
 
 def test_a_threshold_closes_the_round_early_and_a_late_update_is_refused_as_late(tmp_path, broker):

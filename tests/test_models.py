@@ -183,12 +183,14 @@ def test_fedprox_proximal_term_keeps_local_training_closer_to_the_start_model():
 def test_fedprox_strategy_sends_mu_in_the_round_task_and_aggregates_like_fedavg():
     from flcore.strategies import build_strategy
     from flcore.strategies.base import TrainPlan
-    from protocol.messages import TrainSettings
+    from protocol.messages import RecipeRecord, TrainSettings
 
     prox = build_strategy({"name": "fedprox", "mu": 0.1})
     paces = {"fast": 1.0, "slow": 10.0}
-    assert prox.configure_train(TrainSettings(epochs=3), 1, paces) == TrainPlan(TrainSettings(epochs=3, prox_mu=0.1))
-    assert build_strategy({"name": "fedavg"}).configure_train(TrainSettings(), 1, paces).shared.prox_mu == 0.0
+    proximal = RecipeRecord("proximal", {"mu": 0.1})
+    asked = TrainPlan(TrainSettings(epochs=3, recipes=(proximal,)))
+    assert prox.configure_train(TrainSettings(epochs=3), 1, paces) == asked
+    assert build_strategy({"name": "fedavg"}).configure_train(TrainSettings(), 1, paces).shared.recipes == ()
     with pytest.raises(ValueError, match="strategy.mu must be >= 0"):
         build_strategy({"name": "fedprox", "mu": -1})
     with pytest.raises(ValueError, match=r"strategy.min_work must be in \(0, 1\]"):

@@ -19,7 +19,7 @@ from broker_server.daemon import Aggregator
 from models.datasets import Dataset, load_npz
 from models.serialization import save_file
 from participant.classifier import ClassifierTrainer
-from participant.trainer import TrainingDeclined
+from participant.declined import TrainingDeclined
 from protocol.config import ConfigError
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import Federation, override_toml, round_task, wait_until

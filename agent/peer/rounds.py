@@ -44,6 +44,7 @@ from models.serialization import SerializationError, dumps, loads
 from models.weights import NamedArrays, fingerprint
 from participant.jobs import Cancelled, Runner, Trained
 from participant.progress import ProgressStore
+from participant.recipes import checked_settings
 from participant.round_client import RoundClient
 from protocol.messages import AgentStart, RoundTask, TrainSettings, headline
 from protocol.peer_messages import PeerBest, PeerRoundMetrics
@@ -224,6 +225,7 @@ class PeerRounds:
         plan = self.plan
         train = TrainSettings(epochs=plan.epochs, batch_size=plan.batch_size, lr=plan.lr, momentum=plan.momentum,
                               image_size=plan.image_size)  # fmt: skip
+        train = checked_settings(self.strategy.configure_train(train, round_number, {}).shared)  # its recipes
         return RoundTask(federation=self.node.topics.federation, round=round_number, attempt=0,
                          strategy=self.strategy.name, model=plan.model, num_classes=plan.num_classes,
                          model_version=round_number - 1, model_sha256=fingerprint(self.model), model_chunks=0,

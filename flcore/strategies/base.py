@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -33,7 +33,7 @@ from flcore.agent_models import Assignment, Holding, Peers
 from flcore.bounds import Tentative
 from flcore.onepass import Fold, axpy
 from models.weights import TensorSpec
-from protocol.messages import TrainSettings
+from protocol.messages import RecipeRecord, TrainSettings
 from protocol.typed import SchemaError, build
 
 NamedArrays = dict[str, np.ndarray]
@@ -110,6 +110,12 @@ class KeptModels:
 @dataclass(frozen=True)
 class NoOptions:
     pass
+
+
+def asking(settings: TrainSettings, name: str, **options: object) -> TrainSettings:
+    """``settings`` that also ask participants to follow the client recipe ``name`` with ``options``
+    (``participant.recipes``; checked against the recipe's own options before the task is signed)."""
+    return replace(settings, recipes=(*settings.recipes, RecipeRecord(name, dict(options))))
 
 
 class Strategy(ABC):

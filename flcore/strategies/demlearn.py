@@ -28,7 +28,7 @@ published root stays the plain mean; members are counted as agents (not samples)
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.cluster.hierarchy import linkage, to_tree
@@ -43,6 +43,7 @@ from flcore.strategies.base import (
     StartPlan,
     Strategy,
     TrainPlan,
+    asking,
     mean_of_models,
     mixed_models,
 )
@@ -143,7 +144,7 @@ class DemLearn(Strategy):
         self.start_vector = np.zeros(0, np.float32)
 
     def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
-        return TrainPlan(replace(settings, prox_mu=self.options.mu))
+        return TrainPlan(asking(settings, "proximal", mu=self.options.mu))
 
     def action(self, round_number: int) -> str:
         return "group"

@@ -45,6 +45,7 @@ from flcore.strategies.base import (
     StartPlan,
     Strategy,
     TrainPlan,
+    asking,
     model_differences,
 )
 from flcore.strategies.fedavg import FedAvg
@@ -125,7 +126,8 @@ class FedAMN(Strategy):
 
     def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
         o = self.options
-        return TrainPlan(replace(settings, meta_epochs=o.meta_epochs, meta_lr=o.meta_lr, prox_mu=o.prox_mu))
+        train = asking(settings, "attention", epochs=o.meta_epochs, lr=o.meta_lr)
+        return TrainPlan(asking(train, "proximal", mu=o.prox_mu) if o.prox_mu else train)
 
     def action(self, round_number: int) -> str:
         return "personal"

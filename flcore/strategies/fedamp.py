@@ -22,7 +22,7 @@ matrix (8·n² bytes) and 256 MB of cloud models at a time (``mixed_models``); t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from flcore.strategies.base import (
     StartPlan,
     Strategy,
     TrainPlan,
+    asking,
     mean_of_models,
     mixed_models,
 )
@@ -88,7 +89,7 @@ class FedAMP(Strategy):
     models = "agent"
 
     def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
-        return TrainPlan(replace(settings, prox_mu=self.options.lam / self.options.alpha_k))
+        return TrainPlan(asking(settings, "proximal", mu=self.options.lam / self.options.alpha_k))
 
     def action(self, round_number: int) -> str:
         return "personal"

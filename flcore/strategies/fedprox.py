@@ -19,9 +19,9 @@ Memory: FedAvg's, plus one copy of the model's parameters on each agent.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from flcore.strategies.base import TrainPlan
+from flcore.strategies.base import TrainPlan, asking
 from flcore.strategies.fedavg import FedAvg, FedAvgOptions
 from protocol.messages import TrainSettings
 
@@ -56,8 +56,8 @@ class FedProx(FedAvg):
     Options = FedProxOptions
 
     def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
-        shared = replace(settings, prox_mu=self.options.mu)
+        shared = asking(settings, "proximal", mu=self.options.mu)
         if not self.options.partial_work:
             return TrainPlan(shared)
         work = partial_work(paces, self.options.min_work)
-        return TrainPlan(shared, {agent: replace(shared, work=w) for agent, w in work.items()})
+        return TrainPlan(shared, {agent: asking(shared, "partial-work", share=w) for agent, w in work.items()})
