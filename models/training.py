@@ -56,6 +56,7 @@ def train_sgd(
     prepare: Prepare | None = None,
     momentum_start: NamedArrays | None = None,
     optimizer: str = "sgd",
+    anchor: NamedArrays | None = None,
 ) -> TrainOutcome:
     """Train ``model`` in place; return the sample count and the mean loss (without the proximal term)
     of the last epoch. ``work`` < 1 stops after that share of the epochs' mini-batches (at least one):
@@ -63,9 +64,10 @@ def train_sgd(
     objects first (the loop is the same for DP-SGD: Opacus' optimizer clips and adds noise in ``step``).
     ``momentum_start`` (parameter name -> buffer) continues an earlier run's SGD momentum instead of zero.
     ``optimizer`` is ``sgd`` (with ``momentum``) or ``adamw`` (``torch.optim.AdamW`` at ``lr``, its default betas
-    and weight decay 0.01; ``momentum`` and ``momentum_start`` do not apply to it)."""
+    and weight decay 0.01; ``momentum`` and ``momentum_start`` do not apply to it). ``anchor`` (named arrays) is what
+    the proximal term pulls toward instead of the model's own start (Ditto's personal model toward the global one)."""
     model.to(device).train()
-    start = [p.detach().clone() for p in model.parameters()] if prox_mu > 0 else []
+    start = proximal_anchor(model, anchor, device) if prox_mu > 0 else []
     unwrapped = model  # ``prepare`` may wrap the model and optimizer; parameters and momentum state stay these
     chosen: torch.optim.Optimizer
     if optimizer == "adamw":
@@ -123,6 +125,13 @@ def collect_momentum(optimizer: torch.optim.Optimizer, model: nn.Module) -> Name
         if buffer is not None:
             buffers[name] = buffer.detach().float().cpu().numpy()
     return buffers
+
+
+def proximal_anchor(model: nn.Module, anchor: NamedArrays | None, device: torch.device) -> list[torch.Tensor]:
+    """The proximal term's target, one tensor per parameter: ``anchor``'s (by name), or the model's own start."""
+    if anchor is None:
+        return [p.detach().clone() for p in model.parameters()]
+    return [torch.as_tensor(anchor[name], device=device) for name, _ in model.named_parameters()]
 
 
 def proximal(model: nn.Module, start: list[torch.Tensor]) -> torch.Tensor:

@@ -180,6 +180,23 @@ def test_fedprox_proximal_term_keeps_local_training_closer_to_the_start_model():
     assert distances[10.0] < 0.5 * distances[0.0], distances
 
 
+def test_the_proximal_term_pulls_toward_a_given_anchor_instead_of_the_start():
+    """Ditto's personal model is pulled toward the global model, not toward where it started."""
+    train, _ = load_digits(seed=0)
+    data = train.subset(np.arange(200))
+    torch.manual_seed(0)
+    start = build_model("digits_cnn", num_classes=10)
+    zeros = {name: np.zeros(tuple(p.shape), np.float32) for name, p in start.named_parameters()}
+    norms = {}
+    for anchor in (None, zeros):
+        model = build_model("digits_cnn", num_classes=10)
+        model.load_state_dict(start.state_dict())
+        train_sgd(model, data, epochs=2, batch_size=32, lr=0.05, momentum=0.9, seed=0, device=torch.device("cpu"),
+                  prox_mu=5.0, anchor=anchor)  # fmt: skip
+        norms["start" if anchor is None else "zeros"] = float(sum((p.detach() ** 2).sum() for p in model.parameters()))
+    assert norms["zeros"] < 0.5 * norms["start"], norms
+
+
 def test_fedprox_strategy_sends_mu_in_the_round_task_and_aggregates_like_fedavg():
     from flcore.strategies import build_strategy
     from flcore.strategies.base import TrainPlan
