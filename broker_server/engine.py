@@ -72,7 +72,6 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         evaluator: Callable[[NamedArrays], dict[str, float]] | None = None,
     ) -> None:
         self.config = config
-        self.start_scores = StartScores(evaluator)  # C-GEN of the models agents start from
         self.rules = config.rounds
         self.policy = config.privacy.bounds(config.bounds)
         self.codec = Codec.parse(config.server.codec)
@@ -80,6 +79,9 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         table, notes = config.privacy.strategy_table(config.strategy)  # under privacy: fedavg by default
         self.strategy = build_strategy(table)
         self.strategy.last_round = config.server.rounds
+        # C-GEN of the models agents are judged by: only where the server holds them (not agents' own models)
+        judged_here = self.strategy.models == "global" or self.strategy.keeps_models
+        self.start_scores = StartScores(evaluator if judged_here else None)
         for note in notes + strategy_notes(table, len(Keyring.load_dir(config.enrolled_dir).names()), config.rounds):
             log.log(note.level, "%s", note.text)
         self.store = CheckpointStore(config.state_dir / "checkpoint")
