@@ -23,7 +23,7 @@ class AttentionOptions:
 
     def __post_init__(self) -> None:
         if self.epochs < 0 or not self.lr > 0:
-            raise ValueError(f"recipe attention: epochs must be >= 0 and lr > 0, got {self.epochs} and {self.lr}")
+            raise ValueError(f"epochs must be >= 0 and lr > 0, got {self.epochs} and {self.lr}")
 
 
 class MetaAttention(Recipe):

@@ -15,7 +15,7 @@ class PartialWorkOptions:
 
     def __post_init__(self) -> None:
         if not 0 < self.share <= 1:
-            raise ValueError(f"recipe partial-work: share must be in (0, 1] (of the local epochs), got {self.share}")
+            raise ValueError(f"share must be in (0, 1] (of the local epochs), got {self.share}")
 
 
 class PartialWork(Recipe):

@@ -16,7 +16,7 @@ class ProximalOptions:
 
     def __post_init__(self) -> None:
         if not self.mu >= 0:
-            raise ValueError(f"recipe proximal: mu must be >= 0 (0: no pull), got {self.mu}")
+            raise ValueError(f"mu must be >= 0 (0: no pull), got {self.mu}")
 
 
 class ProximalPull(Recipe):
