@@ -98,7 +98,7 @@ class SimSettings:
 
         if self.task not in TASK_DEFAULTS:
             raise ValueError(f"--task must be one of {', '.join(TASK_DEFAULTS)}, got {self.task!r}")
-        check_read(self)  # before the defaults are filled in
+        check_read(self, {"deadline_s": round_deadline_s(self.agents)})
         if self.task == "classify":
             self._default_dataset_and_model()
         elif self.dataset:

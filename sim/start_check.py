@@ -56,15 +56,16 @@ def flag(name: str) -> str:
     return FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
-def check_read(settings: Any) -> None:  # noqa: ANN401 - a SimSettings, before its defaults are filled in
-    """Refuse a flag, off its default, that a shape of ``settings`` never reads (``NOT_READ``), naming why."""
+def check_read(settings: Any, filled: dict[str, Any]) -> None:  # noqa: ANN401 - a SimSettings
+    """Refuse a flag, off its default, that a shape of ``settings`` never reads (``NOT_READ``), naming why. ``filled``:
+    what ``SimSettings`` fills in itself (a copy made by ``dataclasses.replace`` holds it), never a user's flag."""
     shapes = {"--mode peer": settings.mode == "peer", "--regions": bool(settings.regions),
               "--in-process": settings.in_process, "--task classify": settings.task == "classify"}  # fmt: skip
     defaults = {f.name: f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
                 for f in fields(settings)}  # fmt: skip
     for shape, unread in NOT_READ.items():
         for name, why in unread.items():
-            if shapes[shape] and getattr(settings, name) != defaults[name]:
+            if shapes[shape] and getattr(settings, name) not in (defaults[name], filled.get(name, defaults[name])):
                 raise ValueError(f"{flag(name)} is not available with {shape}: {why}; drop it")
     if settings.share_mode != defaults["share_mode"] and not settings.share_ratio:
         raise ValueError(f"--share-mode {settings.share_mode} needs --share-ratio R: without it no data is shared")

@@ -121,6 +121,17 @@ def test_an_unknown_setting_is_named_and_a_bad_value_explained(tmp_path):
         api.write_federation(tmp_path, "localhost")
 
 
+def test_settings_of_an_in_process_run_can_be_copied_and_changed():
+    """``SimSettings`` fills in a deadline an in-process run never reads; a copy (``run_federation(settings,
+    rounds=…)``) held that filled value and was refused as if the user had set ``--deadline``."""
+    from sim.federation import SimSettings
+
+    settings = SimSettings(agents=3, in_process=True)
+    assert api.settings_of(settings, {"rounds": 2}).rounds == 2 and api.settings_of(settings, {}) == settings
+    with pytest.raises(ValueError, match="--deadline is not available with --in-process"):
+        SimSettings(agents=3, in_process=True, deadline_s=5.0)
+
+
 # --- the command is what it was ------------------------------------------------------------------------
 def test_python_m_skyfed_and_the_console_script_still_run(tmp_path):
     script = Path(sys.executable).parent / "skyfed"  # the installed console script (pip install -e . puts it there)
