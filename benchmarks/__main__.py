@@ -1,4 +1,4 @@
-"""``make bench``: run every benchmark and print one JSON line per result (copy them into the README)."""
+"""``make bench``: run every benchmark and print one JSON line per result (for docs/results/benchmarks.md)."""
 
 from benchmarks import agent_memory, aggregation, kept_models, swapping, transport
 

@@ -6,7 +6,7 @@ then again only while its statuses go on without the key, after a wait that doub
 to ``RESEND_MAX_S``; an agent that (re)connected is back at ``RESEND_S`` (a connection that keeps dropping
 got a key per reconnect). A status lags the key on a loaded machine (a host process of 100 agents works
 through a backlog of chunks before the key): a resend every 15 s there sent 3,399 keys to 1,000 agents in
-9 minutes, each making its agent fetch the retained model again (issue 25). ``rotate`` makes a new key (on
+9 minutes, each making its agent fetch the retained model again (docs/results/scale.md). ``rotate`` makes a new key (on
 revocation, or on schedule: ``broker_server.trust``) and sends it at once to the agents online; keys are
 looked up by id, so agents hold the old one until the new one arrives.
 """

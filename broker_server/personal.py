@@ -1,4 +1,4 @@
-"""Personalization metrics of a round (issue 22): how the model each agent started the round from scores
+"""Personalization metrics of a round: how the model each agent started the round from scores
 on the agent's own test split — C-SPE, which the agent measures before training and reports in its
 update header (``start_eval``) — and on the server's evaluation set with every class — C-GEN.
 

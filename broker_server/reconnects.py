@@ -1,4 +1,4 @@
-"""When to ask again for what a broker that went away may have lost (issue 21: a broker killed mid-round).
+"""When to ask again for what a broker that went away may have lost (a broker killed mid-round).
 
 A restarted broker keeps only what it had saved (mosquitto's ``autosave_interval``): updates it had
 acknowledged to agents but not yet passed to the server are gone, and so, with the server's session,

@@ -296,7 +296,7 @@ check_torch() {
     fi
     if [[ $TORCH == cuda ]] && is_jetson; then
         die "--torch cuda: PyPI's torch has no CUDA for Jetson; install NVIDIA's PyTorch wheel for your JetPack" \
-            "and use --torch system (README: Install on a device)"
+            "and use --torch system (docs/deploy.md: Install on a device)"
     fi
     if [[ $TORCH_INDEX == default ]]; then
         if [[ $TORCH == cpu ]]; then TORCH_INDEX=$CPU_INDEX_DEFAULT; else TORCH_INDEX=none; fi

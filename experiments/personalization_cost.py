@@ -1,5 +1,5 @@
-"""Server time of DemLearn's clustering, FedAMP's attention and FedAMN's k-means at the end of a round (issue
-22 targets: 50 agents under 10 ms per round, 540 agents of the digits CNN under 2 s).
+"""Server time of DemLearn's clustering, FedAMP's attention and FedAMN's k-means at the end of a round
+(targets: 50 agents under 10 ms per round, 540 agents of the digits CNN under 2 s).
 
 The decision alone (Gram matrix and clustering or attention weights), and ``Strategy.aggregate`` plus
 ``plan_starts`` (where the per-agent models or bundles are built: ``aggregate_s`` in metrics.jsonl) as

@@ -148,7 +148,7 @@ def _cca_bases(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def mean_canonical_correlation(x: np.ndarray) -> np.ndarray:
     """SVCCA's mean canonical correlation ρ̄ = (1/k) Σᵢ ρᵢ between every pair of agents' layer.
 
-    The issue asks for the mean canonical correlation, so this is ρ̄ (Kornblith et al.'s ρ̄_CCA), not
+    SkyFed's target is the mean canonical correlation, so this is ρ̄ (Kornblith et al.'s ρ̄_CCA), not
     the thesis's R²_CCA = Σρᵢ²/p₁ (both are 1 for identical subspaces and fall as they part; R²_CCA
     counts weak correlations less), and ρ̄ is the figure SVCCA reports. Samples are the n output units
     (as for CKA); the features, the fan-in, are compared through the subspace of ℝⁿ they span. Plain

@@ -3,7 +3,7 @@
 Why: fp16 training multiplies the loss by a scale so that small gradients do not flush to zero. PyTorch's
 ``GradScaler`` starts at 2¹⁶, halves the scale *and skips the optimizer step* whenever a gradient
 overflows, and grows it again only after 2,000 clean steps. A trainer built every round starts at 2¹⁶
-every round: on an H100 a 12-step YOLO round skipped 7–8 steps finding the scale anew (issue 21).
+every round: on an H100 a 12-step YOLO round skipped 7–8 steps finding the scale anew (docs/results/edge_agent.md).
 Keeping the scaler's state makes each round start at the last round's scale, as one long run would.
 
 Ultralytics itself is run with ``amp=False``: its own AMP switch first runs ``check_amp``, which loads

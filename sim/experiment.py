@@ -10,8 +10,8 @@ accuracy per round.
 
 Measured per run: the final accuracy of the published global model; rounds and seconds until a
 *published* model (not a swapping strategy's local or swap round) first reached ``target``; bytes per
-round, up and down; the server's aggregation time per round. Where rounds carry ``personal`` metrics
-(issue 22): the last row's mean C-SPE and C-GEN and the rounds of training until the mean C-GEN first
+round, up and down; the server's aggregation time per round. Where rounds carry ``personal`` metrics:
+the last row's mean C-SPE and C-GEN and the rounds of training until the mean C-GEN first
 reached ``personal_target`` (default ``target``), and which score each run leads with (its last headline's
 first: C-SPE for a method that keeps its agents' own models). A row describes the models agents started it from, i.e.
 what the previous round produced, so row r counts as r − 1 rounds: FedAvg's count equals its global model's.

@@ -3,7 +3,7 @@
 Every agent of a sim shares the machine's cores, so what a round costs grows with N while a deployment's
 fixed defaults do not: at 300 agents on 2 cores the agents delivered about 5 updates a second, so a 60 s
 deadline closed rounds on 193 of 300 updates and refused the rest as late, and 1,000 agents reporting every
-2 s made the server check 500 signed statuses a second (issue 25).
+2 s made the server check 500 signed statuses a second (docs/results/scale.md).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ CONFIGURATIONS = {
     "fedavg, default bounds": ({"name": "fedavg"}, {}),
     "median": ({"name": "median"}, {}),
     "trimmed-mean β=0.2": ({"name": "trimmed-mean", "beta": 0.2}, {}),
-    "krum f=2": ({"name": "krum", "f": 2}, {}),  # the default until issue 21 ("krum f=2 (the default)" in the .jsonl)
+    "krum f=2": ({"name": "krum", "f": 2}, {}),  # the default before auto ("krum f=2 (the default)" in the .jsonl)
     "centered-clip": ({"name": "centered-clip"}, {}),
 }
 

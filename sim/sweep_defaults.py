@@ -1,4 +1,4 @@
-"""``python -m sim.sweep_defaults``: the grid that chose the default aggregation (issue 21, docs/results/robustness.md).
+"""``python -m sim.sweep_defaults``: the grid that chose the default aggregation (docs/results/robustness.md).
 
 Runs ``skyfed sim`` once per data split x condition x strategy x seed and appends one JSON line per run to
 ``<out>/runs.jsonl``; an interrupted sweep resumes where it stopped. The order makes a partial sweep usable:

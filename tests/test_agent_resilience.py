@@ -1,4 +1,4 @@
-"""Agents against replayed tasks and their own crashes, over a real broker (issue 6, items 3 and 5)."""
+"""Agents against replayed tasks and their own crashes, over a real broker."""
 
 from __future__ import annotations
 

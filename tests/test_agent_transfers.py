@@ -1,4 +1,4 @@
-"""An agent's model transfers cannot be wedged (issue 21, item 7): tampered copies of genuine chunks open no
+"""An agent's model transfers cannot be wedged: tampered copies of genuine chunks open no
 slot, old or unfinished transfers give way to newer ones or time out, and a genuine model gets through.
 
 Every chunk here is sealed for real with the server's key and the group key: the "old" ones stand in for

@@ -1,4 +1,4 @@
-"""A broker killed mid-round and back within seconds (issue 21, item 4): the round resumes at once.
+"""A broker killed mid-round and back within seconds: the round resumes at once.
 
 The broker saves its state every 60 s (as deploy/mosquitto/plain.conf), so a kill -9 loses what it held:
 updates it acknowledged to agents but was still passing to the server over a slow link

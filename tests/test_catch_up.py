@@ -1,5 +1,5 @@
 """A server whose state went back in time (a restored backup; a second server on the folder) catches up with
-its fleet by itself (issue 21, item 2), and a rogue agent's claims cannot move it."""
+its fleet by itself, and a rogue agent's claims cannot move it."""
 
 from __future__ import annotations
 

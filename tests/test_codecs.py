@@ -1,4 +1,4 @@
-"""Update codecs (issue 11, "thin links"): each codec's error bound, top-k's error feedback and its
+"""Update codecs (docs/results/codecs.md): each codec's error bound, top-k's error feedback and its
 durability, hostile payloads refused with a reason, and the negotiation through server.toml, the signed
 round task and the sealed update header."""
 

@@ -1,5 +1,5 @@
-"""Agents that never deliver cost a round its deadline once, not every round (issue 21, item 4), and
-the refusals that say an agent sent nothing usable end its part in the round at once (item 8)."""
+"""Agents that never deliver cost a round its deadline once, not every round, and
+the refusals that say an agent sent nothing usable end its part in the round at once."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_an_agent_that_says_its_training_failed_is_not_waited_for_and_is_backed_
 
 def test_a_deeply_nested_local_eval_is_a_bad_header_not_a_crash():
     meta = UpdateMeta(round=1, base_version=1, samples=10, loss=0.5).to_metadata()
-    for depth, why in ((5000, "exceed the limit"), (2000, "nested too deeply")):  # 5000: as the issue measured
+    for depth, why in ((5000, "exceed the limit"), (2000, "nested too deeply")):  # 5000: as first measured
         meta["local_eval"] = "[" * depth + "]" * depth
         with pytest.raises(UpdateMetaError, match=f"bad-metadata: .*{why}"):
             UpdateMeta.from_metadata(meta)

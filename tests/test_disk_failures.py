@@ -1,4 +1,4 @@
-"""A state directory that cannot be written when a round closes (issue 21, item 6): the previous model stays in
+"""A state directory that cannot be written when a round closes: the previous model stays in
 force, "disk" is said in the log and status, and the round closes once the disk is back. Real failures: a
 directory stands where the server must write a file (as root, permissions would not stop a write)."""
 

@@ -1,5 +1,5 @@
 """Property tests for every parser that sees network bytes: only its documented error may escape, and
-memory stays bounded by the input (issue 6, "Fuzzing").
+memory stays bounded by the input.
 
 Inputs are random bytes, random JSON, and valid messages with random mutations (flips, truncations,
 insertions, field values swapped for arbitrary JSON), which reach deeper than random bytes do.

@@ -1,4 +1,4 @@
-"""A GPU agent's settings and a drone's offline rule (issue 21, item 5): ``training.device`` may name a GPU
+"""A GPU agent's settings and a drone's offline rule: ``training.device`` may name a GPU
 (``cuda:1``) and one that is not there fails at start; ``training.amp`` runs the detector in fp16 with its
 loss scale kept across rounds (``participant.amp``); ``skyfed sim --in-process`` trains where the agents' configs
 say; and a detector round, an ONNX export and on-device inference touch no network (no Ultralytics font

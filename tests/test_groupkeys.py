@@ -1,4 +1,4 @@
-"""Group key delivery under load (issue 25): an agent whose statuses lag the key is not sent a key every 15 s,
+"""Group key delivery under load: an agent whose statuses lag the key is not sent a key every 15 s,
 a restarted agent still gets it at once, and a resent key the agent already holds changes nothing there.
 
 Keys are real and sealed for real; the distributor's clock is a plain number the test moves on."""

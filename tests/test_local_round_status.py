@@ -1,4 +1,4 @@
-"""Model swapping's ``local`` rounds (issue 23 review). A status that says an agent trained the open local round
+"""Model swapping's ``local`` rounds. A status that says an agent trained the open local round
 counts even when the server could not write it at once (the disk full, say): it is the agent's standing word,
 read again on every tick. A round continues local training only after a round that really was local.
 """

@@ -1,4 +1,4 @@
-"""SkyFed over a 3-node NATS cluster (issue 25, "A clustered broker"): Debian's nats-server with its MQTT
+"""SkyFed over a 3-node NATS cluster (deploy/nats/README.md): Debian's nats-server with its MQTT
 listener (3.1.1, QoS 0/1) and JetStream, which keeps sessions and retained messages on every node.
 
 The server and the agents are spread over the nodes, each with the others as ``[broker] fallbacks``; the

@@ -1,4 +1,4 @@
-"""Personalization metrics (issue 22): C-SPE, each agent's start model on its own test split (its report),
+"""Personalization metrics: C-SPE, each agent's start model on its own test split (its report),
 and C-GEN, the same model on the server's evaluation set, in every round's metrics for every strategy."""
 
 from __future__ import annotations

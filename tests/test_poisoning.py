@@ -1,5 +1,5 @@
 """An enrolled agent gone rogue, over a real broker: it cannot crash the server, brick the federation or
-take over the global model (issue 6, items 1, 2 and the safe commit path)."""
+take over the global model (docs/strategies.md, "The safe commit path")."""
 
 import json
 

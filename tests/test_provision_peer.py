@@ -186,7 +186,7 @@ def test_the_deploy_example_acl_is_what_provision_writes():
 
 def test_provisioned_peers_run_over_tls_and_drop_a_revoked_peer(peer_broker):
     """The provisioned files are all a peer daemon needs besides its data and the round plan, and the ACL
-    lets it do its whole round. Needs the peer daemon (``agent.peer``, issue 24): skipped without it."""
+    lets it do its whole round. Needs the peer daemon (``agent.peer``): skipped without it."""
     pytest.importorskip("agent.peer.node")
     from agent.config import load_agent_config
     from agent.peer.node import PeerNode

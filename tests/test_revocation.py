@@ -1,4 +1,4 @@
-"""Revoking an agent mid-round (issue 21, item 3): its part in the round ends at once (the round closes on the
+"""Revoking an agent mid-round: its part in the round ends at once (the round closes on the
 others' updates instead of waiting for its deadline), the metrics list it as missed with a `revoked`
 rejection, and the agent — told by the server's signed round task — stops training and sending."""
 

@@ -1,4 +1,4 @@
-"""What a hostile review of issue 21's mechanisms found an enrolled agent gone rogue could do, each pinned:
+"""What a hostile review of the fleet-fault mechanisms found an enrolled agent gone rogue could do, each pinned:
 junk updates must not cost a state write each, its own refusal texts must not crowd out others', a
 clock flapping across the tolerance must not flood the log, flipping its status must not restart its
 model re-send pace, and a revoked agent's unfinished transfers are freed at once."""

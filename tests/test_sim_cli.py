@@ -370,7 +370,7 @@ def test_a_finished_experiment_is_summarised_again_from_its_metrics_with_the_cur
 
 
 def test_experiment_reports_final_c_spe_c_gen_and_rounds_until_c_gen_reached_its_target(tmp_path):
-    """Issue 22: a row's ``personal`` describes the models the previous round produced, so C-GEN reaching
+    """A row's ``personal`` describes the models the previous round produced, so C-GEN reaching
     the target in row 3 counts as 2 rounds; the last row gives the final C-SPE and C-GEN. Each line leads with
     its method's own score, named: the global model's for FedAvg (rows written before ``models`` existed
     count as a global model's), C-SPE for a method whose agents keep their own models."""

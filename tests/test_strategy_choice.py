@@ -1,4 +1,4 @@
-"""The default aggregation (issue 21) and what the server says at start about the strategy it runs."""
+"""The default aggregation (docs/results/robustness.md) and what the server says at start about the strategy it runs."""
 
 import logging
 import math

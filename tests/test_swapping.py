@@ -1,4 +1,4 @@
-"""Server-mediated model swapping over a real mosquitto, with real agents and real training (issue 8).
+"""Server-mediated model swapping over a real mosquitto, with real agents and real training (docs/results/swapping.md).
 
 One federation of four agents runs ``fedswap`` with h1 = 1, h2 = 3 (swap, swap, average) while a raw
 subscriber records every inbox message, and the server is killed with ``kill -9`` after the first swap,

@@ -1,4 +1,4 @@
-"""The swap schedule as a layer over any aggregation, and runs that always end on a published model (issue 23)."""
+"""The swap schedule as a layer over any aggregation, and runs that always end on a published model."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_the_last_round_of_a_run_is_an_average_whatever_h1_and_h2():
 
 
 def test_a_short_swapping_run_saves_a_trained_model_and_reports_its_accuracy(tmp_path):
-    """The issue's case: 4 rounds of simfedswap at h1 = 5, h2 = 3 saved the untrained initial weights and
+    """The case that was reported: 4 rounds of simfedswap at h1 = 5, h2 = 3 saved the untrained initial weights and
     printed the accuracy of the mean of the agents' models. Now round 4 averages, the saved model is the
     trained average, and the final evaluation the sim reports is the saved model's."""
     settings = SimSettings(agents=4, rounds=4, model="mlp_digits", partition="iid", epochs=1, in_process=True,

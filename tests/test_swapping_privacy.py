@@ -1,4 +1,4 @@
-"""Differential privacy with model swapping (issue 23): each model handed to another agent is a Gaussian
+"""Differential privacy with model swapping (docs/privacy.md): each model handed to another agent is a Gaussian
 mechanism over its owner's clipped change, each published average one over everyone's; the accountant
 charges every agent once per round whose release holds its data."""
 

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SYSTEMD = ROOT / "deploy" / "systemd"
 UNITS = {"agent": "skyfed-agent.service", "server": "skyfed-server.service", "dashboard": "skyfed-dashboard.service"}
 INSTALLED_SKYFED = "/opt/skyfed/venv/bin/skyfed"  # where deploy/install-*.sh put the venv
-STOP_BOUND_S = 2.0  # the issue's bound from SIGTERM to exit, interpreter exit included; measured 0.5-1.0 s
+STOP_BOUND_S = 2.0  # the required bound from SIGTERM to exit, interpreter exit included; measured 0.5-1.0 s
 
 
 def service_section(unit: str) -> dict[str, list[str]]:
@@ -301,7 +301,7 @@ THREADS_PROBE = ("import threadpoolctl, torch; print([p['num_threads'] for p in 
 
 @pytest.mark.parametrize("role", ["agent", "server"])
 def test_unit_runs_numpys_openblas_on_one_thread_and_leaves_pytorchs_threads_alone(tmp_path, role):
-    """Spinning OpenBLAS threads made the server's accept path 16x slower under contention (issue 25)."""
+    """Spinning OpenBLAS threads made the server's accept path 16x slower under contention (docs/results/scale.md)."""
     _, env = unit_command(role, tmp_path / f"{role}.toml", tmp_path)
     env.pop("OMP_NUM_THREADS", None)  # as under systemd, whatever ran this test
     probe = [sys.executable, "-c", "import numpy; " + THREADS_PROBE]

@@ -1,4 +1,4 @@
-"""The README's step-by-step deployment, run exactly as written: keys, enrolment, data, configs, a
+"""docs/deploy.md's step-by-step deployment, run exactly as written: keys, enrolment, data, configs, a
 plain-MQTT broker, the server, three agents and a watcher on the metrics topic."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from pathlib import Path
 
 from sim.broker import free_port
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+DEPLOY_DOC = Path(__file__).resolve().parents[1] / "docs" / "deploy.md"
 
 
 def walkthrough() -> str:
-    text = README.read_text()
+    text = DEPLOY_DOC.read_text()
     section = text.split("<!-- walkthrough")[1].split("<!-- /walkthrough -->")[0]
     return section.split("```bash\n", 1)[1].rsplit("```", 1)[0]
 

@@ -1,7 +1,7 @@
 """The default aggregation, and what the server says at start about the strategy it runs.
 
-The default was chosen by measurement (docs/results/robustness.md, "Choosing the default aggregation
-(issue 21)"): 10 agents, digits, 10 rounds, IID, Dirichlet 0.5, Dirichlet 0.1 and 2-label shards, with
+The default was chosen by measurement (docs/results/robustness.md, "Choosing the default
+aggregation"): 10 agents, digits, 10 rounds, IID, Dirichlet 0.5, Dirichlet 0.1 and 2-label shards, with
 and without 2 attackers of every kind. No single strategy met both targets, so the default adapts
 (``strategies.auto``): Krum where the fleet is big enough for its f and the agents' updates agree (data
 alike, where Krum holds against attackers and costs nothing clean), centered clipping otherwise (the only
