@@ -2,8 +2,8 @@
 
 The client certificate's CN is the node's SkyFed name (agent id or ``server``), which mosquitto can
 use as the MQTT username (``use_identity_as_username``) so an ACL confines each agent to its own
-topics. Command line: ``skyfed certs ca|broker|client`` for one certificate at a time, ``skyfed provision``
-(``security/provision.py``) for a whole federation, whose revocations go into the CA's CRL (``write_crl``).
+topics. The operator's tools (``provisioning/``) call it: one certificate at a time, or a whole federation, whose
+revocations go into the CA's CRL (``write_crl``).
 Private keys are ECDSA P-256, written 0600.
 """
 
@@ -160,11 +160,3 @@ def write_crl(ca: Issued, path: Path, revoked: list[tuple[int, float]]) -> None:
         )
     crl = builder.sign(ca_key, hashes.SHA256())
     atomic_write(path, crl.public_bytes(serialization.Encoding.PEM))
-
-
-if __name__ == "__main__":  # the command line lives in ``skyfed certs``
-    import sys
-
-    from skyfed import main
-
-    sys.exit(main(["certs", *sys.argv[1:]]))

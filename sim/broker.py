@@ -53,7 +53,7 @@ class ListenerTls:
 
 
 def mosquitto_config(host: str, port: int, data_dir: Path, tls: ListenerTls | None = None, extra: str = "") -> str:
-    """A loopback broker's config; ``extra``: lines appended as they are (a bridge, ``security.bridge``)."""
+    """A loopback broker's config; ``extra``: lines appended as they are (a bridge, ``provisioning.bridge``)."""
     tls_lines = (
         [
             f"cafile {tls.ca}",
@@ -108,7 +108,7 @@ class LocalBroker:
     startup_timeout_s: float = 10.0
     tls: ListenerTls | None = None
     config_file: Path | None = None  # a config written elsewhere (skyfed provision's); its stderr is the log
-    extra_config: str = ""  # appended to the generated config: a bridge (``security.bridge``)
+    extra_config: str = ""  # appended to the generated config: a bridge (``provisioning.bridge``)
     _process: subprocess.Popen | None = field(default=None, repr=False)
     _embedded: object | None = field(default=None, repr=False)
 

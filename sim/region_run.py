@@ -1,5 +1,5 @@
 """``skyfed sim --regions R``: a root broker and server, R regional mosquittos each bridged to the root's
-(``security.bridge``), R regional aggregators (``skyfed server run`` with ``[upstream]``) and the agents,
+(``provisioning.bridge``), R regional aggregators (``skyfed server run`` with ``[upstream]``) and the agents,
 split between the regions, all as separate processes over real brokers.
 
 The root's ``metrics.jsonl`` lists the regions as its participants (``region-1`` …) and goes to ``--out`` as
@@ -17,7 +17,7 @@ from pathlib import Path
 from protocol.messages import MessageError, RoundMetrics
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
-from security.bridge import bridge_conf_text
+from provisioning.bridge import bridge_conf_text
 from sim.broker import start_broker
 from sim.federation import SimSettings
 from sim.regions import create_regions, region_names

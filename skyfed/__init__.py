@@ -17,9 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
     from agent.cli import add_agent_commands
     from broker_server.cli import add_monitor_command, add_server_commands
     from broker_server.dashboard.cli import add_dashboard_command
+    from provisioning.cli import add_provision_command
+    from provisioning.keys_cli import add_certs_commands, add_keys_commands
     from region.cli import build_region
-    from security.cli import add_certs_commands, add_keys_commands
-    from security.provision_cli import add_provision_command
     from sim.cli import add_sim_commands
     from sim.data_cli import add_data_commands
 

@@ -1,6 +1,6 @@
 """Test helpers: a federation of regions in one process, over real bridged brokers.
 
-A root mosquitto, one mosquitto per region bridged to it (``security.bridge``), the root's aggregator, each
+A root mosquitto, one mosquitto per region bridged to it (``provisioning.bridge``), the root's aggregator, each
 region's daemon (``region.daemon.Region``: its aggregator and its participant at the root) and every agent
 (``fedharness.hosted_agent``) on threads of the test, on the layout ``skyfed sim --regions`` writes
 (``sim.regions``). Tests reach each part: restart a region's broker, swap an agent's trainer, read metrics.
@@ -17,8 +17,8 @@ from broker_server.daemon import Aggregator
 from protocol.messages import RoundMetrics
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
+from provisioning.bridge import bridge_conf_text
 from region.daemon import Region
-from security.bridge import bridge_conf_text
 from sim.broker import LocalBroker, start_broker
 from sim.federation import SimSettings
 from sim.regions import create_regions, region_names

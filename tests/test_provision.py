@@ -25,7 +25,7 @@ from cryptography import x509
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
 from protocol.mqtt import TlsSettings
-from security.broker_files import acl_text, mosquitto_conf_text
+from provisioning.broker_files import acl_text, mosquitto_conf_text
 from security.envelope import InvalidEnvelope, Opener
 from security.keys import GroupKey, Identity, Keyring, PublicIdentity
 from security.pki import Issued, issue

@@ -18,7 +18,7 @@ import pytest
 from cryptography import x509
 
 from common import toml
-from security.broker_files import peer_acl_text
+from provisioning.broker_files import peer_acl_text
 from security.keys import PublicIdentity
 from security.pki import Issued, issue
 from sim.broker import free_port, start_broker

@@ -99,7 +99,7 @@ def test_upstream_must_be_a_roots_region_folder_and_the_region_its_own_federatio
 
 
 def test_the_deploy_example_bridge_is_what_provision_writes() -> None:
-    from security.bridge import BridgeTls, bridge_conf_text
+    from provisioning.bridge import BridgeTls, bridge_conf_text
 
     installed = Path("/etc/mosquitto/skyfed/upstream")
     tls = BridgeTls(installed / "ca.crt", installed / "region-east.crt", installed / "region-east.crt.key")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["agent", "protocol", "security", "common", "models", "flcore", "participant", "broker_server", "region",
-            "sim", "benchmarks", "skyfed"]
+            "provisioning", "sim", "benchmarks", "skyfed"]
 
 
 def test_the_installed_code_runs_on_python_3_10():

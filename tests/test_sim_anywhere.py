@@ -49,7 +49,7 @@ def test_sim_from_a_wheel_install(tmp_path):
     for name in ("setup.cfg", "pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     packages = ("common", "flcore", "participant", "agent", "broker_server", "models", "security", "protocol", "sim",
-                "region", "skyfed")
+                "region", "provisioning", "skyfed")
     for package in packages:
         shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input", "-q"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from security.provision import Layout, Provisioning
+from provisioning.provision import Layout, Provisioning
 
 ETC = "/etc/skyfed"  # where deploy/install-*.sh install a node's folder
 

@@ -13,7 +13,7 @@
                          browser: the same read-only access over the broker's WebSockets listener
     DIR/agents/<id>/     agent.toml, <id>.key/.pub, server.pub, <id>.crt and key, ca.crt
 
-``--mode peer`` (``security.provision_peer``: no server, the peers federate among themselves) writes
+``--mode peer`` (``provisioning.peer``: no server, the peers federate among themselves) writes
 ``DIR/enrolled/`` (every peer's .pub, ``revoked/`` inside) and ``DIR/peers/<id>/`` instead of the server
 and agent folders; one folder holds one mode.
 
@@ -38,7 +38,7 @@ from common.files import atomic_write, read_json, write_json
 from protocol.config import write_toml
 from protocol.topics import check_level
 from protocol.typed import SchemaError, build
-from security.broker_files import acl_text, mosquitto_conf_text, peer_acl_text
+from provisioning.broker_files import acl_text, mosquitto_conf_text, peer_acl_text
 from security.keys import Identity, PublicIdentity, check_name, enroll, revoke
 from security.pki import Issued, create_ca, issue, serial_of, write_crl, write_pkcs12
 
@@ -75,7 +75,7 @@ class Provisioning:
     revoked: list[Revocation] = field(default_factory=list)
     serials: dict[str, str] = field(default_factory=dict)  # agent -> its certificate's serial, hex
     mode: str = "client"  # MODES; a folder provisioned before peer mode existed is a client one
-    upstream: str = ""  # a region: "<region>@<root federation>" (``security.provision_region``); "" = none
+    upstream: str = ""  # a region: "<region>@<root federation>" (``provisioning.region``); "" = none
     ws_port: int = 0  # mosquitto's MQTT-over-WebSockets listener for skyfed dashboard (0 = none)
 
     def options(self) -> dict[str, str]:
@@ -196,7 +196,7 @@ def finish(layout: Layout, plan: Provisioning) -> None:
 
 def provision(out: Path, plan: Provisioning, agents: list[str], upstream: Path | None = None) -> list[str]:
     """Create (or extend) the federation in ``out``; return the agents that are new. ``upstream``: the root's
-    folder for this region (``security.provision_region``)."""
+    folder for this region (``provisioning.region``)."""
     layout = start(out, plan, agents)
     server = _server_node(layout, plan)
     new = [name for name in agents if name not in plan.agents]
@@ -204,7 +204,7 @@ def provision(out: Path, plan: Provisioning, agents: list[str], upstream: Path |
         _agent_node(layout, plan, name, server)
         plan.agents.append(name)
     if upstream is not None:
-        from security.provision_region import attach_upstream  # it builds on this module
+        from provisioning.region import attach_upstream  # it builds on this module
 
         attach_upstream(layout, plan, upstream)
     finish(layout, plan)

@@ -4,7 +4,7 @@ The region's broker carries the root federation's topics of one participant, the
 over one bridge connection that authenticates to the root's broker with the region's certificate: the round
 task, the model chunks and the server's status come in; the region's status and update go out; its inbox
 (the group key, start models) both ways. These are exactly the topics the root's ACL grants that participant
-(``security.broker_files.acl_text``), so nothing else of the root federation crosses the bridge: not the
+(``provisioning.broker_files.acl_text``), so nothing else of the root federation crosses the bridge: not the
 other regions' updates, nor their status. QoS 1 both ways (a bridge topic's QoS defaults to 0, ``man 5
 mosquitto.conf``); ``try_private`` keeps a message from coming back over the bridge it crossed.
 

@@ -21,9 +21,7 @@ import shutil
 from pathlib import Path
 
 from protocol.config import write_toml
-from security.keys import REVOKED, Identity, KeyFileError, PublicIdentity, enroll, revoke
-from security.pki import serial_of
-from security.provision import (
+from provisioning.provision import (
     Layout,
     Provisioning,
     certificate,
@@ -33,6 +31,8 @@ from security.provision import (
     start,
     tls_settings,
 )
+from security.keys import REVOKED, Identity, KeyFileError, PublicIdentity, enroll, revoke
+from security.pki import serial_of
 
 # What provisioning cannot choose for the operator: the round plan, which must be the same on every peer
 # (agent.peer.plan defines its keys; a peer refuses to start without them, naming the key).

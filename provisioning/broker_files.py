@@ -45,7 +45,7 @@ def monitor_reads(root: str) -> list[str]:
 
 def acl_text(federation: str, agents: list[str], upstream: tuple[str, str] | None = None) -> str:
     """The ACL of a federation's broker; a region's (``upstream``: its id and its root's federation) also lets
-    its participant at the root use the root's topics that its bridge carries (``security.bridge``)."""
+    its participant at the root use the root's topics that its bridge carries (``provisioning.bridge``)."""
     root = f"skyfed/{federation}"
     lines = [
         f"# mosquitto ACL for SkyFed federation {federation!r}, written by skyfed provision: edits are",

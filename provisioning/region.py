@@ -8,7 +8,7 @@ public key and the root broker's address. Given that folder, the region's provis
 - a certificate ``CN = <region>`` from the region's own CA (``server/upstream/local/``), with which the
   participant connects to the region's broker (``[upstream.broker]``): a client id of its own, so it does not
   take over the aggregator's connection, and an ACL block for the root's topics it uses;
-- ``broker/bridge.conf`` (``security.bridge``) and ``broker/upstream/``: the root's CA and the region's root
+- ``broker/bridge.conf`` (``provisioning.bridge``) and ``broker/upstream/``: the root's CA and the region's root
   certificate, with which the region's broker bridges to the root's;
 - ``server/upstream/root/``: the same root certificate, for a region that connects to the root's broker
   directly instead (server.toml says how).
@@ -22,8 +22,8 @@ from pathlib import Path
 from common import toml
 from protocol.config import write_toml
 from protocol.topics import check_level
-from security.bridge import BridgeTls, bridge_conf_text
-from security.provision import Layout, ProvisionError, Provisioning, certificate, tls_settings
+from provisioning.bridge import BridgeTls, bridge_conf_text
+from provisioning.provision import Layout, ProvisionError, Provisioning, certificate, tls_settings
 
 LINK = "{region}@{federation}"  # how provision.json records the upstream
 

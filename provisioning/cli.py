@@ -10,7 +10,18 @@ from pathlib import Path
 
 from common import toml
 from protocol.mqtt import BrokerSettings
-from security.provision import (
+from provisioning.notes import (
+    checkout_warning,
+    dashboard_instructions,
+    defaults_notes,
+    eval_data_note,
+    next_steps,
+    peer_instructions,
+    peer_next_steps,
+    peer_revoke_text,
+)
+from provisioning.peer import provision_peers, revoke_peer
+from provisioning.provision import (
     MODES,
     MONITOR_SUB,
     Layout,
@@ -21,17 +32,6 @@ from security.provision import (
     provision,
     revoke_agent,
 )
-from security.provision_notes import (
-    checkout_warning,
-    dashboard_instructions,
-    defaults_notes,
-    eval_data_note,
-    next_steps,
-    peer_instructions,
-    peer_next_steps,
-    peer_revoke_text,
-)
-from security.provision_peer import provision_peers, revoke_peer
 
 DEFAULTS = {"broker": "broker.local:8883", "state_dir": "/var/lib/skyfed", "service_user": "skyfed",
             "broker_user": "mosquitto", "listen": ""}  # fmt: skip
