@@ -173,6 +173,8 @@ def run_report(args: argparse.Namespace) -> int:
 def _add_sim_options(
     parser: argparse.ArgumentParser, *, agents: int, rounds: int, partition: str | None, out: str, federation: str
 ) -> None:
+    from protocol import codecs
+
     parser.add_argument("--agents", type=int, default=agents)
     parser.add_argument(
         "--mode", default="client", choices=("client", "peer"),
@@ -254,9 +256,9 @@ def _add_sim_options(
     parser.add_argument("--init-weights", default=None, metavar="FILE",
                         help="detect: start from a local Ultralytics .pt or an earlier run's "
                         "global_model.safetensors")  # fmt: skip
-    parser.add_argument("--codec", default="fp32", metavar="fp32|fp16|int8|int8:channel|topk:FRACTION",
-                        help="how agents encode updates (server.codec): fp16, int8 with one scale per tensor "
-                        "or per output channel, or the top FRACTION of values with error feedback")  # fmt: skip
+    parser.add_argument("--codec", default="fp32", metavar="|".join(codecs.spellings()),
+                        help=f"how agents encode updates (server.codec): {codecs.choices()}; "
+                        "docs/results/codecs.md")  # fmt: skip
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--deadline", type=float, default=0.0,
                         help="round deadline in seconds (default: 60, and 0.5 s per agent past 120 agents)")
