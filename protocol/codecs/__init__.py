@@ -38,6 +38,7 @@ CODECS.add("fp32", "protocol.codecs.fp32:Float32")
 CODECS.add("fp16", "protocol.codecs.fp16:Float16")
 CODECS.add("int8", "protocol.codecs.int8:Int8")
 CODECS.add("topk", "protocol.codecs.topk:TopK")
+CODECS.add("qsgd4", "protocol.codecs.qsgd:QSGD4")
 
 
 def spellings() -> tuple[str, ...]:
