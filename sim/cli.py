@@ -173,6 +173,7 @@ def run_report(args: argparse.Namespace) -> int:
 def _add_sim_options(
     parser: argparse.ArgumentParser, *, agents: int, rounds: int, partition: str | None, out: str, federation: str
 ) -> None:
+    from models.classify_data import DATASETS
     from protocol import codecs
 
     parser.add_argument("--agents", type=int, default=agents)
@@ -211,9 +212,9 @@ def _add_sim_options(
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--task", default="classify", choices=["classify", "detect"],
                         help="classify: a CNN on --dataset; detect: YOLO on synthetic aerial images")  # fmt: skip
-    parser.add_argument("--dataset", default=None, metavar="digits|mnist1d",
-                        help="classify: scikit-learn's 8x8 digits (default) or MNIST-1D (1-D signals, generated "
-                        "offline); each agent holds out 20 %% of its share as its local test split")  # fmt: skip
+    parser.add_argument("--dataset", default=None, metavar="|".join(DATASETS.names()),
+                        help=f"classify: {DATASETS.choices()} (default digits; what each is: skyfed data NAME --help); "
+                        "each agent holds out 20 %% of its share as its local test split")  # fmt: skip
     parser.add_argument("--partition", default=partition,
                         help=f"classify: iid | shards (= shards:2) | shards:K | dirichlet:ALPHA (default "
                         f"{partition or 'dirichlet:0.5'}); detect: iid | class-skew:D (default "
