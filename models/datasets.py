@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from models.classify_data import ClassifyData
+
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
@@ -53,6 +55,12 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dat
     y = bunch.target.astype(np.int64)
     x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
     return Dataset(x_train, y_train), Dataset(x_test, y_test)
+
+
+DIGITS = ClassifyData(
+    "digits", "digits_cnn", (1, 8, 8), lambda seed: load_digits(test_fraction=0.2, seed=seed),
+    "scikit-learn's bundled 8x8 digits (nothing is downloaded): 20 % held out for the server's evaluation",
+)  # fmt: skip
 
 
 def save_npz(path: Path, data: Dataset) -> None:

@@ -173,6 +173,9 @@ def run_report(args: argparse.Namespace) -> int:
 def _add_sim_options(
     parser: argparse.ArgumentParser, *, agents: int, rounds: int, partition: str | None, out: str, federation: str
 ) -> None:
+    from models.classify_data import DATASETS
+    from protocol import codecs
+
     parser.add_argument("--agents", type=int, default=agents)
     parser.add_argument(
         "--mode", default="client", choices=("client", "peer"),
@@ -209,9 +212,9 @@ def _add_sim_options(
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--task", default="classify", choices=["classify", "detect"],
                         help="classify: a CNN on --dataset; detect: YOLO on synthetic aerial images")  # fmt: skip
-    parser.add_argument("--dataset", default=None, metavar="digits|mnist1d",
-                        help="classify: scikit-learn's 8x8 digits (default) or MNIST-1D (1-D signals, generated "
-                        "offline); each agent holds out 20 %% of its share as its local test split")  # fmt: skip
+    parser.add_argument("--dataset", default=None, metavar="|".join(DATASETS.names()),
+                        help=f"classify: {DATASETS.choices()} (default digits; what each is: skyfed data NAME --help); "
+                        "each agent holds out 20 %% of its share as its local test split")  # fmt: skip
     parser.add_argument("--partition", default=partition,
                         help=f"classify: iid | shards (= shards:2) | shards:K | dirichlet:ALPHA (default "
                         f"{partition or 'dirichlet:0.5'}); detect: iid | class-skew:D (default "
@@ -254,9 +257,9 @@ def _add_sim_options(
     parser.add_argument("--init-weights", default=None, metavar="FILE",
                         help="detect: start from a local Ultralytics .pt or an earlier run's "
                         "global_model.safetensors")  # fmt: skip
-    parser.add_argument("--codec", default="fp32", metavar="fp32|fp16|int8|int8:channel|topk:FRACTION",
-                        help="how agents encode updates (server.codec): fp16, int8 with one scale per tensor "
-                        "or per output channel, or the top FRACTION of values with error feedback")  # fmt: skip
+    parser.add_argument("--codec", default="fp32", metavar="|".join(codecs.spellings()),
+                        help=f"how agents encode updates (server.codec): {codecs.choices()}; "
+                        "docs/results/codecs.md")  # fmt: skip
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--deadline", type=float, default=0.0,
                         help="round deadline in seconds (default: 60, and 0.5 s per agent past 120 agents)")

@@ -42,9 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def legacy_spelling(argv: list[str]) -> list[str]:
     """``skyfed data AGENT…`` (before ``data`` had subcommands) means ``skyfed data digits AGENT…``."""
-    from sim.data_cli import SUBCOMMANDS
+    from sim.data_cli import subcommands
 
-    if len(argv) > 1 and argv[0] == "data" and argv[1] not in SUBCOMMANDS and not argv[1].startswith("-"):
+    if len(argv) > 1 and argv[0] == "data" and argv[1] not in subcommands() and not argv[1].startswith("-"):
         return ["data", "digits", *argv[1:]]
     return argv
 

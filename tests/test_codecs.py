@@ -108,7 +108,7 @@ def test_codec_names_are_canonical_and_bad_ones_list_the_choices():
     assert [str(Codec.parse(t)) for t in ("fp32", "int8:channel", "topk:1e-2", "topk:1")] == [
         "fp32", "int8:channel", "topk:0.01", "topk:1.0"]  # fmt: skip
     for bad in ("int4", "topk:0", "topk:1.5", "topk:nan", "topk:", "int8:row", ""):
-        with pytest.raises(CodecError, match="choose fp32, fp16, int8, int8:channel or topk:FRACTION"):
+        with pytest.raises(CodecError, match="choose fp32, fp16, int8, int8:channel, topk:FRACTION or qsgd4"):
             Codec.parse(bad)
 
 
