@@ -76,7 +76,7 @@ class Region:
         trainer: Trainer = RegionalTrainer(self.handoff)
         runner = InProcessRunner(trainer if wrap is None else wrap(trainer))
         self.participant = EdgeAgent(agent_config, runner=runner, files=files)
-        self.participant.notifier = Notifier({})  # one service, one voice: the aggregator's
+        self.participant.edge.notifier = Notifier({})  # one service, one voice: the aggregator's
 
     def run(self, stop: threading.Event | None = None) -> None:
         stop = stop or threading.Event()

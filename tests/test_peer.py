@@ -186,7 +186,7 @@ def test_a_membership_forged_by_a_non_member_is_refused(tmp_path, broker, peers,
     configs = peer_configs(tmp_path, broker, join_wait_s=60.0)  # it only gathers memberships here
     caplog.set_level(logging.INFO)
     node = peers.start(configs["agent-01"])
-    wait_until(lambda: node.mqtt.connected.is_set(), what="the peer to connect")
+    wait_until(lambda: node.edge.mqtt.connected.is_set(), what="the peer to connect")
     topics = Topics("sim")
     mallory = Identity.generate("mallory")  # not enrolled: its own key
     client = MqttClient("mallory", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
