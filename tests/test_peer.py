@@ -299,7 +299,6 @@ def test_peers_default_to_the_servers_measured_strategy_and_refuse_what_needs_a_
 @pytest.mark.parametrize(("mode", "tables", "named"), [
     ("peer", {"agent": {"status_interval_s": 2.0}}, "agent.status_interval_s"),
     ("peer", {"training": {"onnx": True}}, "training.onnx"),
-    ("peer", {"metrics": {"prometheus_port": 0}}, r"\[metrics\]"),  # off, yet given: on main silently ignored
     ("client", {"keys": {"enrolled": "enrolled"}}, "keys.enrolled"),
 ])  # fmt: skip
 def test_a_key_the_role_never_reads_is_refused_at_start_naming_it(tmp_path, broker, mode, tables, named):
