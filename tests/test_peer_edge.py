@@ -5,15 +5,22 @@ a peer refused before it ran in the shell) shows both, as an edge agent's does."
 
 from __future__ import annotations
 
+import threading
+
 from agent.config import load_agent_config
+from agent.echo import PublishEcho
+from agent.peer.node import PeerNode
 from agent.peer.rounds import read_metrics
+from agent.runner import in_process_runner
 from sim.broker import free_port
+from sim.federation import write_classify_data
 from sim.flight_controller import FlightController
 from tests.fedharness import override_toml, wait_until
 from tests.test_federation import SlowInRound
 from tests.test_peer import Peers, peer_configs, state
 from tests.test_peer_gate import HONEST, peers, seen_by  # noqa: F401 - fixture
 from tests.test_prometheus import scrape_or_none
+from tests.test_provision_peer import peer_broker, provision, workdir  # noqa: F401 - fixtures
 
 
 def test_a_peer_on_low_battery_does_not_train_says_why_and_trains_once_charged(tmp_path, broker, peers: Peers):  # noqa: F811
@@ -48,3 +55,31 @@ def test_a_peer_on_low_battery_does_not_train_says_why_and_trains_once_charged(t
     assert opened[("skyfed_agent_gate_open", ())] == 1 and opened[("skyfed_agent_gate_reasons", ())] == 0
     assert opened[("skyfed_agent_training_seconds_total", ())] > 0
     assert opened[("skyfed_agent_last_completed_round", ())] == 2 and opened[("skyfed_agent_round", ())] == 2
+
+
+def test_a_peer_missing_from_the_loaded_acl_says_its_publishes_are_dropped(peer_broker):  # noqa: F811
+    """The edge node checks that what a role publishes comes back (agent.echo), a peer's membership as an agent's
+    status: a peer provisioned after the broker loaded its ACL says the broker drops it (on main: silence)."""
+    out, broker, port = peer_broker
+    assert provision(out, "p1,p2,p3,p4", port) == 0  # p4 added; the running broker still holds the old ACL
+    write_classify_data(out.parent / "state", ["p1", "p4"], "iid", seed=0)
+    nodes = {}
+    for name in ("p1", "p4"):
+        path = out / "peers" / name / "agent.toml"
+        override_toml(path, federation={"model": "digits_cnn", "rounds": 1, "threshold": 2},
+                      training={"threads": 1})  # fmt: skip
+        config = load_agent_config(path)
+        nodes[name] = PeerNode(config, runner=in_process_runner(config))
+        nodes[name].edge.echo = PublishEcho(timeout_s=3.0)
+    stop = threading.Event()
+    threads = [threading.Thread(target=node.run, args=(stop,), daemon=True) for node in nodes.values()]
+    for thread in threads:
+        thread.start()
+    try:
+        problem = wait_until(lambda: nodes["p4"].edge.mqtt.problem, 30, "p4 reports a problem")
+        assert "the broker drops what this agent publishes" in problem and "systemctl reload mosquitto" in problem
+        assert nodes["p1"].edge.mqtt.problem is None and nodes["p1"].edge.mqtt.connected.is_set()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(15)
