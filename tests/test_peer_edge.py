@@ -1,7 +1,8 @@
 """A peer runs in the edge node's shell (agent.edge_node) as an edge agent does, over a real broker: its battery
 below ``gate.min_battery_pct`` (an emulated flight controller: real MAVLink bytes over a pty) keeps it from
 training and its signed membership says why; charged, it trains. Its Prometheus endpoint (``[metrics]``, which
-a peer refused before it ran in the shell) shows both, as an edge agent's does."""
+a peer refused before it ran in the shell) shows both, as an edge agent's does; and a broker that drops what it
+publishes (its ACL does not name it yet) is reported, as for an edge agent (agent.echo)."""
 
 from __future__ import annotations
 
