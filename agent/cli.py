@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agent.config import AgentConfig
-    from protocol.daemon import MqttDaemon
+    from protocol.daemon import Daemon
 
 
 def load_checked_agent_config(path: Path, *, create: bool = True) -> AgentConfig:
@@ -21,9 +21,10 @@ def load_checked_agent_config(path: Path, *, create: bool = True) -> AgentConfig
     return load_checked(load_agent_config, path, "agent.state_dir", create=create)
 
 
-def build_agent(config: AgentConfig, *, again_ok: bool = True) -> MqttDaemon:
+def build_agent(config: AgentConfig, *, again_ok: bool = True) -> Daemon:
     """The daemon ``skyfed agent run`` runs (and ``skyfed.api.Agent``) for a checked config: it locks the state
-    folder (``again_ok``: as ``common.lock.hold_state_dir``) and builds the agent, or a peer in peer mode."""
+    folder (``again_ok``: as ``common.lock.hold_state_dir``) and builds the edge node's role (agent.edge_node):
+    the agent, or a peer in peer mode."""
     from common.lock import hold_state_dir
 
     hold_state_dir(config.state_dir, "agent.state_dir", again_ok=again_ok)  # before anything reads or writes it

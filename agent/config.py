@@ -47,7 +47,6 @@ UNUSED_BY = {
     "peer": {
         "agent.status_interval_s": "a peer publishes its signed membership when it changes, not a status on a timer",
         "training.onnx": "a peer keeps no ONNX export; its model is state_dir/best_model.safetensors",
-        "metrics": "a peer node serves no Prometheus endpoint yet; its rounds are in state_dir/metrics.jsonl",
     },
     "client": {"keys.enrolled": "an edge agent trusts the server's key (keys.server); the enrolled folder is a peer's"},
 }

@@ -1,7 +1,8 @@
-"""The edge agent daemon: wait for a signed round task, fetch the global model, train, send the delta.
+"""The edge agent: wait for a signed round task, fetch the global model, train, send the delta.
 
-One MQTT connection and one thread of control (``protocol.daemon.MqttDaemon``): received messages
-queue up and are handled between steps, so training never blocks the network thread's keep-alives.
+A role in an edge node (``agent.edge_node``: one MQTT connection and one thread of control, the gate, the
+session's last will, the clock, Prometheus): received messages queue up and are handled between steps, so
+training never blocks the network thread's keep-alives.
 Only the newest signed task counts: an older (round, attempt) of the same server run, a task past its
 ``expires_at``, or a task from another federation is ignored, and the newest task is kept on disk, so a
 replayed old task cannot stall the agent even after a restart. The round work itself (train, encode,
@@ -14,47 +15,44 @@ is asked before anything heavy starts and while a job runs: a gate that closes m
 arms, say) cancels the job, and an update trained just before it closed stays on disk, unsent, until
 the gate opens again; a cancelled round is not a failure. Task times are judged on the server's clock
 where this device's is measurably off (``agent.clock``), and every connection gets its own signed last
-will, whose time every status of that connection names (``session``): the server refuses a will of an
-earlier connection replayed.
+will, whose time every status of that connection names (the node's ``session``): the server refuses a will of
+an earlier connection replayed.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import paho.mqtt.client as paho
 
-from agent.clock import ClockSkew
 from agent.config import AgentConfig
 from agent.device import check_device_present
-from agent.echo import PublishEcho, dropped_text
+from agent.edge_node import EdgeNode, Standing
 from agent.inbox import ServerInbox
 from agent.onboard import OnboardModel
 from agent.profile import StartFiles, privacy_view, read_start_files
-from agent.prometheus import AgentMetrics
 from agent.run_end import RunEnd
 from agent.runner import ChildRunner
 from agent.status_report import StatusReport
 from agent.task_check import TaskRefused, checked_task
-from agent.telemetry import Telemetry
 from agent.waiting import StuckNotice
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from models.weights import NamedArrays
 from participant.jobs import Cancelled, Declined, Failed, Runner, Trained
 from participant.progress import ProgressStore
 from participant.round_client import Destination, RoundClient
-from protocol.daemon import MqttDaemon, Throttle
 from protocol.messages import MAX_JSON_BYTES, AgentStatus, RoundTask
-from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from security.keys import GroupKey
-from security.signing import signed_payload
 
 log = logging.getLogger("skyfed.agent")
 
 
-class EdgeAgent(StatusReport, MqttDaemon):
+class EdgeAgent:
+    """The client role: an edge node's work for a server (``run`` runs its node)."""
+
     def __init__(self, config: AgentConfig, *, runner: Runner | None = None, files: StartFiles | None = None) -> None:
         self.config = config
         self.id = config.agent.id
@@ -65,11 +63,9 @@ class EdgeAgent(StatusReport, MqttDaemon):
         if runner is None:  # the training child's PyTorch must see the GPU training.device names: say so now
             check_device_present(config.training.device)
         self.runner = runner or ChildRunner(config)
-        self.telemetry = Telemetry(config.telemetry, config.gate)  # its serial readers start with the loop
         self.refusal = ""  # why this agent cannot train the federation's model (its gate says so)
         self.revoked = ""  # why the server withdrew this agent's enrolment (a signed task said so); "" if not
         self.onboard = OnboardModel(config.state_dir, self.runner, config.training.onnx)
-        self._log = Throttle(10.0)
         self.client = RoundClient(self.id, self.runner, ProgressStore(config.state_dir), identity=self.identity,
                                   federation=self.topics.federation,
                                   destination=Destination(self.topics.agent_update(self.id), self.server),
@@ -81,25 +77,23 @@ class EdgeAgent(StatusReport, MqttDaemon):
         self.state = "starting"
         self.detail = ""
         self.stuck = StuckNotice()
-        self._last_status = 0.0
-        self.echo = PublishEcho()  # its own status coming back: the broker does not drop what it sends
         self.run_end = RunEnd(self.topics.federation)
-        self.session = self._next_session = 0.0  # the connection's last will, by time (broker_server.registry)
-        self.clock = ClockSkew()
-        super().__init__(MqttClient(self.id, config.broker, will=self._next_will, on_connect=self._on_connect), log)
-        self.runner.notify = self.mqtt.wake  # a finished job is sent at once, not a tick later
+        self.report = StatusReport(self)
+        self.status_topic = self.topics.agent_status(self.id)
+        self.edge = EdgeNode(config, self.identity, self, log)
+        self.runner.notify = self.edge.mqtt.wake  # a finished job is sent at once, not a tick later
         stored = self.client.store.load_task()
         if stored is not None:
             self._consider_task(stored, persist=False)
-        self.prometheus = AgentMetrics(config.metrics)  # last: it listens on a port until ``on_stop``
 
-    # MqttDaemon --------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None) -> None:
+        self.edge.run(stop)
+
+    # EdgeRole ----------------------------------------------------------------------------------------
     def subscriptions(self) -> list[str]:
-        own_status = self.topics.agent_status(self.id)
-        return [self.topics.round, self.topics.agent_inbox(self.id), own_status, self.topics.server_status]
+        return [self.topics.round, self.topics.agent_inbox(self.id), self.status_topic, self.topics.server_status]
 
-    def on_start(self) -> None:
-        self.telemetry.start()
+    def started(self) -> None:
         log.info(
             "agent started id=%s federation=%s samples=%d last_completed_round=%d",
             self.id,
@@ -113,14 +107,10 @@ class EdgeAgent(StatusReport, MqttDaemon):
             self._on_task(payload)
         elif topic == self.topics.agent_inbox(self.id):
             self._on_transfer_chunk(payload, frozenset({"groupkey", "start", "peers", "model"}))  # model: resent to it
-        elif topic == self.topics.agent_status(self.id):
-            if self.echo.came_back(payload):
-                log.info("the broker delivers this agent's messages again")
-                self.mqtt.report_problem(None)
         elif topic == self.topics.server_status:
             if self.run_end.note(payload):
                 log.info("run finished at the server: %s", self.run_end.detail())
-                self._publish_status(force=True)
+                self.report.publish(force=True)
         elif (version := self.topics.model_version_of(topic)) is not None and payload:
             self._on_transfer_chunk(payload, frozenset({"model"}), version)
 
@@ -128,37 +118,41 @@ class EdgeAgent(StatusReport, MqttDaemon):
         self.inbox.expire()
         self._step()
         self._say_if_stuck()
-        self._publish_status()
-        if self.echo.overdue(self.mqtt.connected.is_set()):
-            self.mqtt.report_problem(dropped_text(self.id, self.echo.timeout_s))  # its log line and systemd status
+        self.report.publish()
 
     def _say_if_stuck(self) -> None:
-        stuck_s = self.stuck.due(not self.group_keys and self.mqtt.connected.is_set(), time.monotonic())
+        stuck_s = self.stuck.due(not self.group_keys and self.edge.mqtt.connected.is_set(), time.monotonic())
         if stuck_s is not None:
-            log.warning("no group key after %.0f s: %s", stuck_s, self._waiting_for())
+            log.warning("no group key after %.0f s: %s", stuck_s, self.report.waiting_for())
 
-    def publish_final_status(self) -> paho.MQTTMessageInfo | None:
+    def final_status(self) -> paho.MQTTMessageInfo | None:
         if self.client.upload is not None:
             self._check_upload()  # an acknowledgement that arrived since the last tick still counts
         if self.onboard.job is not None:
             self.onboard.job.cancel("the agent is stopping")
         self.client.close("the agent is stopping")
-        self.telemetry.stop()
         self.state = "offline"  # a clean stop says so itself; a crash leaves it to the LWT
-        return self._publish_status(force=True)
+        return self.report.publish(force=True)
 
-    def on_stop(self) -> None:
-        self.prometheus.close()
+    def offline(self, session: float) -> dict:
+        return AgentStatus.offline(self.id, session=session).to_dict()
 
-    def _next_will(self) -> Will:
-        """The signed offline status the broker publishes if the next connection dies: its own session."""
-        self._next_session = time.time()
-        offline = AgentStatus.offline(self.id, session=self._next_session)
-        return Will(self.topics.agent_status(self.id), signed_payload(offline.to_dict(), self.identity))
+    def connected(self) -> None:
+        self.report.last = 0.0  # the new session's first status goes out on the next tick
 
-    def _on_connect(self) -> None:
-        self.session = self._next_session  # the will this connection was made with (a new one follows)
-        self._last_status = 0.0
+    def describe(self) -> str:
+        return self.report.describe()
+
+    def progress_fields(self) -> str:
+        return f"round={self.task.round if self.task is not None else 0} model_version={max(self.models, default=0)}"
+
+    def finished(self) -> bool:
+        return False
+
+    def standing(self) -> Standing:
+        task_round = self.task.round if self.task is not None else 0
+        last = self.client.progress.last_completed_round
+        return Standing(self.state, task_round, last, tuple(self.report.gate_reasons()))
 
     # round tasks -------------------------------------------------------------------------------------
     def _on_task(self, payload: bytes) -> None:
@@ -178,8 +172,8 @@ class EdgeAgent(StatusReport, MqttDaemon):
         except TaskRefused as refused:
             self._warn(refused.key, "%s", refused)
             return
-        if persist and self.clock.note_task(task, time.time()):
-            self._publish_status(force=True)
+        if persist and self.edge.clock.note_task(task, time.time()):
+            self.report.publish(force=True)
         if persist and task.expired(self.server_time()):
             age = time.time() - task.issued_at
             self.detail = f"the newest round task had expired on arrival (issued {age:.0f} s ago by this device's " \
@@ -192,7 +186,7 @@ class EdgeAgent(StatusReport, MqttDaemon):
         self._note_revocation(task)
         if persist:
             self.client.store.save_task(document)  # type: ignore[arg-type]
-            self.mqtt.wake()  # the step acts on it now, not a tick later
+            self.edge.mqtt.wake()  # the step acts on it now, not a tick later
 
     def _note_revocation(self, task: RoundTask) -> None:
         """The server's signed task names this agent as revoked: stop training and sending (``_step``),
@@ -206,8 +200,8 @@ class EdgeAgent(StatusReport, MqttDaemon):
             log.info("enrolled again: round %d selects this agent", task.round)
 
     def server_time(self) -> float:
-        """The time on the server's clock, as this device's clock and the measured skew say."""
-        return self.clock.server_time(time.time())
+        """The time on the server's clock, as this device's clock and the measured skew say (``agent.clock``)."""
+        return self.edge.server_time()
 
     # round work ---------------------------------------------------------------------------------------
     def _step(self) -> None:
@@ -224,16 +218,16 @@ class EdgeAgent(StatusReport, MqttDaemon):
         if self.revoked:
             return self._set_state("revoked")
         if self.onboard.job is not None:
-            return self.onboard.check(gated=bool(self.telemetry.reasons()))
+            return self.onboard.check(gated=bool(self.edge.telemetry.reasons()))
         task = self.task
         if task is not None and (refusal := self.profile.refusal(task)) != self.refusal:
             self.refusal = refusal
             if refusal:
                 log.warning("cannot train this federation's model: %s", refusal)
-            self._publish_status(force=True)
+            self.report.publish(force=True)
         if task is not None:
             self.client.drop_closed(task.round)
-        gated = self.telemetry.reasons()
+        gated = self.edge.telemetry.reasons()
         if gated:
             return self._gated(gated)
         if task is None or self.id not in task.selected or task.expired(self.server_time()) or self.refusal:
@@ -281,7 +275,7 @@ class EdgeAgent(StatusReport, MqttDaemon):
         send a trained update (kept unsent while the gate is closed), or say why there is none."""
         training = self.client.training
         assert training is not None
-        task, gated = training.task, self.telemetry.reasons()
+        task, gated = training.task, self.edge.telemetry.reasons()
         revoked = f"revoked by the server: {self.revoked}" if self.revoked else ""
         newest = self.task.round if self.task is not None else task.round
         cancel = next(filter(None, (
@@ -300,7 +294,7 @@ class EdgeAgent(StatusReport, MqttDaemon):
             self.detail = ""
             if report.update is None:  # a local round: its status tells the server (last_completed_round)
                 return self._set_state("done", publish=True)
-            if gated := self.telemetry.reasons():  # kept on disk, unsent: re-sent once the gate opens (``_step``)
+            if gated := self.edge.telemetry.reasons():  # kept on disk, unsent: re-sent once the gate opens (``_step``)
                 return self._gated(gated)
             return self._send(task, report.update)
         if isinstance(outcome, Cancelled):
@@ -312,7 +306,7 @@ class EdgeAgent(StatusReport, MqttDaemon):
             return self._set_state("declined", publish=True)
         assert isinstance(outcome, Failed)
         log.error("training failed round=%d attempt=%d: %s", task.round, task.attempt, outcome.reason)
-        self.errors, self.detail = self.errors + 1, f"training failed: {outcome.reason}"
+        self.edge.errors, self.detail = self.edge.errors + 1, f"training failed: {outcome.reason}"
         return self._set_state("failed", publish=True)
 
     def _resend(self, task: RoundTask) -> None:
@@ -322,13 +316,13 @@ class EdgeAgent(StatusReport, MqttDaemon):
     def _send(self, task: RoundTask, data: bytes) -> None:
         """Hand the sealed update to paho; it counts as sent once the broker acknowledged every chunk
         (``_check_upload``, from the loop: the daemon never blocks on the network)."""
-        self.client.send(self.mqtt, task, data, self.server_time())  # signed on the server's clock (agent.clock)
+        self.client.send(self.edge.mqtt, task, data, self.server_time())  # signed on the server's clock (agent.clock)
         self._set_state("uploading", publish=True)
 
     def _check_upload(self) -> None:
         upload = self.client.upload
-        if self.client.check_upload(self.mqtt, self.task) == "acknowledged":
-            self.prometheus.update_sent(upload.size)
+        if self.client.check_upload(self.edge.mqtt, self.task) == "acknowledged":
+            self.edge.metrics.update_sent(upload.size)
             self._set_state("done", publish=True)
 
     # transfers ---------------------------------------------------------------------------------------
@@ -336,14 +330,14 @@ class EdgeAgent(StatusReport, MqttDaemon):
         outcome = self.inbox.feed(payload, kinds, topic_round, self.task)
         if outcome == "groupkey":
             # (Re)subscribing makes the broker resend the retained model chunks, now decryptable.
-            self.mqtt.subscribe(self.topics.model_wildcard)
-            self._publish_status(force=True)
+            self.edge.mqtt.subscribe(self.topics.model_wildcard)
+            self.report.publish(force=True)
         elif outcome == "groupkey-held":  # the server resent it, our status lagging: say we hold it, and no more
-            self._publish_status(force=True)  # (the chunks already opened: resubscribing would fetch them again)
+            self.report.publish(force=True)  # (the chunks already opened: resubscribing would fetch them again)
         elif outcome == "key-mismatch":
-            self._warn("re-enrol", "%s", self._waiting_for())
+            self._warn("re-enrol", "%s", self.report.waiting_for())
         elif outcome in ("model", "start", "peers"):  # what a selected agent's step may be waiting for
-            self.mqtt.wake()
+            self.edge.mqtt.wake()
 
     @property
     def group_keys(self) -> dict[str, GroupKey]:
@@ -355,13 +349,10 @@ class EdgeAgent(StatusReport, MqttDaemon):
 
     # status ------------------------------------------------------------------------------------------
     def _warn(self, key: str, message: str, *args: object) -> None:
-        held = self._log.allow(key)
-        if held is not None:
-            log.warning(message + (" held_back=%d" if held else ""), *args, *((held,) if held else ()))
+        self.edge.warn(key, message, *args)
 
     def _set_state(self, state: str, *, publish: bool = False) -> None:
         changed = state != self.state
         self.state = state
-        self.prometheus.state(state)
         if changed or publish:
-            self._publish_status(force=True)
+            self.report.publish(force=True)

@@ -1,18 +1,21 @@
-"""The agent's Prometheus metrics (``[metrics] prometheus_port`` in agent.toml; docs/monitoring.md lists them).
+"""An edge node's Prometheus metrics (``[metrics] prometheus_port`` in agent.toml; docs/monitoring.md lists them).
 
-The daemon reports its state changes, each update the broker acknowledged and each status it publishes;
-all of it on the daemon's loop thread, the HTTP thread only reads (``protocol.prometheus``).
+The shell (``agent.edge_node``) reports its role's standing after every tick, and the role each update the
+broker acknowledged; all of it on the loop thread, the HTTP thread only reads (``protocol.prometheus``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from protocol.messages import AgentStatus
 from protocol.prometheus import MetricsSection, serve
+
+if TYPE_CHECKING:
+    from agent.edge_node import Standing
 
 
 class AgentMetrics:
@@ -37,21 +40,19 @@ class AgentMetrics:
         if self.endpoint is not None:
             self.endpoint.close()
 
-    def state(self, state: str) -> None:
-        """The daemon's state now: time in ``training`` is counted once it leaves it."""
+    def observe(self, standing: Standing) -> None:
+        """Where the role stands now: time in ``training`` is counted once it leaves it."""
         now = self.clock()
-        if state == "training" and self._training_since is None:
+        if standing.state == "training" and self._training_since is None:
             self._training_since = now
-        elif state != "training" and self._training_since is not None:
+        elif standing.state != "training" and self._training_since is not None:
             self.training.inc(now - self._training_since)
             self._training_since = None
+        self.gate_open.set(not standing.gate)
+        self.gate_reasons.set(len(standing.gate))
+        self.last_round.set(standing.last_completed_round)
+        self.round.set(standing.round)
 
     def update_sent(self, size: int) -> None:
         self.updates.inc()
         self.sent.inc(size)
-
-    def status(self, status: AgentStatus) -> None:
-        self.gate_open.set(status.gate.ok)
-        self.gate_reasons.set(len(status.gate.reasons))
-        self.last_round.set(status.last_completed_round)
-        self.round.set(status.round)

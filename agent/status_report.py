@@ -1,6 +1,7 @@
 """What the agent tells the server and operators about itself: the signed, retained status (state, round,
-gate and its reasons, what it waits for) and the one-line systemd status. Mixed into the daemon
-(``agent.daemon.EdgeAgent``); publishing a status also updates its Prometheus gauges (``agent.prometheus``).
+gate and its reasons, what it waits for) and the one-line systemd status. A collaborator of the agent's role
+(``agent.daemon.EdgeAgent``), published through its edge node (``agent.edge_node``), at most every
+``agent.status_interval_s`` unless a change forces it.
 """
 
 from __future__ import annotations
@@ -12,62 +13,65 @@ import paho.mqtt.client as paho
 
 from agent.waiting import waiting_for
 from protocol.messages import AgentStatus, Gate
-from security.signing import signed_payload
 
 if TYPE_CHECKING:
     from agent.daemon import EdgeAgent
 
 
 class StatusReport:
-    def systemd_status(self: EdgeAgent) -> str:
+    def __init__(self, agent: EdgeAgent) -> None:
+        self.agent = agent
+        self.interval_s = agent.config.agent.status_interval_s
+        self.last = 0.0  # when the last status went out (0: the next one goes out whatever the interval)
+
+    def describe(self) -> str:
         """``round 3: training``, ``round 3: gated (armed: …)``, ``no round yet: idle`` (what systemctl shows)."""
-        where = f"round {self.task.round}" if self.task is not None else "no round yet"
-        why = f" ({'; '.join(self.telemetry.reasons())})" if self.state == "gated" else ""
-        return f"{where}: {self.state}{why}" + ("; the server's run is over" if self.run_end.ended else "")
+        a = self.agent
+        where = f"round {a.task.round}" if a.task is not None else "no round yet"
+        why = f" ({'; '.join(a.edge.telemetry.reasons())})" if a.state == "gated" else ""
+        return f"{where}: {a.state}{why}" + ("; the server's run is over" if a.run_end.ended else "")
 
-    def progress_fields(self: EdgeAgent) -> str:
-        return f"round={self.task.round if self.task is not None else 0} model_version={max(self.models, default=0)}"
+    def waiting_for(self) -> str:
+        a = self.agent
+        return waiting_for(agent=a.id, topics=a.topics, key_mismatch=a.inbox.key_mismatch,
+                           has_group_key=bool(a.group_keys), task=a.task, state=a.state)  # fmt: skip
 
-    def _waiting_for(self: EdgeAgent) -> str:
-        return waiting_for(agent=self.id, topics=self.topics, key_mismatch=self.inbox.key_mismatch,
-                           has_group_key=bool(self.group_keys), task=self.task, state=self.state)  # fmt: skip
+    def gate_reasons(self) -> list[str]:
+        """The device's gate, its local privacy budget and its data profile (what the server selects on)."""
+        a = self.agent
+        refusal = a.privacy.refusal() if a.privacy is not None else ""
+        return [*a.edge.telemetry.reasons(), *(r for r in (refusal, a.refusal) if r)]
 
-    def _status(self: EdgeAgent) -> AgentStatus:
-        task = self.task
-        refusal = self.privacy.refusal() if self.privacy is not None else ""
-        gate_reasons = [*self.telemetry.reasons(), *(r for r in (refusal, self.refusal) if r)]
-        skew = f"clock skew: {self.clock.offset_s:+.0f} s off the server's clock" if self.clock.skewed else ""
-        state, detail = self.connection_state(
-            self.state, self.detail or skew or self.run_end.detail() or self._waiting_for()
-        )
+    def status(self) -> AgentStatus:
+        a, edge = self.agent, self.agent.edge
+        task = a.task
+        gate_reasons = self.gate_reasons()
+        skew = f"clock skew: {edge.clock.offset_s:+.0f} s off the server's clock" if edge.clock.skewed else ""
+        state, detail = edge.connection_state(a.state, a.detail or skew or a.run_end.detail() or self.waiting_for())
         return AgentStatus(
-            agent=self.id,
+            agent=a.id,
             state=state,
             round=task.round if task else 0,
             run_id=task.run_id if task else "",
             task_version=task.model_version if task else 0,
             receipt=task.receipt if task else "",
-            samples=self.profile.samples,
-            version=max(self.models, default=0),
+            samples=a.profile.samples,
+            version=max(a.models, default=0),
             updated_at=time.time(),
             gate=Gate(ok=not gate_reasons, reasons=gate_reasons),
-            group_key_id=next(reversed(self.group_keys), ""),
-            last_completed_round=self.client.progress.last_completed_round,
+            group_key_id=next(reversed(a.group_keys), ""),
+            last_completed_round=a.client.progress.last_completed_round,
             detail=detail,
-            errors=self.errors,
-            session=self.session,
-            clock_offset_s=round(self.clock.offset_s, 1),
-            start=task.start_of(self.id).source if task and self.id in task.selected else "",
-            privacy=self.privacy.summary() if self.privacy is not None else {},
+            errors=edge.errors,
+            session=edge.session,
+            clock_offset_s=round(edge.clock.offset_s, 1),
+            start=task.start_of(a.id).source if task and a.id in task.selected else "",
+            privacy=a.privacy.summary() if a.privacy is not None else {},
         )
 
-    def _publish_status(self: EdgeAgent, *, force: bool = False) -> paho.MQTTMessageInfo | None:
+    def publish(self, *, force: bool = False) -> paho.MQTTMessageInfo | None:
         now = time.time()
-        if not force and now - self._last_status < self.config.agent.status_interval_s:
+        if not force and now - self.last < self.interval_s:
             return None
-        self._last_status = now
-        status = self._status()
-        self.prometheus.status(status)
-        payload = signed_payload(status.to_dict(), self.identity)  # the server selects on signed status only
-        self.echo.sent(payload)
-        return self.mqtt.publish(self.topics.agent_status(self.id), payload, retain=True)
+        self.last = now
+        return self.agent.edge.publish_status(self.status().to_dict())  # the server selects on signed status only

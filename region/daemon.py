@@ -3,7 +3,8 @@ one process, two loops.
 
 The aggregator (``broker_server.daemon.Aggregator``) runs on the main thread, on the region's broker, as any
 server does; its rounds follow the root's (``broker_server.upstream_rounds``). The participant is an edge
-agent (``agent.daemon.EdgeAgent``) named ``upstream.id`` in ``upstream.federation``, on ``[upstream.broker]``
+agent (``agent.daemon.EdgeAgent``, a role in its edge node, ``agent.edge_node``: the session's will, status,
+Prometheus come with it) named ``upstream.id`` in ``upstream.federation``, on ``[upstream.broker]``
 (or on the region's own broker, bridged to the root's): it publishes status, receives the group key, the
 signed round tasks and the root's model, and sends the region's aggregate up, sealed to the root, stored
 durably and re-sent after a restart like any agent's update. Its trainer is the region
@@ -76,7 +77,7 @@ class Region:
         trainer: Trainer = RegionalTrainer(self.handoff)
         runner = InProcessRunner(trainer if wrap is None else wrap(trainer))
         self.participant = EdgeAgent(agent_config, runner=runner, files=files)
-        self.participant.notifier = Notifier({})  # one service, one voice: the aggregator's
+        self.participant.edge.notifier = Notifier({})  # one service, one voice: the aggregator's
 
     def run(self, stop: threading.Event | None = None) -> None:
         stop = stop or threading.Event()

@@ -48,7 +48,7 @@ def build_agents(args: argparse.Namespace) -> list[EdgeAgent | PeerNode]:
             agent.runner.trainer = SlowTrainer(agent.runner.trainer, args.slowdown)
         agents.append(agent)
     for agent in agents:
-        agent.tick_interval_s = hosted_tick_s(len(agents))
+        agent.edge.tick_interval_s = hosted_tick_s(len(agents))
     return agents
 
 

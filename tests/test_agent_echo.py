@@ -22,19 +22,19 @@ def test_an_agent_missing_from_the_loaded_acl_says_its_publishes_are_dropped(pro
         config = out / "agents" / name / "agent.toml"
         override_toml(config, agent={"status_interval_s": 0.5})
         agents[name] = hosted_agent(config)
-        agents[name].echo = PublishEcho(timeout_s=3.0)
+        agents[name].edge.echo = PublishEcho(timeout_s=3.0)
     stop = threading.Event()
     threads = [threading.Thread(target=a.run, args=(stop,), daemon=True) for a in agents.values()]
     for thread in threads:
         thread.start()
     try:
-        problem = wait_until(lambda: agents["a4"].mqtt.problem, 20, "a4 reports a problem")
+        problem = wait_until(lambda: agents["a4"].edge.mqtt.problem, 20, "a4 reports a problem")
         assert DROPPED in problem and "systemctl reload mosquitto" in problem  # on main: "mqtt connected", silence
-        status = agents["a4"]._status()  # what systemd's STATUS= gets too (protocol.daemon adds the problem)
+        status = agents["a4"].report.status()  # what systemd's STATUS= gets too (protocol.daemon adds the problem)
         assert status.state == "unreachable" and DROPPED in status.detail
-        assert agents["a1"].mqtt.problem is None and agents["a1"].mqtt.connected.is_set()
+        assert agents["a1"].edge.mqtt.problem is None and agents["a1"].edge.mqtt.connected.is_set()
         broker.reload()  # what the operator is told to do
-        wait_until(lambda: agents["a4"].mqtt.problem is None, 20, "a4's status comes back after the reload")
+        wait_until(lambda: agents["a4"].edge.mqtt.problem is None, 20, "a4's status comes back after the reload")
     finally:
         stop.set()
         for thread in threads:

@@ -59,9 +59,10 @@ def test_status_says_unreachable_with_the_reason_while_there_is_a_problem(tmp_pa
 
     layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="c"), ("127.0.0.1", 1))
     agent = hosted_agent(layout.agent_configs["agent-01"])
-    assert agent._status().state != "unreachable"
-    agent.mqtt.problem = "subscription to skyfed/c/round refused (Not authorized): check the broker's ACL for this id"
-    status = agent._status()
+    assert agent.report.status().state != "unreachable"
+    refused = "subscription to skyfed/c/round refused (Not authorized): check the broker's ACL for this id"
+    agent.edge.mqtt.problem = refused
+    status = agent.report.status()
     assert status.state == "unreachable" and "check the broker's ACL" in status.detail
 
 

@@ -181,7 +181,7 @@ def test_an_agent_whose_clock_runs_600_s_ahead_says_clock_skew_and_keeps_to_the_
     assert agent.task is not None and agent.task.round == 2  # two agree: judged on the server's time
     assert not agent.task.expired(agent.server_time())
     assert "clock skew offset_s=+600" in caplog.text
-    status = agent._status()
+    status = agent.report.status()
     assert 599 < status.clock_offset_s < 601 and "clock skew" in status.detail
 
 
@@ -272,23 +272,23 @@ def test_each_connection_has_its_own_signed_will_so_an_earlier_one_replayed_is_r
     registry = AgentRegistry(Keyring([agent.identity.public]), status_timeout_s=60)
     watcher = MqttClient("watcher", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
     watcher.subscribe("skyfed/it/agent/agent-01/status")
-    assert watcher.start(timeout_s=5) and agent.mqtt.start(timeout_s=5)
+    assert watcher.start(timeout_s=5) and agent.edge.mqtt.start(timeout_s=5)
     try:
-        first = wait_until(lambda: agent.session, what="the first connection")
-        agent._publish_status(force=True)
+        first = wait_until(lambda: agent.edge.session, what="the first connection")
+        agent.report.publish(force=True)
         wait_until(lambda: registry_fed(watcher, registry) not in ("", "offline"), what="the first status")
-        agent.mqtt._client.socket().shutdown(socket.SHUT_RDWR)  # the link drops: the broker publishes the will
+        agent.edge.mqtt._client.socket().shutdown(socket.SHUT_RDWR)  # the link drops: the broker publishes the will
         wait_until(lambda: registry_fed(watcher, registry) == "offline", what="the first connection's will")
         will = registry.seen["agent-01"].status
         assert will.session == will.updated_at == first
-        wait_until(lambda: agent.session > first, what="a reconnection, with a new will")
-        agent._publish_status(force=True)
+        wait_until(lambda: agent.edge.session > first, what="a reconnection, with a new will")
+        agent.report.publish(force=True)
         wait_until(lambda: registry_fed(watcher, registry) not in ("", "offline"), what="a new connection's status")
         replayed = signed_payload(will.to_dict(), agent.identity)  # as captured off the broker
         with pytest.raises(StatusRefused, match="status-stale-will"):
             registry.update("agent-01", replayed, now=time.time())
     finally:
-        agent.mqtt.stop(2)
+        agent.edge.mqtt.stop(2)
         watcher.stop()
 
 

@@ -368,7 +368,7 @@ def test_an_agent_that_declines_says_why_in_its_signed_status(tmp_path):
     while job.poll() is None:
         time.sleep(0.01)
     agent._check_training()
-    status = agent._status()
+    status = agent.report.status()
     assert status.state == "declined" and "FedAMN's attention meta-network" in status.detail
 
 

@@ -298,13 +298,13 @@ def test_an_agent_acts_on_its_task_model_and_finished_training_at_once_not_on_it
     nothing happens until a tick, and the federation does not finish."""
     fed = Federation(tmp_path, broker, rounds=2, agents=2)
     for agent in fed.agents:
-        agent.tick_interval_s = 600.0
+        agent.edge.tick_interval_s = 600.0
     server = Aggregator(load_server_config(fed.layout.server_config))
     try:
         fed.run(server, timeout_s=60)
     finally:
         for agent in fed.agents:  # their loops see the stop now, not in 10 minutes
-            agent.mqtt.wake()
+            agent.edge.mqtt.wake()
     assert [sorted(m.accepted) for m in fed.metrics()] == [["agent-01", "agent-02"]] * 2
 
 

@@ -29,12 +29,12 @@ def test_arming_mid_round_stops_training_and_nothing_is_sent_until_disarmed(tmp_
         wait_until(lambda: drone.state == "training", 60, "the drone to start training")
         flight_controller.arm()
         wait_until(lambda: drone.state == "gated", 5, "arming to stop the training")
-        status = drone._status()
+        status = drone.report.status()
         assert not status.gate.ok and any(r.startswith("armed:") for r in status.gate.reasons)
         assert drone.client.progress.last_completed_round == 0 and drone.client.store.stored_update(1) is None
-        assert drone.errors == 0  # a closed gate is not a failure
+        assert drone.edge.errors == 0  # a closed gate is not a failure
         flight_controller.set_battery(20)
-        wait_until(lambda: any(r.startswith("battery-low: 20%") for r in drone._status().gate.reasons), 5, "battery")
+        wait_until(lambda: any(r.startswith("battery-low: 20%") for r in drone.report.gate_reasons()), 5, "battery")
         assert server.engine.round_state is not None and "agent-01" in server.engine.round_state.pending
         flight_controller.disarm()
         flight_controller.set_battery(90)
@@ -44,7 +44,7 @@ def test_arming_mid_round_stops_training_and_nothing_is_sent_until_disarmed(tmp_
         fed.close()
     (metrics,) = fed.metrics()
     assert sorted(metrics.accepted) == ["agent-01", "agent-02"]  # trained again once the gate opened
-    assert drone._status().gate.ok
+    assert drone.report.status().gate.ok
 
 
 def test_a_gate_policy_no_source_can_satisfy_is_refused_at_start(tmp_path):

@@ -68,7 +68,7 @@ def test_a_node_killed_mid_round_the_round_closes_and_every_agent_gets_the_next_
             m.rejected
     for agent in fed.agents:  # every agent got the model of round 2 (version 2) and trained on it
         assert max(agent.models) >= 2, (agent.id, sorted(agent.models))
-        assert agent.mqtt.at.port != killed.ports.mqtt, agent.id
+        assert agent.edge.mqtt.at.port != killed.ports.mqtt, agent.id
     assert server.mqtt.at.port != killed.ports.mqtt
     print(f"{killed.name} (the server's node) killed in round 1; rounds 1-2 closed {finished_s:.1f} s later "
           f"(round 1 took {metrics[0].duration_s:.1f} s, round 2 {metrics[1].duration_s:.1f} s)")  # fmt: skip

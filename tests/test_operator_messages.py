@@ -36,15 +36,15 @@ def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker,
     server_thread.start()
     fed.start_agents()
     try:
-        wait_until(lambda: "re-enrol this agent" in fed.agents[1]._status().detail, 30, "re-enrol hint")
-        wait_until(lambda: "is not enrolled there" in fed.agents[2]._status().detail, 30, "not-enrolled hint")
+        wait_until(lambda: "re-enrol this agent" in fed.agents[1].report.status().detail, 30, "re-enrol hint")
+        wait_until(lambda: "is not enrolled there" in fed.agents[2].report.status().detail, 30, "not-enrolled hint")
         wait_until(lambda: "ignored-not-enrolled" in server._status_json().decode(), 30, "the server's count")
         wait_until(lambda: "ignored-revoked" in server._status_json().decode(), 30, "the revoked agent counted")
         wait_until(lambda: "ignored-wrong-federation" in server._status_json().decode(), 30, "the lost agent counted")
         wait_until(lambda: "status-bad-signature" in server._status_json().decode(), 30, "the re-keyed agent refused")
         said = lambda: any("no group key after" in r.getMessage() for r in caplog.records)  # noqa: E731
         wait_until(said, 30, "the agent's own log")
-        status = AgentStatus.from_json(fed.agents[1]._status().to_json())  # as published, so the monitor shows it
+        status = AgentStatus.from_json(fed.agents[1].report.status().to_json())  # as published, so the monitor shows it
         assert status.state == "idle" and "keys enroll agent-02.pub" in status.detail
     finally:
         stop.set()

@@ -186,7 +186,7 @@ def test_a_membership_forged_by_a_non_member_is_refused(tmp_path, broker, peers,
     configs = peer_configs(tmp_path, broker, join_wait_s=60.0)  # it only gathers memberships here
     caplog.set_level(logging.INFO)
     node = peers.start(configs["agent-01"])
-    wait_until(lambda: node.mqtt.connected.is_set(), what="the peer to connect")
+    wait_until(lambda: node.edge.mqtt.connected.is_set(), what="the peer to connect")
     topics = Topics("sim")
     mallory = Identity.generate("mallory")  # not enrolled: its own key
     client = MqttClient("mallory", BrokerSettings(host=broker.host, port=broker.port), persistent=False)
@@ -299,7 +299,6 @@ def test_peers_default_to_the_servers_measured_strategy_and_refuse_what_needs_a_
 @pytest.mark.parametrize(("mode", "tables", "named"), [
     ("peer", {"agent": {"status_interval_s": 2.0}}, "agent.status_interval_s"),
     ("peer", {"training": {"onnx": True}}, "training.onnx"),
-    ("peer", {"metrics": {"prometheus_port": 0}}, r"\[metrics\]"),  # off, yet given: on main silently ignored
     ("client", {"keys": {"enrolled": "enrolled"}}, "keys.enrolled"),
 ])  # fmt: skip
 def test_a_key_the_role_never_reads_is_refused_at_start_naming_it(tmp_path, broker, mode, tables, named):

@@ -38,8 +38,8 @@ def test_the_last_round_is_followed_by_a_final_line_and_the_agents_hear_of_it(tm
     noticed = [line for line in lines if line.startswith("run finished at the server")]
     assert len(noticed) == 2 and "after round 1" in noticed[0]
     for agent in agents:
-        assert "run is over after round 1" in agent._status().detail
-        assert agent.systemd_status().endswith("the server's run is over")
+        assert "run is over after round 1" in agent.report.status().detail
+        assert agent.edge.systemd_status().endswith("the server's run is over")
 
 
 def test_a_finished_run_restarted_says_it_is_over_and_how_to_start_a_new_one(tmp_path, broker, caplog):

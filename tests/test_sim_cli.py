@@ -454,5 +454,5 @@ def test_a_process_hosting_many_agents_turns_their_idle_loops_at_most_100_times_
     args = argparse.Namespace(config=[str(c) for c in layout.agent_configs.values()], attacker=[], attack="",
                               scope="parameters", slow=[], slowdown=1.0)  # fmt: skip
     agents = build_agents(args)
-    assert [a.tick_interval_s for a in agents] == [0.12] * 12
+    assert [a.edge.tick_interval_s for a in agents] == [0.12] * 12
     assert hosted_tick_s(1) == hosted_tick_s(10) == 0.1 and hosted_tick_s(100) == 1.0

@@ -165,7 +165,7 @@ def test_a_deployed_agent_trains_through_its_child_and_a_crash_does_not_stop_it(
         wait_until(lambda: deployed.client.training is not None and deployed.runner.child is not None, 60, "training")
         os.kill(deployed.runner.child.process.pid, signal.SIGKILL)
         wait_until(lambda: deployed.state == "failed", 30, "the failure to be reported")
-        assert "killed by signal 9" in deployed._status().detail
+        assert "killed by signal 9" in deployed.report.status().detail
         server_thread.join(240)
         assert not server_thread.is_alive(), "the federation did not finish"
     finally:
@@ -173,7 +173,7 @@ def test_a_deployed_agent_trains_through_its_child_and_a_crash_does_not_stop_it(
     committed = [m for m in fed.metrics() if m.outcome == "committed"]
     assert [m.round for m in committed] == [1, 2, 3] and "agent-01" in committed[0].missed
     assert "agent-01" in committed[-1].accepted
-    assert deployed.errors >= 1 and deployed.client.progress.last_completed_round == 3
+    assert deployed.edge.errors >= 1 and deployed.client.progress.last_completed_round == 3
 
 
 def test_ultralytics_keeps_its_settings_under_the_agent_state_dir_even_when_an_export_comes_first(tmp_path):

@@ -57,7 +57,7 @@ class BestAgg:
         self.model, self.since = model, now
         score = headline(evaluation)
         own = PeerBest(self.node.topics.federation, self.me, round_number, float(score if score is not None else -1),
-                       fingerprint(model), self.node.session)  # fmt: skip
+                       fingerprint(model), self.node.edge.session)  # fmt: skip
         self.election = Election(self.me, own, self.plan.best_margin, now)
         for claim in self.claims.values():
             self.election.note(claim)

@@ -1,49 +1,52 @@
-"""The peer daemon (``skyfed agent run`` with ``federation.mode = "peer"``): MQTT, keys and membership.
+"""The peer (``skyfed agent run`` with ``federation.mode = "peer"``): keys and membership.
 
-One MQTT connection and one loop (``protocol.daemon.MqttDaemon``), as the edge agent's. It announces
-itself on its retained, signed ``peer/<id>/member`` (its last will is a signed ``left``), follows the
+A role in an edge node (``agent.edge_node``), as the edge agent is: one MQTT connection and one loop, the
+device gate, the session's last will, Prometheus. Its status is its retained, signed ``peer/<id>/member``
+(its last will is a signed ``left``); it follows the
 other peers' (``agent.peer.roster``: only enrolled, unrevoked peers count), opens the chunks sealed to
 it on ``peer/+/to/<id>`` (``protocol.transfer.Reassembler`` with a ``security.envelope.Opener`` over the
 enrolled keys) and hands the round work to ``agent.peer.rounds.PeerRounds``. Every refusal (a forged
 membership, a stranger's chunk, a bad update) is logged with its reason, throttled, and survived. The device
-gate is the edge agent's (``agent.telemetry.Telemetry`` over ``[telemetry]`` and ``[gate]``): its reasons
-go in the signed membership while the peer sits out.
+gate is the node's (``agent.telemetry.Telemetry`` over ``[telemetry]`` and ``[gate]``): its reasons go in the
+signed membership while the peer sits out. There is no server whose signed times would measure this device's
+clock: the node's clock stays uncorrected (peers judge round times on their own monotonic clocks).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 
 import paho.mqtt.client as paho
 
 from agent.config import AgentConfig
+from agent.edge_node import EdgeNode, Standing
 from agent.peer.collect import transfer_limits
 from agent.peer.roster import MembershipRefused, Roster
 from agent.peer.rounds import PeerRounds
-from agent.telemetry import Telemetry
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from flcore.validation import reason_kind
 from models.weights import NamedArrays
 from participant.jobs import Runner
 from participant.upload import Upload, send_sealed
-from protocol.daemon import MqttDaemon, Throttle
 from protocol.messages import MAX_JSON_BYTES, Gate, MessageError
-from protocol.mqtt import MqttClient, Will
 from protocol.peer_messages import PeerBest, PeerMember
 from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferRejected
 from security.envelope import Opener
 from security.keys import Identity
-from security.signing import InvalidDocument, signed_payload, verify_document
+from security.signing import InvalidDocument, verify_document
 
 log = logging.getLogger("skyfed.peer")
 KINDS = frozenset({"peer-update", "peer-model"})
 Evaluator = Callable[[NamedArrays], dict[str, float]]
 
 
-class PeerNode(MqttDaemon):
+class PeerNode:
+    """The peer role: an edge node's work in a federation of peers (``run`` runs its node)."""
+
     def __init__(
         self, config: AgentConfig, *, runner: Runner | None = None, evaluator: Evaluator | None = None
     ) -> None:
@@ -56,23 +59,23 @@ class PeerNode(MqttDaemon):
                              f"{self.id!r}: fix keys.identity")  # fmt: skip
         self.roster = Roster(self.id, self.topics.federation, config.enrolled_dir)
         self.uploads: list[Upload] = []
-        self._log = Throttle(10.0)
-        self.session = self._next_session = 0.0
         self._announce = False
-        self.telemetry = Telemetry(config.telemetry, config.gate)  # its serial readers start with the loop
+        self.status_topic = self.topics.peer_member(self.id)
         self.work = PeerRounds(self, config, runner=runner, evaluator=evaluator)
         opener = Opener(identity=self.identity, federation=self.topics.federation, senders=self.roster.keyring)
         self.reassembler = Reassembler(opener, transfer_limits(self.work.model))
-        super().__init__(MqttClient(self.id, config.broker, will=self._next_will, on_connect=self._on_connect), log)
-        self.runner.notify = self.mqtt.wake  # a finished job is acted on at once, not a tick later
+        self.edge = EdgeNode(config, self.identity, self, log)
+        self.runner.notify = self.edge.mqtt.wake  # a finished job is acted on at once, not a tick later
 
-    # MqttDaemon --------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None) -> None:
+        self.edge.run(stop)
+
+    # EdgeRole ----------------------------------------------------------------------------------------
     def subscriptions(self) -> list[str]:
         return [self.topics.peer_wildcard("member"), self.topics.peer_wildcard("best"),
                 self.topics.peer_wildcard(f"to/{self.id}")]  # fmt: skip
 
-    def on_start(self) -> None:
-        self.telemetry.start()
+    def started(self) -> None:
         plan = self.config.federation
         log.info("peer started id=%s federation=%s enrolled=%d rounds=%d threshold=%d strategy=%s",
                  self.id, self.topics.federation, len(self.roster.keyring), plan.rounds, plan.threshold,
@@ -98,33 +101,40 @@ class PeerNode(MqttDaemon):
             self.work.drop(peer, "revoked")
         for rejection in self.reassembler.expire():
             self.warn("transfer-timeout", "transfer expired reason=%s", rejection.reason)
-        self.uploads = [u for u in self.uploads if u.check(self.mqtt) == "waiting"]
-        if self._announce and self.mqtt.connected.is_set():
+        self.uploads = [u for u in self.uploads if self._still_sending(u)]
+        connected = self.edge.mqtt.connected.is_set()
+        if self._announce and connected:
             self._announce = False
             self.work.announce()
-        self.work.step(self.mqtt.connected.is_set())
+        self.work.step(connected)
+
+    def _still_sending(self, upload: Upload) -> bool:
+        outcome = upload.check(self.edge.mqtt)
+        if outcome == "acknowledged":
+            self.edge.metrics.update_sent(upload.size)
+        return outcome == "waiting"
 
     def finished(self) -> bool:
         return self.work.done and not self.uploads
 
-    def systemd_status(self) -> str:
+    def describe(self) -> str:
         return self.work.describe()
 
     def progress_fields(self) -> str:
         return f"round={self.work.round}"
 
-    def publish_final_status(self) -> paho.MQTTMessageInfo | None:
+    def standing(self) -> Standing:
+        w = self.work
+        return Standing(w.phase, w.round, w.client.progress.last_completed_round, tuple(w.gated))
+
+    def final_status(self) -> paho.MQTTMessageInfo | None:
         self.work.close()
-        self.telemetry.stop()
         return self.publish_member("left", self.work.round)
 
-    def _next_will(self) -> Will:
-        self._next_session = time.time()
-        left = PeerMember(self.topics.federation, self.id, "left", 0, self._next_session, self._next_session)
-        return Will(self.topics.peer_member(self.id), signed_payload(left.to_dict(), self.identity))
+    def offline(self, session: float) -> dict:
+        return PeerMember(self.topics.federation, self.id, "left", 0, session, session).to_dict()
 
-    def _on_connect(self) -> None:
-        self.session = self._next_session
+    def connected(self) -> None:
         self._announce = True  # the loop re-publishes the membership (a restarted broker may have lost it)
 
     @property
@@ -140,35 +150,30 @@ class PeerNode(MqttDaemon):
     def publish_member(self, state: str, round_number: int) -> paho.MQTTMessageInfo:
         """Its signed membership, with the reasons its gate keeps it out of the rounds (``PeerRounds.gated``)."""
         gated = self.work.gated
-        member = PeerMember(self.topics.federation, self.id, state, round_number, self.session, time.time(),
+        member = PeerMember(self.topics.federation, self.id, state, round_number, self.edge.session, time.time(),
                             Gate(ok=not gated, reasons=list(gated)))  # fmt: skip
         self.roster.members[self.id] = member  # its own counts at once, not when the broker echoes it
-        return self._publish_signed(self.topics.peer_member(self.id), member.to_dict())
+        return self.edge.publish_status(member.to_dict())
 
     def publish_best(self, best: PeerBest) -> None:
-        self._publish_signed(self.topics.peer_best(self.id), best.to_dict())
+        self.edge.publish_signed(self.topics.peer_best(self.id), best.to_dict())
 
     def publish_metrics(self, body: dict) -> None:
-        self._publish_signed(self.topics.peer_metrics(self.id), body)
-
-    def _publish_signed(self, topic: str, body: dict) -> paho.MQTTMessageInfo:
-        return self.mqtt.publish(topic, signed_payload(body, self.identity), retain=True)
+        self.edge.publish_signed(self.topics.peer_metrics(self.id), body)
 
     def seal_to(self, peer: str, kind: str, round_number: int, data: bytes) -> int:
         """Seal ``data`` to ``peer`` on ``peer/<me>/to/<peer>``; the bytes handed to the broker (0: unknown peer)."""
         recipient = self.roster.keyring.get(peer)
         if recipient is None:
             return 0
-        upload = send_sealed(self.mqtt, self.topics.peer_to(self.id, peer), data, sender=self.identity,
+        upload = send_sealed(self.edge.mqtt, self.topics.peer_to(self.id, peer), data, sender=self.identity,
                              recipient=recipient, federation=self.topics.federation, kind=kind,
                              round=round_number)  # fmt: skip
         self.uploads.append(upload)
         return upload.size
 
     def warn(self, key: str, message: str, *args: object) -> None:
-        held = self._log.allow(key)
-        if held is not None:
-            log.warning(message + (" held_back=%d" if held else ""), *args, *((held,) if held else ()))
+        self.edge.warn(key, message, *args)
 
     def _key(self, what: str, peer: str, reason: str = "") -> str:
         """A refusal's throttle key: its kind without the values, and strangers' topic names as one, so that

@@ -207,7 +207,7 @@ class PeerRounds:
         self.round, self.model = round_number, model
         self.collector = RoundCollector(round_number, model, self.policy, self.me, self.guard)
         self.own_update, self.sent_to, self.bytes_sent = None, set(), 0
-        if reasons := self.node.telemetry.reasons():
+        if reasons := self.node.edge.telemetry.reasons():
             self._sit_out(reasons)
         else:
             self.node.publish_member("member", round_number)
@@ -257,7 +257,7 @@ class PeerRounds:
     def _gate(self, now: float) -> bool:
         """True while the gate keeps this peer out: a closed gate stops it before or in a round (``_sit_out``);
         when it opens (and a cancelled job has ended) the peer takes part again (``_resume``)."""
-        reasons = self.node.telemetry.reasons()
+        reasons = self.node.edge.telemetry.reasons()
         if reasons and [r.split(":")[0] for r in reasons] != [r.split(":")[0] for r in self.gated]:
             self._sit_out(reasons)  # closed, or closed for other reasons: its membership says so
         if self.phase != "gated":
