@@ -54,6 +54,9 @@ def partial_work(paces: dict[str, float], min_work: float) -> dict[str, float]:
 class FedProx(FedAvg):
     name = "fedprox"
     Options = FedProxOptions
+    peers = "it sets the agents' local training through the server's round task, which peers do not receive"
+    tasks = frozenset({"classify"})
+    why_not_tasks = "needs a proximal term in local training, which the detector trainer does not have"
 
     def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
         shared = replace(settings, prox_mu=self.options.mu)
