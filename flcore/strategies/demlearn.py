@@ -137,6 +137,7 @@ class DemLearn(Strategy):
     keeps_models = True
     models = "group"
     peers = KEPT_MODELS_NOT_PEERS
+    why_not_private = "each agent receives its group model, built from the other agents' models, un-noised"
     tasks = frozenset({"classify"})
     why_not_tasks = "needs a proximal term toward each agent's group model, which the detector trainer does not have"
 

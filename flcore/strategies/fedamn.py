@@ -116,6 +116,7 @@ class FedAMN(Strategy):
     models = "agent"
     bounded_by_clip = True  # w_g: a weighted mean of model changes clipped within the round's clip bound
     peers = KEPT_MODELS_NOT_PEERS
+    why_not_private = "each agent receives its cluster mates' models un-noised"
     tasks = frozenset({"classify"})
     why_not_tasks = ("needs the attention meta-network, which the detector trainer does not have (every agent would "
                      "decline from strategy.after on)")  # fmt: skip

@@ -88,6 +88,7 @@ class FedAMP(Strategy):
     keeps_models = True
     models = "agent"
     peers = KEPT_MODELS_NOT_PEERS
+    why_not_private = "each agent receives its cloud model, a mix of the other agents' models, un-noised"
     tasks = frozenset({"classify"})
     why_not_tasks = "needs a proximal term toward each agent's cloud model, which the detector trainer does not have"
 
