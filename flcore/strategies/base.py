@@ -200,7 +200,8 @@ class Strategy(ABC):
     def dp_sensitivity(self, updates: int, clip: float) -> float | None:
         """How far one agent can move ``average``'s result (L2) when ``updates`` updates clipped to ``clip`` are
         aggregated: differential privacy's noise is calibrated to it (``flcore.dp_sensitivity``).
-        None: no useful bound, and ``[privacy]`` refuses the strategy."""
+        None: no useful bound, and ``[privacy]`` refuses the strategy (asked at start for a round of
+        ``capabilities.PROBE_UPDATES`` updates: a bound must not depend on how many come)."""
         return None
 
     def server_step(self, global_vector: np.ndarray, averaged: RoundResult) -> RoundResult:
