@@ -265,6 +265,7 @@ def upstream_section(path: Path, data: dict[str, Any]) -> UpstreamSection | None
 def upstream_problem(config: ServerConfig) -> str:
     """Why ``[upstream]`` does not fit the rest of the configuration, or ``""``."""
     from flcore.strategies import build_strategy
+    from flcore.strategies.capabilities import averaging_choices
 
     upstream = config.upstream
     if upstream is None:
@@ -278,7 +279,7 @@ def upstream_problem(config: ServerConfig) -> str:
                 "federation name")  # fmt: skip
     if build_strategy(config.privacy.strategy_table(config.strategy)[0]).keeps_models:
         return ("[upstream] with a strategy that gives each agent its own model: a region sends the root one "
-                "aggregate; choose an averaging strategy (e.g. fedavg, fedprox, trimmed-mean)")  # fmt: skip
+                f"aggregate; choose an averaging strategy ({averaging_choices()})")  # fmt: skip
     config.upstream_keys  # noqa: B018 - fail now
     return ""
 
@@ -290,6 +291,7 @@ POOL_NAME_TAKEN = f"{POOL!r} is the shared pool's name: enrol the agent under an
 def pool_problem(config: ServerConfig) -> str:
     """Why ``[pool]`` does not fit the rest of the configuration, or ``""``."""
     from flcore.strategies import build_strategy
+    from flcore.strategies.capabilities import averaging_choices
     from models.datasets import load_dataset
     from models.tasks import task_of
     from security.keys import Keyring
@@ -302,8 +304,8 @@ def pool_problem(config: ServerConfig) -> str:
     strategy = build_strategy(config.privacy.strategy_table(config.strategy)[0])
     if strategy.keeps_models:
         return (f"[pool] with strategy {strategy.name}: the strategy gives every participant its own start model, "
-                "and the pool trains from the global model: choose an averaging strategy (e.g. fedavg, fedprox, "
-                "trimmed-mean) or remove [pool]")  # fmt: skip
+                f"and the pool trains from the global model: choose an averaging strategy ({averaging_choices()}) or "
+                "remove [pool]")  # fmt: skip
     if POOL in Keyring.load_dir(config.enrolled_dir).names():
         return f"an agent is enrolled as {POOL!r}: {POOL_NAME_TAKEN}"
     try:
@@ -358,16 +360,20 @@ def recipe_problem(strategy: Strategy, training: TrainSettings, trainer: str) ->
 def task_problem(config: ServerConfig) -> str:
     """Why the model's task (classify or detect) does not fit the rest of the configuration, or ``""``."""
     from flcore.strategies import build_strategy
+    from flcore.strategies.capabilities import task_refusal
     from models.tasks import PARTS, task_of
 
     server = config.server
+    strategy = build_strategy(config.privacy.strategy_table(config.strategy)[0])
+    if refusal := task_refusal(type(strategy), task_of(server.model)):
+        return refusal
     if task_of(server.model) == "classify":
         if server.classes or server.init_weights or server.share != "full":
             return f"server.classes, init_weights and share are for detector models; {server.model} is a classifier"
         return ""
     if server.share not in PARTS:
         return f"server.share must be one of {', '.join(PARTS)}, got {server.share!r}"
-    if server.share != "full" and build_strategy(config.strategy).keeps_models:
+    if server.share != "full" and strategy.keeps_models:
         return (
             "server.share = backbone/head keeps part of each model on its agent; swapping strategies move whole models"
         )
@@ -377,7 +383,7 @@ def task_problem(config: ServerConfig) -> str:
     if config.training.optimizer != "sgd":
         return (f"training.optimizer = {config.training.optimizer!r} is for classifier models; the detector trainer "
                 f"runs Ultralytics' SGD: remove training.optimizer or choose a classifier model")  # fmt: skip
-    if problem := recipe_problem(build_strategy(config.strategy), config.training, "detector"):
+    if problem := recipe_problem(strategy, config.training, "detector"):
         return f"{problem}: choose another strategy or a classifier model"
     if config.eval_path is not None and config.eval_path.suffix not in (".yaml", ".yml"):
         return f"server.eval_data must be a YOLO data.yaml for detector {server.model}, got {config.eval_path.name}"

@@ -10,7 +10,9 @@ every agent whose update it contains (user-level DP; the neighbouring datasets d
 data, its update replaced by zero — dp-accounting's ``REPLACE_SPECIAL``). With ``weight_cap`` ŵ,
 sample- (or object-) weighted FedAvg runs as the paper's Algorithm 1: weights min(nₖ/ŵ, 1) ≤ 1 over the
 fixed denominator n, the same sensitivity. Robust strategies with a bounded sensitivity get noise
-calibrated to it (``flcore.dp_sensitivity``); the others are refused, naming what works. The
+calibrated to it (``flcore.dp_sensitivity``); the others are refused, naming what works. What a strategy
+is under privacy (weighted, unweighted, swapping, or why it has no bound) it declares itself
+(``flcore.strategies.base.Strategy``), and its ``dp_sensitivity`` says whether it has a bound. The
 accounting is in ``broker_server.accountant``; why SkyFed claims no amplification by sampling is there
 too. The noise step is ``broker_server.noise``.
 
@@ -28,30 +30,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from flcore.bounds import InfluencePolicy
-from flcore.strategies.choice import DEFAULT_STRATEGY, StrategyNote
+from flcore.strategies import STRATEGIES, build_strategy
+from flcore.strategies.choice import StrategyNote
 
 if TYPE_CHECKING:
     from flcore.strategies.base import Strategy
 
-# Strategies whose model is computed from the average of the clipped updates with weights in [0, 1] over
-# the number of updates (sensitivity S/n): FedAvg and FedProx publish it, the server optimizers step on it
-# after the noise. weighting = "samples" needs ``weight_cap``.
-WEIGHTED_STRATEGIES = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi")
-# Unweighted robust strategies whose sensitivity is bounded (``flcore.dp_sensitivity``).
-ROBUST_STRATEGIES = ("trimmed-mean", "median", "krum")
-PRIVATE_STRATEGIES = WEIGHTED_STRATEGIES + ROBUST_STRATEGIES
-WORKS = 'fedavg with weighting = "uniform" (or "samples" with privacy.weight_cap), or trimmed-mean'
-WHY_REFUSED = {
-    "auto": "the default picks Krum or centered clipping from how much the un-noised updates agree, and the "
-    "choice is published (remove strategy.name and auto's f and agreement: under privacy the default is fedavg)",
-    "centered-clip": "it clips around last round's (noisy) change with a radius taken from the un-noised "
-    "distances, so one agent moves every other update's weight, and the only bound, 2·(S + the reference's "
-    "norm), grows with the noise itself",
-}
 DEFAULT_KEYS = {"weighting", "threshold", "elect_best"}  # keys of [strategy] that do not name auto's options
-# Model swapping: each model handed to another agent is released as a Gaussian mechanism of its own
-# (``noise.release``), and its average rounds use a mean of the models (``strategy.aggregate``).
-SWAPPING_STRATEGIES = ("fedswap", "simfedswap")
 
 
 @dataclass(frozen=True)
@@ -149,16 +134,18 @@ class PrivacyPolicy:
         """Refuse, naming the key, a configuration under which the noise would not give the guarantee."""
         if not self.enabled:
             return
+        from flcore.strategies.capabilities import NO_BOUND, has_dp_bound, private_choices
+
         strategy = self.strategy_table(strategy)[0]
-        name = strategy.get("name", DEFAULT_STRATEGY)
-        if name in SWAPPING_STRATEGIES:  # its swapped models are released noised (noise.release); its averages:
-            self._check_swapping(name, strategy)
-        elif name not in PRIVATE_STRATEGIES:
-            why = WHY_REFUSED.get(name, "the model must come from clipped updates whose aggregate has a bounded "
-                                        "sensitivity")  # fmt: skip
-            raise ValueError(f"privacy cannot run strategy.name = {name!r}: {why}. Use {WORKS} (docs/privacy.md)")
+        built = build_strategy(strategy)
+        if built.swaps:  # its swapped models are released noised (noise.release); its averages:
+            self._check_swapping(built, strategy)
+        elif not has_dp_bound(built, self.clip):
+            why = built.why_not_private or NO_BOUND
+            raise ValueError(f"privacy cannot run strategy.name = {built.name!r}: {why}. Use {private_choices()} "
+                             "(docs/privacy.md)")  # fmt: skip
         else:
-            self._check_weighting(name, strategy.get("weighting", "samples"))
+            self._check_weighting(built, strategy.get("weighting", "samples"))
         if bounds.clip == "off" or (bounds.clip == "fixed" and bounds.clip_norm != self.clip):
             raise ValueError(
                 f"bounds.clip must be left at its default with [privacy]: every update is clipped to privacy.clip "
@@ -171,13 +158,14 @@ class PrivacyPolicy:
                     "verdict would reveal it (every update is clipped to privacy.clip instead)"
                 )
 
-    def _check_swapping(self, name: str, strategy: dict) -> None:
+    def _check_swapping(self, built: Strategy, strategy: dict) -> None:
         """Swap rounds release each model with the round's clip S; average rounds must be a mean of the models
         (a robust aggregation's bound holds for clipped deltas, not for whole models)."""
-        aggregate = strategy.get("aggregate", "fedavg")
-        if aggregate not in WEIGHTED_STRATEGIES:
+        name, aggregate = built.name, built.options.aggregate
+        if not STRATEGIES.get(aggregate).weighted:
+            means = ", ".join(STRATEGIES.where(lambda kind: kind.weighted))
             raise ValueError(
-                f"privacy needs strategy.aggregate = one of {', '.join(WEIGHTED_STRATEGIES)} with strategy {name!r}, "
+                f"privacy needs strategy.aggregate = one of {means} with strategy {name!r}, "
                 f"not {aggregate!r}: an average round's model must be the plain mean of the agents' models "
                 "(docs/privacy.md, Model swapping)"
             )
@@ -196,11 +184,11 @@ class PrivacyPolicy:
                 "privacy.clip"
             )
 
-    def _check_weighting(self, name: str, weighting: str) -> None:
-        if name in ROBUST_STRATEGIES:
+    def _check_weighting(self, built: Strategy, weighting: str) -> None:
+        if not built.weighted:
             if self.weight_cap:
-                raise ValueError(f"privacy.weight_cap weighs FedAvg's updates, and strategy {name} is unweighted: "
-                                 "remove privacy.weight_cap")  # fmt: skip
+                raise ValueError(f"privacy.weight_cap weighs FedAvg's updates, and strategy {built.name} is "
+                                 "unweighted: remove privacy.weight_cap")  # fmt: skip
         elif weighting == "samples" and not self.weight_cap:
             raise ValueError(
                 'privacy with strategy.weighting = "samples" needs privacy.weight_cap: the samples (objects for '

@@ -173,6 +173,7 @@ def run_report(args: argparse.Namespace) -> int:
 def _add_sim_options(
     parser: argparse.ArgumentParser, *, agents: int, rounds: int, partition: str | None, out: str, federation: str
 ) -> None:
+    from flcore.strategies import STRATEGIES
     from models.classify_data import DATASETS
     from protocol import codecs
 
@@ -264,11 +265,10 @@ def _add_sim_options(
     parser.add_argument("--deadline", type=float, default=0.0,
                         help="round deadline in seconds (default: 60, and 0.5 s per agent past 120 agents)")
     parser.add_argument(
-        "--strategy",
-        help="auto (server default: krum or centered-clip by how alike the updates are; fedavg with --task detect) "
-        "| centered-clip | krum | fedavg | fedprox | median | trimmed-mean | fedavgm | fedadam | fedyogi | fedswap "
-        "| simfedswap",
-    )
+        "--strategy", choices=STRATEGIES.names(), metavar="NAME",
+        help=f"{' | '.join(STRATEGIES.names())} (default: auto, krum or centered-clip by how alike the updates are; "
+        "fedavg with --task detect; docs/strategies.md says what each can do)",
+    )  # fmt: skip
     parser.add_argument(
         "--strategy-option", action="append", default=[], metavar="KEY=VALUE", help="e.g. beta=0.2, f=2 (repeatable)"
     )

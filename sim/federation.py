@@ -87,6 +87,7 @@ class SimSettings:
         from broker_server.privacy import PrivacyPolicy
         from flcore.bounds import InfluencePolicy
         from flcore.strategies import build_strategy
+        from flcore.strategies.capabilities import refusal, task_refusal
         from models.tasks import task_of
         from models.zoo import input_shape
         from participant.local_dp import LocalPrivacySection
@@ -185,13 +186,13 @@ class SimSettings:
         privacy = build(PrivacyPolicy, self.privacy, where="privacy", strict=True)
         strategy = build_strategy(privacy.strategy_table(self.strategy)[0])
         privacy.check_compatible(self.strategy, bounds)
+        if why := task_refusal(type(strategy), self.task):
+            raise ValueError(f"--task {self.task}: {why}")
         if problem := strategy.run_problem(self.rounds):
             raise ValueError(f"--rounds {self.rounds}: {problem} (--strategy-option after=N)")
         local_dp = build(LocalPrivacySection, self.local_privacy, where="local_privacy", strict=True).enabled
-        if local_dp and self.strategy.get("name") == "fedamn":
-            raise ValueError("--strategy fedamn with local DP: the attention meta-network also trains on each "
-                             "agent's data, outside DP-SGD's accounting, so every agent declines from strategy.after "
-                             "on: drop --ldp-*")  # fmt: skip
+        if local_dp and (why := refusal(strategy.local_dp, "with local DP-SGD")):
+            raise ValueError(f"--strategy {strategy.name} with local DP: {why}: drop --ldp-*")
 
     def _check_sharing(self) -> None:
         """--share-ratio and --share-mode: a pool carved out of a classify task's partition, leaving agents to run

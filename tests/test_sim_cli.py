@@ -196,7 +196,7 @@ def test_sim_with_central_dp_reports_epsilon_and_stops_when_the_budget_is_spent(
     "args, message",
     [
         (["--partition", "dirichlet:x"], "dirichlet:ALPHA"),
-        (["--strategy", "fedmagic"], "strategy.name 'fedmagic' is unknown"),
+        (["--strategy", "fedmagic"], "--strategy: invalid choice: 'fedmagic' (choose from 'auto', 'fedavg'"),
         (["--strategy", "krum", "--strategy-option", "f=-1"], "strategy.f must be >= 0"),
         (["--strategy-option", "weighting"], "must look like KEY=VALUE"),
         (["--attackers", "1"], "--attackers needs --attack KIND"),

@@ -103,8 +103,11 @@ class FederationSection:
         object.__setattr__(self, "num_classes", len(self.classes))
 
     def build_strategy(self):  # noqa: ANN201 - flcore's Strategy, imported here only
-        """A fresh strategy from ``[federation.strategy]`` (its errors name the key)."""
-        from flcore.strategies import build_strategy
+        """A fresh strategy from ``[federation.strategy]`` (its errors name the key); whether peers can run it,
+        and with this model's task, the strategy declares (``flcore.strategies.capabilities``)."""
+        from flcore.strategies import STRATEGIES, build_strategy
+        from flcore.strategies.capabilities import refusal, task_refusal
+        from models.tasks import task_of
 
         table = dict(self.strategy)  # no name: the server's measured default (``flcore.strategies.choice``)
         for key in ("threshold", "elect_best"):
@@ -115,9 +118,11 @@ class FederationSection:
             strategy = build_strategy(table)
         except ValueError as exc:
             raise ValueError(f"federation.{exc}") from None
-        if why := peer_refusal(strategy):
+        if why := refusal(strategy.peers, "between peers"):
             raise ValueError(f"federation.strategy.name {strategy.name!r} does not work between peers: {why}; choose "
-                             "auto (the default), fedavg, median, trimmed-mean, krum or centered-clip")  # fmt: skip
+                             f"one of {', '.join(STRATEGIES.where(lambda kind: kind.peers is True))}")  # fmt: skip
+        if why := task_refusal(type(strategy), task_of(self.model)):
+            raise ValueError(f"federation.strategy.name: {why}")
         return strategy
 
     def influence_policy(self):  # noqa: ANN201
@@ -129,17 +134,3 @@ class FederationSection:
         except (SchemaError, ValueError) as exc:
             raise ValueError(f"federation.{exc}") from None
 
-
-def peer_refusal(strategy) -> str:  # noqa: ANN001 - flcore's Strategy, imported by the caller only
-    """Why ``strategy`` cannot run between peers ("" if it can): a peer has the round's updates and its own
-    model, and nothing a server adds (a round task's training settings, per-agent models, an optimizer step)."""
-    from flcore.strategies.base import Strategy
-
-    kind = type(strategy)
-    if strategy.keeps_models:
-        return "it keeps every agent's model on a server and sends each agent its own start model"
-    if kind.configure_train is not Strategy.configure_train:
-        return "it sets the agents' local training through the server's round task, which peers do not receive"
-    if kind.server_step is not Strategy.server_step:
-        return "it steps a server optimizer over the averaged update, which peers do not run"
-    return ""

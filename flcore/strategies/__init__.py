@@ -7,11 +7,13 @@ its options. Every strategy composes with the influence bounds (clipping, sample
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common.registry import Registry
-from flcore.strategies.base import Contribution, RoundResult, Strategy
 from flcore.strategies.choice import DEFAULT_STRATEGY
+
+if TYPE_CHECKING:  # imported with the first plug-in: listing the names (CLI choices) stays light
+    from flcore.strategies.base import Strategy
 
 STRATEGIES: Registry[type[Strategy]] = Registry("strategy", "strategy.name")
 STRATEGIES.add("auto", "flcore.strategies.auto:AutoDefault")
@@ -55,4 +57,4 @@ def build_strategy(table: dict[str, Any]) -> Strategy:
     return strategy
 
 
-__all__ = ["Contribution", "RoundResult", "Strategy", "build_strategy", "DEFAULT_STRATEGY", "STRATEGIES"]
+__all__ = ["build_strategy", "DEFAULT_STRATEGY", "STRATEGIES"]

@@ -64,6 +64,10 @@ class AutoDefault(Strategy):
     name = "auto"
     Options = AutoOptions
     bounded_by_clip = False  # centered clipping's step is not a convex combination of clipped deltas
+    why_not_private = (
+        "the default picks Krum or centered clipping from how much the un-noised updates agree, and the choice is "
+        "published (remove strategy.name and auto's f and agreement: under privacy the default is fedavg)"
+    )
 
     def __init__(self, options: AutoOptions | None = None) -> None:
         super().__init__(options)

@@ -39,6 +39,7 @@ from protocol.typed import SchemaError, build
 NamedArrays = dict[str, np.ndarray]
 BLOCK_BYTES = 32 << 20  # RAM for one column block of all updates
 MIX_BYTES = 256 << 20  # RAM for the models ``mixed_models`` builds in one pass over the kept ones
+KEPT_MODELS_NOT_PEERS = "it keeps every agent's model on a server and sends each agent its own start model"
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,27 @@ class Strategy(ABC):
     keeps_models: ClassVar[bool] = False
     # What agents are judged by (``protocol.scores``): the one global model, or a model per group or per agent.
     models: ClassVar[str] = "global"
+    # What else a strategy can do is declared here, and every check elsewhere asks it (docs/architecture.md,
+    # "Plug-ins"; the table in docs/strategies.md is generated from these, ``flcore.strategies.capabilities``).
+    # Under [privacy]: True when the result is a mean of the clipped updates weighted by ``strategy.weighting``
+    # in [0, 1] over the number of updates (FedAvg's kin), so weighting = "samples" needs privacy.weight_cap;
+    # False: unweighted (a robust aggregate), where weight_cap means nothing. Whether privacy runs the strategy
+    # at all is ``dp_sensitivity``'s answer; ``why_not_private`` says why not when it has none.
+    weighted: ClassVar[bool] = False
+    why_not_private: ClassVar[str] = ""
+    # True when agents' models are handed to other agents (model swapping): under privacy each is released
+    # noised on its own, and the average rounds, by the strategy its ``options.aggregate`` names, must be a
+    # plain mean (``broker_server.privacy``).
+    swaps: ClassVar[bool] = False
+    # Whether peers (``agent.peer``) can run it: True, or why not. A peer has the round's updates and its own
+    # model, and nothing a server adds (a round task's training settings, kept models, an optimizer step).
+    peers: ClassVar[bool | str] = True
+    # The task kinds (``models.tasks``: classify, detect) whose trainers do what the strategy asks of agents;
+    # ``why_not_tasks`` says what the others lack.
+    tasks: ClassVar[frozenset[str]] = frozenset({"classify", "detect"})
+    why_not_tasks: ClassVar[str] = ""
+    # Whether it works with agents' local DP-SGD (``participant.local_dp``): True, or why not.
+    local_dp: ClassVar[bool | str] = True
     last_round: int = 0  # ``server.rounds`` (0: no end): a schedule that must end on a published model knows where
     # Under differential privacy with ``privacy.weight_cap`` = ŵ: an update weighs min(weight / ŵ, 1) and the
     # weighted sum is divided by the number of updates (DP-FedAvg's fixed denominator; FedAvg and its kin).
@@ -184,7 +206,8 @@ class Strategy(ABC):
     def dp_sensitivity(self, updates: int, clip: float) -> float | None:
         """How far one agent can move ``average``'s result (L2) when ``updates`` updates clipped to ``clip`` are
         aggregated: differential privacy's noise is calibrated to it (``flcore.dp_sensitivity``).
-        None: no useful bound, and ``[privacy]`` refuses the strategy."""
+        None: no useful bound, and ``[privacy]`` refuses the strategy (asked at start for a round of
+        ``capabilities.PROBE_UPDATES`` updates: a bound must not depend on how many come)."""
         return None
 
     def server_step(self, global_vector: np.ndarray, averaged: RoundResult) -> RoundResult:

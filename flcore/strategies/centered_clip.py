@@ -74,6 +74,11 @@ class CenteredClipOptions:
 class CenteredClip(Strategy):
     name = "centered-clip"
     Options = CenteredClipOptions
+    why_not_private = (
+        "it clips around last round's (noisy) change with a radius taken from the un-noised distances, so one agent "
+        "moves every other update's weight, and the only bound, 2·(S + the reference's norm), grows with the noise "
+        "itself"
+    )
 
     def __init__(self, options: CenteredClipOptions | None = None) -> None:
         super().__init__(options)

@@ -36,6 +36,7 @@ from scipy.spatial.distance import squareform
 
 from flcore.agent_models import Assignment
 from flcore.strategies.base import (
+    KEPT_MODELS_NOT_PEERS,
     Contribution,
     KeptModels,
     NamedArrays,
@@ -136,6 +137,10 @@ class DemLearn(Strategy):
     Options = DemLearnOptions
     keeps_models = True
     models = "group"
+    peers = KEPT_MODELS_NOT_PEERS
+    why_not_private = "each agent receives its group model, built from the other agents' models, un-noised"
+    tasks = frozenset({"classify"})
+    why_not_tasks = "needs a proximal term toward each agent's group model, which the detector trainer does not have"
 
     def __init__(self, options: DemLearnOptions | None = None) -> None:
         super().__init__(options)

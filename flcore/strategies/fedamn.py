@@ -39,6 +39,7 @@ import numpy as np
 from scipy.cluster.vq import kmeans2
 
 from flcore.strategies.base import (
+    KEPT_MODELS_NOT_PEERS,
     Contribution,
     KeptModels,
     RoundResult,
@@ -115,6 +116,13 @@ class FedAMN(Strategy):
     keeps_models = True
     models = "agent"
     bounded_by_clip = True  # w_g: a weighted mean of model changes clipped within the round's clip bound
+    peers = KEPT_MODELS_NOT_PEERS
+    why_not_private = "each agent receives its cluster mates' models un-noised"
+    tasks = frozenset({"classify"})
+    why_not_tasks = ("needs the attention meta-network, which the detector trainer does not have (every agent would "
+                     "decline from strategy.after on)")  # fmt: skip
+    local_dp = ("the attention meta-network also trains on each agent's data, outside DP-SGD's accounting, so every "
+                "agent declines from strategy.after on")  # fmt: skip
 
     def __init__(self, options: FedAMNOptions | None = None) -> None:
         super().__init__(options)

@@ -28,6 +28,7 @@ import numpy as np
 
 from flcore.agent_models import Assignment
 from flcore.strategies.base import (
+    KEPT_MODELS_NOT_PEERS,
     Contribution,
     KeptModels,
     RoundResult,
@@ -87,6 +88,10 @@ class FedAMP(Strategy):
     Options = FedAMPOptions
     keeps_models = True
     models = "agent"
+    peers = KEPT_MODELS_NOT_PEERS
+    why_not_private = "each agent receives its cloud model, a mix of the other agents' models, un-noised"
+    tasks = frozenset({"classify"})
+    why_not_tasks = "needs a proximal term toward each agent's cloud model, which the detector trainer does not have"
 
     def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
         return TrainPlan(asking(settings, "proximal", mu=self.options.lam / self.options.alpha_k))

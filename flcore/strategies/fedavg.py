@@ -47,6 +47,7 @@ class FedAvg(Strategy):
     name = "fedavg"
     Options = FedAvgOptions
     bounded_by_clip = True
+    weighted = True  # weights in [0, 1] over the number of updates under privacy (``weight``)
 
     def __init__(self, options: FedAvgOptions | None = None) -> None:
         super().__init__(options)

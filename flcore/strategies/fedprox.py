@@ -54,6 +54,13 @@ def partial_work(paces: dict[str, float], min_work: float) -> dict[str, float]:
 class FedProx(FedAvg):
     name = "fedprox"
     Options = FedProxOptions
+    tasks = frozenset({"classify"})
+    why_not_tasks = "needs a proximal term in local training, which the detector trainer does not have"
+
+    def __init__(self, options: FedProxOptions | None = None) -> None:
+        super().__init__(options)
+        if self.options.partial_work:  # this instance's own answer: peers run FedProx, but measure no paces
+            self.peers = "strategy.partial_work sets each agent's share from the paces a server measures; peers have none"
 
     def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
         shared = asking(settings, "proximal", mu=self.options.mu)

@@ -62,6 +62,7 @@ class _ServerOptimizer(FedAvg):
     """FedAvg's change, then ``step``; statistics keep the plain change. Subclasses say ``step``."""
 
     bounded_by_clip = False  # the optimizer's step is not a convex combination of clipped deltas
+    peers = "it steps a server optimizer over the averaged update, which peers do not run"
     state_names: tuple[str, ...] = ()
 
     def __init__(self, options: FedAvgOptions | None = None) -> None:

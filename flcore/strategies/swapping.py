@@ -42,6 +42,7 @@ from flcore.pairing import PAIRINGS, fedswap_action, pair_agents
 from flcore.similarity import METRICS, similarity_matrix, weight_layers
 from flcore.strategies import STRATEGIES
 from flcore.strategies.base import (
+    KEPT_MODELS_NOT_PEERS,
     Contribution,
     KeptModels,
     NamedArrays,
@@ -100,6 +101,8 @@ class ModelSwapping(Strategy):
     name = "fedswap"
     Options = SwapOptions
     keeps_models = True
+    swaps = True
+    peers = KEPT_MODELS_NOT_PEERS
 
     def __init__(self, options: SwapOptions | None = None) -> None:
         super().__init__(options)
