@@ -60,7 +60,7 @@ class FedProx(FedAvg):
     def __init__(self, options: FedProxOptions | None = None) -> None:
         super().__init__(options)
         if self.options.partial_work:  # this instance's own answer: peers run FedProx, but measure no paces
-            self.peers = "strategy.partial_work sets each agent's share from the paces a server measures; peers have none"
+            self.peers = "strategy.partial_work sets each agent's share from paces a server measures; peers have none"
 
     def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
         shared = asking(settings, "proximal", mu=self.options.mu)
