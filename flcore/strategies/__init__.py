@@ -31,6 +31,7 @@ STRATEGIES.add("simfedswap", "flcore.strategies.swapping:SimFedSwap")
 STRATEGIES.add("demlearn", "flcore.strategies.demlearn:DemLearn")
 STRATEGIES.add("fedamp", "flcore.strategies.fedamp:FedAMP")
 STRATEGIES.add("fedamn", "flcore.strategies.fedamn:FedAMN")
+STRATEGIES.add("ditto", "flcore.strategies.ditto:Ditto")
 
 
 def build_strategy(table: dict[str, Any]) -> Strategy:

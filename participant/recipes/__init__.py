@@ -19,6 +19,7 @@ RECIPES: Registry[type[Recipe]] = Registry("recipe", "recipe")
 RECIPES.add("proximal", "participant.recipes.proximal:ProximalPull")
 RECIPES.add("partial-work", "participant.recipes.partial_work:PartialWork")
 RECIPES.add("attention", "participant.recipes.attention:MetaAttention")
+RECIPES.add("ditto", "participant.recipes.ditto:Ditto")
 
 
 def build_recipe(record: RecipeRecord) -> Recipe:
