@@ -160,11 +160,3 @@ def write_crl(ca: Issued, path: Path, revoked: list[tuple[int, float]]) -> None:
         )
     crl = builder.sign(ca_key, hashes.SHA256())
     atomic_write(path, crl.public_bytes(serialization.Encoding.PEM))
-
-
-if __name__ == "__main__":  # the command line lives in ``skyfed certs``
-    import sys
-
-    from skyfed import main
-
-    sys.exit(main(["certs", *sys.argv[1:]]))
