@@ -247,7 +247,8 @@ def test_fedprox_partial_work_asks_a_slow_agent_for_less_and_remembers_paces_acr
         engine.accept(completed(engine, agent, seed=i), now=at)
     engine.close(now=10.0, model_wire_bytes=0)
     resumed = RoundEngine(config, replay=ReplayGuard(3600))
-    assert resumed.state.pace.of(["agent-01", "agent-02", "agent-03"]) == {"agent-01": 1.0, "agent-02": 2.0, "agent-03": 10.0}
+    paces = {"agent-01": 1.0, "agent-02": 2.0, "agent-03": 10.0}
+    assert resumed.state.pace.of(["agent-01", "agent-02", "agent-03"]) == paces
     open_round(resumed)
     assert resumed.train_of("agent-03").work == 0.2 and resumed.train_of("agent-03").prox_mu == 0.01
     assert resumed.train_of("agent-01").work == 1.0 and list(resumed.round_state.agent_train) == ["agent-03"]
