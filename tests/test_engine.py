@@ -54,6 +54,16 @@ def open_round(engine: RoundEngine) -> None:
     engine.announce(now=0.0)
 
 
+def test_the_states_fields_read_through_the_engine_and_change_only_on_the_state(config):
+    engine = RoundEngine(config, replay=ReplayGuard(3600))
+    open_round(engine)
+    assert engine.round_state is engine.state.round_state and engine.version == engine.state.version == 1
+    with pytest.raises(AttributeError, match="set state.version"):  # a slip would hide the state behind a copy
+        engine.version = 2
+    engine.fleet.jump(5, 7)  # a collaborator changes the state: the engine reads the change
+    assert (engine.round_state, engine.next_round, engine.version) == (None, 5, 7)
+
+
 def test_a_restart_mid_round_rereads_the_stored_updates_and_gives_the_same_model(config):
     uninterrupted = RoundEngine(config, replay=ReplayGuard(3600))
     open_round(uninterrupted)
