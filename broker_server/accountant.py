@@ -25,28 +25,14 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import replace
-from functools import lru_cache
 
-import dp_accounting
-from dp_accounting.privacy_accountant import NeighboringRelation
-
+from broker_server.dp_epsilon import epsilon_of
 from broker_server.privacy import PrivacyPolicy
 from flcore.validation import reason_kind
 from protocol.messages import Rejection, RoundMetrics
 
 log = logging.getLogger("skyfed.server")
 PUBLIC_DETAIL = ("clip_bound", "work", "noise_std", "unclipped_fraction", "next_clip")
-
-
-@lru_cache(maxsize=4096)
-def epsilon_of(charges: tuple[tuple[float, int], ...], delta: float) -> float:
-    """(ε at ``delta``) of Gaussian mechanisms composed: ``charges`` = ((noise multiplier, rounds), …)."""
-    if not charges:
-        return 0.0
-    accountant = dp_accounting.rdp.RdpAccountant(neighboring_relation=NeighboringRelation.REPLACE_SPECIAL)
-    for noise_multiplier, rounds in charges:
-        accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier), rounds)
-    return float(accountant.get_epsilon(delta))
 
 
 class PrivacyLedger:

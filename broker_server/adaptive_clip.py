@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from broker_server.noise import fresh_rng
+from broker_server.gaussian import fresh_rng
 from broker_server.pipeline import RoundContext, Step
 from broker_server.privacy import PrivacyPolicy
 

@@ -3,9 +3,13 @@
 It owns the MQTT connection and the timers and nothing else: chunks go to the reassembler, complete
 updates to ``RoundEngine.accept``, status messages to the registry and the group-key distributor; on
 each tick the engine says whether to open, re-announce or close a round, and the shell publishes what
-that produced (signed round task, sealed model, metrics, status). Every refusal ends in ``_reject``: a
-reason in the log (throttled per agent and kind), the counters in ``server/status`` and the round's
+that produced (signed round task, sealed model, metrics, status). Every refusal ends in ``refusals``
+(``broker_server.refusals``): a reason in the log, the counters in ``server/status`` and the round's
 ``metrics.rejected``. The daemon loop itself (``protocol.daemon.MqttDaemon``) survives any exception.
+
+What is not the round's own flow is a collaborator the daemon holds and hands what it needs: ``delivery``
+(models to inboxes, retained messages healed), ``fleet_changes`` (revocations, catching up with the fleet),
+``pool_rounds`` (``[pool]``), ``regional`` (``[upstream]``) and ``report`` (``server/status``, systemd).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
+
+import paho.mqtt.client as paho
 
 from broker_server.accept import check_gates, largest_update_bytes
 from broker_server.config import POOL, POOL_NAME_TAKEN, ServerConfig
@@ -26,12 +32,12 @@ from broker_server.groupkeys import GroupKeyDistributor
 from broker_server.history import RunHistory
 from broker_server.ignored import IgnoredAgents
 from broker_server.metrics_log import log_round, log_run_finished
-from broker_server.model_resend import ModelWaits
 from broker_server.pool import SharedPool
 from broker_server.pool_rounds import PoolRounds
 from broker_server.prometheus import ServerMetrics
 from broker_server.publisher import ModelPublisher
 from broker_server.reconnects import Reconnects
+from broker_server.refusals import Refusals
 from broker_server.registry import AgentRegistry, StatusRefused
 from broker_server.round_task import round_task
 from broker_server.status_report import StatusReport
@@ -39,10 +45,9 @@ from broker_server.task_publisher import TaskPublisher
 from broker_server.trust import TrustKeeper
 from broker_server.upstream import UpstreamHandoff
 from broker_server.upstream_rounds import UpstreamRounds
-from common.text import printable
 from flcore.update import NotForThisRound, UpdateRejected
 from flcore.validation import reason_kind
-from protocol.daemon import MqttDaemon, Throttle
+from protocol.daemon import MqttDaemon
 from protocol.messages import RoundTask, ServerStatus
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
@@ -52,12 +57,9 @@ from security.keys import GroupKey, Identity, Keyring
 
 log = logging.getLogger("skyfed.server")
 
-NOT_ENROLLED = "(not enrolled)"
-RE_ENROL = "not signed by the key enrolled for this agent: if its key was re-made, re-enrol this agent"
-REJECTION_LOG_INTERVAL_S = 10.0
 
 
-class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusReport, MqttDaemon):
+class Aggregator(MqttDaemon):
     """Runs rounds until ``server.rounds`` are done (or forever when it is 0, or with ``keep_running``); in a
     region (``upstream``), one for each root round that waits for it (``broker_server.upstream_rounds``)."""
 
@@ -73,7 +75,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         self.opener = Opener(identity=self.identity, federation=fed, senders=keyring)
         self.engine = RoundEngine(config, replay=self.opener.replay, evaluator=server_evaluator(config))
         self.pool = SharedPool(config) if config.pool.enabled else None  # [pool]: trained as one more participant
-        self.upstream, self._adopted, self._root_round = upstream, None, None
+        self.upstream = upstream
         largest = largest_update_bytes(self.engine.float_spec, self.engine.codec)
         self.reassembler = Reassembler(self.opener, config.limits.to_limits(largest))
         self.registry = AgentRegistry(keyring, config.rounds.status_timeout_s)
@@ -88,15 +90,22 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         )
         key_file = config.state_dir / "group.key"
         self.group_keys = GroupKeyDistributor(
-            key_file, identity=self.identity, keyring=keyring, federation=fed, send=self._send_inbox, clock=clock
+            key_file, identity=self.identity, keyring=keyring, federation=fed, clock=clock,
+            send=lambda agent, chunks: self.delivery.send_inbox(agent, chunks),  # made below: it needs the publisher
         )
         self.publisher = ModelPublisher(self.mqtt, self.topics, self.identity, self.group_keys.key, config.server.model)
         self.rejections = Counter[str]()
-        self.disk = DiskWatch(lambda: self.engine.settled_writes)
+        self.disk = DiskWatch(lambda: self.engine.state.settled_writes)
         self._unsaved: dict[str, Completed] = {}  # authenticated updates whose acceptance could not be written
         self.phase = "starting"
-        self._rejection_log = Throttle(REJECTION_LOG_INTERVAL_S)
         self.ignored = IgnoredAgents(config.enrolled_dir, keyring, fed, self.rejections)
+        self.tasks = TaskPublisher(self.mqtt, self.topics.round, self.identity)
+        parts = {"mqtt": self.mqtt, "topics": self.topics, "identity": self.identity, "clock": clock}
+        self.delivery = Delivery(self.engine, registry=self.registry, publisher=self.publisher, tasks=self.tasks,
+                                 **parts)  # fmt: skip
+        self.fleet_changes = FleetChanges(self.engine, disk=self.disk, registry=self.registry,
+                                          publisher=self.publisher, reassembler=self.reassembler,
+                                          publish_task=self._publish_task, **parts)  # fmt: skip
         self.trust = TrustKeeper(
             config.enrolled_dir,
             registry=self.registry,
@@ -104,18 +113,24 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
             distributor=self.group_keys,
             on_rotated=self._on_key_rotated,
             on_enrolled=lambda: self.mqtt.subscribe(self.topics.any_federation_status_wildcard),  # retained again
-            on_revoked=self._on_revoked,
+            on_revoked=self.fleet_changes.on_revoked,
             rotate_every_rounds=config.keys.rotate_every_rounds,
             reserved={POOL: POOL_NAME_TAKEN} if self.pool is not None else None,  # as the start check refuses it
         )
-        self.tasks = TaskPublisher(self.mqtt, self.topics.round, self.identity)
-        self.model_waits = ModelWaits()
+        self.pool_rounds = None if self.pool is None else PoolRounds(
+            self.pool, self.engine, accept=self._accept, round_change=self._round_change, clock=clock)  # fmt: skip
+        self.regional = None if upstream is None else UpstreamRounds(upstream, self.engine, disk=self.disk,
+                                                                     publisher=self.publisher)  # fmt: skip
         self.reconnects = Reconnects()
-        self._model_republished_at = 0.0
-        self._last_status = 0.0
         self.history = RunHistory(self.topics.federation)  # retained on server/history for a dashboard
         self.history.seed(config.state_dir / "metrics.jsonl")
-        self.prometheus = ServerMetrics(config.metrics)  # last: it listens on a port until ``on_stop``
+        self.prometheus = ServerMetrics(config.metrics)  # late: it listens on a port until ``on_stop``
+        self.refusals = Refusals(self.engine, registry=self.registry, counts=self.rejections,
+                                 prometheus=self.prometheus, pool=self.pool is not None)  # fmt: skip
+        self.report = StatusReport(config, self.engine, registry=self.registry, group_keys=self.group_keys,
+                                   disk=self.disk, rejections=self.rejections, mqtt=self.mqtt, topics=self.topics,
+                                   prometheus=self.prometheus, clock=clock, phase=lambda: self.phase,
+                                   errors=lambda: self.errors, connection_state=self.connection_state)  # fmt: skip
 
     # MqttDaemon --------------------------------------------------------------------------------------
     def subscriptions(self) -> list[str]:
@@ -128,14 +143,23 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         self.publisher.publish(self.engine.version, self.engine.global_arrays)
         self.mqtt.publish(self.topics.server_history, self.history.payload(), retain=True)
         if self.engine.round_state is not None:
-            with self.disk.writing(self.clock(), self.engine.durably("round re-announcement")):
+            with self.disk.writing(self.clock(), self.engine.state.durably("round re-announcement")):
                 self._announce(reannounce=True)
 
     def on_stop(self) -> None:
         self.prometheus.close()
 
+    def publish_final_status(self) -> paho.MQTTMessageInfo | None:
+        return self.report.publish_final()
+
+    def systemd_status(self) -> str:
+        return self.report.systemd_line()
+
+    def progress_fields(self) -> str:
+        return self.report.progress_fields()
+
     def finished(self) -> bool:
-        return self.engine.finished and not self.keep_running and not self.engine.outputs_pending
+        return self.engine.finished and not self.keep_running and not self.engine.state.outputs_pending
 
     def handle(self, topic: str, payload: bytes) -> None:
         if topic == self.topics.round:
@@ -160,11 +184,12 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
                 self.ignored.status_refused(agent, exc.reason)
                 return
             self.group_keys.on_status(agent, previous, status)
-            self._note_model_wait(agent, status)
-            if status is not None and status.run_id == self.engine.run_id and status.round > self.engine.held_round:
-                self._catch_up()
+            self.delivery.note_model_wait(agent, status)
+            held = self.engine.state.held_round
+            if status is not None and status.run_id == self.engine.run_id and status.round > held:
+                self.fleet_changes.catch_up()
             if status is not None and status != previous and status.state in ("failed", "declined"):
-                self._round_change(f"{agent} excused", lambda: self.engine.gave_up(
+                self._round_change(f"{agent} excused", lambda: self.engine.fleet.gave_up(
                     agent, status.round, f"reported its training {status.state}", self.clock()))  # fmt: skip
         elif topic == self.topics.agent_update(agent):
             self._on_update_chunk(agent, payload)
@@ -172,36 +197,38 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
     def tick(self) -> None:
         self._resume(self.reconnects.due())
         for rejection in self.reassembler.expire():
-            self._reject(rejection.sender, rejection.reason)
+            self.refusals.refuse(rejection.sender, rejection.reason)
         now = self.clock()
         self.trust.poll(now)
-        self._poll_pool()
+        if self.pool_rounds is not None:
+            self.pool_rounds.poll()
         if self.disk.due(now):  # after a failed write, the next try waits (broker_server.disk)
             self._round_step(now)
-        self._heal_retained(now)
-        self._publish_status()
+        self.delivery.heal_retained(now)
+        self.report.publish()
 
     def _round_step(self, now: float) -> None:
         """Open, re-announce or close a round as the engine decides; each a change that is undone if its
         checkpoint cannot be written, and tried again later."""
-        if self.engine.outputs_pending:
+        if self.engine.state.outputs_pending:
             with self.disk.writing(now):
-                self.engine.flush_outputs()
+                self.engine.state.flush_outputs()
         for completed in list(self._unsaved.values()):
             self._accept(completed)
-        if trained := self.engine.trained_news(self.registry.status):  # a local round (``local_rounds``)
-            with self.disk.writing(now, self.engine.durably(f"{','.join(trained)} trained locally")):
-                self.engine.trained_locally(trained)
+        if trained := self.engine.local.trained_news(self.registry.status):  # a local round (``local_rounds``)
+            with self.disk.writing(now, self.engine.state.durably(f"{','.join(trained)} trained locally")):
+                self.engine.local.trained_locally(trained)
         action = self.engine.decide(now)
         if action == "idle" and not self.engine.finished:
-            self.phase = "waiting-for-agents"
-            if not self._may_begin(now):
+            self.phase = "waiting-for-agents" if self.regional is None else self.regional.phase()
+            if self.regional is not None and not self.regional.may_begin(now):
                 return
             self.trust.rotate_on_schedule(self.engine.next_round)
             eligible = self.registry.eligible(self.group_keys.key.key_id, now)
-            with self.disk.writing(now, self.engine.durably("round start")):
+            with self.disk.writing(now, self.engine.state.durably("round start")):
                 if self.engine.begin_round(eligible, now, enrolled=self.registry.keyring.names()) is not None:
-                    self._begun_for_root()
+                    if self.regional is not None:
+                        self.regional.begun()
                     self._announce(reannounce=False)
                 elif self.engine.finished:  # the privacy budget ran out
                     self.phase = "finished"
@@ -210,7 +237,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         elif action == "close":
             self._close(now)
         elif action == "reannounce":
-            with self.disk.writing(now, self.engine.durably("round re-announcement")):
+            with self.disk.writing(now, self.engine.state.durably("round re-announcement")):
                 self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id, now), now)
                 if self.engine.round_state is not None and self.engine.round_state.pending:
                     self._announce(reannounce=True)
@@ -219,10 +246,11 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
 
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool, keep_deadline: bool = False) -> None:
-        rs = self.engine.announce(self.clock(), keep_deadline=keep_deadline, latest=self._root_deadline(self.clock()))
+        latest = self.regional.root_deadline(self.clock()) if self.regional is not None else None
+        rs = self.engine.announce(self.clock(), keep_deadline=keep_deadline, latest=latest)
         task = self._publish_task()
         for agent in rs.pending:
-            self._send_start(agent)
+            self.delivery.send_start(agent)
         self.phase = "training"
         log.info(
             "round %s round=%d attempt=%d action=%s selected=%s pending=%s probation=%s deadline_s=%.0f",
@@ -235,8 +263,9 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
             ",".join(rs.probation) or "-",
             self.config.rounds.deadline_s,
         )
-        self._start_pool(task)
-        self._publish_status(force=True)
+        if self.pool_rounds is not None:
+            self.pool_rounds.start(task)
+        self.report.publish(force=True)
 
     def _publish_task(self) -> RoundTask:
         """Sign and publish (retained) the open round's task as the engine has it now."""
@@ -252,10 +281,11 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
             completed = self.reassembler.feed(payload, topic_sender=agent, kinds=frozenset({"update"}),
                                               admit=self._expected_update)  # fmt: skip
         except TransferRejected as exc:
-            self._reject(exc.sender, exc.reason)
+            self.refusals.refuse(exc.sender, exc.reason)
             if (whole := exc.whole_round) is not None:
                 sender, why = exc.sender, f"sent an update refused whole ({reason_kind(exc.reason)})"
-                self._round_change(f"{sender} excused", lambda: self.engine.gave_up(sender, whole, why, self.clock()))
+                gave_up = self.engine.fleet.gave_up
+                self._round_change(f"{sender} excused", lambda: gave_up(sender, whole, why, self.clock()))
             return
         if completed is not None:
             self._accept(completed)
@@ -272,10 +302,10 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         sender, record = completed.manifest.sender, None
         self._unsaved.pop(sender, None)
         try:
-            with self.disk.writing(self.clock(), self.engine.durably(f"update of {sender}")):
+            with self.disk.writing(self.clock(), self.engine.state.durably(f"update of {sender}")):
                 record = self.engine.accept(completed, self.clock())
         except UpdateRejected as exc:
-            self._reject(sender, exc.reason)
+            self.refusals.refuse(sender, exc.reason)
             return
         if record is None:  # not written: kept (one per agent) and accepted again once the disk is back
             self._unsaved[sender] = completed
@@ -299,10 +329,10 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
             self._close(self.clock())  # of K takes exactly K updates
 
     def _round_change(self, what: str, change: Callable[[], bool]) -> None:
-        """An agent's news changes the open round (it gave up, ``RoundEngine.gave_up``): written durably, and
+        """An agent's news changes the open round (it gave up, ``FleetEvents.gave_up``): written durably, and
         the round closed at once if nobody is left to wait for."""
         changed = False
-        with self.disk.writing(self.clock(), self.engine.durably(what)):
+        with self.disk.writing(self.clock(), self.engine.state.durably(what)):
             changed = change()
         if changed and self.engine.decide(self.clock()) == "close" and self.disk.due(self.clock()):
             self._close(self.clock())
@@ -323,15 +353,15 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         published, rs = self.publisher.current, self.engine.round_state
         assert published is not None and rs is not None
         metrics = None
-        with self.disk.writing(now, self.engine.durably(f"round {self.engine.held_round} close")):
+        with self.disk.writing(now, self.engine.state.durably(f"round {self.engine.state.held_round} close")):
             metrics = self.engine.close(now, model_wire_bytes=published.wire_bytes, stuck=stuck)
         if metrics is None:  # not written: the previous model stays in force; closed again on a later tick
-            self._publish_status(force=True)
+            self.report.publish(force=True)
             return
-        if self.upstream is None:
+        if self.regional is None:
             self._publish_if_new()
         else:  # a region: the aggregate goes to the root; the region's agents get the root's next model
-            self._deliver_upstream(rs, metrics)
+            self.regional.deliver(rs, metrics)
         self.mqtt.publish(self.topics.server_metrics, metrics.to_json())
         self.history.add(metrics)
         self.mqtt.publish(self.topics.server_history, self.history.payload(), retain=True)
@@ -341,7 +371,7 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         self.phase = "finished" if self.engine.finished else "waiting-for-agents"
         if self.engine.finished:
             self._log_finished()
-        self._publish_status(force=True)
+        self.report.publish(force=True)
 
     def _log_finished(self) -> None:
         e = self.engine
@@ -349,23 +379,8 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
                          out=self.config.state_dir / "global_model.safetensors",
                          why="privacy-budget-spent" if e.budget_exhausted else "rounds-done")  # fmt: skip
 
-    def _reject(self, agent: str, reason: str) -> None:
-        """Count, log (throttled) and record a refusal. Ids that are not enrolled (anyone can invent topic
-        ids) share one log key and one metrics entry per kind, so junk cannot crowd out real agents."""
-        reason = printable(reason)
-        kind = reason_kind(reason)
-        self.rejections[kind] += 1
-        self.prometheus.update_rejected(kind)
-        enrolled = agent in self.registry.keyring or (agent == POOL and self.pool is not None)
-        if enrolled and kind == "bad-signature":
-            reason = f"bad-signature: {RE_ENROL}"
-        held = self._rejection_log.allow(f"{agent if enrolled else '*'}:{kind}")
-        if held is not None:
-            log.warning("rejected agent=%s reason=%s held_back=%d", printable(agent, 64), reason, held)
-        self.engine.reject(agent if enrolled else NOT_ENROLLED, reason if enrolled else kind)
-
     def _on_connect(self) -> None:
-        self._last_status = 0.0  # republish status promptly after a (re)connect
+        self.report.last_published = 0.0  # republish status promptly after a (re)connect
         self.reconnects.connected()  # paho's thread: the loop resumes what the broker may have lost (``tick``)
 
     def _resume(self, due: str) -> None:
@@ -378,5 +393,5 @@ class Aggregator(Delivery, FleetChanges, PoolRounds, UpstreamRounds, StatusRepor
         rs = self.engine.round_state
         if due == "ask-again" and rs is not None and rs.pending:
             log.warning("broker connection back mid-round: round %d asked again of %s", rs.round, ",".join(rs.pending))
-            with self.disk.writing(self.clock(), self.engine.durably("round re-announcement")):
+            with self.disk.writing(self.clock(), self.engine.state.durably("round re-announcement")):
                 self._announce(reannounce=True, keep_deadline=True)

@@ -1,7 +1,7 @@
 """Memory never ahead of disk: a state change the server cannot write is undone, said, and tried again.
 
 The round engine changes its state in memory and then writes the checkpoint. If that write fails (a
-read-only remount, a full disk), the engine puts back the state it had before (``RoundEngine.durably``)
+read-only remount, a full disk), the engine puts back the state it had before (``EngineState.durably``)
 and raises ``DiskError``: the previous model and round stay in force, nothing is published, and the
 change is tried again later — so a round whose close could not be written closes once the disk is back,
 instead of leaving a model in memory that no checkpoint holds (which refused every later update as
@@ -40,7 +40,7 @@ class DiskWatch:
     """The last failed state write (for ``server/status``), and when to try again."""
 
     def __init__(self, writes: Callable[[], int]) -> None:
-        self.writes = writes  # state writes that succeeded so far (``RoundEngine.settled_writes``)
+        self.writes = writes  # state writes that succeeded so far (``EngineState.settled_writes``)
         self.problem = ""
         self.retry_at = 0.0
         self._interval = RETRY_FIRST_S
@@ -51,7 +51,7 @@ class DiskWatch:
 
     @contextmanager
     def writing(self, now: float, change: AbstractContextManager[None] = nullcontext()) -> Iterator[None]:
-        """Run a durable ``change`` (``RoundEngine.durably``: it raises ``DiskError`` once it has undone
+        """Run a durable ``change`` (``EngineState.durably``: it raises ``DiskError`` once it has undone
         itself). A failure is logged, shown and retried later (the code after the ``with`` runs either
         way); a write that succeeds after failures says the disk is back."""
         written = self.writes()

@@ -7,7 +7,12 @@ deadline, ``accept`` takes updates (``broker_server.accept``), ``decide`` says w
 ``metrics.jsonl`` and ``global_model.safetensors``; the daemon publishes afterwards) or **rolls back**
 (the previous model stays; the round is recorded with its reason and offenders). The checkpoint is
 written after every accepted update and every finished round; a change whose checkpoint cannot be
-written is undone (``durably``, ``broker_server.engine_state``), so memory is never ahead of the disk.
+written is undone (``state.durably``), so memory is never ahead of the disk.
+
+The engine holds collaborators, each with its own job: ``state`` (``broker_server.engine_state``: what the
+checkpoint holds, saved and undone), ``fleet`` (``broker_server.engine_fleet``: what agents do to the open round
+unasked) and ``local`` (``broker_server.local_rounds``: model swapping's rounds without uploads). The state's
+fields the daemon and the sim read most (``round_state``, ``version``, …) read through the engine.
 """
 
 from __future__ import annotations
@@ -20,36 +25,27 @@ from collections.abc import Callable
 from contextlib import suppress
 
 import numpy as np
-import torch
 
 from broker_server.accept import RoundInputs, accept_update
-from broker_server.accountant import PrivacyLedger
-from broker_server.checkpoint import CheckpointStore, new_run_id
 from broker_server.config import POOL, ServerConfig
 from broker_server.disk import DiskError
 from broker_server.engine_fleet import FleetEvents
-from broker_server.engine_state import EngineState
+from broker_server.engine_state import EngineState, StateField
 from broker_server.fallback import Fallback, broken_model, stuck_reason
-from broker_server.health import HealthBook
 from broker_server.local_rounds import LocalRounds
-from broker_server.metrics_log import MetricsLog, round_metrics
+from broker_server.metrics_log import round_metrics
 from broker_server.onnx_step import ExportOnnx
-from broker_server.pace import PaceBook
 from broker_server.personal import GLOBAL, StartScores
 from broker_server.pipeline import RoundContext, RoundRejected, run_pipeline
 from broker_server.round_steps import round_steps
 from flcore.agent_models import Assignment, settle
 from flcore.change_bound import ChangeHistory
-from flcore.election import BestModel
 from flcore.rounds import RoundState, UpdateRecord, decide, replace_missing, select_with_probation
 from flcore.strategies import build_strategy
 from flcore.strategies.choice import strategy_notes
 from flcore.update import NotForThisRound, UpdateRejected
 from flcore.validation import reason_kind
-from models.serialization import save_file
-from models.weights import NamedArrays, to_arrays, with_floats
-from models.yolo import load_pt_weights
-from models.zoo import build_model
+from models.weights import NamedArrays, with_floats
 from participant.recipes import checked_settings, work_share
 from protocol.codecs import Codec
 from protocol.messages import Rejection, RoundMetrics, TrainSettings, headline
@@ -63,7 +59,11 @@ MAX_REJECTIONS_LISTED = 200
 MAX_REJECTIONS_PER_AGENT = 3  # distinct kinds of refusal listed per agent and round
 
 
-class RoundEngine(EngineState, FleetEvents, LocalRounds):
+class RoundEngine:
+    # the state's fields, read through the engine; only the engine and its collaborators change them (``state``)
+    round_state, run_id, version, next_round, model_eval, best = (StateField() for _ in range(6))
+    global_arrays, global_vector, float_spec, assignments, health, ledger = (StateField() for _ in range(6))
+
     def __init__(
         self,
         config: ServerConfig,
@@ -75,7 +75,6 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         self.rules = config.rounds
         self.policy = config.privacy.bounds(config.bounds)
         self.codec = Codec.parse(config.server.codec)
-        self.replay = replay
         table, notes = config.privacy.strategy_table(config.strategy)  # under privacy: fedavg by default
         self.strategy = build_strategy(table)
         self.strategy.last_round = config.server.rounds
@@ -84,65 +83,22 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         self.start_scores = StartScores(evaluator if judged_here else None)
         for note in notes + strategy_notes(table, len(Keyring.load_dir(config.enrolled_dir).names()), config.rounds):
             log.log(note.level, "%s", note.text)
-        self.store = CheckpointStore(config.state_dir / "checkpoint")
-        self.metrics_log = MetricsLog(config.state_dir / "metrics.jsonl")
-        self.assignments: dict[str, Assignment] = {}
-        self.changes, self.fallback = ChangeHistory(), Fallback()
-        self.steps = round_steps(config, self.strategy, self.policy, self.store.agents, self.base_vector,
-                                 lambda: self.assignments, self._round_rng, evaluator,
-                                 lambda: self.ledger.clip, self.changes, self._in_force_eval)  # fmt: skip
-        self.ledger = PrivacyLedger(config.privacy)
+        self.changes = ChangeHistory()
+        self.state = EngineState(config, self.strategy, replay=replay, changes=self.changes)
+        self.fleet = FleetEvents(self.state, reject=self.reject)
+        self.local = LocalRounds(self.state, needs_global=self.needs_global)
+        self.steps = round_steps(config, self.strategy, self.policy, self.state.store.agents, self.base_vector,
+                                 lambda: self.state.assignments, self._round_rng, evaluator,
+                                 lambda: self.state.ledger.clip, self.changes, self._in_force_eval)  # fmt: skip
         config.privacy.configure(self.strategy)
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
         self.orphan_rejections: list[dict[str, str]] = []
-        self.revoked_between_rounds: list[str] = []  # named in the next round's task, so they hear of it
-        self.health = HealthBook(deadline_s=self.rules.deadline_s)
-        self.pace = PaceBook()
-        self._last_metrics: dict | None = None
-        self.outputs_pending: set[str] = set()  # files that lag behind the checkpoint: "metrics", "model"
-        self._restore()
-        if self.finished and self.strategy.elect_best and not self.best.elected:
-            self._elect_best()  # the run ended just before a crash: elect now
-
-    # state -------------------------------------------------------------------------------------------
-    def _restore(self) -> None:
-        checkpoint = self.store.load()
-        if checkpoint is None:
-            torch.manual_seed(self.config.server.seed)
-            initial = build_model(self.config.server.model, num_classes=self.config.server.num_classes)
-            if (weights := self.config.init_weights_path) is not None:
-                load_pt_weights(initial, weights)
-            self.run_id, self.version, self.next_round = new_run_id(), 1, 1
-            self.round_state: RoundState | None = None
-            self.best = BestModel(self.store, {})
-            self.model_eval = {}  # the initial model is not evaluated: no round has published yet
-            self._set_model(to_arrays(initial))
-            self.checkpoint()
-            save_file(self.model_file, self.global_arrays)
-            log.info("server initialised model=%s version=1 run_id=%s", self.config.server.model, self.run_id)
-            return
-        self._install(checkpoint)
-        self.replay.restore(checkpoint.replay)
-        if self.round_state is not None and not self.round_state.train:  # a round from before per-agent plans
-            self.round_state.train = self.config.training.to_dict()
-        if self.assignments and not self.strategy.keeps_models:
-            log.warning(
-                "strategy %s keeps no agent models: %d assignments dropped", self.strategy.name, len(self.assignments)
-            )
-            self.assignments = {}
-        self.metrics_log.reconcile(checkpoint.last_metrics)
-        save_file(self.model_file, self.global_arrays)
-        log.info(
-            "server resumed run_id=%s version=%d next_round=%d in_round=%s accepted=%s",
-            self.run_id,
-            self.version,
-            self.next_round,
-            self.round_state.round if self.round_state else None,
-            self.round_state.accepted if self.round_state else [],
-        )
+        self.state.open()
         if self.finished:
             log.warning("this run is already over (%d rounds done): to start a new run, move %s aside, or raise "
                         "server.rounds to go on with this one", self.next_round - 1, self.config.state_dir)  # fmt: skip
+            if self.strategy.elect_best and not self.best.elected:
+                self._elect_best()  # the run ended just before a crash: elect now
 
     # agents' own models ------------------------------------------------------------------------------
     def base_vector(self, agent: str) -> np.ndarray:
@@ -150,7 +106,7 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         return self._vector_of(self.assignments.get(agent))
 
     def _vector_of(self, assignment: Assignment | None) -> np.ndarray:
-        return self.global_vector if assignment is None else self.store.agents.vector(assignment.model)
+        return self.global_vector if assignment is None else self.state.store.agents.vector(assignment.model)
 
     def start_model(self, agent: str) -> NamedArrays:
         """The whole model ``agent`` starts from (what its inbox gets when it is not the global one)."""
@@ -166,7 +122,7 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         assignment = self.assignments.get(agent)
         if assignment is None or assignment.peers is None:
             return None
-        return self.store.agents.bundle(assignment.peers, self.float_spec)
+        return self.state.store.agents.bundle(assignment.peers, self.float_spec)
 
     def _round_rng(self) -> np.random.Generator:
         assert self.round_state is not None
@@ -199,10 +155,10 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         available = self.health.available(eligible, number, now)
         seed = self.config.server.seed * 100_003 + number
         selected, probation = select_with_probation(eligible, available, self.rules, seed)
-        plan = self.strategy.configure_train(self.config.training, number, self.pace.of(selected))
+        plan = self.strategy.configure_train(self.config.training, number, self.state.pace.of(selected))
         if self.config.pool.enabled and self.ledger.affords_a_round(POOL):  # the shared pool: one more participant
             selected = [*selected, POOL]
-        self.round_state = RoundState(
+        self.state.round_state = RoundState(
             round=number,
             attempt=0,
             selected=selected,
@@ -215,9 +171,8 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
             probation=probation,
         )
         self.round_state.rejected.extend(self.orphan_rejections)
-        self.round_state.revoked.extend(self.revoked_between_rounds)
+        self.round_state.revoked.extend(self.fleet.take_revoked())
         self.orphan_rejections.clear()
-        self.revoked_between_rounds.clear()
         self.strategy.begin(self.global_vector, self.float_spec)
         return self.round_state
 
@@ -229,7 +184,7 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         rs.attempt += 1
         if not keep_deadline:
             rs.deadline = min(now + self.rules.deadline_s, latest or math.inf)
-        self.checkpoint()
+        self.state.checkpoint()
         return rs
 
     def replace_missing(self, eligible: list[str], now: float) -> tuple[list[str], list[str]]:
@@ -271,14 +226,14 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
                     self.float_spec,
                     self.version,
                     self._vector_of(assignment),
-                    self.positive,
+                    self.state.positive,
                     base_sha256="" if assignment is None else assignment.model.sha256,
                     next_round=self.next_round,
                     codec=self.codec,
                 ),
                 policy=self.policy,
                 strategy=self.strategy,
-                store=self.store.updates,
+                store=self.state.store.updates,
             )
         except NotForThisRound:
             raise
@@ -287,14 +242,14 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
             assert rs is not None  # the gates passed, so a round is open
             if completed.manifest.sender not in rs.failed:  # once: a flood of junk costs no write per update
                 rs.failed.append(completed.manifest.sender)
-                self.checkpoint()
+                self.state.checkpoint()
             raise
         if record.agent in self.round_state.failed:  # it sent a valid update after a refused one
             self.round_state.failed.remove(record.agent)
         self.health.delivered(record.agent)
-        self.pace.observe(record.agent, (time.time() if now is None else now) - self.round_state.started_at,
-                          work_share(self.train_of(record.agent)))  # fmt: skip
-        self.checkpoint()
+        self.state.pace.observe(record.agent, (time.time() if now is None else now) - self.round_state.started_at,
+                                work_share(self.train_of(record.agent)))  # fmt: skip
+        self.state.checkpoint()
         return record
 
     def reject(self, agent: str, reason: str) -> None:
@@ -318,7 +273,7 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         rs = self.round_state
         assert rs is not None
         if rs.action == "local":  # nothing was uploaded: nothing to aggregate (``broker_server.local_rounds``)
-            return self.close_local(now, model_wire_bytes)
+            return self.local.close(now, model_wire_bytes)
         if now >= rs.deadline:  # closed on the quorum at the deadline: whoever it still waited for missed it
             late = rs.waited_for
             self.health.back_off(late, rs.round, "missed the deadline", now)
@@ -328,10 +283,10 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
             global_arrays=self.global_arrays,
             global_vector=self.global_vector,
             float_spec=self.float_spec,
-            open_delta=lambda agent: self.store.updates.delta(rs.round, agent),
+            open_delta=lambda agent: self.state.store.updates.delta(rs.round, agent),
         )
         outcome, reason, offenders = "committed", "", []
-        global_starts = self.global_downloads()
+        global_starts = self.local.global_downloads()
         starts = {u.agent: self._start_key(u.agent) for u in rs.updates}  # before the assignments move on
         personal = self.start_scores.personal(rs.updates, starts, self.start_model)
         try:
@@ -347,18 +302,18 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
             assert ctx.candidate is not None and ctx.result is not None
             self.strategy.on_commit(ctx.result)
             if published:
-                self.fallback = Fallback(self.version, self.model_eval)
-                self._set_model(ctx.candidate)
-                self.version += 1
-                self.model_eval = ctx.evaluation
+                self.state.fallback = Fallback(self.version, self.model_eval)
+                self.state.set_model(ctx.candidate)
+                self.state.version += 1
+                self.state.model_eval = ctx.evaluation
                 self.changes.note(ctx.step_detail.get("change_norm", math.nan))
-        elif stuck and broken_model(rs) and (came_from := self.fall_back()) is not None:
+        elif stuck and broken_model(rs) and (came_from := self.state.fall_back()) is not None:
             reason = f"{reason}; the model in force was broken: back to version {came_from} as {self.version}"
             log.error("model in force broken round=%d back_to_version=%d as_version=%d", rs.round, came_from,
                       self.version)  # fmt: skip
         if self.strategy.keeps_models:
             kept, planned = (ctx.kept, ctx.plan.starts) if committed else ({}, {})
-            self.assignments = settle(self.assignments, rs.selected, kept, planned)
+            self.state.assignments = settle(self.assignments, rs.selected, kept, planned)
         charged = list(ctx.released) or [c.agent for c in ctx.contributions]  # swap rounds: whose model left, noised
         averaged = [*charged, *rs.failed] if ctx.result is not None else []
         self.ledger.after_round(averaged, published=published, next_clip=ctx.next_clip)
@@ -372,13 +327,13 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
             metrics = self.ledger.public_metrics(metrics, ctx.noise_std)
         if published and self.strategy.elect_best:
             self.best.note(self.version, rs.round, ctx.evaluation, self.global_arrays)
-        self.round_state, self.next_round = None, rs.round + 1
-        self.checkpoint(last_metrics=json.loads(metrics.to_json()))  # the commit: what follows is derived from it
-        self.outputs_pending.update(("metrics", "model") if published else ("metrics",))
+        self.state.round_state, self.state.next_round = None, rs.round + 1
+        self.state.checkpoint(last_metrics=json.loads(metrics.to_json()))  # the commit: what follows is derived from it
+        self.state.outputs_pending.update(("metrics", "model") if published else ("metrics",))
         with suppress(DiskError):  # tried again on the daemon's next ticks
-            self.flush_outputs()
+            self.state.flush_outputs()
         if self.finished and self.strategy.elect_best:
-            with suppress(DiskError), self.durably("the best model's election"):  # else elected at the next start
+            with suppress(DiskError), self.state.durably("the best model's election"):  # else elected at the next start
                 self._elect_best()
         return metrics
 
@@ -395,10 +350,10 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
         """The run ended: the best-evaluated version becomes the final global model (``election``)."""
         arrays = self.best.elect(self.version)
         if arrays is not None:
-            self._set_model(arrays)
-            self.version += 1
-            self.model_eval = self.best.evaluation()
-            self.outputs_pending.add("model")
+            self.state.set_model(arrays)
+            self.state.version += 1
+            self.state.model_eval = self.best.evaluation()
+            self.state.outputs_pending.add("model")
             onnx = [s.export(arrays, "elected") for s in self.steps if isinstance(s, ExportOnnx)]
             self.best.published_as(self.version, onnx[0] if onnx else None)
             record = self.best.record
@@ -406,9 +361,9 @@ class RoundEngine(EngineState, FleetEvents, LocalRounds):
                 "best model elected version=%d round=%d score=%.4f published_as=%d",
                 record["version"], record["round"], headline(record), self.version,
             )  # fmt: skip
-        self.checkpoint()
+        self.state.checkpoint()
         with suppress(DiskError):
-            self.flush_outputs()
+            self.state.flush_outputs()
 
     def _end_for_budget(self, affordable: int) -> None:
         """Fewer than ``rounds.min_agents`` agents can afford another round: the run ends here."""

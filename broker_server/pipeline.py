@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from scipy.linalg.blas import sdot
 
+from broker_server.gaussian import release
 from flcore.agent_models import Assignment, Holding, ModelBank
 from flcore.aggregation import bounded_contributions, change_limit, check_new_model
 from flcore.bounds import Influence, InfluencePolicy, lower_median
@@ -71,7 +72,7 @@ class RoundContext:
     plan: StartPlan = field(default_factory=StartPlan)  # what every agent starts the next round from
     step_detail: dict[str, Any] = field(default_factory=dict)  # what steps add to metrics.aggregation (pairs, …)
     noise_std: float = 0.0  # differential privacy's noise on the new model (0: none was added)
-    released: dict[str, Holding] = field(default_factory=dict)  # DP with swapping: the noised models (noise.release)
+    released: dict[str, Holding] = field(default_factory=dict)  # DP with swapping: the noised models (gaussian.release)
     next_clip: float = 0.0  # differential privacy's adaptive clip for the next round (0: unchanged)
 
     def aggregation_detail(self) -> dict[str, Any]:
@@ -208,9 +209,7 @@ class PlanStarts(Step):
             ctx.result = replace(ctx.result, global_vector=mean)
 
     def _release(self, ctx: RoundContext, agent: str) -> Holding:
-        """``agent``'s kept model plus N(0, std²) on every float (``noise.release``), kept as ``+dp-<agent>``."""
-        from broker_server.noise import release  # noise imports this module
-
+        """``agent``'s kept model plus N(0, std²) on every float (``gaussian.release``), kept as ``+dp-<agent>``."""
         assert self.release_std is not None
         ctx.noise_std = self.release_std(ctx)
         vector = release(self.bank.vector(ctx.kept[agent]), ctx.noise_std, ctx.float_spec)

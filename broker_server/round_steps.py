@@ -78,7 +78,7 @@ def round_steps(
     if strategy.keeps_models:
         steps.append(KeepAgentModels(bank, base_of, policy, private=private))
     release_std = None
-    if private:  # a model released to one agent (model swapping): z·S' (``noise.release``)
+    if private:  # a model released to one agent (model swapping): z·S' (``gaussian.release``)
         def release_std(ctx: RoundContext) -> float:
             assert ctx.influence is not None
             return config.privacy.noise_multiplier * ctx.influence.clip_bound * (1 + NORM_SLACK)

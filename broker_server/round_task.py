@@ -25,7 +25,7 @@ def round_task(
     """The task for ``engine``'s open round, against the ``published`` global model."""
     rs = engine.round_state
     assert rs is not None
-    assignments, continues = engine.assignments, engine.continues()
+    assignments, continues = engine.assignments, engine.local.continues()
     starts = [agent_start(agent, assignments.get(agent), published.sha256, continues) for agent in rs.selected]
     return RoundTask(
         federation=federation,

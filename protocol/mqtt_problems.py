@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from protocol.mqtt import BrokerSettings
+    from protocol.broker_settings import BrokerSettings
 
 
 def describe_connect_error(exc: BaseException | None, settings: BrokerSettings) -> str:

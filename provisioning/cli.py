@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import posixpath
 import sys
+from functools import partial
 from pathlib import Path
 
 from common import toml
@@ -32,6 +33,7 @@ from provisioning.provision import (
     provision,
     revoke_agent,
 )
+from provisioning.region import attach_upstream
 
 DEFAULTS = {"broker": "broker.local:8883", "state_dir": "/var/lib/skyfed", "service_user": "skyfed",
             "broker_user": "mosquitto", "listen": ""}  # fmt: skip
@@ -166,8 +168,8 @@ def run_provision(args: argparse.Namespace) -> int:
             if not 0 < args.ws_port < 65536:
                 raise ProvisionError("--ws-port: a port 1-65535 for the dashboard's WebSockets listener")
             plan.ws_port = args.ws_port
-        upstream = Path(args.upstream) if args.upstream else None
-        new = provision_peers(out, plan, agents) if peer else provision(out, plan, agents, upstream)
+        region = partial(attach_upstream, folder=Path(args.upstream)) if args.upstream else None
+        new = provision_peers(out, plan, agents) if peer else provision(out, plan, agents, region)
     except ProvisionError as exc:
         print(f"skyfed provision: {exc}", file=sys.stderr)
         return 2

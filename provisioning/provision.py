@@ -31,6 +31,7 @@ import pwd
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -194,19 +195,18 @@ def finish(layout: Layout, plan: Provisioning) -> None:
     _lock_down(layout, plan)
 
 
-def provision(out: Path, plan: Provisioning, agents: list[str], upstream: Path | None = None) -> list[str]:
-    """Create (or extend) the federation in ``out``; return the agents that are new. ``upstream``: the root's
-    folder for this region (``provisioning.region``)."""
+def provision(out: Path, plan: Provisioning, agents: list[str],
+              extend: Callable[[Layout, Provisioning], None] | None = None) -> list[str]:  # fmt: skip
+    """Create (or extend) the federation in ``out``; return the agents that are new. ``extend`` adds to it before
+    the plan is saved (a region's ``[upstream]``: ``provisioning.region.attach_upstream``)."""
     layout = start(out, plan, agents)
     server = _server_node(layout, plan)
     new = [name for name in agents if name not in plan.agents]
     for name in new:
         _agent_node(layout, plan, name, server)
         plan.agents.append(name)
-    if upstream is not None:
-        from provisioning.region import attach_upstream  # it builds on this module
-
-        attach_upstream(layout, plan, upstream)
+    if extend is not None:
+        extend(layout, plan)
     finish(layout, plan)
     return new
 

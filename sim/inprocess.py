@@ -46,7 +46,7 @@ from protocol.transfer import Completed
 from security.replay import ReplayGuard
 from sim.attacks import Attack, AttackingTrainer
 from sim.federation import SimSettings, create_federation
-from sim.run import SimResult, collect_results, format_round
+from sim.launch import SimResult, collect_results, format_round
 
 
 @dataclass
@@ -86,7 +86,7 @@ def _deliver(engine: RoundEngine, agent: InProcessAgent, task: RoundTask) -> Non
     result = agent.trainer.train(train_from, task, context)
     if task.action == "local":  # trained on, kept here, nothing uploaded (``broker_server.local_rounds``)
         agent.continued = (start.sha256, result.arrays)
-        engine.trained_locally([agent.name])
+        engine.local.trained_locally([agent.name])
         return
     local_delta = agent.budget.policy.delta if agent.budget is not None else None
     base_sha256 = "" if start.source == "global" else start.sha256
@@ -108,7 +108,8 @@ def _deliver_pool(engine: RoundEngine, pool: SharedPool, task: RoundTask) -> Non
     pool.start(task, engine.global_arrays)
     result = pool.wait()
     if result is None or result.update is None:
-        engine.gave_up(POOL, task.round, f"its training failed: {result.reason if result else 'no job'}", time.time())
+        why = f"its training failed: {result.reason if result else 'no job'}"
+        engine.fleet.gave_up(POOL, task.round, why, time.time())
         return
     _accept(engine, result.update)
 

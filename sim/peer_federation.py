@@ -14,35 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from models.synthetic_detection import NAMES
 from protocol.config import write_toml
 from security.keys import Identity, enroll
-from sim.federation import FederationLayout, SimSettings, agent_names, write_data
-
-PEER_JOIN_WAIT_S = 3.0
-
-
-def peer_plan(settings: SimSettings) -> dict:
-    """``[federation]`` of every peer's agent.toml: the round plan they share. The strategy's ``threshold``
-(``--strategy-option threshold=N``) is the peers' threshold (default: every peer); ``--deadline`` their
-``round_timeout_s``."""
-    return {
-        "mode": "peer",
-        "model": settings.model,
-        "rounds": settings.rounds,
-        "threshold": settings.strategy.get("threshold") or settings.agents,
-        "round_timeout_s": settings.deadline_s,
-        "join_wait_s": PEER_JOIN_WAIT_S,
-        "epochs": settings.epochs,
-        "batch_size": settings.batch_size,
-        "lr": settings.lr,
-        "momentum": settings.momentum,
-        "seed": settings.seed,
-        **({"classes": list(NAMES), "image_size": settings.image_size} if settings.task == "detect" else {}),
-        **({"init_weights": str(Path(settings.init_weights).resolve())} if settings.init_weights else {}),
-        "strategy": {k: v for k, v in settings.strategy.items() if k not in ("threshold", "elect_best")},
-        "bounds": settings.bounds,
-    }
+from sim.federation import FederationLayout, agent_names, write_data
+from sim.settings import SimSettings, peer_plan
 
 
 def create_peer_federation(root: Path, settings: SimSettings, broker: tuple[str, int]) -> FederationLayout:

@@ -21,8 +21,8 @@ from agent.peer.rounds import read_metrics
 from models.synthetic_detection import NAMES
 from protocol.messages import headline
 from sim.federation import SimSettings
+from sim.launch import SimResult, fresh_run_folder, run_broker, spawn_agents, terminate
 from sim.peer_federation import create_peer_federation
-from sim.run import SimResult, _spawn_agents, _terminate, fresh_run_folder, run_broker
 
 
 def run_peer_sim(settings: SimSettings, out: Path, *, broker_address: str | None = None, echo=print) -> SimResult:  # noqa: ANN001
@@ -37,8 +37,8 @@ def run_peer_sim(settings: SimSettings, out: Path, *, broker_address: str | None
             echo(f"  attackers ({settings.attack}, {settings.attack_scope}): {', '.join(attackers)}")
         logs = work / "logs"
         logs.mkdir()
-        peers = _spawn_agents(layout.agent_configs, settings, logs)
-        stack.callback(_terminate, peers)
+        peers = spawn_agents(layout.agent_configs, settings, logs)
+        stack.callback(terminate, peers)
         deadline = time.monotonic() + settings.rounds * (settings.deadline_s * 3) + 120
         shown: set[tuple[str, int]] = set()
         while any(p.poll() is None for p in peers) and time.monotonic() < deadline:

@@ -20,8 +20,8 @@ from protocol.topics import Topics
 from provisioning.bridge import bridge_conf_text
 from sim.broker import start_broker
 from sim.federation import SimSettings
+from sim.launch import SimResult, collect_results, format_round, fresh_run_folder, spawn, spawn_agents, terminate
 from sim.regions import create_regions, region_names
-from sim.run import SimResult, _spawn_agents, _terminate, collect_results, format_round, fresh_run_folder, spawn
 
 
 def run_region_sim(settings: SimSettings, out: Path, *, echo=print) -> SimResult:  # noqa: ANN001
@@ -56,8 +56,8 @@ def run_region_sim(settings: SimSettings, out: Path, *, echo=print) -> SimResult
                           logs / f"{region}.log", module="sim.rogue_region") if region in rogue
                     else spawn(["server", "run", "--config", str(path)], logs / f"{region}.log")
                     for region, path in layout.regions.items()]  # fmt: skip
-        agents = _spawn_agents(layout.flat.agent_configs, settings, logs)
-        stack.callback(_terminate, [server, *regional, *agents])
+        agents = spawn_agents(layout.flat.agent_configs, settings, logs)
+        stack.callback(terminate, [server, *regional, *agents])
         metrics: list[RoundMetrics] = []
         deadline = time.monotonic() + settings.rounds * (settings.deadline_s * 6) + 180
         while server.poll() is None and time.monotonic() < deadline:

@@ -92,9 +92,9 @@ def test_a_round_closed_early_by_a_threshold_backs_off_nobody(config):
 
 def test_an_agent_that_says_its_training_failed_is_not_waited_for_and_is_backed_off(config):
     engine = two_of_three_delivered(config)
-    assert not engine.gave_up("agent-03", 7, "reported its training failed", 2.0)  # another round's status
-    assert engine.gave_up("agent-03", 1, "reported its training failed", 2.0)
-    assert not engine.gave_up("agent-03", 1, "reported its training failed", 2.0)  # counted once
+    assert not engine.fleet.gave_up("agent-03", 7, "reported its training failed", 2.0)  # another round's status
+    assert engine.fleet.gave_up("agent-03", 1, "reported its training failed", 2.0)
+    assert not engine.fleet.gave_up("agent-03", 1, "reported its training failed", 2.0)  # counted once
     assert engine.decide(now=2.0) == "close"  # at once, not at the deadline
     metrics = engine.close(now=2.0, model_wire_bytes=0)
     assert metrics.missed == ["agent-03"] and engine.health.backed_off(2, now=2.0) == {"agent-03": 1}

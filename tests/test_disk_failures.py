@@ -50,7 +50,7 @@ def test_a_round_close_that_cannot_be_written_leaves_the_previous_model_and_roun
 
     said = f"disk: round 1 close not written, will retry: \\[Errno 21\\] Is a directory: '{blocked}'"
     with pytest.raises(DiskError, match=said):
-        with engine.durably("round 1 close"):
+        with engine.state.durably("round 1 close"):
             engine.close(now=1.0, model_wire_bytes=0)
     assert engine.version == 1 and engine.next_round == 1  # memory is what the disk holds
     assert engine.round_state is not None and engine.round_state.accepted == AGENTS
@@ -59,7 +59,7 @@ def test_a_round_close_that_cannot_be_written_leaves_the_previous_model_and_roun
     assert not (config.state_dir / "metrics.jsonl").exists()
 
     unblock(blocked)  # the disk is back: the same round closes, from the stored updates
-    with engine.durably("round 1 close"):
+    with engine.state.durably("round 1 close"):
         metrics = engine.close(now=2.0, model_wire_bytes=0)
     reference = RoundEngine(config, replay=ReplayGuard(3600))  # what a restart resumes: the same
     assert metrics.outcome == "committed" and metrics.round == 1 and engine.version == 2
@@ -78,12 +78,12 @@ def test_an_accepted_update_that_cannot_be_written_is_not_kept_in_memory(config)
     checkpoint_dir.rename(config.state_dir / "moved")
     checkpoint_dir.write_text("not a directory")  # nothing under it can be written
     with pytest.raises(DiskError, match="disk: update of agent-02 not written"):
-        with engine.durably("update of agent-02"):
+        with engine.state.durably("update of agent-02"):
             engine.accept(completed(engine, "agent-02", seed=1))
     assert engine.round_state.accepted == ["agent-01"]
     checkpoint_dir.unlink()
     (config.state_dir / "moved").rename(checkpoint_dir)
-    with engine.durably("update of agent-02"):
+    with engine.state.durably("update of agent-02"):
         engine.accept(completed(engine, "agent-02", seed=1))
     assert RoundEngine(config, replay=ReplayGuard(3600)).round_state.accepted == ["agent-01", "agent-02"]
 
@@ -99,13 +99,13 @@ def test_metrics_and_the_model_file_that_cannot_be_written_follow_the_checkpoint
     block(model_path)
     engine.close(now=1.0, model_wire_bytes=0)  # committed: the checkpoint is written, the outputs lag
     assert engine.version == 2 and state_json(config)["model_version"] == 2
-    assert engine.outputs_pending == {"metrics", "model"}
+    assert engine.state.outputs_pending == {"metrics", "model"}
     with pytest.raises(DiskError, match="disk: metrics.jsonl"):
-        engine.flush_outputs()
+        engine.state.flush_outputs()
     unblock(metrics_path)
     unblock(model_path)
-    engine.flush_outputs()
-    assert engine.outputs_pending == set()
+    engine.state.flush_outputs()
+    assert engine.state.outputs_pending == set()
     assert [json.loads(line)["round"] for line in metrics_path.read_text().splitlines()] == [1]
     assert model_path.stat().st_size > 0
 
@@ -120,7 +120,7 @@ def test_the_daemon_says_disk_and_closes_the_round_once_the_disk_is_back(tmp_pat
         h.send("agent-02", deltas[1])
         status = wait_until(lambda: h.server.disk.problem, what="the disk problem")
         assert "disk: round 1 close not written, will retry" in status and str(blocked) in status
-        published = ServerStatus.from_json(h.server._status_json())
+        published = ServerStatus.from_json(h.server.report.json())
         assert published.detail.startswith("disk: round 1 close") and published.model_version == 1
         assert any("disk: round 1 close not written" in r.getMessage() for r in caplog.records)
         assert h.metrics == [] and h.server.engine.version == 1

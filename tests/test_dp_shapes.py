@@ -114,7 +114,7 @@ def test_a_server_optimizer_steps_on_the_noisy_average_not_the_clean_one(tmp_pat
     engine.announce(now=0.0)
     for i, agent in enumerate(AGENTS):
         engine.accept(completed(engine, agent, seed=i), now=1.0)
-    clean = np.mean([engine.store.updates.delta(1, agent) for agent in AGENTS], axis=0)  # all far under the clip
+    clean = np.mean([engine.state.store.updates.delta(1, agent) for agent in AGENTS], axis=0)  # all far under the clip
     metrics = engine.close(now=1.0, model_wire_bytes=0)
     velocity = engine.strategy.state_arrays["velocity"]
     np.testing.assert_allclose(velocity, engine.global_vector - before, rtol=1e-5, atol=1e-6)

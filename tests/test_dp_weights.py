@@ -179,7 +179,7 @@ def test_the_engine_averages_capped_object_weights_over_the_count_and_publishes_
     objects = [30, 100, 10**6]
     for i, (agent, weight) in enumerate(zip(AGENTS, objects, strict=True)):
         engine.accept(completed(engine, agent, seed=i, samples=weight), now=1.0)
-    deltas = [engine.store.updates.delta(1, agent) for agent in AGENTS]
+    deltas = [engine.state.store.updates.delta(1, agent) for agent in AGENTS]
     clipped = [d * min(1.0, S / float(np.linalg.norm(d))) for d in deltas]
     clean = sum(min(w / CAP, 1.0) * d for w, d in zip(objects, clipped, strict=True))
     metrics = engine.close(now=1.0, model_wire_bytes=0)

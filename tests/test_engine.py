@@ -56,6 +56,16 @@ def open_round(engine: RoundEngine) -> None:
     engine.announce(now=0.0)
 
 
+def test_the_states_fields_read_through_the_engine_and_change_only_on_the_state(config):
+    engine = RoundEngine(config, replay=ReplayGuard(3600))
+    open_round(engine)
+    assert engine.round_state is engine.state.round_state and engine.version == engine.state.version == 1
+    with pytest.raises(AttributeError, match="set state.version"):  # a slip would hide the state behind a copy
+        engine.version = 2
+    engine.fleet.jump(5, 7)  # a collaborator changes the state: the engine reads the change
+    assert (engine.round_state, engine.next_round, engine.version) == (None, 5, 7)
+
+
 def test_a_restart_mid_round_rereads_the_stored_updates_and_gives_the_same_model(config):
     uninterrupted = RoundEngine(config, replay=ReplayGuard(3600))
     open_round(uninterrupted)
@@ -249,13 +259,14 @@ def test_fedprox_partial_work_asks_a_slow_agent_for_less_and_remembers_paces_acr
         engine.accept(completed(engine, agent, seed=i), now=at)
     engine.close(now=10.0, model_wire_bytes=0)
     resumed = RoundEngine(config, replay=ReplayGuard(3600))
-    assert resumed.pace.of(["agent-01", "agent-02", "agent-03"]) == {"agent-01": 1.0, "agent-02": 2.0, "agent-03": 10.0}
+    paces = {"agent-01": 1.0, "agent-02": 2.0, "agent-03": 10.0}
+    assert resumed.state.pace.of(["agent-01", "agent-02", "agent-03"]) == paces
     open_round(resumed)
     slow = resumed.train_of("agent-03").recipes
     assert slow == (RecipeRecord("proximal", {"mu": 0.01}), RecipeRecord("partial-work", {"share": 0.2}))
     assert work_share(resumed.train_of("agent-01")) == 1.0 and list(resumed.round_state.agent_train) == ["agent-03"]
     for i, (agent, at) in enumerate([("agent-01", 1.0), ("agent-02", 2.0), ("agent-03", 2.0)]):
         resumed.accept(completed(resumed, agent, seed=i), now=at)
-    assert resumed.pace.of(["agent-03"]) == {"agent-03": 10.0}  # 2 s for a fifth of the work: as slow as before
+    assert resumed.state.pace.of(["agent-03"]) == {"agent-03": 10.0}  # 2 s for a fifth of the work: as slow as before
     metrics = resumed.close(now=2.0, model_wire_bytes=0)
     assert metrics.aggregation["work"] == {"agent-03": 0.2}

@@ -62,7 +62,7 @@ def test_a_round_after_an_average_downloads_the_global_model_even_where_the_sche
     override_toml(layout.server_config, server={"rounds": 4})
     engine = RoundEngine(load_server_config(layout.server_config), replay=ReplayGuard(3600))
     engine.begin_round(AGENTS, now=2.0)
-    assert engine.round_state.action == "average" and not engine.continues()
+    assert engine.round_state.action == "average" and not engine.local.continues()
     published = PublishedModel(engine.version, "ab" * 32, 1, 0)
     task = round_task(engine, published, federation="e", group_key_id="", now=2.0)
     assert not any(start.continues for start in task.starts)

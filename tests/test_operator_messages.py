@@ -38,10 +38,10 @@ def test_unenrolled_and_re_keyed_agents_are_named_with_the_fix(tmp_path, broker,
     try:
         wait_until(lambda: "re-enrol this agent" in fed.agents[1].report.status().detail, 30, "re-enrol hint")
         wait_until(lambda: "is not enrolled there" in fed.agents[2].report.status().detail, 30, "not-enrolled hint")
-        wait_until(lambda: "ignored-not-enrolled" in server._status_json().decode(), 30, "the server's count")
-        wait_until(lambda: "ignored-revoked" in server._status_json().decode(), 30, "the revoked agent counted")
-        wait_until(lambda: "ignored-wrong-federation" in server._status_json().decode(), 30, "the lost agent counted")
-        wait_until(lambda: "status-bad-signature" in server._status_json().decode(), 30, "the re-keyed agent refused")
+        wait_until(lambda: "ignored-not-enrolled" in server.report.json().decode(), 30, "the server's count")
+        wait_until(lambda: "ignored-revoked" in server.report.json().decode(), 30, "the revoked agent counted")
+        wait_until(lambda: "ignored-wrong-federation" in server.report.json().decode(), 30, "the lost agent counted")
+        wait_until(lambda: "status-bad-signature" in server.report.json().decode(), 30, "the re-keyed agent refused")
         said = lambda: any("no group key after" in r.getMessage() for r in caplog.records)  # noqa: E731
         wait_until(said, 30, "the agent's own log")
         status = AgentStatus.from_json(fed.agents[1].report.status().to_json())  # as published, so the monitor shows it
@@ -94,9 +94,9 @@ def test_another_federations_agents_on_a_shared_broker_are_not_called_misconfigu
         other = Topics("dash2")  # a second federation on the same broker, with ids like ours
         h.driver.publish(other.agent_status("agent-01"), status("agent-01", Identity.generate("agent-01")), retain=True)
         h.driver.publish(other.agent_status("agent-02"), status("agent-02", h.agents["agent-02"]), retain=True)
-        wait_until(lambda: "ignored-wrong-federation" in h.server._status_json().decode(), 30, "our lost agent counted")
+        wait_until(lambda: "ignored-wrong-federation" in h.server.report.json().decode(), 30, "our lost agent counted")
         time.sleep(1.0)  # both were delivered in order: the other federation's came first
-        reported = ServerStatus.from_json(h.server._status_json())
+        reported = ServerStatus.from_json(h.server.report.json())
     assert "ignored-wrong-federation=1" in reported.detail and reported.agents_online == 0, reported
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "dash2" in r.getMessage()]
     assert len(warned) == 1 and "agent=agent-02 reason=wrong-federation" in warned[0], warned

@@ -75,7 +75,7 @@ def test_a_revoked_agents_accepted_update_is_left_out_of_the_average(config):  #
     open_round(engine)
     for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
         engine.accept(completed(engine, agent, seed=i))
-    assert engine.revoke("agent-02") and engine.round_state.pending == []
+    assert engine.fleet.revoke("agent-02") and engine.round_state.pending == []
     with pytest.raises(NotForThisRound, match="revoked"):  # one completed just before the revocation
         engine.accept(completed(engine, "agent-02", seed=1))
     resumed = RoundEngine(config, replay=ReplayGuard(3600))

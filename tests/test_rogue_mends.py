@@ -32,14 +32,14 @@ def test_a_flood_of_refused_updates_is_one_failure_one_write_and_a_few_listed_re
         rogue = h.agents["agent-01"]
         h.publish_update("agent-01", h.sealed(rogue, nan_update(h, 1)))
         wait_until(lambda: engine.round_state is not None and "agent-01" in engine.round_state.failed, 20, "refused")
-        writes = engine.writes
+        writes = engine.state.writes
         for seed in range(2, 42):  # 40 more junk updates, each a different transfer
             h.publish_update("agent-01", h.sealed(rogue, nan_update(h, seed)))
         h.publish_update("agent-01", h.sealed(Identity.generate("agent-01"), nan_update(h, 99)))  # another kind
         wait_until(lambda: h.server.rejections["non-finite-values"] >= 41, 60, "every junk update refused")
         rs = engine.round_state
         assert rs.failed == ["agent-01"]  # listed once, not 41 times
-        assert engine.writes - writes <= 2  # not one checkpoint per refusal (41 before): nothing changed
+        assert engine.state.writes - writes <= 2  # not one checkpoint per refusal (41 before): nothing changed
         own = [r for r in rs.rejected if r["agent"] == "agent-01"]
         assert 1 <= len(own) <= 3 and len({r["reason"].split(":")[0] for r in own}) == len(own)
 

@@ -53,7 +53,7 @@ def test_a_finished_run_restarted_says_it_is_over_and_how_to_start_a_new_one(tmp
     state.write_text(json.dumps(data))
     with caplog.at_level(logging.WARNING):
         restarted = Aggregator(config)
-    status = json.loads(restarted._status_json())
+    status = json.loads(restarted.report.json())
     assert (status["state"], status["phase"]) == ("finished", "finished")  # the review found phase=starting
     said = [r.getMessage() for r in caplog.records if "already over" in r.getMessage()]
     assert said == [f"this run is already over (1 rounds done): to start a new run, move {config.state_dir} aside, "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.run import SOURCE_ROOT, child_pythonpath
+from sim.launch import SOURCE_ROOT, child_pythonpath
 
 ROOT = Path(__file__).resolve().parent.parent
 SHORT = ("--agents", "2", "--rounds", "1", "--epochs", "1", "--deadline", "60")

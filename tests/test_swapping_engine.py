@@ -155,6 +155,6 @@ def test_a_drifting_agent_is_pulled_back_before_its_model_is_swapped_or_averaged
     detail = engine.close(now=1.0, model_wire_bytes=0).aggregation
     assert detail["drift_capped"] == ["agent-03"]
     held = next(a.model for a in engine.assignments.values() if a.model.owner == "agent-03")
-    drift = np.linalg.norm(engine.store.agents.vector(held).astype(np.float64) - engine.global_vector)
+    drift = np.linalg.norm(engine.state.store.agents.vector(held).astype(np.float64) - engine.global_vector)
     assert drift == pytest.approx(detail["drift_bound"], rel=1e-4)
     assert "agent-03" not in [a for a, x in engine.assignments.items() if x.source == "local"]  # not its own copy

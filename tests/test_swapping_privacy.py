@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from broker_server.accountant import epsilon_of
-from broker_server.noise import NORM_SLACK, release
+from broker_server.gaussian import NORM_SLACK, release
 from broker_server.privacy import PrivacyPolicy
 from flcore.bounds import InfluencePolicy
 from models.weights import TensorSpec

@@ -100,7 +100,7 @@ class KeptModels:
     rng: Callable[[], np.random.Generator]  # seeded per round: the same after a restart
     evaluate: Callable[[np.ndarray], dict[str, float]] | None = None  # a float vector on the server's eval set
     # Differential privacy: ``agent``'s kept model as it may leave the server (a Gaussian mechanism over its
-    # clipped change, ``broker_server.noise.release``), kept as a new model; None without privacy.
+    # clipped change, ``broker_server.gaussian.release``), kept as a new model; None without privacy.
     release: Callable[[str], Holding] | None = None
 
     def own(self, agent: str) -> Assignment:

@@ -23,7 +23,7 @@ saving of (h1 − 1)/h1 holds. Choices where the thesis is silent (docs/strategi
 update was accepted this round are paired; an agent left unpaired (odd count, ``sp`` < 1) goes on from its
 own model; an agent not selected keeps whatever it was to start from. A ``swap`` round publishes no global
 model; its ``eval`` is that of what an ``average`` would give from the round's models. Under differential
-privacy every model a swap hands out is released noised (``broker_server.noise.release``).
+privacy every model a swap hands out is released noised (``broker_server.gaussian.release``).
 
 Memory at the end of a round: one model-sized float32 vector for the mean, plus, for similarity
 pairing, the weight tensors of every agent whose update was accepted (N × the model's size); the
