@@ -176,7 +176,7 @@ def test_detector_configs_that_cannot_work_fail_at_start(tmp_path, broker):
     (path.parent / "test.npz").write_bytes(b"")  # a classifier's evaluation file
     for change, message in (({"server": {"classes": []}}, "server.classes must name the classes"),
                             ({"server": {"eval_data": "test.npz"}}, "must be a YOLO data.yaml"),
-                            ({"strategy": {"name": "fedprox"}}, "fedprox: recipe .proximal. needs a classifier"),
+                            ({"strategy": {"name": "fedprox"}}, "fedprox needs a proximal term"),
                             ({"server": {"classes": ["car", "truck", "person", "boat"]}}, "eval_data names classes"),
                             ({"server": {"num_classes": 3}}, "num_classes = 3 but")):  # fmt: skip
         original = path.read_text()

@@ -298,7 +298,7 @@ def test_fedamn_with_a_detector_model_fails_at_start_naming_the_strategy(tmp_pat
 
     layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="d"), ("127.0.0.1", 1))
     override_toml(layout.server_config, server={"model": "yolov8n", "classes": ["car"]}, strategy={"name": "fedamn"})
-    with pytest.raises(ConfigError, match="strategy fedamn: recipe .attention. needs a classifier trainer"):
+    with pytest.raises(ConfigError, match="strategy fedamn needs the attention meta-network"):
         load_server_config(layout.server_config)
 
 

@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from flcore.strategies import build_strategy
+from broker_server.config import ConfigError, load_server_config
+from flcore.strategies import STRATEGIES, build_strategy
+from flcore.strategies.base import TrainPlan, asking
+from flcore.strategies.fedavg import FedAvg
 from models.datasets import load_digits
 from models.weights import to_arrays
 from models.zoo import build_model
@@ -18,7 +21,8 @@ from participant.classifier import ClassifierTrainer
 from participant.declined import TrainingDeclined
 from participant.recipes import RECIPES, checked, checked_settings, recipes_for, refusal, work_share
 from protocol.messages import RecipeRecord, RoundTask, TrainSettings
-from tests.fedharness import round_task
+from sim.federation import SimSettings, create_federation
+from tests.fedharness import override_toml, round_task
 
 
 def test_every_registered_recipe_loads_and_declares_its_trainers():
@@ -91,3 +95,25 @@ def test_the_proximal_recipe_changes_what_the_classifier_trains(tmp_path):
         arrays = trainer.train(start, round_task(model="mlp_digits", run_id="r", train=settings)).arrays
         moved[mu] = sum(float(np.square(arrays[n] - start[n]).sum()) for n in start)
     assert moved[50.0] < 0.5 * moved[0.0], moved
+
+
+class DetectingProx(FedAvg):
+    """Declares detectors, yet asks for a recipe only the classifier trainer follows."""
+
+    name = "toy-detecting-prox"
+
+    def configure_train(self, settings, round_number, paces):  # noqa: ANN001, ANN201
+        return TrainPlan(asking(settings, "proximal", mu=0.1))
+
+
+def test_a_strategy_whose_recipe_its_task_cannot_follow_is_refused_at_start(tmp_path, request):
+    """The recipes are checked against the model's trainer whatever the strategy declares: every agent would
+    otherwise decline every round."""
+    STRATEGIES.add(DetectingProx.name, DetectingProx)
+    request.addfinalizer(lambda: STRATEGIES.remove(DetectingProx.name))
+    layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="d"), ("127.0.0.1", 1))
+    override_toml(layout.server_config, server={"model": "yolov8n", "classes": ["car"]},
+                  strategy={"name": DetectingProx.name})  # fmt: skip
+    with pytest.raises(ConfigError, match="strategy toy-detecting-prox: recipe 'proximal' needs a classifier trainer, "
+                       "not a detector: choose another strategy or a classifier model"):  # fmt: skip
+        load_server_config(layout.server_config)
