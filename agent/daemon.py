@@ -29,12 +29,13 @@ import paho.mqtt.client as paho
 
 from agent.config import AgentConfig
 from agent.device import check_device_present
-from agent.edge_node import EdgeNode, Standing
+from agent.edge_node import EdgeNode
 from agent.inbox import ServerInbox
 from agent.onboard import OnboardModel
 from agent.profile import StartFiles, privacy_view, read_start_files
 from agent.run_end import RunEnd
 from agent.runner import ChildRunner
+from agent.standing import Standing
 from agent.status_report import StatusReport
 from agent.task_check import TaskRefused, checked_task
 from agent.waiting import StuckNotice

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
 import paho.mqtt.client as paho
@@ -25,23 +24,13 @@ from agent.clock import ClockSkew
 from agent.config import AgentConfig
 from agent.echo import PublishEcho, dropped_text
 from agent.prometheus import AgentMetrics
+from agent.standing import Standing
 from agent.telemetry import Telemetry
 from protocol.daemon import MqttDaemon, Throttle
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from security.keys import Identity
 from security.signing import signed_payload
-
-
-@dataclass(frozen=True)
-class Standing:
-    """Where a role stands, as its Prometheus gauges show it: its state (time in ``training`` is counted), its
-    round, the last round it completed and why its gate is closed (empty: open)."""
-
-    state: str
-    round: int
-    last_completed_round: int
-    gate: tuple[str, ...] = ()
 
 
 class EdgeRole(Protocol):

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from protocol.prometheus import MetricsSection, serve
 
 if TYPE_CHECKING:
-    from agent.edge_node import Standing
+    from agent.standing import Standing
 
 
 class AgentMetrics:

@@ -7,7 +7,7 @@ gate and its reasons, what it waits for) and the one-line systemd status. A coll
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import paho.mqtt.client as paho
 
@@ -15,11 +15,45 @@ from agent.waiting import waiting_for
 from protocol.messages import AgentStatus, Gate
 
 if TYPE_CHECKING:
-    from agent.daemon import EdgeAgent
+    from agent.config import AgentConfig
+    from agent.edge_node import EdgeNode
+    from agent.inbox import ServerInbox
+    from agent.profile import DataProfile, PrivacyView
+    from agent.run_end import RunEnd
+    from models.weights import NamedArrays
+    from participant.round_client import RoundClient
+    from protocol.messages import RoundTask
+    from protocol.topics import Topics
+    from security.keys import GroupKey
+
+
+class ReportedAgent(Protocol):
+    """What the report reads of its agent (``agent.daemon.EdgeAgent``), each when it reports: typed here, so the
+    report never imports the agent that holds it."""
+
+    config: AgentConfig
+    id: str
+    topics: Topics
+    edge: EdgeNode
+    inbox: ServerInbox
+    client: RoundClient
+    run_end: RunEnd
+    profile: DataProfile
+    privacy: PrivacyView | None
+    task: RoundTask | None
+    state: str
+    detail: str
+    refusal: str
+
+    @property
+    def group_keys(self) -> dict[str, GroupKey]: ...
+
+    @property
+    def models(self) -> dict[int, NamedArrays]: ...
 
 
 class StatusReport:
-    def __init__(self, agent: EdgeAgent) -> None:
+    def __init__(self, agent: ReportedAgent) -> None:
         self.agent = agent
         self.interval_s = agent.config.agent.status_interval_s
         self.last = 0.0  # when the last status went out (0: the next one goes out whatever the interval)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from common.registry import Registry
 
 if TYPE_CHECKING:
-    from models.datasets import Dataset
+    from models.dataset import Dataset
 
 
 @dataclass(frozen=True)

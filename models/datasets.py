@@ -9,40 +9,16 @@ channel, read as ``(N, 1, L)``), uint8 (scaled by 1/255) or float — and ``y`` 
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from models.classify_data import ClassifyData
+from models.dataset import Dataset
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
-
-
-@dataclass(frozen=True)
-class Dataset:
-    """Samples ``x`` (float32) and labels ``y`` (int64) of equal length."""
-
-    x: np.ndarray
-    y: np.ndarray
-
-    def __post_init__(self) -> None:
-        if self.x.shape[0] != self.y.shape[0] or self.y.ndim != 1:
-            raise ValueError(f"x has {self.x.shape[0]} samples but y has shape {self.y.shape}; need y of shape (N,)")
-        if self.x.dtype != np.float32 or self.y.dtype != np.int64:
-            raise ValueError(f"x must be float32 and y int64, got {self.x.dtype} and {self.y.dtype}")
-        if not np.isfinite(self.x).all():
-            raise ValueError("x contains NaN or Inf")
-        if self.y.size and self.y.min() < 0:
-            raise ValueError("labels in y must be >= 0")
-
-    def __len__(self) -> int:
-        return int(self.y.shape[0])
-
-    def subset(self, indices: np.ndarray) -> Dataset:
-        return Dataset(self.x[indices], self.y[indices])
 
 
 def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dataset]:

@@ -23,15 +23,16 @@ from protocol.messages import headline
 from protocol.peer_messages import Adoption, PeerBest
 
 if TYPE_CHECKING:
-    from agent.peer.node import Evaluator, PeerNode
+    from agent.peer.link import PeerLink
     from agent.peer.plan import FederationSection
+    from models.evaluators import Evaluator
 
 log = logging.getLogger("skyfed.peer")
 BEST_FILE = "best_model.safetensors"
 
 
 class BestAgg:
-    def __init__(self, node: PeerNode, plan: FederationSection, state_dir: Path, evaluate: Evaluator) -> None:
+    def __init__(self, node: PeerLink, plan: FederationSection, state_dir: Path, evaluate: Evaluator) -> None:
         self.node, self.plan, self.state_dir, self.evaluate = node, plan, state_dir, evaluate
         self.me = node.id
         self.claims: dict[str, PeerBest] = {}  # received before this peer elects too

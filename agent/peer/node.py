@@ -17,18 +17,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import paho.mqtt.client as paho
 
 from agent.config import AgentConfig
-from agent.edge_node import EdgeNode, Standing
+from agent.edge_node import EdgeNode
 from agent.peer.collect import transfer_limits
 from agent.peer.roster import MembershipRefused, Roster
 from agent.peer.rounds import PeerRounds
+from agent.standing import Standing
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from flcore.validation import reason_kind
-from models.weights import NamedArrays
 from participant.jobs import Runner
 from participant.upload import Upload, send_sealed
 from protocol.messages import MAX_JSON_BYTES, Gate, MessageError
@@ -39,9 +39,11 @@ from security.envelope import Opener
 from security.keys import Identity
 from security.signing import InvalidDocument, verify_document
 
+if TYPE_CHECKING:
+    from models.evaluators import Evaluator
+
 log = logging.getLogger("skyfed.peer")
 KINDS = frozenset({"peer-update", "peer-model"})
-Evaluator = Callable[[NamedArrays], dict[str, float]]
 
 
 class PeerNode:

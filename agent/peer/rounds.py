@@ -50,7 +50,8 @@ from protocol.messages import AgentStart, RoundTask, TrainSettings, headline
 from protocol.peer_messages import PeerBest, PeerRoundMetrics
 
 if TYPE_CHECKING:
-    from agent.peer.node import Evaluator, PeerNode
+    from agent.peer.link import PeerLink
+    from models.evaluators import Evaluator
 
 log = logging.getLogger("skyfed.peer")
 GATED = ("gathering", "training", "waiting", "gated")  # the phases a closed gate stops: before and in a round
@@ -75,7 +76,7 @@ def initial_model(model: str, num_classes: int, seed: int, weights: Path | None 
 
 
 class PeerRounds:
-    def __init__(self, node: PeerNode, config: AgentConfig, *, runner: Runner | None, evaluator: Evaluator | None):
+    def __init__(self, node: PeerLink, config: AgentConfig, *, runner: Runner | None, evaluator: Evaluator | None):
         self.node = node
         self.me = config.agent.id
         self.plan = config.federation

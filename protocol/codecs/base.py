@@ -77,6 +77,17 @@ class CodecPlugin:
         return {name: parts[name] for name, _ in shapes}
 
 
+class ChosenCodec(Protocol):  # protocol.codecs.Codec is one
+    """What ``feedback.compress`` asks of ``server.codec``'s value: its plug-in, whether it carries the unsent
+    remainder, and its text (``str``), which scopes a kept residual."""
+
+    @property
+    def plugin(self) -> CodecPlugin: ...
+
+    @property
+    def feedback(self) -> bool: ...
+
+
 def split(shapes: Iterable[tuple[str, tuple[int, ...]]]) -> tuple[Shapes, Shapes]:
     """(dense, coded): the running statistics and the other tensors, each in name order."""
     ordered = sorted(shapes)

@@ -10,17 +10,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
 from common.files import atomic_write
-from protocol.codecs.base import NamedArrays, Shapes
-
-if TYPE_CHECKING:
-    from protocol.codecs import Codec
+from protocol.codecs.base import ChosenCodec, NamedArrays, Shapes
 
 RESIDUAL_FORMAT = "skyfed.residual/1"
 
@@ -40,7 +36,7 @@ class ErrorFeedback:
     path: Path
     run_id: str
 
-    def scope(self, codec: Codec, shapes: Shapes) -> str:
+    def scope(self, codec: ChosenCodec, shapes: Shapes) -> str:
         return hashlib.sha256(json.dumps([self.run_id, str(codec), sorted(shapes)]).encode()).hexdigest()
 
     def residual(self, scope: str, shapes: Shapes) -> NamedArrays:
@@ -61,7 +57,7 @@ class ErrorFeedback:
         atomic_write(self.path, save(residual, metadata={"format": RESIDUAL_FORMAT, "scope": scope}), mode=0o600)
 
 
-def compress(change: Mapping[str, np.ndarray], codec: Codec, feedback: ErrorFeedback | None = None) -> Compressed:
+def compress(change: Mapping[str, np.ndarray], codec: ChosenCodec, feedback: ErrorFeedback | None = None) -> Compressed:
     """Encode ``change``; with ``feedback`` and a codec that uses it, what earlier rounds did not send is
     added first and what this payload does not send is kept: ``corrected = change + residual``,
     ``residual = corrected - sent``, so the server receives every change eventually."""
