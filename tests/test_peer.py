@@ -289,11 +289,14 @@ def test_bad_peer_plans_fail_at_start_naming_the_key(tmp_path, broker):
 def test_peers_default_to_the_servers_measured_strategy_and_refuse_what_needs_a_server_saying_why(tmp_path, broker):
     path = peer_configs(tmp_path, broker)["agent-01"]
     assert load_agent_config(path).federation.build_strategy().name == "auto"  # on main: fedavg
-    for name, why in (("fedprox", "sets the agents' local training through the server's round task"),
-                      ("fedadam", "steps a server optimizer"), ("fedamn", "keeps every agent's model on a server")):
-        override_toml(path, federation={"strategy": {"name": name}})
-        with pytest.raises(ConfigError, match=f"strategy.name '{name}' does not work between peers: it {why}"):
+    for table, why in (({"name": "fedprox", "partial_work": True}, "strategy.partial_work sets each agent's share"),
+                       ({"name": "fedadam"}, "it steps a server optimizer"),
+                       ({"name": "fedamn"}, "it keeps every agent's model on a server")):  # fmt: skip
+        override_toml(path, federation={"strategy": table})
+        with pytest.raises(ConfigError, match=f"strategy.name '{table['name']}' does not work between peers: {why}"):
             load_agent_config(path)
+    override_toml(path, federation={"strategy": {"name": "fedprox", "partial_work": False}})  # its recipe travels
+    assert load_agent_config(path).federation.build_strategy().name == "fedprox"
 
 
 @pytest.mark.parametrize(("mode", "tables", "named"), [
