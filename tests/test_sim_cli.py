@@ -2,10 +2,7 @@
 
 import argparse
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,20 +18,9 @@ from sim import run as sim_run
 from sim.classify_layout import POOL_FILE, Sharing
 from sim.federation import SimSettings, create_federation
 from sim.scale import STATUS_RATE_PER_S, hosted_tick_s, round_deadline_s, status_interval_s
+from tests.liveharness import metrics_rows, skyfed
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def skyfed(*args, timeout=180, columns=80):
-    env = {**os.environ, "COLUMNS": str(columns)}  # the width rich lays tables out in
-    return subprocess.run(
-        [sys.executable, "-m", "skyfed", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=env
-    )
-
-
-def metrics_rows(out):
-    """The sim's ``metrics.jsonl``, one dict per round."""
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_sim_against_an_existing_broker_writes_metrics_curves_and_model(tmp_path, broker):
