@@ -18,6 +18,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# One thread per PyTorch (OpenMP) and OpenBLAS pool, here and in the daemons tests start: the suite runs a worker
+# per core, and pools sized to the machine spin against each other (a digits CNN took 25x the CPU time). Set
+# before PyTorch is first imported; a value already in the environment wins.
+for pool in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(pool, "1")
 
 from models.yolo import ultralytics_offline  # noqa: E402
 from sim.broker import mosquitto_path, start_broker  # noqa: E402
