@@ -1,6 +1,6 @@
 """Fixtures and builders shared by several test files, all in-process: engine configs and updates, rows of a run,
 datasets, hostile payloads. A test file imports these from here, never from another test file
-(tests/test_suite_layout.py checks).
+(tests/test_suite_layout.py checks); the fixtures several files use are registered in tests/conftest.py.
 """
 
 from __future__ import annotations

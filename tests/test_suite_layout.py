@@ -1,10 +1,13 @@
 """The suite's own layout: shared helpers live in the fixtures and harness modules, never in a test file, so
-a test file can move, split or be deselected without breaking another."""
+a test file can move, split or be deselected without breaking another; and the rule that marks a test
+``integration`` (tests/starters.py) sees a process started through a helper."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+from tests.starters import starts_processes
 
 TESTS = Path(__file__).resolve().parent
 
@@ -34,3 +37,30 @@ def test_no_test_file_imports_another():
 def test_the_check_sees_an_import_inside_a_function_and_a_relative_one():
     source = "def f():\n    from tests.test_peer import Peers\nfrom . import test_engine\nfrom tests import fixtures\n"
     assert imported_test_modules(source) == {"tests.test_peer", ".test_engine"}
+
+
+# test helpers as a test file would write them (compiled below, so that this test itself stays in-process)
+EXAMPLES = """
+import subprocess
+from sim.broker import start_broker
+
+def starts_a_broker(tmp_path):
+    return start_broker(data_dir=tmp_path)
+
+def through_a_helper(tmp_path):
+    return [starts_a_broker(tmp_path)]
+
+def runs_a_command():
+    return subprocess.run(["true"], check=True)
+
+def in_process():
+    return sum(x * x for x in range(3))
+"""
+
+
+def test_a_process_started_directly_or_through_a_test_helper_makes_a_test_integration():
+    examples = {"__name__": "tests.examples"}
+    exec(compile(EXAMPLES, "examples", "exec"), examples)  # defines them; runs none
+    assert starts_processes(examples["starts_a_broker"]) and starts_processes(examples["through_a_helper"])
+    assert starts_processes(examples["runs_a_command"])
+    assert not starts_processes(examples["in_process"])
