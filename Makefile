@@ -1,5 +1,5 @@
-# The two commands a newcomer needs: `make demo` and `make test`. Both create .venv and install SkyFed
-# with the pinned constraints on first use.
+# The two commands a newcomer needs: `make demo` and `make test` (`make test-fast` while editing). All create
+# .venv and install SkyFed with the pinned constraints on first use.
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
 VENV ?= .venv
@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # stays on one worker (its module fixtures, a browser or a federation, are made once).
 PYTEST_WORKERS ?= 2
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test test-fast bench lint clean
 
 # The grep drops pip-config noise about local wheel folders that are absent on some machines.
 $(STAMP): setup.cfg pyproject.toml constraints.txt
@@ -26,6 +26,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The in-process tier: no broker, daemon, browser or other process (tests/conftest.py marks those integration).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not integration" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

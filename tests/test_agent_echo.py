@@ -8,7 +8,7 @@ import threading
 from agent.echo import PublishEcho
 from sim.classify_layout import write_classify_data
 from tests.fedharness import hosted_agent, override_toml, wait_until
-from tests.test_provision import provision, provisioned, workdir  # noqa: F401 - fixtures
+from tests.liveharness import provision
 
 DROPPED = "the broker drops what this agent publishes"
 

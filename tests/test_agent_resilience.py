@@ -20,7 +20,7 @@ from security.keys import GroupKey, Identity
 from security.signing import sign_document
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import Federation, hosted_agent, round_task, wait_until
-from tests.test_federation import SlowInRound
+from tests.liveharness import SlowInRound, signed_task
 
 
 class StaleTaskReplayer:
@@ -135,34 +135,27 @@ def test_an_update_trained_before_a_crash_is_sent_at_restart_without_waiting_for
     assert restarted.client.progress.sent_round == 1
 
 
-def _signed_task(server: Identity, *, issued_at: float, expires_at: float | None = None, **fields: object) -> bytes:
-    expires = issued_at + 360 if expires_at is None else expires_at
-    fields = {"selected": ["agent-01"], "pending": ["agent-01"], "run_id": "run-a", **fields}
-    task = round_task(issued_at=issued_at, deadline=issued_at + 60, expires_at=expires, **fields)
-    return json.dumps(sign_document(task.to_dict(), server)).encode()
-
-
 def test_the_newest_task_survives_an_agent_restart_and_older_or_expired_ones_are_ignored(tmp_path):
     layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it"), ("127.0.0.1", 1))
     server = Identity.load(layout.server_config.parent / "server.key")
     config = layout.agent_configs["agent-01"]
     now = time.time()
     agent = hosted_agent(config)
-    agent._on_task(_signed_task(server, round=3, issued_at=now))
-    agent._on_task(_signed_task(server, round=1, issued_at=now + 5))  # replayed: older round of the same run
+    agent._on_task(signed_task(server, round=3, issued_at=now))
+    agent._on_task(signed_task(server, round=1, issued_at=now + 5))  # replayed: older round of the same run
     assert (agent.task.round, agent.task.attempt) == (3, 1)
-    agent._on_task(_signed_task(server, round=3, attempt=2, issued_at=now + 1))
+    agent._on_task(signed_task(server, round=3, attempt=2, issued_at=now + 1))
     restarted = hosted_agent(config)
     assert (restarted.task.round, restarted.task.attempt) == (3, 2)  # from task.json
-    restarted._on_task(_signed_task(server, round=2, attempt=9, issued_at=now + 2))
-    restarted._on_task(_signed_task(server, round=4, issued_at=now - 900, expires_at=now - 300))
+    restarted._on_task(signed_task(server, round=2, attempt=9, issued_at=now + 2))
+    restarted._on_task(signed_task(server, round=4, issued_at=now - 900, expires_at=now - 300))
     assert (restarted.task.round, restarted.task.attempt) == (3, 2)
     assert "clock" in restarted.detail
     restarted.client.progress.last_completed_round = 3
-    restarted._on_task(_signed_task(server, round=1, run_id="run-b", issued_at=now + 10))  # the server was reset
+    restarted._on_task(signed_task(server, round=1, run_id="run-b", issued_at=now + 10))  # the server was reset
     assert (restarted.task.round, restarted.task.run_id) == (1, "run-b")
     assert restarted.client.progress.last_completed_round == 0  # a new run starts over
-    restarted._on_task(_signed_task(server, round=5, run_id="run-a", issued_at=now + 3))  # the old run, replayed
+    restarted._on_task(signed_task(server, round=5, run_id="run-a", issued_at=now + 3))  # the old run, replayed
     assert restarted.task.run_id == "run-b"
 
 
@@ -265,7 +258,7 @@ def test_an_agent_keeps_its_newer_model_when_an_older_one_is_replayed(tmp_path):
         agent.handle("skyfed/it/model/2/0", bytes(chunk))  # replayed under the newer version's topic
         agent.handle("skyfed/it/model/999/0", bytes(chunk))  # or under a version of its own
     assert list(agent.models) == [2]
-    agent._on_task(_signed_task(server, issued_at=time.time(), model_version=1))  # the server says: use 1
+    agent._on_task(signed_task(server, issued_at=time.time(), model_version=1))  # the server says: use 1
     for chunk in sealed[1]:
         agent.handle("skyfed/it/model/1/0", bytes(chunk))
     assert list(agent.models) == [1]
@@ -283,7 +276,7 @@ def test_a_start_model_is_kept_across_a_restart_and_an_older_rounds_one_is_ignor
         for r, m in models.items()
     }
     start = AgentStart(agent="agent-01", source="inbox", sha256=fingerprint(models[3]))
-    task = _signed_task(server, round=3, issued_at=time.time(), action="swap", starts=[start])
+    task = signed_task(server, round=3, issued_at=time.time(), action="swap", starts=[start])
     agent._on_task(task)
     for chunk in sealed[3]:
         agent.handle("skyfed/it/agent/agent-01/inbox", bytes(chunk))

@@ -15,7 +15,7 @@ from protocol.mqtt import BrokerSettings, MqttClient
 from sim.broker import free_port, start_broker
 from sim.nats_cluster import spread_broker_table
 from tests.fedharness import wait_until
-from tests.test_sim_cli import skyfed
+from tests.liveharness import skyfed
 
 
 def client_on(settings: BrokerSettings) -> MqttClient:

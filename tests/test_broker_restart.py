@@ -18,7 +18,7 @@ from broker_server.reconnects import ASK_AGAIN_AFTER_S, Reconnects
 from sim.broker import LocalBroker, free_port, mosquitto_config, mosquitto_path
 from tests.fedharness import Federation, override_toml, wait_until
 from tests.linkproxy import LinkProxy
-from tests.test_federation import SlowInRound
+from tests.liveharness import SlowInRound
 
 DEADLINE_S = 40.0
 RESUMED_WITHIN_S = 15.0  # after the broker is back; main waited for the deadline (then re-announced)

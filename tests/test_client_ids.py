@@ -13,8 +13,7 @@ import pytest
 from protocol import mqtt
 from protocol.mqtt import BrokerSettings, MqttClient, TlsSettings
 from tests.fedharness import wait_until
-from tests.test_monitor_cli import _skyfed
-from tests.test_provision import provisioned, workdir  # noqa: F401 - fixtures
+from tests.liveharness import cli_popen
 
 pytestmark = pytest.mark.skipif(shutil.which("mosquitto_sub") is None, reason="needs mosquitto_sub")
 
@@ -34,7 +33,7 @@ def test_the_printed_monitor_and_mosquitto_sub_lines_run_together(provisioned, c
     assert "monitor-sub.crt" in printed and "a second watcher with the same one evicts the first" in printed
     tls = ["--cafile", str(mon / "ca.crt"), "--cert", str(mon / "monitor.crt"), "--key", str(mon / "monitor.crt.key")]
     # no server runs here: a long --timeout keeps the live monitor from exiting on an empty federation
-    watcher = _skyfed("monitor", "--broker", f"127.0.0.1:{port}", "--federation", "fleet", "--timeout", "120", *tls)
+    watcher = cli_popen("monitor", "--broker", f"127.0.0.1:{port}", "--federation", "fleet", "--timeout", "120", *tls)
     try:
         time.sleep(2.0)
         sub = _sub(mon, "monitor-sub", port, "-t", "skyfed/fleet/agent/+/status", "-W", "4")

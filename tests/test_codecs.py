@@ -28,7 +28,7 @@ from security.envelope import NO_DIGEST, Manifest
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import override_toml, round_task
-from tests.test_fuzz_parsers import bounded, mutated
+from tests.fixtures import bounded, mutated
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LOSSY = ["fp16", "int8", "int8:channel", "topk:0.1"]

@@ -6,16 +6,7 @@ import time
 from protocol.mqtt import BrokerSettings, MqttClient, TlsSettings
 from sim.broker import accepts, free_port, start_broker
 from tests.fedharness import hosted_agent, wait_until
-
-
-def problem_of(settings: BrokerSettings, timeout_s: float = 15) -> str:
-    """The first connection problem a client with ``settings`` reports."""
-    client = MqttClient("probe", settings, persistent=False)
-    client.start()
-    try:
-        return wait_until(lambda: client.problem, timeout_s, "a connection problem")
-    finally:
-        client.stop()
+from tests.liveharness import problem_of
 
 
 def unreachable_lines(caplog) -> list[str]:  # noqa: ANN001

@@ -26,9 +26,8 @@ from security.replay import ReplayGuard
 from security.signing import signed_payload
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import Federation, ServerHarness, hosted_agent, override_toml, wait_until
-from tests.test_agent_resilience import _signed_task
-from tests.test_engine import completed
-from tests.test_sim_cli import metrics_rows, skyfed
+from tests.fixtures import completed
+from tests.liveharness import metrics_rows, signed_task, skyfed
 
 AGENTS = ["agent-01", "agent-02", "agent-03"]
 
@@ -175,9 +174,9 @@ def test_an_agent_whose_clock_runs_600_s_ahead_says_clock_skew_and_keeps_to_the_
     agent = hosted_agent(layout.agent_configs["agent-01"])
     server_now = time.time() - 600  # the server's clock, as seen by an agent running 600 s ahead
     caplog.set_level(logging.INFO, logger="skyfed.agent")
-    agent._on_task(_signed_task(server, round=1, issued_at=server_now - 2, expires_at=server_now + 60))
+    agent._on_task(signed_task(server, round=1, issued_at=server_now - 2, expires_at=server_now + 60))
     assert agent.task is None and "clock" in agent.detail  # one task alone: an old one, or a skewed clock?
-    agent._on_task(_signed_task(server, round=2, issued_at=server_now, expires_at=server_now + 60))
+    agent._on_task(signed_task(server, round=2, issued_at=server_now, expires_at=server_now + 60))
     assert agent.task is not None and agent.task.round == 2  # two agree: judged on the server's time
     assert not agent.task.expired(agent.server_time())
     assert "clock skew offset_s=+600" in caplog.text

@@ -17,8 +17,8 @@ from models.weights import advanced, flatten, float_part
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import Federation, override_toml
-from tests.test_swapping import Recording, _identical, _record_local_models
-from tests.test_swapping_engine import update
+from tests.fixtures import update
+from tests.liveharness import Recording, identical, record_local_models
 
 AGENTS = ["agent-01", "agent-02", "agent-03", "agent-04"]
 
@@ -109,7 +109,7 @@ def test_over_a_real_broker_each_agent_trains_round_2_from_its_group_model(tmp_p
     locals_by_agent = {}
     for agent in fed.agents:
         agent.runner.trainer = Recording(agent.runner.trainer)
-        locals_by_agent[agent.id] = _record_local_models(agent)
+        locals_by_agent[agent.id] = record_local_models(agent)
     fed.run(Aggregator(load_server_config(fed.layout.server_config)), timeout_s=180)
     metrics = fed.metrics()
     assert [len(m.accepted) for m in metrics] == [4, 4] and [m.model_version for m in metrics] == [2, 3]
@@ -124,8 +124,8 @@ def test_over_a_real_broker_each_agent_trains_round_2_from_its_group_model(tmp_p
         expected = 0.5 * np.mean([floats(locals_by_agent[m][0]) for m in members], axis=0) + 0.5 * everyone
         for agent in members:
             np.testing.assert_allclose(floats(bases[agent]), expected, rtol=1e-5, atol=1e-6)
-        assert all(_identical(bases[members[0]], bases[m]) for m in members)  # one group model, bit for bit
-    assert not _identical(bases[groups[0][0]], bases[groups[1][0]])
+        assert all(identical(bases[members[0]], bases[m]) for m in members)  # one group model, bit for bit
+    assert not identical(bases[groups[0][0]], bases[groups[1][0]])
 
 
 def test_a_rolled_back_rounds_clustering_is_never_installed(config):

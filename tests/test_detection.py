@@ -26,38 +26,19 @@ from models.yolo import shared_names
 from models.yolo_dataset import DatasetError, class_counts, label_file, load_data_yaml, read_labels
 from models.yolo_eval import DetectionEvaluator
 from models.zoo import build_model
-from participant.detector import DetectorTrainer, StartMismatch, check_start
+from participant.detector import StartMismatch, check_start
 from protocol.config import ConfigError
-from protocol.messages import ServerStatus, TrainSettings
+from protocol.messages import ServerStatus
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.topics import Topics
 from sim.detection_data import describe_mixes, pool, write_detection_data
 from sim.federation import SimSettings, create_federation
 from sim.sweep import personalized_models
 from tests.fedharness import Federation, override_toml, round_task, wait_until
+from tests.fixtures import detect_task, start_arrays, trainer_for
 
 SIZE = 64
 CLASSES = list(NAMES)
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return write_dataset(tmp_path_factory.mktemp("det") / "data", train=8, val=4, seed=3, size=SIZE)
-
-
-def detect_task(lr: float = 0.01, momentum: float = 0.9, **overrides: object):
-    train = TrainSettings(epochs=1, batch_size=4, lr=lr, momentum=momentum, image_size=SIZE)
-    return round_task(**{"model": "yolo11n", "num_classes": len(CLASSES), "classes": CLASSES, "train": train,
-                         **overrides})  # fmt: skip
-
-
-def trainer_for(dataset: Path, tmp_path: Path) -> DetectorTrainer:
-    return DetectorTrainer(dataset, device=torch.device("cpu"), agent_id="agent-01", work_dir=tmp_path / "work")
-
-
-def start_arrays(seed: int, model: str = "yolo11n") -> dict[str, np.ndarray]:
-    torch.manual_seed(seed)
-    return to_arrays(build_model(model, num_classes=len(CLASSES)))
 
 
 @pytest.mark.parametrize("model", ["yolo11n", "yolov8n"])

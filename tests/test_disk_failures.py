@@ -15,7 +15,7 @@ from broker_server.engine import RoundEngine
 from protocol.messages import ServerStatus
 from security.replay import ReplayGuard
 from tests.fedharness import ServerHarness, wait_until
-from tests.test_engine import completed, config, open_round  # noqa: F401 - config is a fixture
+from tests.fixtures import completed, open_round, state_json
 
 AGENTS = ["agent-01", "agent-02", "agent-03"]
 
@@ -28,10 +28,6 @@ def block(path) -> None:  # noqa: ANN001
 
 def unblock(path) -> None:  # noqa: ANN001
     shutil.rmtree(path)
-
-
-def state_json(server_config) -> dict:  # noqa: ANN001
-    return json.loads((server_config.state_dir / "checkpoint" / "state.json").read_text())
 
 
 def written_updates(server_config) -> list[str]:  # noqa: ANN001

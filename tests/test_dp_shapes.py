@@ -22,7 +22,7 @@ from flcore.strategies.base import Contribution
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import override_toml
-from tests.test_privacy import completed
+from tests.fixtures import dp_completed
 
 AGENTS = ["agent-01", "agent-02", "agent-03"]
 
@@ -39,7 +39,7 @@ def _round(engine: RoundEngine, seed: int = 0):  # noqa: ANN202
     engine.begin_round(AGENTS, now=0.0)
     engine.announce(now=0.0)
     for i, agent in enumerate(AGENTS):
-        engine.accept(completed(engine, agent, seed=seed * 10 + i), now=1.0)
+        engine.accept(dp_completed(engine, agent, seed=seed * 10 + i), now=1.0)
     return engine.close(now=1.0, model_wire_bytes=0)
 
 
@@ -113,7 +113,7 @@ def test_a_server_optimizer_steps_on_the_noisy_average_not_the_clean_one(tmp_pat
     engine.begin_round(AGENTS, now=0.0)
     engine.announce(now=0.0)
     for i, agent in enumerate(AGENTS):
-        engine.accept(completed(engine, agent, seed=i), now=1.0)
+        engine.accept(dp_completed(engine, agent, seed=i), now=1.0)
     clean = np.mean([engine.state.store.updates.delta(1, agent) for agent in AGENTS], axis=0)  # all far under the clip
     metrics = engine.close(now=1.0, model_wire_bytes=0)
     velocity = engine.strategy.state_arrays["velocity"]

@@ -26,8 +26,8 @@ from models.weights import TensorSpec
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import ServerHarness, override_toml
-from tests.test_privacy import completed
-from tests.test_sim_cli import metrics_rows, skyfed
+from tests.fixtures import dp_completed
+from tests.liveharness import metrics_rows, skyfed
 
 Z, S, CAP = 1.5, 0.5, 100.0
 AGENTS = ["agent-01", "agent-02", "agent-03"]
@@ -178,7 +178,7 @@ def test_the_engine_averages_capped_object_weights_over_the_count_and_publishes_
     engine.announce(now=0.0)
     objects = [30, 100, 10**6]
     for i, (agent, weight) in enumerate(zip(AGENTS, objects, strict=True)):
-        engine.accept(completed(engine, agent, seed=i, samples=weight), now=1.0)
+        engine.accept(dp_completed(engine, agent, seed=i, samples=weight), now=1.0)
     deltas = [engine.state.store.updates.delta(1, agent) for agent in AGENTS]
     clipped = [d * min(1.0, S / float(np.linalg.norm(d))) for d in deltas]
     clean = sum(min(w / CAP, 1.0) * d for w, d in zip(objects, clipped, strict=True))
@@ -204,7 +204,7 @@ def test_robust_strategies_under_privacy_get_noise_of_their_own_sensitivity_and_
     engine.begin_round(AGENTS, now=0.0)
     engine.announce(now=0.0)
     for i, agent in enumerate(AGENTS):
-        engine.accept(completed(engine, agent, seed=i), now=1.0)
+        engine.accept(dp_completed(engine, agent, seed=i), now=1.0)
     metrics = engine.close(now=1.0, model_wire_bytes=0)
     assert metrics.outcome == "committed" and set(metrics.aggregation) == {"clip_bound", "noise_std"}
     assert metrics.aggregation["noise_std"] == pytest.approx(Z * S * (1 + NORM_SLACK) * sensitivity)

@@ -16,44 +16,14 @@ from broker_server.engine import RoundEngine
 from flcore.strategies import STRATEGIES
 from flcore.strategies.base import RoundResult
 from flcore.strategies.fedavg import FedAvg
-from flcore.update import NotForThisRound, UpdateMeta
-from models.serialization import dumps
+from flcore.update import NotForThisRound
 from models.weights import float_part, load_arrays, ranges_of
 from models.zoo import build_model, input_shape
 from participant.recipes import work_share
 from protocol.messages import RecipeRecord
-from protocol.transfer import Completed
-from security.envelope import NO_DIGEST, Manifest
 from security.replay import ReplayGuard
-from sim.federation import SimSettings, create_federation
 from tests.fedharness import override_toml
-
-
-@pytest.fixture
-def config(tmp_path):
-    layout = create_federation(tmp_path, SimSettings(agents=3, rounds=3, federation="e"), ("127.0.0.1", 1))
-    override_toml(layout.server_config, rounds={"min_agents": 3, "quorum": 3})
-    return load_server_config(layout.server_config)
-
-
-def random_delta(engine: RoundEngine, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    floats = float_part(engine.global_arrays)
-    return {k: (0.01 * rng.standard_normal(floats[k].shape)).astype(np.float32) for k in sorted(floats)}
-
-
-def completed(engine: RoundEngine, agent: str, seed: int, samples: int = 100, weight: int = 0) -> Completed:
-    meta = UpdateMeta(round=engine.round_state.round, base_version=engine.version, samples=samples, loss=0.3,
-                      weight=weight)  # fmt: skip
-    data = dumps(random_delta(engine, seed), metadata=meta.to_metadata())
-    manifest = Manifest("e", "update", engine.round_state.round, agent, "server", bytes(16), 0.0, len(data), 1 << 20,
-                        1, NO_DIGEST)  # fmt: skip
-    return Completed(manifest, memoryview(data), len(data))
-
-
-def open_round(engine: RoundEngine) -> None:
-    engine.begin_round(["agent-01", "agent-02", "agent-03"], now=0.0)
-    engine.announce(now=0.0)
+from tests.fixtures import completed, open_round, random_delta
 
 
 def test_the_states_fields_read_through_the_engine_and_change_only_on_the_state(config):

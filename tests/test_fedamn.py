@@ -23,7 +23,7 @@ from models.weights import advanced, fingerprint, flatten, float_part
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import override_toml
-from tests.test_swapping_engine import update
+from tests.fixtures import update
 
 AGENTS = [f"agent-{i:02d}" for i in range(1, 6)]
 
@@ -184,8 +184,13 @@ def test_over_a_real_broker_each_agent_attends_over_its_cluster_sealed_to_it_alo
     from broker_server.daemon import Aggregator
     from security.keys import Identity, PublicIdentity
     from tests.fedharness import Federation
-    from tests.test_federation import Sniffer
-    from tests.test_swapping import Recording, _identical, _record_local_models, assert_each_opens_only_for_its_owner
+    from tests.liveharness import (
+        Recording,
+        Sniffer,
+        assert_each_opens_only_for_its_owner,
+        identical,
+        record_local_models,
+    )
 
     fed = Federation(tmp_path, broker, rounds=3, agents=4, partition="shards")
     override_toml(fed.layout.server_config, rounds={"quorum": 4},
@@ -193,7 +198,7 @@ def test_over_a_real_broker_each_agent_attends_over_its_cluster_sealed_to_it_alo
     locals_by_agent = {}
     for agent in fed.agents:
         agent.runner.trainer = Recording(agent.runner.trainer)
-        locals_by_agent[agent.id] = _record_local_models(agent)
+        locals_by_agent[agent.id] = record_local_models(agent)
     sniffer = Sniffer(broker)
     server = Aggregator(load_server_config(fed.layout.server_config))
     try:
@@ -211,7 +216,7 @@ def test_over_a_real_broker_each_agent_attends_over_its_cluster_sealed_to_it_alo
         assert recorded.contexts[1] is None  # FedAvg before p
         for round_number in (2, 3):
             own = locals_by_agent[agent.id][round_number - 2]  # its model after the round before
-            assert _identical(recorded.bases[round_number], own)
+            assert identical(recorded.bases[round_number], own)
             context, cluster = recorded.contexts[round_number], cluster_of[round_number][agent.id]
             if len(cluster) == 1:  # alone: nobody's model, it trains on from its own
                 assert context is None
@@ -317,7 +322,7 @@ def test_after_a_server_reset_the_new_runs_bundle_is_kept_though_the_old_run_hel
     from security.envelope import seal
     from security.keys import Identity
     from tests.fedharness import hosted_agent
-    from tests.test_agent_resilience import _signed_task
+    from tests.liveharness import signed_task
 
     layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it"), ("127.0.0.1", 1))
     server = Identity.load(layout.server_config.parent / "server.key")
@@ -325,8 +330,8 @@ def test_after_a_server_reset_the_new_runs_bundle_is_kept_though_the_old_run_hel
     old = {"w": np.ones((2, 3), np.float32)}
     agent.client.start_models.keep("peers", old, 40)
     now = time.time()
-    agent._on_task(_signed_task(server, round=40, issued_at=now))
-    agent._on_task(_signed_task(server, round=12, run_id="run-b", issued_at=now + 10))  # the server was reset
+    agent._on_task(signed_task(server, round=40, issued_at=now))
+    agent._on_task(signed_task(server, round=12, run_id="run-b", issued_at=now + 10))  # the server was reset
     assert agent.task.run_id == "run-b"
     bundle = {"w": np.full((2, 3), 2.0, np.float32)}
     _, chunks = seal(dumps(bundle), sender=server, federation="it", kind="peers", round=12,

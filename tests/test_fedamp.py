@@ -16,7 +16,7 @@ from models.weights import advanced, fingerprint, flatten, float_part
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import override_toml
-from tests.test_swapping_engine import update
+from tests.fixtures import update
 
 AGENTS = ["agent-01", "agent-02", "agent-03"]
 
@@ -77,8 +77,7 @@ def test_over_a_real_broker_each_cloud_model_opens_only_for_its_agent(tmp_path, 
     from broker_server.daemon import Aggregator
     from security.keys import Identity, PublicIdentity
     from tests.fedharness import Federation
-    from tests.test_federation import Sniffer
-    from tests.test_swapping import Recording, assert_each_opens_only_for_its_owner
+    from tests.liveharness import Recording, Sniffer, assert_each_opens_only_for_its_owner
 
     fed = Federation(tmp_path, broker, rounds=2, agents=3, partition="shards")
     override_toml(fed.layout.server_config, rounds={"quorum": 3}, strategy={"name": "fedamp", "sigma": 50.0})

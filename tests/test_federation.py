@@ -10,14 +10,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
-import paho.mqtt.client as paho
 import pytest
 
 from broker_server.config import load_server_config
@@ -25,45 +21,15 @@ from broker_server.daemon import Aggregator
 from models.datasets import load_dataset
 from models.serialization import load_file, loads
 from models.training import evaluate
-from models.weights import float_part, load_arrays
+from models.weights import load_arrays
 from models.zoo import build_model, pick_device
 from participant.trainer import Trainer, TrainerWrapper
 from protocol.messages import RecipeRecord
 from sim.broker import start_broker
 from tests.fedharness import Federation, hosted_agent, round_task, wait_until
+from tests.liveharness import SlowInRound, Sniffer, float_windows, leaks, start_server_process
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class Sniffer:
-    """A raw paho subscriber on ``skyfed/#`` that keeps every payload it sees."""
-
-    def __init__(self, broker) -> None:  # noqa: ANN001
-        self.payloads: list[tuple[str, bytes]] = []
-        self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="sniffer")
-        self.client.on_connect = lambda c, *_: c.subscribe("skyfed/#", qos=1)
-        self.client.on_message = lambda c, u, m: self.payloads.append((m.topic, m.payload))
-        self.client.connect(broker.host, broker.port)
-        self.client.loop_start()
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-
-def _float_windows(arrays: dict[str, np.ndarray], width: int = 16) -> set[bytes]:
-    """Every 4-byte-aligned run of ``width`` bytes of the model's floating tensors that is evidence of
-    plaintext: runs of mostly zeros (fresh BatchNorm, deltas of untouched values) also occur in a sealed
-    message's own header (its zero digest field, say), so a run needs at least 8 distinct bytes."""
-    windows = set()
-    for value in float_part(arrays).values():
-        raw = np.ascontiguousarray(value, dtype=np.float32).tobytes()
-        windows.update(raw[i : i + width] for i in range(0, len(raw) - width + 1, 4))
-    return {w for w in windows if len(set(w)) >= 8}
-
-
-def _leaks(payload: bytes, windows: set[bytes], width: int = 16) -> bool:
-    return any(payload[i : i + width] in windows for i in range(len(payload) - width + 1))
 
 
 @pytest.mark.parametrize("broker_kind, protocol", [("mosquitto", "3.1.1"), ("mosquitto", "5"), ("iotcore", "3.1.1")])
@@ -104,7 +70,7 @@ def test_three_agents_three_rounds_accuracy_rises_and_wire_carries_no_plaintext(
     model_snapshots.append(final)
     for agent in fed.agents:  # each agent's last (plaintext) update, as kept on its own disk
         model_snapshots.append(loads(agent.client.store.stored_update(3))[0])
-    windows = set().union(*(_float_windows(s) for s in model_snapshots))
+    windows = set().union(*(float_windows(s) for s in model_snapshots))
     assert len(windows) > 10_000
     readable = ("/status", "/metrics", "/history", "/round")  # JSON by design
     binary = [(t, p) for t, p in sniffer.payloads if p and not t.endswith(readable)]
@@ -114,7 +80,7 @@ def test_three_agents_three_rounds_accuracy_rises_and_wire_carries_no_plaintext(
             json.loads(payload)  # readable JSON, by design
         elif payload:
             assert payload[:3] == b"SKF", topic
-            assert not _leaks(payload, windows), f"plaintext model bytes on {topic}"
+            assert not leaks(payload, windows), f"plaintext model bytes on {topic}"
 
 
 def test_broker_restart_mid_round_finishes_with_no_accepted_update_lost(tmp_path, broker):
@@ -137,36 +103,13 @@ def test_broker_restart_mid_round_finishes_with_no_accepted_update_lost(tmp_path
         assert sorted(m.accepted) == sorted(m.participants), m
 
 
-class SlowInRound(TrainerWrapper):
-    """A real trainer that starts late in one round (every round for None), so the test can act while that
-    round is open, whatever the training itself takes."""
-
-    def __init__(self, inner: Trainer, round_number: int | None, delay_s: float) -> None:
-        super().__init__(inner)
-        self.round_number, self.delay_s = round_number, delay_s
-
-    def train(self, global_arrays, task, context=None):  # noqa: ANN001, ANN201
-        if self.round_number in (None, task.round):
-            time.sleep(self.delay_s)
-        return self.inner.train(global_arrays, task)
-
-
-def _start_server_process(config: Path, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "skyfed", "server", "run", "--config", str(config)],
-        stdout=open(log, "ab"),
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,  # noqa: SIM115
-    )
-
-
 @pytest.mark.timeout(240)
 def test_server_kill_9_mid_round_resumes_with_no_accepted_update_lost(tmp_path, broker):
     fed = Federation(tmp_path, broker, rounds=3)
     slow = fed.agents[0]
     slow.runner.trainer = SlowInRound(slow.runner.trainer, round_number=2, delay_s=8.0)
     log = tmp_path / "server.log"
-    server = _start_server_process(fed.layout.server_config, log)
+    server = start_server_process(fed.layout.server_config, log)
     fed.start_agents()
     try:
         state_file = fed.server_state / "checkpoint" / "state.json"
@@ -182,7 +125,7 @@ def test_server_kill_9_mid_round_resumes_with_no_accepted_update_lost(tmp_path, 
         os.kill(server.pid, signal.SIGKILL)
         server.wait(10)
         assert slow.id not in before_kill
-        server = _start_server_process(fed.layout.server_config, log)
+        server = start_server_process(fed.layout.server_config, log)
         assert server.wait(150) == 0, log.read_text()[-3000:]
     finally:
         if server.poll() is None:

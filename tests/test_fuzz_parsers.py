@@ -8,7 +8,6 @@ insertions, field values swapped for arbitrary JSON), which reach deeper than ra
 from __future__ import annotations
 
 import json
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from security.envelope import InvalidEnvelope, Manifest, Opener, seal
 from security.keys import GroupKey, Identity, Keyring
 from security.signing import InvalidDocument, sign_document, verify_document
 from tests.fedharness import round_metrics, round_task
+from tests.fixtures import bounded, mutated
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -50,38 +50,6 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
     max_leaves=30,
 )
-
-
-@st.composite
-def mutated(draw, sources: list[bytes]) -> bytes:
-    """A valid payload with a few random flips, a truncation or an insertion."""
-    data = bytearray(draw(st.sampled_from(sources)))
-    for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["flip", "truncate", "insert", "overwrite"]))
-        pos = draw(st.integers(0, max(len(data) - 1, 0)))
-        if kind == "flip" and data:
-            data[pos] ^= draw(st.integers(1, 255))
-        elif kind == "truncate":
-            del data[pos:]
-        elif kind == "insert":
-            data[pos:pos] = draw(st.binary(min_size=1, max_size=16))
-        elif data:
-            value = draw(st.integers(0, 2**32 - 1)).to_bytes(4, "big")
-            data[pos : pos + 4] = value
-    return bytes(data)
-
-
-def bounded(fn, payload: bytes, errors: tuple[type[BaseException], ...]) -> None:
-    """Call ``fn(payload)``: only ``errors`` may escape, and the peak allocation stays proportional."""
-    tracemalloc.start()
-    try:
-        fn(payload)
-    except errors:
-        pass
-    finally:
-        _, peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-    assert peak <= 64 * len(payload) + (2 << 20), f"{peak} bytes allocated for a {len(payload)}-byte input"
 
 
 def opener(**kwargs) -> Opener:

@@ -7,7 +7,7 @@ import pytest
 
 from sim.flight_controller import FlightController
 from tests.fedharness import Federation, override_toml, wait_until
-from tests.test_federation import SlowInRound
+from tests.liveharness import SlowInRound
 
 
 @pytest.fixture

@@ -16,8 +16,7 @@ from security.replay import ReplayGuard
 from security.signing import signed_payload
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import ServerHarness, override_toml, wait_until
-from tests.test_disk_failures import state_json
-from tests.test_swapping_engine import AGENTS, run_round, update
+from tests.fixtures import AGENTS, run_round, state_json, update
 
 
 def say_trained(h: ServerHarness, agent: str, task: RoundTask) -> None:

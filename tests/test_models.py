@@ -44,7 +44,7 @@ def test_digits_cnn_learns_centrally():
     torch.manual_seed(0)
     train, test = load_digits(seed=0)
     model = build_model("digits_cnn")
-    train_sgd(model, train, epochs=8, batch_size=32, lr=0.05, momentum=0.9, seed=0, device=torch.device("cpu"))
+    train_sgd(model, train, epochs=4, batch_size=32, lr=0.05, momentum=0.9, seed=0, device=torch.device("cpu"))
     assert evaluate(model, test, torch.device("cpu"))["accuracy"] >= 0.93
 
 

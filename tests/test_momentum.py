@@ -19,7 +19,7 @@ from participant.local_dp import LocalPrivacySection, PrivacyBudget
 from participant.momentum import MOMENTUM_FILE, MomentumStore
 from protocol.messages import TrainSettings
 from tests.fedharness import round_task
-from tests.test_detection import dataset, detect_task, start_arrays, trainer_for  # noqa: F401 (dataset: a fixture)
+from tests.fixtures import detect_task, start_arrays, trainer_for
 
 KEEP = TrainSettings(epochs=1, batch_size=32, lr=0.05, keep_momentum=True)
 

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import io
 import logging
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import paho.mqtt.client as paho
 import pytest
 from rich.console import Console
 
@@ -19,7 +15,7 @@ from broker_server.monitor_tables import render
 from broker_server.monitor_view import FederationView
 from common.text import PrintableFormatter, printable
 from protocol.daemon import JournalFormatter
-from protocol.messages import AgentStatus, ServerStatus
+from protocol.messages import AgentStatus
 from protocol.mqtt import BrokerSettings, TlsSettings
 from protocol.peer_messages import PeerMember, PeerRoundMetrics
 from protocol.topics import Topics
@@ -27,28 +23,10 @@ from security.keys import Identity
 from security.pki import create_ca, issue
 from security.signing import signed_payload
 from sim.broker import ListenerTls, free_port, start_broker
-from tests.test_provision import provisioned, workdir  # noqa: F401 - fixtures
+from tests.liveharness import cli_popen, mqtt_publisher, retain_all, status_payload
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = "\x1b]52;c;cm0gLXJmIH4=\x07\x1b[2J\x1b[8mhidden\x1b[0m\u202eevil\x9b31m\x7f"
-
-
-def _publisher(broker) -> paho.Client:  # noqa: ANN001
-    client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="test-publisher")
-    client.connect(broker.host, broker.port)
-    client.loop_start()
-    return client
-
-
-def _server_status(federation: str) -> bytes:
-    return ServerStatus(state="running", federation=federation, round=3, phase="training", strategy="fedavg",
-                        model_version=2, agents_online=1, updated_at=time.time()).to_json()  # fmt: skip
-
-
-def _skyfed(*args: str, **kwargs: object) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.Popen([sys.executable, "-m", "skyfed", *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)  # fmt: skip
 
 
 def test_printable_escapes_every_control_and_bidi_character():
@@ -80,14 +58,14 @@ def test_log_lines_stay_one_printable_line():
 
 
 def test_once_with_thousands_of_retained_statuses_returns(broker):
-    publisher = _publisher(broker)
+    publisher = mqtt_publisher(broker)
     identity = Identity.generate("drone")
     for i in range(3000):
         status = AgentStatus(agent=f"d{i}", state="ready", round=0, samples=1, version=1, updated_at=time.time())
         publisher.publish(f"skyfed/fleet/agent/d{i}/status", signed_payload(status.to_dict(), identity), retain=True)
-    publisher.publish("skyfed/fleet/server/status", _server_status("fleet"), qos=1, retain=True).wait_for_publish(10)
+    publisher.publish("skyfed/fleet/server/status", status_payload("fleet"), qos=1, retain=True).wait_for_publish(10)
     started = time.monotonic()
-    proc = _skyfed("monitor", "--once", "--broker", f"{broker.host}:{broker.port}", "--federation", "fleet",
+    proc = cli_popen("monitor", "--once", "--broker", f"{broker.host}:{broker.port}", "--federation", "fleet",
                    "--timeout", "0.3")  # fmt: skip
     try:
         out, err = proc.communicate(timeout=60)  # on main it never returned: paho's thread blocked in a full queue
@@ -99,9 +77,9 @@ def test_once_with_thousands_of_retained_statuses_returns(broker):
 
 
 def test_a_wrong_federation_names_the_federations_the_broker_carries(broker, capsys):
-    publisher = _publisher(broker)
+    publisher = mqtt_publisher(broker)
     for fed in ("fleet", "lab"):
-        publisher.publish(f"skyfed/{fed}/server/status", _server_status(fed), qos=1, retain=True).wait_for_publish(5)
+        publisher.publish(f"skyfed/{fed}/server/status", status_payload(fed), qos=1, retain=True).wait_for_publish(5)
     publisher.loop_stop()
     settings = BrokerSettings(broker.host, broker.port, protocol="5")
     assert monitor(settings, "demo", once=True, timeout_s=0.5) == 1
@@ -111,10 +89,10 @@ def test_a_wrong_federation_names_the_federations_the_broker_carries(broker, cap
 
 
 def test_the_live_monitor_prints_plain_lines_into_a_pipe(broker):
-    publisher = _publisher(broker)
-    publisher.publish("skyfed/fleet/server/status", _server_status("fleet"), qos=1, retain=True).wait_for_publish(5)
+    publisher = mqtt_publisher(broker)
+    publisher.publish("skyfed/fleet/server/status", status_payload("fleet"), qos=1, retain=True).wait_for_publish(5)
     publisher.loop_stop()
-    proc = _skyfed("monitor", "--broker", f"{broker.host}:{broker.port}", "--federation", "fleet")
+    proc = cli_popen("monitor", "--broker", f"{broker.host}:{broker.port}", "--federation", "fleet")
     try:
         line = proc.stdout.readline()  # on main: nothing at all without a terminal
     finally:
@@ -151,9 +129,9 @@ def test_a_second_monitor_on_the_same_certificate_is_named_not_an_unspecified_er
     out, _, _, port = provisioned
     mon = out / "monitor"
     tls = ["--cafile", str(mon / "ca.crt"), "--cert", str(mon / "monitor.crt"), "--key", str(mon / "monitor.crt.key")]
-    first = _skyfed("monitor", "--broker", f"127.0.0.1:{port}", "--federation", "fleet", "--timeout", "120", *tls)
+    first = cli_popen("monitor", "--broker", f"127.0.0.1:{port}", "--federation", "fleet", "--timeout", "120", *tls)
     time.sleep(2.0)
-    second = _skyfed("monitor", "--broker", f"127.0.0.1:{port}", "--federation", "fleet", "--timeout", "120", *tls)
+    second = cli_popen("monitor", "--broker", f"127.0.0.1:{port}", "--federation", "fleet", "--timeout", "120", *tls)
     try:
         _, err = first.communicate(timeout=20)  # on main: both reconnect and evict each other for ever
     finally:
@@ -165,23 +143,15 @@ def test_a_second_monitor_on_the_same_certificate_is_named_not_an_unspecified_er
     assert "monitor.crt)" in err and "mosquitto_sub with DIR/monitor/monitor-sub.crt" in err, err
 
 
-def _retain(broker, messages: dict[str, bytes]) -> None:  # noqa: ANN001
-    publisher = _publisher(broker)
-    for topic, payload in messages.items():
-        publisher.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
-    publisher.loop_stop()
-    publisher.disconnect()
-
-
 def _member(federation: str, peer: str) -> bytes:
     return signed_payload(PeerMember(federation, peer, "member", 3, 1.0, 1.0).to_dict(), Identity.generate(peer))
 
 
 def test_the_live_monitor_exits_on_a_federation_the_broker_does_not_carry(broker):
-    _retain(broker, {"skyfed/fleet/server/status": _server_status("fleet"),
-                     "skyfed/p2p/peer/p0/member": _member("p2p", "p0")})  # fmt: skip
+    retain_all(broker, {"skyfed/fleet/server/status": status_payload("fleet"),
+                        "skyfed/p2p/peer/p0/member": _member("p2p", "p0")})  # fmt: skip
     started = time.monotonic()
-    proc = _skyfed("monitor", "--broker", f"{broker.host}:{broker.port}", "--federation", "flet", "--timeout", "1")
+    proc = cli_popen("monitor", "--broker", f"{broker.host}:{broker.port}", "--federation", "flet", "--timeout", "1")
     try:
         out, err = proc.communicate(timeout=60)  # on main: it waited for ever, printing a note
     finally:
@@ -193,13 +163,13 @@ def test_the_live_monitor_exits_on_a_federation_the_broker_does_not_carry(broker
 
 def test_the_live_monitor_waits_for_a_server_not_started_when_its_agents_are_there(broker):
     status = AgentStatus(agent="d1", state="ready", round=0, samples=1, version=1, updated_at=time.time())
-    _retain(broker, {"skyfed/fleet/agent/d1/status": signed_payload(status.to_dict(), Identity.generate("d1"))})
-    proc = _skyfed("monitor", "--broker", f"{broker.host}:{broker.port}", "--federation", "fleet", "--timeout", "0.5")
+    retain_all(broker, {"skyfed/fleet/agent/d1/status": signed_payload(status.to_dict(), Identity.generate("d1"))})
+    proc = cli_popen("monitor", "--broker", f"{broker.host}:{broker.port}", "--federation", "fleet", "--timeout", "0.5")
     try:
         first = proc.stdout.readline()
         time.sleep(0.5 + 1.5 + 1.0)  # past --timeout and the discovery it would make for an empty federation
         assert proc.poll() is None, proc.stderr.read()
-        _retain(broker, {"skyfed/fleet/server/status": _server_status("fleet")})
+        retain_all(broker, {"skyfed/fleet/server/status": status_payload("fleet")})
         second = proc.stdout.readline()
     finally:
         proc.kill()
@@ -212,7 +182,7 @@ def test_once_shows_a_peer_federation(broker):
     peers = {f"skyfed/p2p/peer/{p}/member": _member("p2p", p) for p in ("p0", "p1")}
     metrics = PeerRoundMetrics("p1", 2, "aggregated", {"map50": 0.42}, ["p0", "p1"])
     peers["skyfed/p2p/peer/p1/metrics"] = signed_payload(metrics.to_dict(), Identity.generate("p1"))
-    _retain(broker, peers)
+    retain_all(broker, peers)
     out = io.StringIO()
     settings = BrokerSettings(broker.host, broker.port, protocol="5")
     assert monitor(settings, "p2p", once=True, timeout_s=0.5, console=Console(file=out, width=200)) == 0
@@ -223,7 +193,7 @@ def test_once_shows_a_peer_federation(broker):
 def test_a_replayed_offline_beside_the_servers_count_is_said_to_be_a_claim(broker):
     replayed = AgentStatus.offline("d1", session=time.time() - 3600)  # an earlier connection's will, published again
     will = signed_payload(replayed.to_dict(), Identity.generate("d1"))
-    _retain(broker, {"skyfed/fleet/server/status": _server_status("fleet"), "skyfed/fleet/agent/d1/status": will})
+    retain_all(broker, {"skyfed/fleet/server/status": status_payload("fleet"), "skyfed/fleet/agent/d1/status": will})
     out = io.StringIO()
     settings = BrokerSettings(broker.host, broker.port, protocol="5")
     assert monitor(settings, "fleet", once=True, timeout_s=0.5, console=Console(file=out, width=200)) == 0

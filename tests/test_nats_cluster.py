@@ -17,7 +17,7 @@ import pytest
 
 from sim.nats_cluster import NATS_MAX_PAYLOAD, nats_server_path, spread_broker_table, start_nats_cluster
 from tests.fedharness import Federation, override_toml, wait_until
-from tests.test_federation import SlowInRound
+from tests.liveharness import SlowInRound
 
 pytestmark = pytest.mark.skipif(
     nats_server_path() is None, reason="nats-server is not installed (apt-get install nats-server; .ci/run does)"
@@ -80,11 +80,11 @@ def test_the_monitor_falls_back_to_mqtt_3_1_1_and_reads_any_node(cluster, capsys
     through node 1, or through node 2 once node 1 is gone."""
     from broker_server.monitor import monitor
     from protocol.mqtt import BrokerSettings, MqttClient
-    from tests.test_monitor_cli import _server_status
+    from tests.liveharness import status_payload
 
     publisher = MqttClient("test-publisher", BrokerSettings.from_address(cluster.addresses[2]), persistent=False)
     assert publisher.start(timeout_s=10)
-    info = publisher.publish("skyfed/fleet/server/status", _server_status("fleet"), retain=True)
+    info = publisher.publish("skyfed/fleet/server/status", status_payload("fleet"), retain=True)
     assert MqttClient.wait_published([info], 10)
     publisher.stop(1.0)
     settings = BrokerSettings.from_address(cluster.address, protocol="5")
@@ -120,7 +120,7 @@ def test_the_deployed_configs_are_valid_and_carry_a_model_chunk(node):
 @pytest.mark.timeout(240)
 def test_skyfed_sim_broker_cluster_runs_a_federation_over_three_nats_nodes(tmp_path):
     from common import toml
-    from tests.test_sim_cli import metrics_rows, skyfed
+    from tests.liveharness import metrics_rows, skyfed
 
     out = tmp_path / "run"
     result = skyfed("sim", "--broker-cluster", "nats:3", "--agents", "2", "--rounds", "1", "--epochs", "1",

@@ -8,7 +8,6 @@ import json
 import logging
 import subprocess
 import sys
-import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,9 +17,7 @@ import pytest
 from agent.config import load_agent_config
 from agent.peer.bestagg import BEST_FILE
 from agent.peer.election import Election
-from agent.peer.node import PeerNode
 from agent.peer.rounds import initial_model, read_metrics
-from agent.runner import in_process_runner
 from common import toml
 from flcore.update import TrainResult
 from models.serialization import load_file
@@ -35,24 +32,14 @@ from security.keys import Identity, PublicIdentity, revoke
 from security.signing import signed_payload, verify_document
 from sim.attacks import Attack, AttackingTrainer
 from sim.federation import SimSettings
-from sim.peer_federation import create_peer_federation
 from sim.plot_peers import ElectedModel, draw_peer_curves
 from sim.report import write_report
 from sim.report_rows import read_rows
 from sim.run import run_sim
 from tests.fedharness import override_toml, wait_until
-from tests.test_federation import SlowInRound
+from tests.liveharness import Peers, SlowInRound, peer_configs, state
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def peer_configs(tmp_path: Path, broker, agents: int = 3, **plan: object) -> dict[str, Path]:  # noqa: ANN001
-    settings = SimSettings(mode="peer", agents=agents, rounds=1, partition="iid", epochs=1)
-    layout = create_peer_federation(tmp_path / "fed", settings, (broker.host, broker.port))
-    for path in layout.agent_configs.values():
-        override_toml(path, federation={"join_wait_s": 1.0, "round_timeout_s": 20.0, "threshold": agents,
-                                        "bounds": {"clip": "off", "sample_multiple": 0}, **plan})  # fmt: skip
-    return layout.agent_configs
 
 
 class Recording(TrainerWrapper):
@@ -68,43 +55,11 @@ class Recording(TrainerWrapper):
         return result
 
 
-class Peers:
-    """Peer daemons on threads; ``stop`` ends them all."""
-
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self.nodes: dict[str, PeerNode] = {}
-        self.threads: list[threading.Thread] = []
-
-    def start(self, config_path: Path, wrap=None) -> PeerNode:  # noqa: ANN001
-        config = load_agent_config(config_path)
-        node = PeerNode(config, runner=in_process_runner(config))
-        if wrap is not None:
-            node.runner.trainer = wrap(node.runner.trainer)
-        self.nodes[node.id] = node
-        thread = threading.Thread(target=node.run, args=(self.stop,), name=node.id)
-        thread.start()
-        self.threads.append(thread)
-        return node
-
-    def wait_done(self, names: list[str], timeout_s: float = 90.0) -> None:
-        wait_until(lambda: all(self.nodes[n].work.done for n in names), timeout_s, "the peers to finish")
-
-    def close(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(10)
-
-
 @pytest.fixture
 def peers():
     running = Peers()
     yield running
     running.close()
-
-
-def state(config: Path) -> Path:
-    return config.parent / "state"
 
 
 def published_decisions(broker, configs: dict[str, Path]) -> dict[str, Adoption]:  # noqa: ANN001

@@ -13,8 +13,7 @@ from agent.peer.rounds import read_metrics
 from protocol.peer_messages import PeerMember
 from sim.flight_controller import FlightController
 from tests.fedharness import override_toml, wait_until
-from tests.test_federation import SlowInRound
-from tests.test_peer import Peers, peer_configs, state
+from tests.liveharness import Peers, SlowInRound, peer_configs, state
 
 HONEST = ["agent-02", "agent-03"]
 

@@ -33,7 +33,7 @@ from protocol.topics import Topics
 from security.envelope import seal
 from security.keys import Identity
 from security.signing import signed_payload
-from tests.test_peer import Peers, peer_configs, state
+from tests.liveharness import Peers, peer_configs, state
 
 ROGUE = "agent-03"
 TOPICS = Topics("sim")

@@ -21,22 +21,11 @@ from flcore.bounds import Influence, InfluencePolicy
 from flcore.rounds import RoundState
 from flcore.strategies.base import Contribution, RoundResult
 from flcore.update import UpdateRejected
-from models.serialization import dumps, loads
 from models.weights import TensorSpec
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import override_toml
-from tests.test_engine import completed as random_update
-
-
-def completed(engine: RoundEngine, agent: str, seed: int, samples: int = 100):  # noqa: ANN201
-    """A random update that leaves BatchNorm running variances alone: after noise some are exactly zero,
-    and a random change would then make them negative (refused, as an honest agent's never is)."""
-    update = random_update(engine, agent, seed, samples=samples)
-    arrays, meta = loads(bytes(update.data))
-    arrays = {k: np.zeros_like(v) if k.endswith("running_var") else v for k, v in arrays.items()}
-    data = dumps(arrays, metadata=meta)
-    return dataclasses.replace(update, data=memoryview(data))
+from tests.fixtures import dp_completed
 
 
 def exact_epsilon(z: float, rounds: int, delta: float) -> float:
@@ -131,7 +120,7 @@ def test_the_budget_stops_the_run_before_a_round_that_would_pass_it_and_a_restar
     while engine.begin_round(agents, now=0.0) is not None:
         engine.announce(now=0.0)
         for i, agent in enumerate(agents):
-            engine.accept(completed(engine, agent, seed=i), now=1.0)
+            engine.accept(dp_completed(engine, agent, seed=i), now=1.0)
         metrics = engine.close(now=1.0, model_wire_bytes=0)
         epsilons.append(metrics.privacy["epsilon"])
         assert set(metrics.aggregation) == {"clip_bound", "noise_std"}  # no per-agent norms under privacy
@@ -155,7 +144,7 @@ def test_privacy_turned_on_over_models_published_without_it_reports_no_finite_ep
     engine.begin_round(agents, now=0.0)
     engine.announce(now=0.0)
     for i, agent in enumerate(agents):
-        engine.accept(completed(engine, agent, seed=i), now=1.0)
+        engine.accept(dp_completed(engine, agent, seed=i), now=1.0)
     assert engine.close(now=1.0, model_wire_bytes=0).privacy == {}
     private = dataclasses.replace(plain, privacy=PrivacyPolicy(clip=0.5, noise_multiplier=2.0, target_epsilon=10.0))
     resumed = RoundEngine(private, replay=ReplayGuard(3600))
@@ -175,10 +164,10 @@ def test_under_privacy_no_update_is_folded_early_and_refusals_say_only_their_kin
     engine.begin_round(["agent-01", "agent-02", "agent-03"], now=0.0)
     engine.announce(now=0.0)
     records = [
-        engine.accept(completed(engine, agent, seed=i), now=1.0) for i, agent in enumerate(["agent-01", "agent-02"])
+        engine.accept(dp_completed(engine, agent, seed=i), now=1.0) for i, agent in enumerate(["agent-01", "agent-02"])
     ]
     assert all(r.folded == 0.0 for r in records)  # every update waits for the close, clipped or not
-    bad = completed(engine, "agent-03", seed=3)
+    bad = dp_completed(engine, "agent-03", seed=3)
     poisoned = bytearray(bad.data)  # its last value (the end of the last tensor) becomes NaN
     poisoned[-4:] = np.array([np.nan], np.float32).tobytes()
     with pytest.raises(UpdateRejected):
@@ -202,7 +191,7 @@ def test_spent_agents_neither_start_a_round_nor_stand_in_and_the_run_ends_only_w
     def run_round(agents: list[str]) -> None:
         engine.announce(now=0.0)
         for i, agent in enumerate(agents):
-            engine.accept(completed(engine, agent, seed=i), now=1.0)
+            engine.accept(dp_completed(engine, agent, seed=i), now=1.0)
         engine.close(now=1.0, model_wire_bytes=0)
 
     assert engine.begin_round(first, now=0.0, enrolled=first + fresh).selected == first

@@ -11,7 +11,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from agent.config import load_agent_config
 from broker_server.config import load_server_config
@@ -26,16 +25,9 @@ from security.keys import Identity
 from sim.broker import free_port
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import Federation, ServerHarness, override_toml, wait_until
+from tests.liveharness import scrape
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    """Every sample the endpoint serves, keyed by (name, sorted labels)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
 
 
 def scrape_or_none(port: int) -> dict[tuple[str, tuple], float] | None:

@@ -12,7 +12,7 @@ import pytest
 from protocol.bounded_http import IDLE_TIMEOUT_S, MAX_CONNECTIONS
 from sim.broker import free_port
 from tests.fedharness import Federation, override_toml, wait_until
-from tests.test_prometheus import ROOT, scrape
+from tests.liveharness import ROOT, scrape
 
 IDLE_CONNECTIONS = 1_100
 

@@ -13,7 +13,6 @@ import os
 import shutil
 import stat
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,30 +27,14 @@ from protocol.mqtt import TlsSettings
 from provisioning.broker_files import acl_text, mosquitto_conf_text
 from security.envelope import InvalidEnvelope, Opener
 from security.keys import GroupKey, Identity, Keyring, PublicIdentity
-from security.pki import Issued, issue
-from sim.broker import free_port, start_broker
 from sim.federation import write_classify_data
 from skyfed import main
 from tests.fedharness import hosted_agent, override_toml, wait_until
+from tests.liveharness import provision
 from tests.tlsharness import Client, add_observer, connects
 
 ROOT = Path(__file__).resolve().parent.parent
 FED = "fleet"
-
-
-@pytest.fixture
-def workdir():
-    base = Path(tempfile.mkdtemp(prefix="skyfed-provision-"))
-    os.chmod(base, 0o711)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
-
-
-def provision(out: Path, agents: str, port: int, state: Path) -> None:
-    argv = ["provision", "--federation", FED, "--agents", agents, "--out", str(out),
-            "--broker", f"127.0.0.1:{port}", "--listen", "127.0.0.1", "--state-dir", str(state),
-            "--any-state-dir"]  # fmt: skip
-    assert main(argv) == 0
 
 
 def test_layout_modes_and_adding_an_agent_keeps_the_others(workdir, capsys):
@@ -128,22 +111,6 @@ def test_the_deploy_examples_are_what_provision_writes():
 
 
 # --- a real broker from the generated files ------------------------------------------------------------
-@pytest.fixture
-def provisioned(workdir):
-    port = free_port()
-    out, state = workdir / "fed", workdir / "state"
-    provision(out, "a1,a2,a3", port, state)
-    issue(Issued(out / "ca" / "ca.crt", out / "ca" / "ca.crt.key"), out / "observer", "observer")
-    shutil.copyfile(out / "ca" / "ca.crt", out / "observer" / "ca.crt")
-    add_observer(out)
-    broker = start_broker(
-        data_dir=workdir / "broker-run", kind="mosquitto", port=port, config_file=out / "broker" / "skyfed.conf"
-    )
-    yield out, state, broker, port
-    broker.stop()
-    print(f"--- broker log ---\n{broker.log_tail(40)}")
-
-
 def test_the_generated_acl_confines_agents_and_monitors(provisioned):
     out, _, broker, port = provisioned
     assert not connects(TlsSettings(str(out / "monitor" / "ca.crt")), port)

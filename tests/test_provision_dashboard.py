@@ -3,13 +3,9 @@ the monitor's read-only ACL, run from the generated files by a real mosquitto.""
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
-import pytest
 from cryptography.hazmat.primitives.serialization import pkcs12
 
 from sim.broker import free_port, start_broker
@@ -19,14 +15,6 @@ from tests.tlsharness import Client, node_tls
 from tests.wsharness import is_loopback, machine_addresses, wait_listening, ws_connects
 
 FED = "fleet"
-
-
-@pytest.fixture
-def workdir():
-    base = Path(tempfile.mkdtemp(prefix="skyfed-provision-ws-"))
-    os.chmod(base, 0o711)  # mosquitto, run as root, drops to its own user before reading the broker folder
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
 
 
 def provision(out: Path, port: int, *extra: str) -> int:

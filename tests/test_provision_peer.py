@@ -6,10 +6,8 @@ root, mosquitto drops to its own user before it loads its certificates."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,14 +26,6 @@ from tests.tlsharness import Client, add_observer, connects, node_tls
 
 FED = "fleet"
 PEERS = f"skyfed/{FED}/peer"
-
-
-@pytest.fixture
-def workdir():
-    base = Path(tempfile.mkdtemp(prefix="skyfed-provision-peer-"))
-    os.chmod(base, 0o711)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
 
 
 def provision(out: Path, peers: str, port: int = 8883, mode: tuple[str, ...] = ("--mode", "peer")) -> int:

@@ -4,13 +4,8 @@ provisioned ACLs and the provisioned bridge."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import threading
 from pathlib import Path
-
-import pytest
 
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
@@ -22,14 +17,6 @@ from skyfed import main
 from tests.fedharness import hosted_agent, override_toml
 
 ROOT_FED, REGION_FED = "fleet", "fleet-east"
-
-
-@pytest.fixture
-def workdir():
-    base = Path(tempfile.mkdtemp(prefix="skyfed-region-"))
-    os.chmod(base, 0o711)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
 
 
 def provision(out: Path, federation: str, agents: str, port: int, state: Path, *extra: str) -> int:

@@ -27,6 +27,7 @@ from tests.regionharness import RegionFederation
 UNBOUNDED = {"clip": "off", "sample_multiple": 0, "change_multiple": 0, "collapse_ratio": 0, "screen_below": 0}
 
 
+@pytest.mark.integration  # run_sim starts the brokers and daemons (tests/starters.py cannot see into it)
 def test_two_regions_of_three_give_the_flat_fedavg_model(tmp_path: Path) -> None:
     """FedAvg without bounds is associative: the root's average of the regions' weighted averages is the flat
     average of the same six updates, to float32 rounding. Six agents with the same data, seeds and training,

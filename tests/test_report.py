@@ -12,6 +12,7 @@ from pathlib import Path
 from sim.plot_agents import ACCEPTED, MISSED, NOT_SELECTED, REFUSED, agent_grid
 from sim.plot_privacy import has_privacy
 from sim.report_rows import read_rows
+from tests.fixtures import election_rows, peer_rows, round_row, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -59,42 +60,15 @@ def test_report_draws_no_privacy_plot_for_a_run_without_a_budget_and_names_a_mis
     assert missing.returncode == 2 and "no " in missing.stderr and "metrics.jsonl" in missing.stderr
 
 
-def _write(folder: Path, rows: list[dict], **files: object) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    for name, content in files.items():
-        (folder / f"{name}.json").write_text(json.dumps(content))
-    return folder
-
-
-def _round(number: int, **fields: object) -> dict:
-    return {"round": number, "accepted": ["agent-1", "agent-2"], "rejected": [], "missed": [], **fields}
-
-
-def _peer_rows(peers: int = 3, rounds: int = 3) -> list[dict]:
-    """What ``sim.peer_run`` writes: one row per peer and round, interleaved by round."""
-    names = [f"peer-{i}" for i in range(1, peers + 1)]
-    return [{"schema": "skyfed.peer-metrics/1", "peer": name, "round": r, "outcome": "aggregated",
-             "eval": {"accuracy": round(0.5 + 0.1 * r + 0.01 * i, 6), "loss": round(2.0 - 0.3 * r, 6)},
-             "aggregated_from": [n for n in names if n != "peer-3"] if r == 2 else names,
-             "rejected": [{"peer": "peer-3", "reason": "bounds: norm"}] if r == 2 else [], "round_s": 1.0,
-             "bytes_sent": 1000, "attackers": [], "attack": None, "mode": "peer"}
-            for r in range(1, rounds + 1) for i, name in enumerate(names)]  # fmt: skip
-
-
-def _election(holders: list[str], owner: str, sha: str = "ab" * 32) -> dict:
-    return {p: {"peer": p, "adopted_from": owner, "sha256": sha, "refused": ""} for p in holders}
-
-
 def test_report_on_a_peer_run_draws_one_curve_per_peer_and_marks_the_elected_model(tmp_path):
     """A peer run's rows are per peer and carry no ``accepted``: the report draws each peer's own curve (not one
     zig-zag 'global' line), stars the elected model and says who adopted it."""
     from sim.plot_peers import ElectedModel, draw_peer_curves
 
-    rows = _peer_rows()
-    election = _election(["peer-1", "peer-2"], "peer-2") | {"peer-3": {"peer": "peer-3", "adopted_from": "peer-3",
+    rows = peer_rows()
+    election = election_rows(["peer-1", "peer-2"], "peer-2") | {"peer-3": {"peer": "peer-3", "adopted_from": "peer-3",
                                                                       "sha256": "cd" * 32, "refused": ""}}  # fmt: skip
-    folder = _write(tmp_path / "peer", rows, election=election)
+    folder = write_run(tmp_path / "peer", rows, election=election)
     report = _skyfed("report", str(folder))
     assert report.returncode == 0, report.stderr[-2000:]
     for name in ("curves.png", "agents.png"):
@@ -113,7 +87,7 @@ def test_report_on_a_peer_run_draws_one_curve_per_peer_and_marks_the_elected_mod
 def test_a_peer_runs_agents_plot_says_whom_each_peer_aggregated_and_rejected():
     from sim.plot_peers import AGGREGATED, KEPT, peer_grid, sender_matrix
 
-    rows = _peer_rows()
+    rows = peer_rows()
     rows[0]["outcome"] = "rejected"  # peer-1 refused its own aggregate in round 1: it kept its model
     peers, rounds, outcome, counts = peer_grid(rows)
     assert peers == ["peer-1", "peer-2", "peer-3"] and rounds == [1, 2, 3]
@@ -127,7 +101,7 @@ def test_a_personalized_runs_curves_lead_with_c_spe_and_c_gen_the_global_score_b
     from sim.plots import draw_curves
 
     personal = {"c_spe": 0.9, "c_gen": 0.6, "agents": {"agent-1": {"c_spe": 0.9, "c_gen": 0.6}}}
-    rows = [_round(r, eval={"accuracy": 0.5, "loss": 1.2}, personal=personal, models="agent") for r in (1, 2)]
+    rows = [round_row(r, eval={"accuracy": 0.5, "loss": 1.2}, personal=personal, models="agent") for r in (1, 2)]
     score, loss = draw_curves(rows).axes
     assert score.get_title() == "Each agent's own model: C-SPE"
     labels = [line.get_label() for line in score.lines]
@@ -149,7 +123,7 @@ def test_a_detection_runs_plots_draw_what_its_evaluation_holds_and_name_the_agen
 
     evaluation = {"map50": 0.4, "map50_95": 0.2, "precision": 0.5, "recall": 0.3}
     personal = {"c_spe": 0.35, "agents": {"agent-1": {"c_spe": 0.3}, "agent-2": {"c_spe": 0.4}}}
-    rows = [_round(r, eval=evaluation, personal=personal) for r in (1, 2)]
+    rows = [round_row(r, eval=evaluation, personal=personal) for r in (1, 2)]
     score, other = draw_curves(rows).axes
     assert score.get_title() == "Global model: mAP@.5" and score.lines[0].get_label() == "mAP@.5 (leads)"
     assert [line.get_label() for line in other.lines] == ["mAP@.5:.95", "precision", "recall"]
@@ -159,7 +133,7 @@ def test_a_detection_runs_plots_draw_what_its_evaluation_holds_and_name_the_agen
     assert own.get_ylabel() == "mAP@.5 on its own val split"
     # an evaluation with the detector's own val losses draws them in the second panel, the scores in the first
     losses = {"box_loss": 1.5, "cls_loss": 2.5, "dfl_loss": 1.25}
-    score, other = draw_curves([_round(r, eval={**evaluation, **losses}) for r in (1, 2)]).axes
+    score, other = draw_curves([round_row(r, eval={**evaluation, **losses}) for r in (1, 2)]).axes
     assert [line.get_label() for line in other.lines] == ["box loss", "cls loss", "dfl loss"]
     assert other.get_title() == "Global model loss" and "mAP@.5:.95" in [line.get_label() for line in score.lines]
 
@@ -171,12 +145,12 @@ def test_report_on_a_region_run_draws_the_roots_regions_and_each_regions_own_age
     from sim.report import write_report
 
     members = {"region-1": ["agent-1", "agent-2"], "region-2": ["agent-3"]}
-    root = [_round(r, accepted=["region-1", "region-2"], eval={"accuracy": 0.6}, regions=members) for r in (1, 2)]
-    folder = _write(tmp_path / "run", root)
-    regional = {region: [_round(r, accepted=agents, eval={"accuracy": 0.5 + 0.1 * r}) for r in (1, 2)]
+    root = [round_row(r, accepted=["region-1", "region-2"], eval={"accuracy": 0.6}, regions=members) for r in (1, 2)]
+    folder = write_run(tmp_path / "run", root)
+    regional = {region: [round_row(r, accepted=agents, eval={"accuracy": 0.5 + 0.1 * r}) for r in (1, 2)]
                 for region, agents in members.items()}  # fmt: skip
     for region, rows in regional.items():
-        _write(folder / "regions" / region, rows)
+        write_run(folder / "regions" / region, rows)
     written = write_report(folder, echo=lambda _line: None)
     assert {p.relative_to(folder).as_posix() for p in written} == {
         "curves.png", "agents.png", "regions/region-1/curves.png", "regions/region-1/agents.png",
@@ -191,14 +165,14 @@ def test_report_survives_markup_huge_names_and_values_and_broken_lines(tmp_path)
     """Names are drawn as plain text (mathtext '$…$' would fail to parse), cut short; numbers beyond any score
     are gaps; a line that is not a round is skipped with its reason."""
     hostile = ["$x^$", "_nolegend_", "a" * 10_000, "\\frac{$", "<b>x</b>\n\t"]
-    rows = [_round(r, accepted=hostile, rejected=[{"agent": "$$", "reason": "$\\bad{" * 1000}, {"nope": 1}, "x"],
+    rows = [round_row(r, accepted=hostile, rejected=[{"agent": "$$", "reason": "$\\bad{" * 1000}, {"nope": 1}, "x"],
                    eval={"accuracy": 1e308, "loss": float("inf") if r == 1 else -1e300},
                    personal={"c_spe": 0.5, "agents": {name: {"c_spe": 1e308} for name in hostile}})
             for r in (1, 2)]  # fmt: skip
-    peers = [{**row, "peer": name} for row in _peer_rows(2, 2) for name in (row["peer"], hostile[0])]
+    peers = [{**row, "peer": name} for row in peer_rows(2, 2) for name in (row["peer"], hostile[0])]
     election = {"$x^$": {"sha256": "e" * 64, "adopted_from": "a" * 10_000}, "bad": "not a record"}
     for folder, content, extra in ((tmp_path / "server", rows, {}), (tmp_path / "peer", peers, {"election": election})):
-        _write(folder, content, **extra)
+        write_run(folder, content, **extra)
         with open(folder / "metrics.jsonl", "a") as handle:
             handle.write('{"round": "1"}\n[1, 2]\n{"round": 10000000000000}\n{"round": 3, "eval": [1]}\n')
             handle.write('{"round": 4, "acc')  # cut short by a crash

@@ -20,7 +20,7 @@ from participant.trainer import TrainerWrapper
 from security.keys import revoke
 from security.replay import ReplayGuard
 from tests.fedharness import Federation, override_toml, round_task, wait_until
-from tests.test_engine import completed, config, open_round  # noqa: F401 - config is a fixture
+from tests.fixtures import completed, open_round
 
 DEADLINE_S = 120.0
 

@@ -2,10 +2,7 @@
 
 import argparse
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,20 +18,10 @@ from sim import run as sim_run
 from sim.classify_layout import POOL_FILE, Sharing
 from sim.federation import SimSettings, create_federation
 from sim.scale import STATUS_RATE_PER_S, hosted_tick_s, round_deadline_s, status_interval_s
+from skyfed import main
+from tests.liveharness import metrics_rows, skyfed
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def skyfed(*args, timeout=180, columns=80):
-    env = {**os.environ, "COLUMNS": str(columns)}  # the width rich lays tables out in
-    return subprocess.run(
-        [sys.executable, "-m", "skyfed", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout, env=env
-    )
-
-
-def metrics_rows(out):
-    """The sim's ``metrics.jsonl``, one dict per round."""
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_sim_against_an_existing_broker_writes_metrics_curves_and_model(tmp_path, broker):
@@ -224,10 +211,15 @@ def test_sim_with_central_dp_reports_epsilon_and_stops_when_the_budget_is_spent(
                                                              "no pool: use --share-ratio 0.25 or more"),
     ],
 )
-def test_sim_refuses_bad_arguments_with_a_message(args, message):
-    result = skyfed("sim", *args, timeout=60)
-    assert result.returncode == 2 and message in result.stderr, result.stderr
-    assert "Traceback" not in result.stderr
+def test_sim_refuses_bad_arguments_with_a_message(args, message, capsys):
+    """The command's ``main`` in this process (no interpreter start per case): exit code 2, the reason, no traceback."""
+    try:
+        code = main(["sim", *args])
+    except SystemExit as exit_:  # argparse's own refusals
+        code = exit_.code
+    stderr = capsys.readouterr().err
+    assert code == 2 and message in stderr, stderr
+    assert "Traceback" not in stderr
 
 
 @pytest.mark.parametrize(

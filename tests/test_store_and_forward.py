@@ -10,8 +10,7 @@ import time
 from security.keys import Identity
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import Federation, hosted_agent, wait_until
-from tests.test_agent_resilience import _signed_task
-from tests.test_federation import SlowInRound
+from tests.liveharness import SlowInRound, signed_task
 
 
 def test_an_update_trained_offline_survives_an_agent_restart_and_is_sent_once_the_broker_returns(tmp_path, broker):
@@ -49,11 +48,11 @@ def test_an_unsent_update_whose_round_closed_is_dropped_with_a_reason(tmp_path, 
     layout = create_federation(tmp_path, SimSettings(agents=1, rounds=1, federation="it"), ("127.0.0.1", 1))
     server = Identity.load(layout.server_config.parent / "server.key")
     agent = hosted_agent(layout.agent_configs["agent-01"])
-    agent._on_task(_signed_task(server, round=3, issued_at=time.time()))
+    agent._on_task(signed_task(server, round=3, issued_at=time.time()))
     progress = agent.client.progress
     progress.last_completed_round, progress.sent_round = 3, 2  # round 3 trained, never acknowledged
     agent.client.store.store_update(3, b"an update the server never got")
-    agent._on_task(_signed_task(server, round=4, issued_at=time.time(), model_version=4))
+    agent._on_task(signed_task(server, round=4, issued_at=time.time(), model_version=4))
     caplog.set_level(logging.WARNING)
     agent._step()
     assert agent.client.store.stored_update(3) is None and agent.client.progress.sent_round == 3

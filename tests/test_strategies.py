@@ -8,21 +8,10 @@ import pytest
 from flcore.bounds import InfluencePolicy, Tentative, bound_influence, tentative
 from flcore.onepass import scan
 from flcore.strategies import build_strategy
-from flcore.strategies.base import Contribution
 from flcore.strategies.krum import krum_scores, squared_distances
 from flcore.strategies.trimmed_mean import trim_count
 from models.weights import TensorSpec
-
-
-def contributions(deltas, samples=None, scales=None, folded=None):
-    n = len(deltas)
-    samples = samples if samples is not None else [1.0] * n
-    scales = scales if scales is not None else [1.0] * n
-    folded = folded if folded is not None else [0.0] * n
-    return [
-        Contribution(f"a{i}", d, float(s), float(c), float(np.linalg.norm(d)), float(f))
-        for i, (d, s, c, f) in enumerate(zip(deltas, samples, scales, folded, strict=True))
-    ]
+from tests.fixtures import contributions
 
 
 def test_fedavg_streaming_folds_plus_corrections_equal_the_weighted_mean_of_clipped_deltas():

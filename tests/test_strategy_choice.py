@@ -15,7 +15,7 @@ from flcore.strategies.choice import DEFAULT_STRATEGY, strategy_notes, updates_p
 from flcore.strategies.krum import gram_matrix
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
-from tests.test_strategies import contributions
+from tests.fixtures import contributions
 
 
 def test_the_default_adapts_and_explicit_choices_are_kept():

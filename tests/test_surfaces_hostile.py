@@ -30,8 +30,8 @@ from sim.report import write_report
 from sim.report_rows import read_rows
 from sim.run import format_round
 from tests.fedharness import round_metrics
-from tests.test_monitor_cli import _retain
-from tests.test_report import _election, _peer_rows, _round, _write
+from tests.fixtures import election_rows, peer_rows, round_row, write_run
+from tests.liveharness import retain_all
 
 HUGE = 10**400  # JSON allows it (4,300 digits at most); no float holds it
 
@@ -63,9 +63,9 @@ def test_an_integer_no_float_holds_is_no_score_on_any_monitor_row(broker):
     integer of 400 digits crashed the monitor (OverflowError) wherever it was turned into a float."""
     status = AgentStatus(agent="d1", state="ready", round=4, samples=5, version=3, updated_at=time.time())
     peer = PeerRoundMetrics("p0", 4, "aggregated", {}, []).to_dict() | {"eval": {"accuracy": HUGE, "loss": 0.5}}
-    _retain(broker, {"skyfed/fleet/server/status": _server_status(eval={"accuracy": HUGE}),
-                     "skyfed/fleet/agent/d1/status": _signed(status, "d1"),
-                     "skyfed/fleet/peer/p0/metrics": _signed(peer, "p0")})  # fmt: skip
+    retain_all(broker, {"skyfed/fleet/server/status": _server_status(eval={"accuracy": HUGE}),
+                        "skyfed/fleet/agent/d1/status": _signed(status, "d1"),
+                        "skyfed/fleet/peer/p0/metrics": _signed(peer, "p0")})  # fmt: skip
     out = io.StringIO()
     settings = BrokerSettings(broker.host, broker.port, protocol="5")
     assert monitor(settings, "fleet", once=True, timeout_s=0.5, console=Console(file=out, width=200)) == 0
@@ -100,13 +100,13 @@ def test_a_report_skips_a_line_nested_too_deep_and_draws_a_forged_election_as_pl
     """A line or an ``election.json`` of 100,000 ``[`` raised RecursionError; a sha256 with mathtext in it made
     matplotlib fail to draw the title."""
     server, peer, nested = tmp_path / "server", tmp_path / "peer", "[" * 100_000
-    _write(server, [_round(1, eval={"accuracy": 0.5})])
+    write_run(server, [round_row(1, eval={"accuracy": 0.5})])
     with open(server / "metrics.jsonl", "a") as handle:
         handle.write(nested + "\n")
     said: list[str] = []
     assert [p.name for p in write_report(server, said.append)] == ["curves.png", "agents.png"]
     assert any("skipped 1 line(s)" in line for line in said)
-    _write(peer, _peer_rows(3, 2), election=_election(["peer-1", "peer-2"], "peer-1", sha="$\\frac{$" + "a" * 60))
+    write_run(peer, peer_rows(3, 2), election=election_rows(["peer-1", "peer-2"], "peer-1", sha="$\\frac{$" + "a" * 60))
     assert draw_peer_curves(read_rows(peer / "metrics.jsonl"),
                             ElectedModel.read(peer / "election.json", [])).get_suptitle().startswith(
         "★ elected: peer-1's model (\\$\\frac{\\$aaaa)")  # fmt: skip

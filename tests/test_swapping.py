@@ -13,50 +13,23 @@ import json
 import os
 import signal
 
-import numpy as np
 import pytest
 
-from models.weights import NamedArrays
-from participant.trainer import TrainerWrapper
-from security.envelope import InvalidEnvelope, Opener
+from security.envelope import Opener
 from security.keys import Identity, Keyring, PublicIdentity
 from tests.fedharness import Federation, override_toml, wait_until
-from tests.test_federation import SlowInRound, Sniffer, _float_windows, _leaks, _start_server_process
-
-
-class Recording(TrainerWrapper):
-    """Keeps a copy of every start model (and FedAMN context) a trainer is given, by round."""
-
-    def __init__(self, inner) -> None:  # noqa: ANN001
-        super().__init__(inner)
-        self.bases = {}
-        self.contexts = {}
-
-    def train(self, base, task, context=None):  # noqa: ANN001, ANN201
-        self.bases[task.round] = {k: v.copy() for k, v in base.items()}
-        self.contexts[task.round] = context
-        return self.inner.train(base, task, context)
-
-
-def _record_local_models(agent) -> list[NamedArrays]:  # noqa: ANN001
-    return _record_slot(agent, "local")
-
-
-def assert_each_opens_only_for_its_owner(starts: list[tuple[str, bytes]], identities: dict[str, Identity],
-                                         server: PublicIdentity) -> None:  # fmt: skip
-    """Every sealed inbox payload ``(owner, payload)`` opens for its owner and for no other agent."""
-    for owner, payload in starts:
-        for name, identity in identities.items():
-            opener = Opener(identity=identity, federation="it", senders=Keyring([server]))
-            if name == owner:
-                opener.open_chunk(payload)
-            else:
-                with pytest.raises(InvalidEnvelope):
-                    opener.open_chunk(payload)
-
-
-def _identical(a: NamedArrays, b: NamedArrays) -> bool:
-    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
+from tests.liveharness import (
+    Recording,
+    SlowInRound,
+    Sniffer,
+    assert_each_opens_only_for_its_owner,
+    float_windows,
+    identical,
+    leaks,
+    record_local_models,
+    record_slot,
+    start_server_process,
+)
 
 
 @pytest.mark.timeout(300)
@@ -66,10 +39,10 @@ def test_swap_hands_each_agent_its_partners_model_sealed_to_it_and_survives_kill
     locals_by_agent = {}
     for agent in fed.agents:
         agent.runner.trainer = SlowInRound(Recording(agent.runner.trainer), round_number=2, delay_s=6.0)
-        locals_by_agent[agent.id] = _record_local_models(agent)
+        locals_by_agent[agent.id] = record_local_models(agent)
     sniffer = Sniffer(broker)
     log = tmp_path / "server.log"
-    server = _start_server_process(fed.layout.server_config, log)
+    server = start_server_process(fed.layout.server_config, log)
     fed.start_agents()
     state_file = fed.server_state / "checkpoint" / "state.json"
 
@@ -84,7 +57,7 @@ def test_swap_hands_each_agent_its_partners_model_sealed_to_it_and_survives_kill
         wait_until(in_round_2, 120, "round 2 open after the first swap")
         os.kill(server.pid, signal.SIGKILL)
         server.wait(10)
-        server = _start_server_process(fed.layout.server_config, log)
+        server = start_server_process(fed.layout.server_config, log)
         assert server.wait(180) == 0, log.read_text()[-3000:]
     finally:
         _stop(server, sniffer, fed)
@@ -99,9 +72,9 @@ def test_swap_hands_each_agent_its_partners_model_sealed_to_it_and_survives_kill
     assert sorted(a for pair in pairs for a in pair) == sorted(a.id for a in fed.agents)
     trainers = {a.id: a.runner.trainer.inner for a in fed.agents}
     for a, b in pairs:  # after the swap each trained on exactly its partner's model of round 1
-        assert _identical(trainers[a].bases[2], locals_by_agent[b][0])
-        assert _identical(trainers[b].bases[2], locals_by_agent[a][0])
-        assert not _identical(trainers[a].bases[2], trainers[b].bases[2])
+        assert identical(trainers[a].bases[2], locals_by_agent[b][0])
+        assert identical(trainers[b].bases[2], locals_by_agent[a][0])
+        assert not identical(trainers[a].bases[2], trainers[b].bases[2])
 
     identities = {a.id: Identity.load(a.config.identity_path) for a in fed.agents}
     server_public = PublicIdentity.load(fed.agents[0].config.server_key_path)
@@ -109,8 +82,8 @@ def test_swap_hands_each_agent_its_partners_model_sealed_to_it_and_survives_kill
     starts = [(owner, p) for owner, p in inbox if b"start" in p[:200]]
     assert {owner for owner, _ in starts} == set(identities)
     assert_each_opens_only_for_its_owner(starts, identities, server_public)
-    windows = set().union(*(_float_windows(locals_by_agent[a][0]) for a in identities))
-    assert not any(_leaks(p, windows) for _, p in starts)
+    windows = set().union(*(float_windows(locals_by_agent[a][0]) for a in identities))
+    assert not any(leaks(p, windows) for _, p in starts)
 
 
 @pytest.mark.timeout(300)
@@ -125,10 +98,10 @@ def test_local_rounds_upload_nothing_and_the_next_upload_carries_their_training(
     results = {}
     for agent in fed.agents:
         agent.runner.trainer = Recording(agent.runner.trainer)
-        results[agent.id] = _record_slot(agent, "continued")
+        results[agent.id] = record_slot(agent, "continued")
     sniffer = Sniffer(broker)
     log = tmp_path / "server.log"
-    server = _start_server_process(fed.layout.server_config, log)
+    server = start_server_process(fed.layout.server_config, log)
     fed.start_agents()
     try:
         assert server.wait(180) == 0, log.read_text()[-3000:]
@@ -147,7 +120,7 @@ def test_local_rounds_upload_nothing_and_the_next_upload_carries_their_training(
     assert set(rounds) == {2, 4}
     trainers = {a.id: a.runner.trainer for a in fed.agents}
     for agent, kept in results.items():  # round 2 trained on from the local round's model, and so did round 4
-        assert _identical(trainers[agent].bases[2], kept[0]) and _identical(trainers[agent].bases[4], kept[1])
+        assert identical(trainers[agent].bases[2], kept[0]) and identical(trainers[agent].bases[4], kept[1])
 
 
 def _stop(server, sniffer: Sniffer, fed: Federation) -> None:  # noqa: ANN001
@@ -157,15 +130,3 @@ def _stop(server, sniffer: Sniffer, fed: Federation) -> None:  # noqa: ANN001
     fed.close()
 
 
-def _record_slot(agent, slot: str) -> list[NamedArrays]:  # noqa: ANN001
-    """Copies of every model ``agent`` keeps in ``slot``, in order."""
-    saved: list[NamedArrays] = []
-    save = agent.client.store.save_model
-
-    def recording(name: str, arrays: NamedArrays, round_number: int) -> None:
-        if name == slot:
-            saved.append({k: v.copy() for k, v in arrays.items()})
-        save(name, arrays, round_number)
-
-    agent.client.store.save_model = recording
-    return saved

@@ -14,16 +14,12 @@ from flcore.agent_models import Assignment, Holding, Peers, settle
 from flcore.bounds import InfluencePolicy
 from flcore.strategies import build_strategy
 from flcore.strategies.base import KeptModels
-from flcore.update import UpdateMeta, UpdateRejected
-from models.serialization import dumps
+from flcore.update import UpdateRejected
 from models.weights import TensorSpec, advanced, fingerprint, float_part
-from protocol.transfer import Completed
-from security.envelope import NO_DIGEST, Manifest
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import override_toml
-
-AGENTS = ["agent-01", "agent-02", "agent-03"]
+from tests.fixtures import AGENTS, run_round, update
 
 
 @pytest.fixture
@@ -36,35 +32,6 @@ def config(tmp_path):
         bounds={"clip": "off"},
     )
     return load_server_config(layout.server_config)
-
-
-def update(engine: RoundEngine, agent: str, seed: int, *, base_sha256: str | None = None, samples: int = 100,
-           scale: float = 1.0, fill: dict[str, float] | None = None):  # fmt: skip
-    """A random delta as ``agent`` would send it, claiming the base the engine assigned unless told; the
-    tensors named in ``fill`` change by that constant instead."""
-    rng = np.random.default_rng(seed)
-    floats = float_part(engine.global_arrays)
-    delta = {k: (0.01 * scale * rng.standard_normal(floats[k].shape)).astype(np.float32) for k in sorted(floats)}
-    for name, value in (fill or {}).items():
-        delta[name][...] = value
-    assigned = engine.assignments.get(agent)
-    claimed = base_sha256 if base_sha256 is not None else (assigned.model.sha256 if assigned else "")
-    meta = UpdateMeta(engine.round_state.round, engine.version, samples, 0.3, base_sha256=claimed)
-    data = dumps(delta, metadata=meta.to_metadata())
-    manifest = Manifest("e", "update", engine.round_state.round, agent, "server", bytes(16), 0.0, len(data), 1 << 20,
-                        1, NO_DIGEST)  # fmt: skip
-    return Completed(manifest, memoryview(data), len(data)), delta
-
-
-def run_round(engine: RoundEngine, seed: int) -> dict:
-    engine.begin_round(AGENTS, now=0.0)
-    engine.announce(now=0.0)
-    sent = {}
-    for i, agent in enumerate(AGENTS):
-        done, delta = update(engine, agent, seed + i, samples=100 * (i + 1))
-        sent[agent] = (engine.start_model(agent), delta)
-        engine.accept(done)
-    return sent
 
 
 def test_swap_round_keeps_models_pairs_them_and_the_next_round_checks_each_agents_own_base(config):

@@ -12,7 +12,7 @@ from security.pki import create_ca, issue
 from sim.broker import ListenerTls, start_broker
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import hosted_agent, override_toml
-from tests.test_connection_problems import problem_of
+from tests.liveharness import problem_of
 
 
 @pytest.fixture
