@@ -1,6 +1,6 @@
 """The server's accept path against the memory-copy floor, the end of a round, and each strategy's cost.
 
-1. **Accept path**, 100 updates x 3.2M float32: ``broker_server.accept.accept_update`` as the server
+1. **Accept path**, 100 updates x 3.2M float32: ``broker_server.rounds.accept.accept_update`` as the server
    runs it — parse the safetensors header, check names and shapes, then one pass over the values that
    checks them, measures the norm and folds them into FedAvg's running sum (``onepass.scan``) under
    the default bounds — with the disk write left out (a store that keeps nothing). Floor: a plain copy
@@ -21,7 +21,7 @@ import tracemalloc
 import numpy as np
 
 from benchmarks.common import median_seconds, report
-from broker_server.accept import RoundInputs, accept_update
+from broker_server.rounds.accept import RoundInputs, accept_update
 from flcore.bounds import InfluencePolicy, bound_influence
 from flcore.rounds import RoundState
 from flcore.strategies import build_strategy

@@ -62,7 +62,7 @@ def check_server(args: argparse.Namespace) -> int:
 
 
 def run_monitor(args: argparse.Namespace) -> int:
-    from broker_server.monitor import monitor
+    from broker_server.watch.monitor import monitor
     from protocol.daemon import quiet_connection_logs
     from protocol.mqtt import BrokerSettings, TlsSettings
 

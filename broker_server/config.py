@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from broker_server.privacy import PrivacyPolicy
+from broker_server.privacy.policy import PrivacyPolicy
 from flcore.bounds import InfluencePolicy
 from flcore.rounds import RoundRules
 from flcore.strategies.base import Strategy
@@ -90,7 +90,7 @@ class LimitsSection:
 @dataclass(frozen=True)
 class PoolSection:
     """``[pool]``: a shared data pool (an ``.npz`` like an agent's) that the server trains on as one more
-    participant, ``server-pool``, every round (seed 002's hybrid data sharing; ``broker_server.pool``)."""
+    participant, ``server-pool``, every round (seed 002's hybrid data sharing; ``broker_server.pool.shared``)."""
 
     data: str = ""  # "": no pool
 

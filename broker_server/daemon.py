@@ -4,7 +4,7 @@ It owns the MQTT connection and the timers and nothing else: chunks go to the re
 updates to ``RoundEngine.accept``, status messages to the registry and the group-key distributor; on
 each tick the engine says whether to open, re-announce or close a round, and the shell publishes what
 that produced (signed round task, sealed model, metrics, status). Every refusal ends in ``refusals``
-(``broker_server.refusals``): a reason in the log, the counters in ``server/status`` and the round's
+(``broker_server.agents.refusals``): a reason in the log, the counters in ``server/status`` and the round's
 ``metrics.rejected``. The daemon loop itself (``protocol.daemon.MqttDaemon``) survives any exception.
 
 What is not the round's own flow is a collaborator the daemon holds and hands what it needs: ``delivery``
@@ -21,30 +21,30 @@ from collections.abc import Callable
 
 import paho.mqtt.client as paho
 
-from broker_server.accept import check_gates, largest_update_bytes
+from broker_server.agents.delivery import Delivery
+from broker_server.agents.fleet_changes import FleetChanges
+from broker_server.agents.groupkeys import GroupKeyDistributor
+from broker_server.agents.ignored import IgnoredAgents
+from broker_server.agents.publisher import ModelPublisher
+from broker_server.agents.reconnects import Reconnects
+from broker_server.agents.refusals import Refusals
+from broker_server.agents.registry import AgentRegistry, StatusRefused
+from broker_server.agents.task_publisher import TaskPublisher
+from broker_server.agents.trust import TrustKeeper
 from broker_server.config import POOL, POOL_NAME_TAKEN, ServerConfig
-from broker_server.delivery import Delivery
-from broker_server.disk import DiskWatch
-from broker_server.engine import RoundEngine
-from broker_server.evaluation import server_evaluator
-from broker_server.fleet_changes import FleetChanges
-from broker_server.groupkeys import GroupKeyDistributor
-from broker_server.history import RunHistory
-from broker_server.ignored import IgnoredAgents
-from broker_server.metrics_log import log_round, log_run_finished
-from broker_server.pool import SharedPool
-from broker_server.pool_rounds import PoolRounds
-from broker_server.prometheus import ServerMetrics
-from broker_server.publisher import ModelPublisher
-from broker_server.reconnects import Reconnects
-from broker_server.refusals import Refusals
-from broker_server.registry import AgentRegistry, StatusRefused
-from broker_server.round_task import round_task
-from broker_server.status_report import StatusReport
-from broker_server.task_publisher import TaskPublisher
-from broker_server.trust import TrustKeeper
-from broker_server.upstream import UpstreamHandoff
-from broker_server.upstream_rounds import UpstreamRounds
+from broker_server.pool.pool_rounds import PoolRounds
+from broker_server.pool.shared import SharedPool
+from broker_server.rounds.accept import check_gates, largest_update_bytes
+from broker_server.rounds.disk import DiskWatch
+from broker_server.rounds.engine import RoundEngine
+from broker_server.rounds.evaluation import server_evaluator
+from broker_server.rounds.metrics_log import log_round, log_run_finished
+from broker_server.rounds.round_task import round_task
+from broker_server.upstream.handoff import UpstreamHandoff
+from broker_server.upstream.upstream_rounds import UpstreamRounds
+from broker_server.watch.history import RunHistory
+from broker_server.watch.prometheus import ServerMetrics
+from broker_server.watch.status_report import StatusReport
 from flcore.update import NotForThisRound, UpdateRejected
 from flcore.validation import reason_kind
 from protocol.daemon import MqttDaemon
@@ -61,7 +61,7 @@ log = logging.getLogger("skyfed.server")
 
 class Aggregator(MqttDaemon):
     """Runs rounds until ``server.rounds`` are done (or forever when it is 0, or with ``keep_running``); in a
-    region (``upstream``), one for each root round that waits for it (``broker_server.upstream_rounds``)."""
+    region (``upstream``), one for each root round that waits for it (``broker_server.upstream.upstream_rounds``)."""
 
     def __init__(self, config: ServerConfig, *, keep_running: bool = False, clock: Callable[[], float] = time.time,
                  upstream: UpstreamHandoff | None = None) -> None:  # fmt: skip
@@ -135,7 +135,7 @@ class Aggregator(MqttDaemon):
     # MqttDaemon --------------------------------------------------------------------------------------
     def subscriptions(self) -> list[str]:
         # every federation's agent status (not only ours, with no overlap: a status arrives once), and the
-        # model's retained chunks read back (broker_server.model_resend)
+        # model's retained chunks read back (broker_server.agents.model_resend)
         status, updates = self.topics.any_federation_status_wildcard, self.topics.agent_update_wildcard
         return [status, updates, self.topics.round, self.topics.model_wildcard]
 
@@ -202,7 +202,7 @@ class Aggregator(MqttDaemon):
         self.trust.poll(now)
         if self.pool_rounds is not None:
             self.pool_rounds.poll()
-        if self.disk.due(now):  # after a failed write, the next try waits (broker_server.disk)
+        if self.disk.due(now):  # after a failed write, the next try waits (broker_server.rounds.disk)
             self._round_step(now)
         self.delivery.heal_retained(now)
         self.report.publish()
@@ -384,7 +384,7 @@ class Aggregator(MqttDaemon):
         self.reconnects.connected()  # paho's thread: the loop resumes what the broker may have lost (``tick``)
 
     def _resume(self, due: str) -> None:
-        """After a reconnect, what the broker may have lost (``broker_server.reconnects``): the model and task
+        """After a reconnect, what the broker may have lost (``broker_server.agents.reconnects``): the model and task
         at once if it lost our session, then the open round asked again of the agents it waits for."""
         if due == "reconnected" and not self.mqtt.session_present:
             self.publisher.publish(self.engine.version, self.engine.global_arrays)

@@ -1,5 +1,5 @@
 """The two ends of aggregating a round's accepted updates, shared by the server's close-of-round pipeline
-(``broker_server.pipeline``) and a peer (``agent.peer``), so both bound and check exactly alike:
+(``broker_server.rounds.pipeline``) and a peer (``agent.peer``), so both bound and check exactly alike:
 
 * ``bounded_contributions``: the round's exact influence bounds (``flcore.bounds``) from every accepted
   update's norm and claimed weight, and each update as a strategy sees it (``Contribution``);

@@ -1,7 +1,7 @@
 """How far one agent can move a round's aggregate under differential privacy: the L2 sensitivities the
-noise is calibrated to (``broker_server.noise``), with their proofs.
+noise is calibrated to (``broker_server.privacy.noise``), with their proofs.
 
-Setting (``broker_server.privacy``): a round aggregates n updates x₁…xₙ, each clipped to ‖xᵢ‖ ≤ S; n is
+Setting (``broker_server.privacy.policy``): a round aggregates n updates x₁…xₙ, each clipped to ‖xᵢ‖ ≤ S; n is
 public (the round task names the selected agents and the metrics the accepted ones). Neighbouring rounds
 differ in one agent's contribution replaced by the zero update with the same n (dp-accounting's
 ``REPLACE_SPECIAL``); its weight (samples or objects) is part of its data. The sensitivity Δ of an
@@ -23,7 +23,7 @@ def mean_sensitivity(updates: int, clip: float) -> float:
 
     Why n and not the paper's q·W (the expected total weight of a round sampling a fraction q, W = Σ over
     every agent of wₖ): W is a function of every agent's sample count, private data here; q·W is an
-    expectation over a secret sample SkyFed does not have (``broker_server.accountant``); n is public
+    expectation over a secret sample SkyFed does not have (``broker_server.privacy.accountant``); n is public
     already. The price: agents below the cap pull the step toward zero (all at ŵ/2: half a step)."""
     return clip / updates
 

@@ -128,7 +128,7 @@ class RoundState:
         return {**vars(self), "updates": [dict(vars(u)) for u in self.updates]}
 
     def copy(self) -> RoundState:
-        """A copy to put back if a change cannot be written (``broker_server.disk``): its lists are its own,
+        """A copy to put back if a change cannot be written (``broker_server.rounds.disk``): its lists are its own,
         the update records are shared."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return replace(self, **{k: type(v)(v) for k, v in values.items() if isinstance(v, (list, dict))})

@@ -10,7 +10,7 @@ NaN. Honest training never produces one (it is an average of variances); a sign-
 update easily does. Since clipping, averaging, medians and trimmed means all keep each value inside the
 range of the valid inputs, an aggregate of valid updates is valid too. A rejected update never reaches
 a strategy. ``check_values`` is the value half of accepting an update, shared by the server's accept path
-(``broker_server.accept``) and a peer's (``agent.peer``): one function, so both refuse the same updates.
+(``broker_server.rounds.accept``) and a peer's (``agent.peer``): one function, so both refuse the same updates.
 """
 
 from __future__ import annotations

@@ -266,8 +266,8 @@ class AgentStatus(Message):
     privacy: dict[str, float] = field(default_factory=dict)  # local DP-SGD: this agent's own epsilon, delta, ...
     run_id: str = ""  # the server run of the task it holds (``round``): a server behind it catches up
     task_version: int = 0  # that task's ``model_version``
-    receipt: str = ""  # that task's ``receipt``: proof that the server issued it (broker_server.catch_up)
-    session: float = 0.0  # when this connection's last will was made (broker_server.registry: will freshness)
+    receipt: str = ""  # that task's ``receipt``: proof that the server issued it (broker_server.rounds.catch_up)
+    session: float = 0.0  # when this connection's last will was made (broker_server.agents.registry: will freshness)
     clock_offset_s: float = 0.0  # this device's clock minus the server's, as measured on signed task times
 
     @classmethod

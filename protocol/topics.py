@@ -47,7 +47,7 @@ class Topics:
 
     @property
     def server_history(self) -> str:
-        """Retained: the last rounds' headline metrics (broker_server.history), for a dashboard opened late."""
+        """Retained: the last rounds' headline metrics (broker_server.watch.history), for a dashboard opened late."""
         return f"{self.prefix}/server/history"
 
     @property

@@ -2,7 +2,7 @@
 one process, two loops.
 
 The aggregator (``broker_server.daemon.Aggregator``) runs on the main thread, on the region's broker, as any
-server does; its rounds follow the root's (``broker_server.upstream_rounds``). The participant is an edge
+server does; its rounds follow the root's (``broker_server.upstream.upstream_rounds``). The participant is an edge
 agent (``agent.daemon.EdgeAgent``, a role in its edge node, ``agent.edge_node``: the session's will, status,
 Prometheus come with it) named ``upstream.id`` in ``upstream.federation``, on ``[upstream.broker]``
 (or on the region's own broker, bridged to the root's): it publishes status, receives the group key, the
@@ -22,7 +22,7 @@ from agent.daemon import EdgeAgent
 from agent.profile import DataProfile, StartFiles
 from broker_server.config import ServerConfig
 from broker_server.daemon import Aggregator
-from broker_server.upstream import UpstreamHandoff
+from broker_server.upstream.handoff import UpstreamHandoff
 from common.sdnotify import Notifier
 from models.tasks import task_of
 from participant.jobs import InProcessRunner

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from broker_server.upstream import RootRound, UpstreamHandoff
+from broker_server.upstream.handoff import RootRound, UpstreamHandoff
 from flcore.update import TrainResult
 from models.weights import NamedArrays
 from participant.trainer import PeerContext

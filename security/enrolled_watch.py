@@ -1,6 +1,6 @@
 """An enrolled folder, watched: the keyring that follows it while a daemon runs (no restart).
 
-The server (``broker_server.trust``) and a peer (``agent.peer``) trust exactly the ``.pub`` files of a
+The server (``broker_server.agents.trust``) and a peer (``agent.peer``) trust exactly the ``.pub`` files of a
 folder. Every ``WATCH_INTERVAL_S`` its files are compared (name, size, modification time) with what was
 loaded: a new file enrols its key; a file that vanishes (``skyfed keys revoke`` and ``skyfed provision
 revoke`` move it to ``revoked/``), holds another key, or no longer parses drops the trusted key at once.

@@ -69,7 +69,7 @@ def _receipt_body(federation: str, run_id: str, round_number: int, model_version
 def round_receipt(identity: Identity, federation: str, run_id: str, round_number: int, model_version: int) -> str:
     """The server's signature that it issued ``round_number`` of ``run_id`` against ``model_version``: agents
     echo it in their status, so a server whose state went back in time can believe what they hold
-    (``broker_server.catch_up``) without trusting their word."""
+    (``broker_server.rounds.catch_up``) without trusting their word."""
     return sign_document(_receipt_body(federation, run_id, round_number, model_version), identity)["sig"]
 
 

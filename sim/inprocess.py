@@ -10,7 +10,7 @@ state folder). Attackers' trainers are wrapped as ``sim.agent_host`` wraps them
 (``sim.attacks``). What is left out is the transport: no broker, no daemons, no sealing; an update goes
 from the trainer to ``RoundEngine.accept`` as the plaintext the server would have opened, and every
 selected agent delivers (no deadlines, no stragglers), then the server's shared pool if it has one
-(``[pool]``, ``broker_server.pool``); a refused update is listed in the round's ``rejected``, as the
+(``[pool]``, ``broker_server.pool.shared``); a refused update is listed in the round's ``rejected``, as the
 daemon lists it. ``bytes_down`` counts the models' plaintext (the
 daemons' counts add the sealing's few bytes per chunk). The output is ``skyfed sim``'s:
 ``metrics.jsonl``, ``curves.png`` and ``global_model.safetensors`` in ``--out``.
@@ -29,12 +29,12 @@ import torch
 from agent.config import load_agent_config
 from agent.device import torch_device
 from agent.trainers import build_trainer
+from broker_server.agents.publisher import PublishedModel
 from broker_server.config import POOL, load_server_config
-from broker_server.engine import RoundEngine
-from broker_server.evaluation import server_evaluator
-from broker_server.pool import SharedPool, local_update
-from broker_server.publisher import PublishedModel
-from broker_server.round_task import round_task
+from broker_server.pool.shared import SharedPool, local_update
+from broker_server.rounds.engine import RoundEngine
+from broker_server.rounds.evaluation import server_evaluator
+from broker_server.rounds.round_task import round_task
 from flcore.update import UpdateRejected, encode_update
 from models.serialization import dumps
 from models.weights import NamedArrays, float_part
@@ -84,7 +84,7 @@ def _deliver(engine: RoundEngine, agent: InProcessAgent, task: RoundTask) -> Non
     held = agent.continued
     train_from = held[1] if held is not None and start.continues and held[0] == start.sha256 else base
     result = agent.trainer.train(train_from, task, context)
-    if task.action == "local":  # trained on, kept here, nothing uploaded (``broker_server.local_rounds``)
+    if task.action == "local":  # trained on, kept here, nothing uploaded (``broker_server.rounds.local_rounds``)
         agent.continued = (start.sha256, result.arrays)
         engine.local.trained_locally([agent.name])
         return

@@ -16,8 +16,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker_server.checkpoint import model_evaluation
-from broker_server.monitor_text import number
+from broker_server.rounds.checkpoint import model_evaluation
+from broker_server.watch.monitor_text import number
 from common.text import printable
 from protocol.messages import RoundMetrics
 from protocol.mqtt import BrokerSettings

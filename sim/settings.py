@@ -72,7 +72,7 @@ class SimSettings:
 
     def __post_init__(self) -> None:
         from agent.config import WORKERS
-        from broker_server.privacy import PrivacyPolicy
+        from broker_server.privacy.policy import PrivacyPolicy
         from flcore.bounds import InfluencePolicy
         from flcore.strategies import build_strategy
         from flcore.strategies.capabilities import refusal, task_refusal

@@ -81,7 +81,7 @@ def start_warnings(settings: Any) -> list[str]:  # noqa: ANN401 - a checked SimS
     lowered for too few agents), which would otherwise be in the run's server.log only. Peers warn in theirs."""
     import math
 
-    from broker_server.privacy import PrivacyPolicy
+    from broker_server.privacy.policy import PrivacyPolicy
     from flcore.rounds import RoundRules
     from flcore.strategies import build_strategy
     from flcore.strategies.choice import strategy_notes

@@ -82,7 +82,7 @@ def final_accuracy(run: Path) -> float | None:
     aggregation no global model is anyone's model: the mean over agents of their own models' scores on that
     same set (``personalized_models``), so that it compares with full averaging and centralized training."""
     from broker_server.config import load_server_config
-    from broker_server.evaluation import server_evaluator
+    from broker_server.rounds.evaluation import server_evaluator
     from models.serialization import load_file
 
     config = load_server_config(run / "federation" / "server" / "server.toml")

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 def build_parser() -> argparse.ArgumentParser:
     from agent.cli import add_agent_commands
     from broker_server.cli import add_monitor_command, add_server_commands
-    from broker_server.dashboard.cli import add_dashboard_command
+    from broker_server.watch.dashboard.cli import add_dashboard_command
     from provisioning.cli import add_provision_command
     from provisioning.keys_cli import add_certs_commands, add_keys_commands
     from region.cli import build_region

@@ -162,7 +162,7 @@ def test_the_newest_task_survives_an_agent_restart_and_older_or_expired_ones_are
 def test_the_server_puts_back_a_model_someone_cleared_and_a_task_replaced_twice_in_a_second(
     tmp_path, broker, monkeypatch, caplog
 ):
-    from broker_server import delivery
+    from broker_server.agents import delivery
 
     monkeypatch.setattr(delivery, "MODEL_STALL_S", 2.0)
     fed = Federation(tmp_path, broker, rounds=1, agents=2)
@@ -200,7 +200,7 @@ def test_a_model_healed_after_its_task_was_signed_is_the_one_the_task_names_and_
 ):
     """Every re-publication of the current model is the plaintext its signed task names: a heal that
     re-serialized it into other bytes left agents ``waiting-model`` until the deadline."""
-    from broker_server import delivery
+    from broker_server.agents import delivery
 
     monkeypatch.setattr(delivery, "MODEL_STALL_S", 10.0)  # the second heal comes after the task is signed
     fed = Federation(tmp_path, broker, rounds=1, agents=2)

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from broker_server.model_resend import MODEL_STALL_S
-from broker_server.reconnects import ASK_AGAIN_AFTER_S, Reconnects
+from broker_server.agents.model_resend import MODEL_STALL_S
+from broker_server.agents.reconnects import ASK_AGAIN_AFTER_S, Reconnects
 from sim.broker import LocalBroker, free_port, mosquitto_config, mosquitto_path
 from tests.fedharness import Federation, override_toml, wait_until
 from tests.linkproxy import LinkProxy

@@ -9,9 +9,9 @@ import threading
 import time
 from dataclasses import replace
 
-from broker_server.catch_up import catch_up
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
+from broker_server.rounds.catch_up import catch_up
 from protocol.messages import AgentStatus
 from security.keys import Identity
 from security.signing import receipt_valid, round_receipt

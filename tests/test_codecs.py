@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker_server.accept import largest_update_bytes
 from broker_server.config import load_server_config
-from broker_server.engine import RoundEngine
+from broker_server.rounds.accept import largest_update_bytes
+from broker_server.rounds.engine import RoundEngine
 from flcore.update import UpdateMeta, UpdateMetaError, UpdateRejected, parse_update
 from models.serialization import dumps
 from models.weights import RUNNING_STATISTICS, float_part, spec_of

@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
-from broker_server.dashboard.server import DashboardServer, PageConfig
-from broker_server.history import RunHistory
+from broker_server.watch.dashboard.server import DashboardServer, PageConfig
+from broker_server.watch.history import RunHistory
 from protocol.mqtt import BrokerSettings, MqttClient
 from tests.fedharness import ServerHarness, round_metrics, wait_until
 

@@ -16,7 +16,7 @@ import pytest
 
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
-from broker_server.dashboard.server import DashboardServer, PageConfig
+from broker_server.watch.dashboard.server import DashboardServer, PageConfig
 from protocol.messages import AgentStatus, Gate, Rejection, RoundMetrics, ServerStatus
 from protocol.mqtt import BrokerSettings, MqttClient
 from protocol.peer_messages import Adoption, PeerBest, PeerMember, PeerRoundMetrics

@@ -11,11 +11,11 @@ import time
 
 import pytest
 
+from broker_server.agents.model_resend import MAX_RESENDS_PER_WINDOW, MODEL_STALL_S, ModelWaits, RetainedModel
+from broker_server.agents.registry import AgentRegistry, StatusRefused
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
-from broker_server.engine import RoundEngine
-from broker_server.model_resend import MAX_RESENDS_PER_WINDOW, MODEL_STALL_S, ModelWaits, RetainedModel
-from broker_server.registry import AgentRegistry, StatusRefused
+from broker_server.rounds.engine import RoundEngine
 from flcore.update import UpdateMeta, UpdateMetaError
 from protocol.messages import AgentStatus
 from protocol.mqtt import BrokerSettings, MqttClient
@@ -214,7 +214,7 @@ def test_the_retained_model_counts_as_damaged_only_when_read_back_empty_or_diffe
 def test_an_agent_that_keeps_saying_waiting_model_gets_it_on_its_inbox_and_nobody_else_gets_it_again(
     tmp_path, broker, monkeypatch
 ):
-    from broker_server import model_resend
+    from broker_server.agents import model_resend
 
     monkeypatch.setattr(model_resend, "MODEL_STALL_S", 0.5)
     with ServerHarness(tmp_path, broker) as h:

@@ -10,7 +10,7 @@ import pytest
 
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
-from broker_server.engine import RoundEngine
+from broker_server.rounds.engine import RoundEngine
 from flcore.strategies import build_strategy
 from flcore.strategies.demlearn import cluster_paths, distance_matrix, group_mixing
 from models.weights import advanced, flatten, float_part

@@ -17,7 +17,7 @@ from agent.config import load_agent_config
 from agent.profile import DataProfile
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
-from broker_server.evaluation import server_evaluator
+from broker_server.rounds.evaluation import server_evaluator
 from flcore.update import UpdateMeta, UpdateMetaError
 from models.serialization import load_file
 from models.synthetic_detection import NAMES, class_skew, write_dataset

@@ -10,8 +10,8 @@ import shutil
 import numpy as np
 import pytest
 
-from broker_server.disk import DiskError
-from broker_server.engine import RoundEngine
+from broker_server.rounds.disk import DiskError
+from broker_server.rounds.engine import RoundEngine
 from protocol.messages import ServerStatus
 from security.replay import ReplayGuard
 from tests.fedharness import ServerHarness, wait_until

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from dp_accounting.privacy_accountant import NeighboringRelation
 
-from broker_server.adaptive_clip import AdaptClip, next_clip, noisy_unclipped_fraction
 from broker_server.config import load_server_config
-from broker_server.engine import RoundEngine
-from broker_server.noise import NORM_SLACK
-from broker_server.pipeline import RoundContext
-from broker_server.privacy import PrivacyPolicy
+from broker_server.privacy.adaptive_clip import AdaptClip, next_clip, noisy_unclipped_fraction
+from broker_server.privacy.noise import NORM_SLACK
+from broker_server.privacy.policy import PrivacyPolicy
+from broker_server.rounds.engine import RoundEngine
+from broker_server.rounds.pipeline import RoundContext
 from flcore.bounds import Influence
 from flcore.rounds import RoundState
 from flcore.strategies.base import Contribution

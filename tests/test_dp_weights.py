@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker_server.config import ConfigError, load_server_config
-from broker_server.engine import RoundEngine
-from broker_server.noise import NORM_SLACK, AddNoise
-from broker_server.pipeline import RoundContext
-from broker_server.privacy import PrivacyPolicy
+from broker_server.privacy.noise import NORM_SLACK, AddNoise
+from broker_server.privacy.policy import PrivacyPolicy
+from broker_server.rounds.engine import RoundEngine
+from broker_server.rounds.pipeline import RoundContext
 from flcore.bounds import InfluencePolicy, bound_influence
 from flcore.dp_sensitivity import multi_krum_sensitivity, trimmed_mean_sensitivity
 from flcore.rounds import RoundState

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from broker_server.config import load_server_config
-from broker_server.engine import RoundEngine
+from broker_server.rounds.engine import RoundEngine
 from flcore.strategies import STRATEGIES
 from flcore.strategies.base import RoundResult
 from flcore.strategies.fedavg import FedAvg

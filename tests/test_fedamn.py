@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from broker_server.config import load_server_config
-from broker_server.engine import RoundEngine
+from broker_server.rounds.engine import RoundEngine
 from flcore.agent_models import DITHER
 from flcore.strategies import build_strategy
 from flcore.strategies.fedamn import clusters_within, principal_coordinates
@@ -113,8 +113,8 @@ def test_no_bundle_row_can_be_named_from_the_round_task(tmp_path):
     model bit for bit, so any holder named every row (and rows went in an order drawn from server.seed and the
     round). Now no row's fingerprint is in the task, each recipient's rows go in an order of their own, and the
     rows are still the mates' models (to a factor within DITHER)."""
-    from broker_server.publisher import PublishedModel
-    from broker_server.round_task import round_task
+    from broker_server.agents.publisher import PublishedModel
+    from broker_server.rounds.round_task import round_task
 
     layout = create_federation(tmp_path, SimSettings(agents=5, rounds=3, federation="e"), ("127.0.0.1", 1))
     override_toml(layout.server_config, rounds={"min_agents": 5, "quorum": 5},
@@ -242,7 +242,7 @@ def test_an_agent_waiting_for_its_start_gets_its_own_model_its_bundle_and_the_gl
     """An asked agent whose status keeps saying ``waiting-model`` lacks one of what the task names: its own model
     (a ``local`` start: its copy lost), its bundle or the global model. The server's resend gives it all three;
     on the branch tip a ``local`` start was never sent again (the agent waited to its deadline, every round)."""
-    from broker_server import model_resend
+    from broker_server.agents import model_resend
     from protocol.messages import AgentStatus
     from protocol.mqtt import BrokerSettings, MqttClient
     from protocol.transfer import Reassembler
@@ -346,7 +346,7 @@ def test_after_a_server_reset_the_new_runs_bundle_is_kept_though_the_old_run_hel
 
 def test_the_round_closed_line_says_how_the_agents_were_clustered(caplog):
     """The operator's journal: how many clusters, the largest, how many agents train alone (the tip said none)."""
-    from broker_server.metrics_log import log_round
+    from broker_server.rounds.metrics_log import log_round
     from protocol.messages import RoundMetrics
 
     m = RoundMetrics(round=4, strategy="fedamn", participants=["a", "b", "c"], accepted=["a", "b", "c"], rejected=[],

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from broker_server.config import load_server_config
-from broker_server.engine import RoundEngine
+from broker_server.rounds.engine import RoundEngine
 from flcore.strategies import build_strategy
 from flcore.strategies.fedamp import FedAMPOptions, attention_weights
 from models.weights import advanced, fingerprint, flatten, float_part

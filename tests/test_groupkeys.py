@@ -10,7 +10,7 @@ from itertools import pairwise
 import pytest
 
 from agent.inbox import ServerInbox
-from broker_server.groupkeys import RESEND_MAX_S, RESEND_S, GroupKeyDistributor
+from broker_server.agents.groupkeys import RESEND_MAX_S, RESEND_S, GroupKeyDistributor
 from participant.progress import ProgressStore
 from participant.start_models import StartModels
 from protocol.messages import AgentStatus

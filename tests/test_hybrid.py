@@ -15,7 +15,7 @@ import torch
 from broker_server.config import POOL, load_server_config
 from broker_server.config_summary import server_summary
 from broker_server.daemon import Aggregator
-from broker_server.noise import NORM_SLACK
+from broker_server.privacy.noise import NORM_SLACK
 from common import toml
 from models.datasets import Dataset, load_dataset, load_digits
 from models.partition import share
@@ -165,7 +165,7 @@ def test_a_pool_whose_training_fails_is_excused_and_the_round_goes_on(tmp_path, 
 def test_the_pool_stores_its_update_as_an_agent_does_and_a_dropped_job_leaves_nothing(tmp_path, broker):
     """Through ``participant.round_client``: the pool's update is encoded and kept on disk like an agent's; a job
     dropped after it finished (its round closed) is neither encoded nor kept."""
-    from broker_server.pool import SharedPool
+    from broker_server.pool.shared import SharedPool
     from models.weights import to_arrays
     from models.zoo import build_model
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from broker_server.accountant import epsilon_of
-from broker_server.noise import NORM_SLACK
-from broker_server.privacy import PrivacyPolicy
+from broker_server.privacy.accountant import epsilon_of
+from broker_server.privacy.noise import NORM_SLACK
+from broker_server.privacy.policy import PrivacyPolicy
 from sim.federation import SimSettings
 from sim.run import run_sim
 

@@ -81,5 +81,5 @@ def test_every_folder_of_python_code_has_a_layer_and_a_row_in_the_layout_table()
 
 def test_a_plugin_name_counts_as_an_import(tmp_path: Path) -> None:
     module = tmp_path / "plugins.py"
-    module.write_text('STRATEGIES.add("x", "broker_server.engine:Engine")\nNOTE = "see agent.cli"\n')
+    module.write_text('STRATEGIES.add("x", "broker_server.rounds.engine:Engine")\nNOTE = "see agent.cli"\n')
     assert skyfed_imports(module) == {"broker_server"}

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import time
 
+from broker_server.agents.publisher import PublishedModel
 from broker_server.config import load_server_config
-from broker_server.engine import RoundEngine
-from broker_server.publisher import PublishedModel
-from broker_server.round_task import round_task
+from broker_server.rounds.engine import RoundEngine
+from broker_server.rounds.round_task import round_task
 from protocol.messages import AgentStatus, RoundTask
 from security.replay import ReplayGuard
 from security.signing import signed_payload

@@ -95,7 +95,7 @@ def test_mnist1d_cnn_is_the_paper_size_and_exports_to_onnx(tmp_path):
 
 
 def test_evaluate_arrays_scores_a_local_test_split_as_the_server_evaluator_does(tmp_path):
-    from broker_server.evaluation import ClassifierEvaluator
+    from broker_server.rounds.evaluation import ClassifierEvaluator
 
     write_classify_data(tmp_path, ["a1", "a2"], "shards", seed=0, dataset="mnist1d")
     arrays = to_arrays(build_model("mnist1d_cnn"))

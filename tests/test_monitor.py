@@ -4,8 +4,8 @@ import json
 
 from rich.console import Console
 
-from broker_server.monitor_tables import render
-from broker_server.monitor_view import FederationView
+from broker_server.watch.monitor_tables import render
+from broker_server.watch.monitor_view import FederationView
 from protocol.messages import AgentStatus, Gate, Rejection
 from protocol.peer_messages import Adoption, PeerBest, PeerMember, PeerRoundMetrics
 from protocol.topics import Topics

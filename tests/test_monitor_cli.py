@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from broker_server.monitor import monitor
-from broker_server.monitor_tables import render
-from broker_server.monitor_view import FederationView
+from broker_server.watch.monitor import monitor
+from broker_server.watch.monitor_tables import render
+from broker_server.watch.monitor_view import FederationView
 from common.text import PrintableFormatter, printable
 from protocol.daemon import JournalFormatter
 from protocol.messages import AgentStatus

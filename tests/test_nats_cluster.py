@@ -78,7 +78,7 @@ def test_the_monitor_falls_back_to_mqtt_3_1_1_and_reads_any_node(cluster, capsys
     """``skyfed monitor`` asks for MQTT 5 (to name a takeover); nats-server 2.9 refuses it ("Unsupported protocol
     version"): on main the monitor said it could not reach the broker. Status published on node 3 is read
     through node 1, or through node 2 once node 1 is gone."""
-    from broker_server.monitor import monitor
+    from broker_server.watch.monitor import monitor
     from protocol.mqtt import BrokerSettings, MqttClient
     from tests.liveharness import status_payload
 

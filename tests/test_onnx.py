@@ -16,7 +16,7 @@ from PIL import Image
 
 import skyfed
 from agent.infer import decode, infer, load_model, nms, preprocess
-from broker_server.onnx_step import ExportOnnx
+from broker_server.rounds.onnx_step import ExportOnnx
 from models.onnx_export import export_onnx
 from models.tasks import ONNX_FORMAT
 from models.weights import to_arrays

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from broker_server.personal import personal_metrics
+from broker_server.rounds.personal import personal_metrics
 from flcore.update import UpdateMeta, UpdateMetaError
 from sim.federation import SimSettings
 from sim.run import run_sim
@@ -75,8 +75,8 @@ def test_every_round_reports_c_spe_and_c_gen_of_the_models_agents_started_from(t
 def test_the_monitor_shows_c_spe_and_c_gen_of_a_round(tmp_path):
     from rich.console import Console
 
-    from broker_server.monitor import FederationView
-    from broker_server.monitor_tables import render
+    from broker_server.watch.monitor import FederationView
+    from broker_server.watch.monitor_tables import render
     from protocol.messages import RoundMetrics
     from protocol.topics import Topics
 

@@ -11,12 +11,12 @@ import pytest
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from broker_server.accountant import PrivacyLedger, epsilon_of
 from broker_server.config import load_server_config
-from broker_server.engine import RoundEngine
-from broker_server.noise import NORM_SLACK, AddNoise
-from broker_server.pipeline import RoundContext
-from broker_server.privacy import PrivacyPolicy
+from broker_server.privacy.accountant import PrivacyLedger, epsilon_of
+from broker_server.privacy.noise import NORM_SLACK, AddNoise
+from broker_server.privacy.policy import PrivacyPolicy
+from broker_server.rounds.engine import RoundEngine
+from broker_server.rounds.pipeline import RoundContext
 from flcore.bounds import Influence, InfluencePolicy
 from flcore.rounds import RoundState
 from flcore.strategies.base import Contribution, RoundResult

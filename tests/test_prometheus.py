@@ -137,7 +137,7 @@ def test_the_reason_label_takes_only_code_like_words_and_a_bounded_number_of_the
 
 
 def test_epsilon_and_eval_score_say_when_there_is_no_guarantee_or_no_evaluation():
-    from broker_server.prometheus import ServerMetrics
+    from broker_server.watch.prometheus import ServerMetrics
     from protocol.messages import ServerStatus
     from protocol.prometheus import MetricsSection
 
@@ -155,7 +155,7 @@ def test_epsilon_and_eval_score_say_when_there_is_no_guarantee_or_no_evaluation(
 
 
 def test_the_headline_score_is_what_the_run_is_judged_by_one_series_at_a_time():
-    from broker_server.prometheus import ServerMetrics
+    from broker_server.watch.prometheus import ServerMetrics
     from protocol.prometheus import MetricsSection
     from tests.fedharness import round_metrics
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from broker_server.config import load_server_config
-from broker_server.upstream import RegionalRoundFailed, RegionResult, RootRound, UpstreamHandoff
+from broker_server.upstream.handoff import RegionalRoundFailed, RegionResult, RootRound, UpstreamHandoff
 from common import toml
 from flcore.rounds import UpdateRecord
 from models.serialization import load_file

@@ -14,7 +14,7 @@ import pytest
 
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
-from broker_server.engine import RoundEngine
+from broker_server.rounds.engine import RoundEngine
 from flcore.update import NotForThisRound
 from participant.trainer import TrainerWrapper
 from security.keys import revoke

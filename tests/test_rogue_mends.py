@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from broker_server.model_resend import MODEL_STALL_S, ModelWaits
-from broker_server.registry import OFFSET_SAMPLES, AgentRegistry, StatusRefused
+from broker_server.agents.model_resend import MODEL_STALL_S, ModelWaits
+from broker_server.agents.registry import OFFSET_SAMPLES, AgentRegistry, StatusRefused
 from protocol.messages import AgentStatus
 from security.keys import Identity, Keyring, revoke
 from security.signing import signed_payload

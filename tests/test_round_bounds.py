@@ -1,4 +1,4 @@
-"""A federation's own history bounds what one round may do (flcore.change_bound, broker_server.fallback):
+"""A federation's own history bounds what one round may do (flcore.change_bound, broker_server.rounds.fallback):
 a step longer than the recent ones is shortened, a collapsing evaluation is rolled back, a round nobody can
 finish is closed, and a model nobody can train on gives way to the one before it."""
 

@@ -163,8 +163,8 @@ def test_sim_with_central_dp_reports_epsilon_and_stops_when_the_budget_is_spent(
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     rows = metrics_rows(out)
-    from broker_server.accountant import epsilon_of
-    from broker_server.noise import NORM_SLACK
+    from broker_server.privacy.accountant import epsilon_of
+    from broker_server.privacy.noise import NORM_SLACK
 
     assert [r["privacy"]["epsilon"] for r in rows] == [round(epsilon_of(((2.0, n),), 1e-5), 4) for n in (1, 2)]
     noise_std = 2 * 0.5 * (1 + NORM_SLACK) / 3

@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
+from broker_server.agents.registry import AgentRegistry, StatusRefused
 from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
-from broker_server.health import TRUST_AFTER, HealthBook
-from broker_server.registry import AgentRegistry, StatusRefused
+from broker_server.rounds.health import TRUST_AFTER, HealthBook
 from flcore.rounds import RoundRules, RoundState, UpdateRecord, decide, replace_missing, select_with_probation
 from participant.trainer import TrainerWrapper
 from protocol.messages import AgentStatus

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from broker_server.config import ConfigError, load_server_config
-from broker_server.engine import RoundEngine
-from broker_server.noise import NORM_SLACK
-from broker_server.privacy import PrivacyPolicy
+from broker_server.privacy.noise import NORM_SLACK
+from broker_server.privacy.policy import PrivacyPolicy
+from broker_server.rounds.engine import RoundEngine
 from flcore.bounds import InfluencePolicy
 from flcore.strategies import STRATEGIES
 from flcore.strategies.base import Contribution, RoundResult, Strategy

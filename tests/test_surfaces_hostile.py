@@ -11,10 +11,10 @@ import time
 import pytest
 from rich.console import Console
 
-from broker_server.monitor import monitor
-from broker_server.monitor_tables import render
-from broker_server.monitor_view import FederationView
-from broker_server.prometheus import ServerMetrics
+from broker_server.watch.monitor import monitor
+from broker_server.watch.monitor_tables import render
+from broker_server.watch.monitor_view import FederationView
+from broker_server.watch.prometheus import ServerMetrics
 from flcore.update import FORMAT, UpdateMeta, UpdateMetaError
 from protocol.messages import AgentStatus, RoundMetrics, ServerStatus
 from protocol.mqtt import BrokerSettings

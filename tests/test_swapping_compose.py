@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from broker_server.accept import check_gates
+from broker_server.rounds.accept import check_gates
 from flcore.rounds import RoundState
 from flcore.strategies import build_strategy
 from flcore.strategies.base import Contribution

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from broker_server.config import load_server_config
-from broker_server.engine import RoundEngine
+from broker_server.rounds.engine import RoundEngine
 from flcore.agent_models import Assignment, Holding, Peers, settle
 from flcore.bounds import InfluencePolicy
 from flcore.strategies import build_strategy

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from broker_server.accountant import epsilon_of
-from broker_server.gaussian import NORM_SLACK, release
-from broker_server.privacy import PrivacyPolicy
+from broker_server.privacy.accountant import epsilon_of
+from broker_server.privacy.gaussian import NORM_SLACK, release
+from broker_server.privacy.policy import PrivacyPolicy
 from flcore.bounds import InfluencePolicy
 from models.weights import TensorSpec
 from sim.federation import SimSettings

@@ -100,7 +100,7 @@ class KeptModels:
     rng: Callable[[], np.random.Generator]  # seeded per round: the same after a restart
     evaluate: Callable[[np.ndarray], dict[str, float]] | None = None  # a float vector on the server's eval set
     # Differential privacy: ``agent``'s kept model as it may leave the server (a Gaussian mechanism over its
-    # clipped change, ``broker_server.gaussian.release``), kept as a new model; None without privacy.
+    # clipped change, ``broker_server.privacy.gaussian.release``), kept as a new model; None without privacy.
     release: Callable[[str], Holding] | None = None
 
     def own(self, agent: str) -> Assignment:
@@ -146,7 +146,7 @@ class Strategy(ABC):
     why_not_private: ClassVar[str] = ""
     # True when agents' models are handed to other agents (model swapping): under privacy each is released
     # noised on its own, and the average rounds, by the strategy its ``options.aggregate`` names, must be a
-    # plain mean (``broker_server.privacy``).
+    # plain mean (``broker_server.privacy.policy``).
     swaps: ClassVar[bool] = False
     # Whether peers (``agent.peer``) can run it: True, or why not. A peer has the round's updates and its own
     # model, and nothing a server adds (a round task's training settings, kept models, an optimizer step).
@@ -176,7 +176,7 @@ class Strategy(ABC):
     def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
         """The local training this round's task asks for, shared and per agent (``[training]`` as given by
         default); a strategy adds its own, e.g. FedProx's μ. ``paces`` holds, for the selected agents that
-        delivered before, the seconds each took per unit of work (``broker_server.pace``)."""
+        delivered before, the seconds each took per unit of work (``broker_server.rounds.pace``)."""
         return TrainPlan(settings)
 
     def action(self, round_number: int) -> str:

@@ -9,7 +9,7 @@ The paper tunes μ in {0.001, 0.01, 0.1, 1}; 0.01 is the default here.
 Partial work (``partial_work = true``): the paper's answer to systems heterogeneity is to let slow
 devices do less local work instead of being dropped (its experiments drop 0-90 % "stragglers" under
 FedAvg and keep their partial solutions under FedProx; Section 5.2). The paper varies the work at
-random; here the server sets it per agent from the pace it measured (``broker_server.pace``): an
+random; here the server sets it per agent from the pace it measured (``broker_server.rounds.pace``): an
 agent slower than the median selected agent gets work = median pace / its pace (at least
 ``min_work``), so it needs about as long as the median agent needs for the full work, and a round that
 waits for everyone (no threshold) no longer waits for the slowest. Unknown agents do the full work.

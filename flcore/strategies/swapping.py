@@ -18,12 +18,12 @@ model, as it sees deltas in a plain round. A run's last round (``server.rounds``
 run never ends on a global model that no training reached.
 
 ``local`` rounds upload nothing: agents train on and keep their models; the next upload is each agent's
-change from the model the server named to it (``broker_server.local_rounds``), so the thesis's traffic
+change from the model the server named to it (``broker_server.rounds.local_rounds``), so the thesis's traffic
 saving of (h1 − 1)/h1 holds. Choices where the thesis is silent (docs/strategies.md): only the agents whose
 update was accepted this round are paired; an agent left unpaired (odd count, ``sp`` < 1) goes on from its
 own model; an agent not selected keeps whatever it was to start from. A ``swap`` round publishes no global
 model; its ``eval`` is that of what an ``average`` would give from the round's models. Under differential
-privacy every model a swap hands out is released noised (``broker_server.gaussian.release``).
+privacy every model a swap hands out is released noised (``broker_server.privacy.gaussian.release``).
 
 Memory at the end of a round: one model-sized float32 vector for the mean, plus, for similarity
 pairing, the weight tensors of every agent whose update was accepted (N × the model's size); the

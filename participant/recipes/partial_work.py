@@ -1,6 +1,6 @@
 """Partial work: a slow device runs only a share of its epochs' mini-batches (at least one), so it reports in time
 instead of being dropped (FedProx's answer to systems heterogeneity, Li et al. 2020, Section 5.2). The server sets
-the share per participant from its measured pace (``broker_server.pace``, docs/strategies.md)."""
+the share per participant from its measured pace (``broker_server.rounds.pace``, docs/strategies.md)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,124 @@
+"""Accepting one update into the open round: who may send, what it must look like, and what it costs.
+
+In order: the round gates (a round is open, the update is for it, the sender was selected and has not
+been accepted yet), the structure (``flcore.update.parse_update``, which decodes an encoded update), then
+one pass over the values (``flcore.validation.check_values``, as a peer checks them: finite, L2 norm,
+folded into a streaming strategy when the bounds known so far allow it), the outright norm limit, the
+model's invariants (no negative running variance), and finally the update is written to the update store
+before the round state records it. A refusal raises ``UpdateRejected`` and leaves the round exactly
+as it was (a fold already made is subtracted again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from broker_server.rounds.update_store import UpdateStore
+from flcore.bounds import InfluencePolicy, tentative
+from flcore.onepass import axpy
+from flcore.rounds import RoundState, UpdateRecord
+from flcore.strategies.base import Strategy
+from flcore.update import MAX_LOCAL_EVAL, NotForThisRound, UpdateMeta, parse_update
+from flcore.validation import check_values
+from models.serialization import dumps
+from models.weights import TensorRange, TensorSpec
+from protocol.codecs import FP32, Codec, encode
+from protocol.transfer import Completed
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """What an update is checked against: the model its sender was told to start from (the global
+    model, or with ``base_sha256`` set, the agent's own or its swap partner's)."""
+
+    spec: tuple[TensorSpec, ...]
+    model_version: int
+    base_vector: np.ndarray
+    positive: tuple[TensorRange, ...] = ()
+    base_sha256: str = ""
+    next_round: int = 0  # the round the server opens next (an update for an earlier one is late)
+    codec: Codec = FP32  # how the round asked agents to encode updates
+
+
+HEADER_SLACK = 64 << 10  # room for an update's safetensors header beyond the model's own
+
+
+def largest_update_bytes(float_spec: tuple[TensorSpec, ...], codec: Codec) -> int:
+    """The largest a valid update can be: the model's float tensors as float32 or in the round's codec
+    (whichever is larger, so an update in the wrong codec is still refused by name), plus a header."""
+    local_eval = {f"{i:x}".ljust(32, "x"): -1e300 for i in range(MAX_LOCAL_EVAL)}
+    meta = UpdateMeta(round=2**31, base_version=2**31, samples=2**53, loss=-1e300, local_eval=local_eval,
+                      codec=str(codec)).to_metadata()  # fmt: skip
+    zeros = {s.name: np.zeros(s.shape, np.float32) for s in float_spec}
+    return max(len(dumps(encode(zeros, c), metadata=meta)) for c in (FP32, codec)) + HEADER_SLACK
+
+
+def check_gates(state: RoundState | None, agent: str, round_number: int, next_round: int) -> RoundState:
+    """The open round, if this update may join it; ``next_round`` is the round the server opens next."""
+    if state is None:  # between two rounds: an update for one already closed is late, like during the next
+        raise NotForThisRound(f"late: round {round_number} is closed" if round_number < next_round else "no-round-open")
+    if round_number < state.round:  # e.g. after the round closed at its threshold: the work is not carried over
+        raise NotForThisRound(f"late: round {round_number} is closed, current is {state.round}")
+    if round_number != state.round:
+        raise NotForThisRound(f"wrong-round: transfer for round {round_number}, current is {state.round}")
+    if agent not in state.selected:
+        raise NotForThisRound("not-selected")
+    if state.action == "local":  # model swapping: agents train on and upload nothing (``local_rounds``)
+        raise NotForThisRound(f"not-expected: round {state.round} is a local round (nothing is uploaded)")
+    if agent in state.revoked:  # an update completed just before its revocation, say
+        raise NotForThisRound("revoked: its enrolment was withdrawn during the round")
+    if agent in state.accepted:
+        raise NotForThisRound("duplicate")
+    return state
+
+
+def accept_update(
+    completed: Completed,
+    state: RoundState | None,
+    inputs: RoundInputs,
+    *,
+    policy: InfluencePolicy,
+    strategy: Strategy,
+    store: UpdateStore,
+) -> UpdateRecord:
+    """Check, fold and store one update; append and return its record, or raise ``UpdateRejected``."""
+    agent = completed.manifest.sender
+    state = check_gates(state, agent, completed.manifest.round, inputs.next_round)
+    parsed = parse_update(
+        completed.data,
+        expected_spec=inputs.spec,
+        round_number=state.round,
+        model_version=inputs.model_version,
+        base_sha256=inputs.base_sha256,
+        codec=inputs.codec,
+    )
+    bounds = tentative(
+        policy,
+        np.array([u.norm for u in state.updates]),
+        np.array([u.samples for u in state.updates], np.float64),
+        parsed.meta.weight,
+    )
+    fold = strategy.fold_plan(bounds) if strategy.fold_on_accept else None
+    result = check_values(parsed.delta, inputs.base_vector, inputs.positive, policy, fold)
+    folded = fold.weight if (fold is not None and result.folded) else 0.0
+    try:
+        store.put(state.round, agent, parsed.stored)
+    except BaseException:
+        if folded and fold is not None:
+            axpy(parsed.delta, fold.into, -folded)  # leave the running sum as it was
+        raise
+    record = UpdateRecord(
+        agent=agent,
+        samples=parsed.meta.weight,
+        loss=parsed.meta.loss,
+        norm=result.norm,
+        wire_bytes=completed.wire_bytes,
+        folded=folded,
+        local_epsilon=parsed.meta.local_epsilon,
+        local_eval=parsed.meta.local_eval,
+        start_eval=parsed.meta.start_eval,
+    )
+    state.updates.append(record)
+    return record
