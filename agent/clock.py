@@ -13,7 +13,7 @@ too, or the server would refuse every one as ``from-the-future``. Replay protect
 judges a transfer's age on its own clock and remembers its id as long as that accepts it; the offset is
 at least the true one (a delivery delay only adds), so a corrected time is never later than the
 server's. Its statuses keep the device's own clock: the server measures the skew on them, and a
-status must be newer than the last (``broker_server.registry``).
+status must be newer than the last (``broker_server.agents.registry``).
 """
 
 from __future__ import annotations

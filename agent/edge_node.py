@@ -76,7 +76,7 @@ class EdgeNode(MqttDaemon):
         self.telemetry = Telemetry(config.telemetry, config.gate)  # the device gate; its readers start with the loop
         self.clock = ClockSkew()
         self.echo = PublishEcho()  # its own status coming back: the broker does not drop what it sends
-        self.session = self._next_session = 0.0  # the connection's last will, by time (broker_server.registry)
+        self.session = self._next_session = 0.0  # the connection's last will, by time (broker_server.agents.registry)
         self._warnings = Throttle(10.0)
         super().__init__(MqttClient(self.id, config.broker, will=self._next_will, on_connect=self._on_connect), log)
         self.metrics = AgentMetrics(config.metrics)  # last: a port that cannot be bound fails the start

@@ -1,6 +1,6 @@
 """Evaluating named arrays on a validation set, by the model's task: accuracy and loss on an ``.npz`` for
 classifiers; mAP@.5 and mAP@.5:.95 from Ultralytics' own ``DetectionValidator`` on a YOLO ``data.yaml``'s
-val split for detectors. The server evaluates on ``server.eval_data`` (``broker_server.evaluation``), a
+val split for detectors. The server evaluates on ``server.eval_data`` (``broker_server.rounds.evaluation``), a
 peer on its local validation split (``agent.peer``); ``protocol.messages.headline`` is the one number
 models are compared by (election, logs, tables).
 """

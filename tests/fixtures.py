@@ -16,7 +16,7 @@ import torch
 from hypothesis import strategies as st
 
 from broker_server.config import load_server_config
-from broker_server.engine import RoundEngine
+from broker_server.rounds.engine import RoundEngine
 from flcore.strategies.base import Contribution
 from flcore.update import UpdateMeta
 from models.serialization import dumps, loads
