@@ -27,7 +27,7 @@ for pool in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 from models.yolo import ultralytics_offline  # noqa: E402
 from sim.broker import mosquitto_path, start_broker  # noqa: E402
 from tests.fixtures import config, dataset  # noqa: E402, F401 - fixtures shared by several test files
-from tests.liveharness import provisioned, workdir  # noqa: E402, F401 - fixtures shared by several test files
+from tests.liveharness import peer_broker, peers, provisioned, workdir  # noqa: E402, F401 - fixtures shared by several test files
 from tests.starters import DAEMONS, starts_processes  # noqa: E402
 
 # one settings folder per pytest-xdist worker: two workers never write the same settings file

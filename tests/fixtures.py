@@ -1,5 +1,5 @@
 """Fixtures and builders shared by several test files, all in-process: engine configs and updates, rows of a run,
-datasets, hostile payloads. A test file imports these from here, never from another test file
+datasets, codec round trips, hostile payloads. A test file imports these from here, never from another test file
 (tests/test_suite_layout.py checks); the fixtures several files use are registered in tests/conftest.py.
 """
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from broker_server.config import load_server_config
@@ -21,9 +22,10 @@ from flcore.strategies.base import Contribution
 from flcore.update import UpdateMeta
 from models.serialization import dumps, loads
 from models.synthetic_detection import NAMES, write_dataset
-from models.weights import float_part, to_arrays
+from models.weights import float_part, spec_of, to_arrays
 from models.zoo import build_model
 from participant.detector import DetectorTrainer
+from protocol.codecs import Codec, decode, encode
 from protocol.messages import TrainSettings
 from protocol.transfer import Completed
 from security.envelope import NO_DIGEST, Manifest
@@ -205,3 +207,27 @@ def bounded(fn, payload: bytes, errors: tuple[type[BaseException], ...]) -> None
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     assert peak <= 64 * len(payload) + (2 << 20), f"{peak} bytes allocated for a {len(payload)}-byte input"
+
+
+# --- codec round trips
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FP32_UPDATE_BYTES = 155_384  # one digits-CNN update, fp32 (docs/results/codecs.md)
+
+
+@st.composite
+def changes(draw) -> dict[str, np.ndarray]:
+    """A few float32 tensors of mixed ranks and magnitudes, sometimes with running statistics."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    shapes = draw(st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=3), min_size=1, max_size=4))
+    out = {f"layer{i}.weight": rng.standard_normal(s) * 10.0 ** rng.integers(-4, 2) for i, s in enumerate(shapes)}
+    if draw(st.booleans()):
+        out["bn.running_var"] = rng.standard_normal(3)
+    return {name: a.astype(np.float32) for name, a in out.items()}
+
+
+def round_trip(change: dict[str, np.ndarray], text: str) -> dict[str, np.ndarray]:
+    codec = Codec.parse(text)
+    decoded = decode(encode(change, codec), codec, spec_of(change))
+    assert list(decoded) == list(change)
+    assert all(decoded[n].dtype == np.float32 and decoded[n].shape == change[n].shape for n in change)
+    return decoded

@@ -28,6 +28,7 @@ from models.weights import NamedArrays, float_part
 from participant.trainer import Trainer, TrainerWrapper
 from protocol.messages import ServerStatus
 from protocol.mqtt import BrokerSettings, MqttClient
+from protocol.peer_messages import PeerMember
 from security.envelope import InvalidEnvelope, Opener
 from security.keys import Identity, Keyring, PublicIdentity
 from security.pki import Issued, issue
@@ -198,6 +199,21 @@ def state(config: Path) -> Path:
     return config.parent / "state"
 
 
+HONEST = ["agent-02", "agent-03"]
+
+
+@pytest.fixture
+def peers():
+    running = Peers()
+    yield running
+    running.close()
+
+
+def seen_by(peers: Peers, viewer: str, peer: str) -> PeerMember | None:
+    """``peer``'s signed membership as ``viewer`` received and verified it."""
+    return peers.nodes[viewer].roster.members.get(peer)
+
+
 # --- a provisioned federation and its broker, from `skyfed provision`'s files
 @pytest.fixture
 def workdir():
@@ -208,11 +224,31 @@ def workdir():
     shutil.rmtree(base, ignore_errors=True)
 
 
-def provision(out: Path, agents: str, port: int, state: Path) -> None:
-    argv = ["provision", "--federation", FED, "--agents", agents, "--out", str(out),
-            "--broker", f"127.0.0.1:{port}", "--listen", "127.0.0.1", "--state-dir", str(state),
+PEER_MODE = ("--mode", "peer")
+
+
+def provision_exit(out: Path, agents: str, port: int = 8883, mode: tuple[str, ...] = (),
+                   state: Path | None = None) -> int:  # fmt: skip
+    """``skyfed provision``'s exit code; ``mode`` as on its command line (none: as the folder was made, client
+    for a new one), the state folder next to ``out`` unless given."""
+    argv = ["provision", *mode, "--federation", FED, "--agents", agents, "--out", str(out),
+            "--broker", f"127.0.0.1:{port}", "--listen", "127.0.0.1", "--state-dir", str(state or out.parent / "state"),
             "--any-state-dir"]  # fmt: skip
-    assert main(argv) == 0
+    return main(argv)
+
+
+def provision(out: Path, agents: str, port: int, state: Path) -> None:
+    assert provision_exit(out, agents, port, state=state) == 0
+
+
+def broker_from_files(out: Path, workdir: Path, port: int):  # noqa: ANN201
+    """A mosquitto run from the provisioned folder's own config, with an ``observer`` certificate added."""
+    issue(Issued(out / "ca" / "ca.crt", out / "ca" / "ca.crt.key"), out / "observer", "observer")
+    shutil.copyfile(out / "ca" / "ca.crt", out / "observer" / "ca.crt")
+    add_observer(out)
+    return start_broker(
+        data_dir=workdir / "broker-run", kind="mosquitto", port=port, config_file=out / "broker" / "skyfed.conf"
+    )
 
 
 @pytest.fixture
@@ -221,13 +257,20 @@ def provisioned(workdir):
     port = free_port()
     out, state = workdir / "fed", workdir / "state"
     provision(out, "a1,a2,a3", port, state)
-    issue(Issued(out / "ca" / "ca.crt", out / "ca" / "ca.crt.key"), out / "observer", "observer")
-    shutil.copyfile(out / "ca" / "ca.crt", out / "observer" / "ca.crt")
-    add_observer(out)
-    broker = start_broker(
-        data_dir=workdir / "broker-run", kind="mosquitto", port=port, config_file=out / "broker" / "skyfed.conf"
-    )
+    broker = broker_from_files(out, workdir, port)
     yield out, state, broker, port
+    broker.stop()
+    print(f"--- broker log ---\n{broker.log_tail(40)}")
+
+
+@pytest.fixture
+def peer_broker(workdir):
+    """A peer federation from ``skyfed provision --mode peer`` (p1-p3, an observer) and its mosquitto."""
+    port = free_port()
+    out = workdir / "fed"
+    assert provision_exit(out, "p1,p2,p3", port, PEER_MODE) == 0
+    broker = broker_from_files(out, workdir, port)
+    yield out, broker, port
     broker.stop()
     print(f"--- broker log ---\n{broker.log_tail(40)}")
 
@@ -279,6 +322,13 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
         text = response.read().decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+
+
+def scrape_or_none(port: int) -> dict[tuple[str, tuple], float] | None:
+    try:
+        return scrape(port)
+    except (urllib.error.URLError, ConnectionError):
+        return None
 
 
 # --- an MQTT client's connection problem

@@ -28,29 +28,9 @@ from security.envelope import NO_DIGEST, Manifest
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import override_toml, round_task
-from tests.fixtures import bounded, mutated
+from tests.fixtures import PROPERTY, bounded, changes, mutated, round_trip
 
-PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LOSSY = ["fp16", "int8", "int8:channel", "topk:0.1"]
-
-
-@st.composite
-def changes(draw) -> dict[str, np.ndarray]:
-    """A few float32 tensors of mixed ranks and magnitudes, sometimes with running statistics."""
-    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    shapes = draw(st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=3), min_size=1, max_size=4))
-    out = {f"layer{i}.weight": rng.standard_normal(s) * 10.0 ** rng.integers(-4, 2) for i, s in enumerate(shapes)}
-    if draw(st.booleans()):
-        out["bn.running_var"] = rng.standard_normal(3)
-    return {name: a.astype(np.float32) for name, a in out.items()}
-
-
-def round_trip(change: dict[str, np.ndarray], text: str) -> dict[str, np.ndarray]:
-    codec = Codec.parse(text)
-    decoded = decode(encode(change, codec), codec, spec_of(change))
-    assert list(decoded) == list(change)
-    assert all(decoded[n].dtype == np.float32 and decoded[n].shape == change[n].shape for n in change)
-    return decoded
 
 
 # the codecs' bounds ---------------------------------------------------------------------------------

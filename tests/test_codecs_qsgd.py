@@ -16,9 +16,7 @@ from models.zoo import build_model
 from protocol.codecs import CODECS, Codec, CodecError, decode, encode
 from protocol.codecs.qsgd import BUCKET, LEVELS, NORMS
 from tests.fedharness import Federation
-from tests.test_codecs import PROPERTY, changes, round_trip
-from tests.test_fuzz_parsers import bounded, mutated
-from tests.test_thin_links import FP32_UPDATE_BYTES
+from tests.fixtures import FP32_UPDATE_BYTES, PROPERTY, bounded, changes, mutated, round_trip
 
 QSGD4 = Codec.parse("qsgd4")
 

@@ -37,7 +37,7 @@ from sim.report import write_report
 from sim.report_rows import read_rows
 from sim.run import run_sim
 from tests.fedharness import override_toml, wait_until
-from tests.liveharness import Peers, SlowInRound, peer_configs, state
+from tests.liveharness import SlowInRound, peer_configs, state
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,13 +53,6 @@ class Recording(TrainerWrapper):
         result = self.inner.train(global_arrays, task, context)
         self.rounds[task.round] = ({k: v.copy() for k, v in global_arrays.items()}, result)
         return result
-
-
-@pytest.fixture
-def peers():
-    running = Peers()
-    yield running
-    running.close()
 
 
 def published_decisions(broker, configs: dict[str, Path]) -> dict[str, Adoption]:  # noqa: ANN001

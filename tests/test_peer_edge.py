@@ -17,14 +17,20 @@ from sim.broker import free_port
 from sim.federation import write_classify_data
 from sim.flight_controller import FlightController
 from tests.fedharness import override_toml, wait_until
-from tests.test_federation import SlowInRound
-from tests.test_peer import Peers, peer_configs, state
-from tests.test_peer_gate import HONEST, peers, seen_by  # noqa: F401 - fixture
-from tests.test_prometheus import scrape_or_none
-from tests.test_provision_peer import peer_broker, provision, workdir  # noqa: F401 - fixtures
+from tests.liveharness import (
+    HONEST,
+    PEER_MODE,
+    Peers,
+    SlowInRound,
+    peer_configs,
+    provision_exit,
+    scrape_or_none,
+    seen_by,
+    state,
+)
 
 
-def test_a_peer_on_low_battery_does_not_train_says_why_and_trains_once_charged(tmp_path, broker, peers: Peers):  # noqa: F811
+def test_a_peer_on_low_battery_does_not_train_says_why_and_trains_once_charged(tmp_path, broker, peers: Peers):
     configs = peer_configs(tmp_path, broker, rounds=2, round_timeout_s=30.0)
     port = free_port()
     with FlightController(rate_hz=10.0, battery_pct=15) as flight_controller:
@@ -58,11 +64,11 @@ def test_a_peer_on_low_battery_does_not_train_says_why_and_trains_once_charged(t
     assert opened[("skyfed_agent_last_completed_round", ())] == 2 and opened[("skyfed_agent_round", ())] == 2
 
 
-def test_a_peer_missing_from_the_loaded_acl_says_its_publishes_are_dropped(peer_broker):  # noqa: F811
+def test_a_peer_missing_from_the_loaded_acl_says_its_publishes_are_dropped(peer_broker):
     """The edge node checks that what a role publishes comes back (agent.echo), a peer's membership as an agent's
     status: a peer provisioned after the broker loaded its ACL says the broker drops it (on main: silence)."""
     out, broker, port = peer_broker
-    assert provision(out, "p1,p2,p3,p4", port) == 0  # p4 added; the running broker still holds the old ACL
+    assert provision_exit(out, "p1,p2,p3,p4", port, PEER_MODE) == 0  # p4 added; the broker still holds the old ACL
     write_classify_data(out.parent / "state", ["p1", "p4"], "iid", seed=0)
     nodes = {}
     for name in ("p1", "p4"):

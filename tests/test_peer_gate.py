@@ -7,33 +7,16 @@ from __future__ import annotations
 
 import datetime as dt
 
-import pytest
-
 from agent.peer.rounds import read_metrics
-from protocol.peer_messages import PeerMember
 from sim.flight_controller import FlightController
 from tests.fedharness import override_toml, wait_until
-from tests.liveharness import Peers, SlowInRound, peer_configs, state
-
-HONEST = ["agent-02", "agent-03"]
-
-
-@pytest.fixture
-def peers():
-    running = Peers()
-    yield running
-    running.close()
+from tests.liveharness import HONEST, SlowInRound, peer_configs, seen_by, state
 
 
 def quiet_now() -> str:
     """Quiet hours from a minute ago to five minutes on (across midnight if it must)."""
     now = dt.datetime.now()
     return f"{now - dt.timedelta(minutes=1):%H:%M}-{now + dt.timedelta(minutes=5):%H:%M}"
-
-
-def seen_by(peers: Peers, viewer: str, peer: str) -> PeerMember | None:
-    """``peer``'s signed membership as ``viewer`` received and verified it."""
-    return peers.nodes[viewer].roster.members.get(peer)
 
 
 def test_a_peer_in_its_quiet_hours_does_not_train_says_why_and_is_not_waited_for(tmp_path, broker, peers):

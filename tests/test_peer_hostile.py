@@ -11,7 +11,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from agent.config import load_agent_config
 from agent.peer.collect import RoundCollector, RoundGuards
@@ -33,17 +32,10 @@ from protocol.topics import Topics
 from security.envelope import seal
 from security.keys import Identity
 from security.signing import signed_payload
-from tests.liveharness import Peers, peer_configs, state
+from tests.liveharness import peer_configs, state
 
 ROGUE = "agent-03"
 TOPICS = Topics("sim")
-
-
-@pytest.fixture
-def peers():
-    running = Peers()
-    yield running
-    running.close()
 
 
 def rogue_identity(configs: dict[str, Path]) -> Identity:

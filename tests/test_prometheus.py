@@ -5,8 +5,6 @@ import re
 import subprocess
 import sys
 import threading
-import urllib.error
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,16 +23,9 @@ from security.keys import Identity
 from sim.broker import free_port
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import Federation, ServerHarness, override_toml, wait_until
-from tests.liveharness import scrape
+from tests.liveharness import scrape, scrape_or_none
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def scrape_or_none(port: int) -> dict[tuple[str, tuple], float] | None:
-    try:
-        return scrape(port)
-    except (urllib.error.URLError, ConnectionError):
-        return None
 
 
 def rejected_by_reason(samples: dict) -> dict[str, float]:

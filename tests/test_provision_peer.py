@@ -10,6 +10,7 @@ import shutil
 import stat
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -18,21 +19,13 @@ from cryptography import x509
 from common import toml
 from provisioning.broker_files import peer_acl_text
 from security.keys import PublicIdentity
-from security.pki import Issued, issue
-from sim.broker import free_port, start_broker
 from skyfed import main
 from tests.fedharness import wait_until
+from tests.liveharness import FED, PEER_MODE, provision_exit
 from tests.tlsharness import Client, add_observer, connects, node_tls
 
-FED = "fleet"
 PEERS = f"skyfed/{FED}/peer"
-
-
-def provision(out: Path, peers: str, port: int = 8883, mode: tuple[str, ...] = ("--mode", "peer")) -> int:
-    argv = ["provision", *mode, "--federation", FED, "--agents", peers, "--out", str(out), "--broker",
-            f"127.0.0.1:{port}", "--listen", "127.0.0.1", "--state-dir", str(out.parent / "state"),
-            "--any-state-dir"]  # fmt: skip
-    return main(argv)
+provision = partial(provision_exit, mode=PEER_MODE)
 
 
 def enrolled(folder: Path) -> tuple[list[str], list[str]]:
@@ -111,22 +104,6 @@ def test_revoking_a_peer_on_disk_and_a_revoked_id_is_never_provisioned_again(wor
 
 
 # --- a real broker from the generated files ------------------------------------------------------------
-@pytest.fixture
-def peer_broker(workdir):
-    port = free_port()
-    out = workdir / "fed"
-    assert provision(out, "p1,p2,p3", port) == 0
-    issue(Issued(out / "ca" / "ca.crt", out / "ca" / "ca.crt.key"), out / "observer", "observer")
-    shutil.copyfile(out / "ca" / "ca.crt", out / "observer" / "ca.crt")
-    add_observer(out)
-    broker = start_broker(
-        data_dir=workdir / "broker-run", kind="mosquitto", port=port, config_file=out / "broker" / "skyfed.conf"
-    )
-    yield out, broker, port
-    broker.stop()
-    print(f"--- broker log ---\n{broker.log_tail(40)}")
-
-
 def test_the_generated_acl_confines_each_peer_to_its_own_topics_and_revocation_shuts_it_out(peer_broker):
     out, broker, port = peer_broker
     peers = out / "peers"

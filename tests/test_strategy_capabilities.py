@@ -21,7 +21,7 @@ from flcore.strategies.capabilities import capability_table
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import override_toml
-from tests.test_privacy import completed
+from tests.fixtures import dp_completed
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "strategies.md"
 
@@ -88,7 +88,7 @@ def test_a_strategy_with_a_sensitivity_bound_runs_under_privacy_with_noise_calib
     engine.begin_round(agents, now=0.0)
     engine.announce(now=0.0)
     for i, agent in enumerate(agents):
-        engine.accept(completed(engine, agent, seed=i), now=1.0)
+        engine.accept(dp_completed(engine, agent, seed=i), now=1.0)
     metrics = engine.close(now=1.0, model_wire_bytes=0)
     assert metrics.outcome == "committed" and metrics.privacy["epsilon"] > 0
     assert metrics.aggregation["noise_std"] == pytest.approx(z * clip * (1 + NORM_SLACK) / 3, rel=1e-9)

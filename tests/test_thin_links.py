@@ -7,8 +7,7 @@ import pytest
 
 from models.serialization import load_file
 from tests.fedharness import Federation
-
-FP32_UPDATE_BYTES = 155_384  # one digits-CNN update, fp32 (docs/results/codecs.md)
+from tests.fixtures import FP32_UPDATE_BYTES
 
 
 @pytest.mark.parametrize(("codec", "at_most"), [("int8:channel", 1 / 3.8), ("topk:0.02", 1 / 20)])
