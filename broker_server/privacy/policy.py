@@ -140,7 +140,7 @@ class PrivacyPolicy:
 
         strategy = self.strategy_table(strategy)[0]
         built = build_strategy(strategy)
-        if built.swaps:  # its swapped models are released noised (noise.release); its averages:
+        if built.swaps:  # its swapped models are released noised (gaussian.release); its averages:
             self._check_swapping(built, strategy)
         elif not has_dp_bound(built, self.clip):
             why = built.why_not_private or NO_BOUND

@@ -137,7 +137,7 @@ class ModelSwapping(Strategy):
         return self.inner.server_step(global_vector, averaged)
 
     def dp_sensitivity(self, updates: int, clip: float) -> float | None:
-        """An average round's: each model is an earlier release plus its owner's clipped change (``noise.release``),
+        """An average round's: each model is an earlier release plus its owner's clipped change (``gaussian.release``),
         so the mean of the models moves as the mean of clipped deltas does (``privacy`` admits only means)."""
         return self.inner.dp_sensitivity(updates, clip)
 
