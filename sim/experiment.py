@@ -256,13 +256,13 @@ def plot(experiment: Experiment, rows: list[dict], out: Path) -> None:
     for condition in experiment.conditions:
         fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
         for ax, (key, name, first, line) in zip(axes[0], panels, strict=True):
-            for method in experiment.methods:
+            for index, method in enumerate(experiment.methods):  # a method keeps its colour in every panel
                 curves = [r[key] for r in rows if (r["condition"], r["method"]) == (condition, method) and key in r]
-                if not curves:
+                if not any(v is not None for c in curves for v in c):  # not measured (Ditto's C-GEN): no line at 0
                     continue
                 length = min(map(len, curves))
                 mean = [statistics.mean(c[i] or 0.0 for c in curves) for i in range(length)]
-                ax.plot(range(first, first + length), mean, label=method)
+                ax.plot(range(first, first + length), mean, label=method, color=f"C{index % 10}")
             if line is not None:
                 ax.axhline(line, color="grey", linestyle=":", linewidth=1)
             ax.set(xlabel="round", ylabel="mean over seeds", title=name)
