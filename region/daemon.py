@@ -26,6 +26,7 @@ from broker_server.upstream.handoff import UpstreamHandoff
 from common.sdnotify import Notifier
 from models.tasks import task_of
 from participant.jobs import InProcessRunner
+from participant.recipes import checked_settings
 from participant.trainer import Trainer
 from protocol.config import ConfigError
 from region.trainer import RegionalTrainer
@@ -74,7 +75,8 @@ class Region:
         agent_config = participant_config(config)
         files = participant_files(config, agent_config)
         self.aggregator = Aggregator(config, upstream=self.handoff)
-        trainer: Trainer = RegionalTrainer(self.handoff)
+        own = self.aggregator.engine.strategy.configure_train(config.training, 1, {}).shared  # its agents' recipes
+        trainer: Trainer = RegionalTrainer(self.handoff, agent_config.agent.id, checked_settings(own).recipes)
         runner = InProcessRunner(trainer if wrap is None else wrap(trainer))
         self.participant = EdgeAgent(agent_config, runner=runner, files=files)
         self.participant.edge.notifier = Notifier({})  # one service, one voice: the aggregator's

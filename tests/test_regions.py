@@ -230,3 +230,23 @@ def test_a_regional_round_closes_in_time_for_the_roots_deadline(tmp_path: Path) 
     (regional,) = fed.region_metrics("region-1")
     assert regional["accepted"] == ["agent-01"] and regional["missed"] == ["agent-02"]
     assert regional["duration_s"] < 25.0
+
+
+def test_a_region_declines_a_root_round_whose_recipe_its_own_agents_do_not_follow():
+    """A region's agents train with its own strategy's recipes: a root asking for another (FedProx's proximal pull
+    to a FedAvg region, or another μ) is told so by name instead of getting an aggregate trained without it."""
+    from participant.declined import TrainingDeclined
+    from protocol.messages import RecipeRecord, TrainSettings
+    from region.trainer import RegionalTrainer
+    from tests.fedharness import round_task
+
+    proximal = RecipeRecord("proximal", {"mu": 0.01})
+    handoff = UpstreamHandoff()
+    root_round = round_task(selected=["region-1"], deadline=time.time() - 1, train=TrainSettings(recipes=(proximal,)))
+    with pytest.raises(TrainingDeclined, match=r"recipe-refused: the root asks for recipe proximal \{'mu': 0.01\}; "
+                       r"this region's agents follow its own strategy's \(none\)"):  # fmt: skip
+        RegionalTrainer(handoff, "region-1").train({}, root_round)
+    with pytest.raises(TrainingDeclined, match="own strategy's \\(proximal \\{'mu': 0.1\\}\\)"):
+        RegionalTrainer(handoff, "region-1", (RecipeRecord("proximal", {"mu": 0.1}),)).train({}, root_round)
+    with pytest.raises(RegionalRoundFailed, match="the root's deadline passed"):  # the same recipe: it runs a round
+        RegionalTrainer(handoff, "region-1", (proximal,)).train({}, root_round)
