@@ -34,6 +34,7 @@ class ClassifyData:
 DATASETS: Registry[ClassifyData] = Registry("dataset", "--dataset")
 DATASETS.add("digits", "models.datasets:DIGITS")
 DATASETS.add("mnist1d", "models.mnist1d:MNIST1D")
+DATASETS.add("mnist1d-large", "models.mnist1d:MNIST1D_LARGE")
 
 
 def classify_data(name: str) -> ClassifyData:
