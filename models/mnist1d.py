@@ -3,8 +3,9 @@
 The ``mnist1d`` package's ``get_dataset`` downloads a pickle by default; SkyFed never calls it. It calls the
 package's generator, ``make_dataset``, with the package's default arguments (5,000 signals, seed 42, the
 first 80 % for training): the same data on every machine, offline, in about a second. ``mnist1d-large`` is the
-same generator with 25 times the signals (100,000 training, 25,000 test; about 30 s), for thousands of agents with
-a few dozen signals each (seed 004's 3,597 writers, docs/results/swapping.md). The generator seeds
+same generator with 100,000 training and 5,000 test signals (about 30 s), for thousands of agents with a few
+dozen signals each (seed 004's 3,597 writers, docs/results/swapping.md). Its test split is kept at 5,000: the server
+evaluates every model agents start from on it (C-GEN), hundreds per round when each keeps its own. The generator seeds
 NumPy's and Python's global random state; that state is put back afterwards, so a simulation that
 generates MNIST-1D draws the same random numbers elsewhere as one that does not.
 """
@@ -22,17 +23,20 @@ from models.datasets import Dataset
 SIGNAL_LENGTH = 40  # get_dataset_args().final_seq_length
 
 
-DEFAULT_SIGNALS = 5_000  # get_dataset_args().num_samples
-LARGE_SIGNALS = 125_000
+LARGE_TRAIN, LARGE_TEST = 100_000, 5_000  # mnist1d-large's split
 
 
 @lru_cache(maxsize=2)
-def load_mnist1d(signals: int = DEFAULT_SIGNALS) -> tuple[Dataset, Dataset]:
-    """MNIST-1D's own split of ``signals``: 80 % for training, the rest for testing, ``x`` of shape (N, 1, 40)."""
+def load_mnist1d(train: int = 4_000, test: int = 1_000) -> tuple[Dataset, Dataset]:
+    """MNIST-1D generated as ``train`` training and ``test`` test signals, ``x`` of shape (N, 1, 40); the defaults
+    are the package's own split (5,000 signals, 80 % for training)."""
     from mnist1d.data import get_dataset_args, make_dataset
 
+    if (train + test) % 10:
+        raise ValueError(f"MNIST-1D makes as many signals of each digit: train + test must be a multiple of 10, "
+                         f"got {train} + {test}")  # fmt: skip
     args = get_dataset_args()
-    args.num_samples = signals
+    args.num_samples, args.train_split = train + test, (train + 0.5) / (train + test)  # int(N · split) = train
     numpy_state, python_state = np.random.get_state(), random.getstate()
     try:
         raw = make_dataset(args)
@@ -50,9 +54,9 @@ MNIST1D = ClassifyData(
     "is downloaded): its own 1,000-signal test split for the server's evaluation",
 )  # fmt: skip
 MNIST1D_LARGE = ClassifyData(
-    "mnist1d-large", "mnist1d_cnn", (1, SIGNAL_LENGTH), lambda _seed: load_mnist1d(LARGE_SIGNALS),
-    "MNIST-1D generated as mnist1d does, with 125,000 signals instead of 5,000 (for thousands of agents): its "
-    "25,000-signal test split for the server's evaluation",
+    "mnist1d-large", "mnist1d_cnn", (1, SIGNAL_LENGTH), lambda _seed: load_mnist1d(LARGE_TRAIN, LARGE_TEST),
+    "MNIST-1D generated as mnist1d does, with 100,000 training signals instead of 4,000 (for thousands of agents): "
+    "its 5,000-signal test split for the server's evaluation",
 )  # fmt: skip
 
 

@@ -46,6 +46,23 @@ def test_mnist1d_is_generated_offline_the_same_every_time_and_leaves_global_rand
     assert set(np.unique(train.y)) == set(range(10)) and not train.x.flags.writeable  # the cached copy is shared
 
 
+def test_mnist1d_of_any_size_splits_exactly_and_its_default_is_the_packages_own():
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    train, test = load_mnist1d(1_237, 333)  # the split's int(N · fraction) lands on the count asked for
+    assert train.x.shape == (1_237, 1, 40) and test.x.shape == (333, 1, 40)
+    with pytest.raises(ValueError, match="multiple of 10"):
+        load_mnist1d(1_234, 333)
+    assert set(np.unique(train.y)) == set(range(10))
+    state = np.random.get_state(), random.getstate()
+    raw = make_dataset(get_dataset_args())
+    np.random.set_state(state[0])
+    random.setstate(state[1])
+    default_train, default_test = load_mnist1d()
+    assert np.array_equal(default_train.x[:, 0], raw["x"].astype(np.float32))
+    assert np.array_equal(default_test.y, raw["y_test"])
+
+
 def test_holdout_takes_a_stratified_fifth_exactly_and_by_seed():
     labels = np.array([0] * 7 + [1] * 3 + [2] * 10)  # quotas 1.4, 0.6, 2.0: floors 1, 0, 2 and one more for 1
     kept, held = partition.holdout(labels, 0.2, seed=(0, 1))

@@ -134,6 +134,8 @@ class CheckpointStore:
             if path.name not in keep and not path.name.startswith("."):
                 path.unlink(missing_ok=True)
         self.updates.keep_only(rs.round if rs is not None else None)
+        if rs is not None:  # assignments move on only when a round closes: its commit's save cleans the bank
+            return  # (each of thousands of agents' assignments read at every accepted update costs O(agents))
         assignments = [Assignment.from_dict(a) for a in checkpoint.assignments.values()]
         self.agents.keep_only(set().union(*(a.holdings() for a in assignments)))
 

@@ -52,6 +52,7 @@ class EngineState:
         self.store = CheckpointStore(config.state_dir / "checkpoint")
         self.metrics_log = MetricsLog(config.state_dir / "metrics.jsonl")
         self.assignments: dict[str, Assignment] = {}
+        self._assignment_dicts: dict[Assignment, dict] = {}  # each one's ``to_dict``, made once (``snapshot``)
         self.changes = changes  # the last committed steps (flcore.change_bound), shared with the pipeline's step
         self.fallback = Fallback()  # the version before the model in force (broker_server.rounds.fallback)
         self.ledger = PrivacyLedger(config.privacy)
@@ -151,12 +152,20 @@ class EngineState:
             health=self.health.to_dict(),
             pace=self.pace.to_dict(),
             privacy=self.ledger.to_dict(),
-            assignments={a: x.to_dict() for a, x in self.assignments.items()},
+            assignments=self._assignment_table(),
             best=self.best.record,
             model_eval=self.model_eval,
             changes=self.changes.to_list(),
             fallback=self.fallback.to_dict(),
         )
+
+    def _assignment_table(self) -> dict[str, dict]:
+        """Every agent's assignment as the checkpoint holds it. Each (frozen) assignment is turned into a dict once:
+        the checkpoint is written at every accepted update, and with thousands of agents kept turning all of
+        them anew cost more than their training (docs/results/swapping.md)."""
+        made = {x: self._assignment_dicts.get(x) or x.to_dict() for x in set(self.assignments.values())}
+        self._assignment_dicts = made  # only the assignments in force: the cache never grows past them
+        return {agent: made[x] for agent, x in self.assignments.items()}
 
     def install(self, checkpoint: Checkpoint) -> None:
         """Make ``checkpoint`` the state in memory (at start, or to undo a change that was not written). The
