@@ -4,6 +4,7 @@ against each agent's own base, the kept models' arithmetic, pruning, and a resta
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -125,3 +126,31 @@ def test_a_drifting_agent_is_pulled_back_before_its_model_is_swapped_or_averaged
     drift = np.linalg.norm(engine.state.store.agents.vector(held).astype(np.float64) - engine.global_vector)
     assert drift == pytest.approx(detail["drift_bound"], rel=1e-4)
     assert "agent-03" not in [a for a, x in engine.assignments.items() if x.source == "local"]  # not its own copy
+
+
+def test_assignments_are_written_when_a_round_changes_them_not_at_every_update_and_old_checkpoints_load(config):
+    checkpoint = config.state_dir / "checkpoint"
+
+    def written() -> list[str]:
+        return sorted(p.name for p in checkpoint.glob("assignments-*.json"))
+
+    engine = RoundEngine(config, replay=ReplayGuard(3600))
+    run_round(engine, seed=0)
+    engine.close(now=1.0, model_wire_bytes=1000)  # the swap: every agent assigned
+    after_swap = written()
+    assert len(after_swap) == 1 and len(json.loads((checkpoint / after_swap[0]).read_text())) == len(AGENTS)
+    engine.begin_round(AGENTS, now=2.0)
+    engine.announce(now=2.0)
+    for i, agent in enumerate(AGENTS):
+        done, _ = update(engine, agent, seed=10 + i)
+        engine.accept(done)
+        assert written() == after_swap  # the same file at each accepted update
+    state = json.loads((checkpoint / "state.json").read_text())
+    assert state["assignments_file"] == after_swap[0] and "assignments" not in state
+    state["assignments"] = json.loads((checkpoint / after_swap[0]).read_text())  # as a checkpoint from before held them
+    del state["assignments_file"]
+    (checkpoint / "state.json").write_text(json.dumps(state))
+    assert RoundEngine(config, replay=ReplayGuard(3600)).assignments == engine.assignments
+    engine.close(now=3.0, model_wire_bytes=1000)  # the average: nobody assigned, the swap's table deleted
+    assert len(written()) == 1 and written() != after_swap
+    assert json.loads((checkpoint / written()[0]).read_text()) == {}

@@ -4,7 +4,9 @@ Layout of ``<state_dir>/checkpoint/``: ``state.json`` (run id, next round, model
 progress, the last round's metrics, the replay guard) names the model file
 ``global-v<version>.safetensors`` and the cross-round strategy state ``strategy-v<version>.safetensors``;
 ``updates/round-<r>/`` holds the open round's accepted updates (``broker_server.rounds.update_store``),
-``agents/`` the agents' own models that model-swapping strategies assign (``flcore.agent_models``).
+``agents/`` the agents' own models that model-swapping strategies assign (``flcore.agent_models``), and
+``assignments-<id>.json`` what each of those agents starts from, written anew only when it changes (a round's end:
+rewriting thousands of agents' entries at every accepted update cost more than the round's training).
 ``state.json`` is replaced last and atomically, so after a ``kill -9`` at any instant the server
 resumes from a consistent state and no accepted update is lost. Files no longer named are deleted.
 """
@@ -77,6 +79,7 @@ class CheckpointStore:
         self.updates = UpdateStore(directory / "updates")
         self.agents = ModelBank(directory / "agents")
         self._named: tuple[str | None, str | None] = (None, None)  # model and strategy file state.json names
+        self._assignments: tuple[dict | None, str] = (None, "")  # the table last written, and its file
 
     def save(self, checkpoint: Checkpoint) -> None:
         """Write the files ``state.json`` names, then it. A model file it does not name yet is always written
@@ -88,6 +91,10 @@ class CheckpointStore:
         strategy_file = f"strategy-v{version}.safetensors" if checkpoint.strategy_state else None
         if strategy_file and strategy_file != self._named[1]:
             save_file(self.directory / strategy_file, checkpoint.strategy_state)
+        if checkpoint.assignments is not self._assignments[0]:  # ``EngineState`` hands the same table while unchanged
+            name = f"assignments-{secrets.token_hex(6)}.json"
+            write_json(self.directory / name, checkpoint.assignments)
+            self._assignments = (checkpoint.assignments, name)
         rs = checkpoint.round_state
         write_json(
             self.directory / STATE_FILE,
@@ -104,7 +111,7 @@ class CheckpointStore:
                 "health": checkpoint.health,
                 "pace": checkpoint.pace,
                 "privacy": checkpoint.privacy,
-                "assignments": checkpoint.assignments,
+                "assignments_file": self._assignments[1],
                 "best": checkpoint.best,
                 "model_eval": checkpoint.model_eval,
                 "changes": checkpoint.changes,
@@ -129,6 +136,7 @@ class CheckpointStore:
             f"global-v{fallback}.safetensors" if fallback else None,
             self.updates.directory.name,
             self.agents.directory.name,
+            self._assignments[1],
         }
         for path in self.directory.iterdir():
             if path.name not in keep and not path.name.startswith("."):
@@ -166,12 +174,21 @@ class CheckpointStore:
             health=state.get("health", {}),
             pace=state.get("pace", {}),
             privacy=state.get("privacy", {}),
-            assignments=state.get("assignments", {}),
+            assignments=self._load_assignments(state),
             best=state.get("best", {}),
             model_eval=state.get("model_eval"),
             changes=state.get("changes") or [],
             fallback=state.get("fallback") or {},
         )
+
+    def _load_assignments(self, state: dict) -> dict:
+        """The assignments ``state`` names (a checkpoint from before ``assignments_file`` holds them itself)."""
+        name = state.get("assignments_file")
+        if not name:
+            return state.get("assignments", {})
+        table = read_json(self.directory / name)
+        self._assignments = (table, name)
+        return table
 
     def load_version(self, version: int) -> NamedArrays | None:
         """The global model of ``version`` while its checkpoint file is kept (the fallback), else None."""

@@ -52,7 +52,7 @@ class EngineState:
         self.store = CheckpointStore(config.state_dir / "checkpoint")
         self.metrics_log = MetricsLog(config.state_dir / "metrics.jsonl")
         self.assignments: dict[str, Assignment] = {}
-        self._assignment_dicts: dict[Assignment, dict] = {}  # each one's ``to_dict``, made once (``snapshot``)
+        self._table: tuple[dict[str, Assignment], dict[str, dict]] | None = None  # ``_assignment_table``'s last
         self.changes = changes  # the last committed steps (flcore.change_bound), shared with the pipeline's step
         self.fallback = Fallback()  # the version before the model in force (broker_server.rounds.fallback)
         self.ledger = PrivacyLedger(config.privacy)
@@ -160,12 +160,14 @@ class EngineState:
         )
 
     def _assignment_table(self) -> dict[str, dict]:
-        """Every agent's assignment as the checkpoint holds it. Each (frozen) assignment is turned into a dict once:
-        the checkpoint is written at every accepted update, and with thousands of agents kept turning all of
-        them anew cost more than their training (docs/results/swapping.md)."""
-        made = {x: self._assignment_dicts.get(x) or x.to_dict() for x in set(self.assignments.values())}
-        self._assignment_dicts = made  # only the assignments in force: the cache never grows past them
-        return {agent: made[x] for agent, x in self.assignments.items()}
+        """Every agent's assignment as the checkpoint holds it: the same table (the same object, which the store
+        then does not write again) while the assignments are unchanged. The checkpoint is written at every
+        accepted update and assignments change only when a round ends; with thousands of agents, turning them all
+        into dicts and writing them at every update cost more than the agents' training (docs/results/swapping.md)."""
+        if self._table is not None and self._table[0] == self.assignments:
+            return self._table[1]
+        self._table = (dict(self.assignments), {agent: x.to_dict() for agent, x in self.assignments.items()})
+        return self._table[1]
 
     def install(self, checkpoint: Checkpoint) -> None:
         """Make ``checkpoint`` the state in memory (at start, or to undo a change that was not written). The
