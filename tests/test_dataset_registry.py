@@ -44,6 +44,6 @@ def test_a_registered_dataset_is_a_data_subcommand_and_a_sim_choice(tmp_path, ca
     assert classify_data("noise") is noise
     with pytest.raises(SystemExit):
         main(["sim", "--help"])
-    assert "digits|mnist1d|noise" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="--dataset must be one of digits, mnist1d, noise, got 'nois'"):
+    assert "digits|mnist1d|mnist1d-large|noise" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--dataset must be one of digits, mnist1d, mnist1d-large, noise, got 'nois'"):
         classify_data("nois")

@@ -154,7 +154,7 @@ def test_skyfed_data_mnist1d_writes_what_agent_check_accepts_and_a_bad_test_spli
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--dataset", "mnist2d"], "--dataset must be one of digits, mnist1d, got 'mnist2d'"),
+        (["--dataset", "mnist2d"], "--dataset must be one of digits, mnist1d, mnist1d-large, got 'mnist2d'"),
         (["--dataset", "mnist1d", "--model", "digits_cnn"], "use --model mnist1d_cnn"),
         (["--task", "detect", "--dataset", "mnist1d"], "--dataset mnist1d is for --task classify"),
     ],
