@@ -75,6 +75,7 @@ class UpdateRecord:
     local_epsilon: float | None = None  # the agent's own DP-SGD epsilon, as its update's metadata says
     local_eval: dict[str, float] = field(default_factory=dict)  # the agent's own validation of its model
     start_eval: dict[str, float] = field(default_factory=dict)  # its start model on its local test split (C-SPE)
+    trained_eval: dict[str, float] = field(default_factory=dict)  # its trained model on that split (trained C-SPE)
 
 
 @dataclass

@@ -107,7 +107,7 @@ def format_round(m: RoundMetrics, elapsed_s: float) -> str:
     if isinstance(screened := m.aggregation.get("screened"), (dict, list)) and screened:
         privacy += f"  screened {','.join(map(str, screened))}"
     own = 3 if "map50" in m.eval else 2  # a global model's own: accuracy and loss, or mAP@.5, mAP@.5:.95, box loss
-    scores = headline_text(m.headline, width=own if m.models == "global" else 3) or "no evaluation"
+    scores = headline_text(m.headline, width=own if m.models == "global" else 4) or "no evaluation"
     if m.action == "local":  # model swapping: agents trained on, nothing was uploaded, so nothing to evaluate
         scores = "local round (trained on, not uploaded)"
     return printable(

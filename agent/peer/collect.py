@@ -98,7 +98,8 @@ class RoundCollector:
         change = np.subtract(parsed.delta, self.vector, dtype=np.float32)  # the sender's model, from this peer's
         scan = check_values(change, self.vector, self.positive, self.policy)
         record = UpdateRecord(agent=sender, samples=meta.weight, loss=meta.loss, norm=scan.norm, wire_bytes=wire_bytes,
-                              local_eval=meta.local_eval, start_eval=meta.start_eval)  # fmt: skip
+                              local_eval=meta.local_eval, start_eval=meta.start_eval,
+                              trained_eval=meta.trained_eval)  # fmt: skip
         update = PeerUpdate(record, change, meta.base_sha256)
         self.updates[sender] = update
         if self.guard is not None:

@@ -119,6 +119,7 @@ def accept_update(
         local_epsilon=parsed.meta.local_epsilon,
         local_eval=parsed.meta.local_eval,
         start_eval=parsed.meta.start_eval,
+        trained_eval=parsed.meta.trained_eval,
     )
     state.updates.append(record)
     return record

@@ -112,6 +112,12 @@ class RoundEngine:
         """The whole model ``agent`` starts from (what its inbox gets when it is not the global one)."""
         return with_floats(self.global_arrays, self.base_vector(agent), self.float_spec)
 
+    def _trained_model(self, agent: str) -> NamedArrays:
+        """``agent``'s model after this round's training: its start model plus the change it uploaded."""
+        assert self.round_state is not None
+        vector = self.base_vector(agent) + self.state.store.updates.delta(self.round_state.round, agent)
+        return with_floats(self.global_arrays, vector, self.float_spec)
+
     def needs_global(self, agent: str) -> bool:
         """Whether ``agent`` trains with the global model this round: it starts from it, or attends over it."""
         assignment = self.assignments.get(agent)
@@ -289,6 +295,9 @@ class RoundEngine:
         global_starts = self.local.global_downloads()
         starts = {u.agent: self._start_key(u.agent) for u in rs.updates}  # before the assignments move on
         personal = self.start_scores.personal(rs.updates, starts, self.start_model)
+        limit = 0 if self.config.privacy.enabled else self.config.server.score_trained  # see ``personal``
+        if trained := self.start_scores.trained(rs.round, rs.updates, self._trained_model, limit):
+            personal = {**personal, "trained": trained}
         try:
             if stuck:
                 raise RoundRejected(*stuck_reason(rs, self.rules.quorum))

@@ -26,7 +26,7 @@ from protocol.messages import RoundMetrics
 from protocol.scores import round_headline
 
 MAX_ROWS = 100  # agents or peers drawn; a flood of invented names is counted, not drawn
-SCORE_COLUMNS = 4  # headline scores a round's row shows, lead first
+SCORE_COLUMNS = 6  # headline scores a round's row shows, lead first (a personal run's four, then two global)
 MAX_GROUPS = 12  # DemLearn groups listed under the rounds
 MAX_MEMBERS = 8  # names listed per group
 

@@ -41,8 +41,9 @@ class NoOptions:
 class LocalRun:
     """One round of local training as the recipes see it. ``model`` is the PyTorch module that trains and is
     uploaded; ``start`` the round's start model; ``start_eval`` the scores reported as this participant's C-SPE
-    (its model on its own test split before it trains); ``state_dir`` where a recipe keeps what lasts across
-    rounds; ``context`` FedAMN's other models (``participant.trainer.PeerContext``) or None."""
+    (its model on its own test split before it trains); ``judged`` the module the participant is judged by after
+    training, when that is not ``model`` (Ditto's personal model); ``state_dir`` where a recipe keeps what lasts
+    across rounds; ``context`` FedAMN's other models (``participant.trainer.PeerContext``) or None."""
 
     model: Any
     start: NamedArrays
@@ -57,6 +58,11 @@ class LocalRun:
     private: bool = False  # local DP-SGD trains the uploaded model
     context: Any = None
     start_eval: dict[str, float] = field(default_factory=dict)
+    judged: Any = None
+
+    @property
+    def judged_model(self) -> Any:
+        return self.model if self.judged is None else self.judged
 
 
 class Recipe:

@@ -1,9 +1,9 @@
 """Ditto's client half (Li et al., ICML 2021, Algorithm 1; ``flcore.strategies.ditto``): besides the model it
 uploads, the participant keeps a personal model vₖ on disk and, once the round's model is trained, trains vₖ for
 ``epochs`` on min F_k(v) + (λ/2)·‖v − wᵗ‖², wᵗ the round's start model, with the round's optimizer settings. Its
-C-SPE is vₖ on its own test split before it trains (the model it would use now). A personal model that is
-missing, of another layout or not finite starts again from wᵗ. Local DP-SGD covers the uploaded model; vₖ never
-leaves the participant."""
+C-SPE is vₖ on its own test split before it trains (the model it would use now), its trained C-SPE vₖ after. A
+personal model that is missing, of another layout or not finite starts again from wᵗ. Local DP-SGD covers the
+uploaded model; vₖ never leaves the participant."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ class Ditto(Recipe):
 
         self.personal = copy.deepcopy(run.model)
         load_arrays(self.personal, {**run.start, **kept(run)})
+        run.judged = self.personal
         if run.test_data is not None:
             run.start_eval = evaluate(self.personal, run.test_data, run.device)
 
