@@ -6,6 +6,8 @@
 - ``dirichlet``: per class, proportions drawn from Dirichlet(α) (Hsu et al. 2019, arXiv:1909.06335);
   small α gives each client few classes, large α approaches IID.
 ``shards`` is ``shards:2``. ``holdout`` then cuts a client's local test split off its share.
+A ``--partition`` spec may add feature skew, each agent's own input transformation (``models.feature_skew``):
+``LABELS+feature-skew[:OPTIONS]``, or ``feature-skew[:OPTIONS]`` alone for IID labels (``parse_plan``).
 Pure numpy: labels in, index arrays out.
 """
 
@@ -17,8 +19,16 @@ from functools import partial
 
 import numpy as np
 
+from models.feature_skew import NAME as FEATURE_SKEW
+from models.feature_skew import OPTIONS as FEATURE_SKEW_OPTIONS
+from models.feature_skew import FeatureSkew
+
 Partitioner = Callable[[np.ndarray, int, int], list[np.ndarray]]
-FORMS = "iid | shards | shards:K | dirichlet:ALPHA (e.g. dirichlet:0.5)"
+LABEL_FORMS = "iid | shards | shards:K | dirichlet:ALPHA (e.g. dirichlet:0.5)"
+FORMS = (
+    f"{LABEL_FORMS}, each optionally +{FEATURE_SKEW}[:OPTIONS], or {FEATURE_SKEW}[:OPTIONS] alone (IID labels); "
+    f"OPTIONS: {FEATURE_SKEW_OPTIONS} (e.g. shards:2+{FEATURE_SKEW}:rotate=45)"
+)
 
 
 def iid(labels: np.ndarray, n_clients: int, seed: int) -> list[np.ndarray]:
@@ -57,8 +67,33 @@ def dirichlet(
     )
 
 
+@dataclass(frozen=True)
+class Plan:
+    """A whole ``--partition`` spec: how the labels are split, and the feature skew on top (``None``: none)."""
+
+    labels: Partitioner
+    features: FeatureSkew | None = None
+
+
+def parse_plan(spec: str) -> Plan:
+    """``LABELS``, ``LABELS+feature-skew[:OPTIONS]`` or ``feature-skew[:OPTIONS]`` (= ``iid+feature-skew…``)."""
+    labels, plus, features = spec.partition("+")
+    if not plus and labels.partition(":")[0] == FEATURE_SKEW:
+        labels, features = "iid", spec
+    if not plus and not features:
+        return Plan(parse(labels))
+    name, _, options = features.partition(":")
+    if name != FEATURE_SKEW:
+        raise ValueError(f"partition {spec!r}: after '+' comes {FEATURE_SKEW}[:OPTIONS], got {features!r}; use {FORMS}")
+    label_split = parse(labels)
+    try:
+        return Plan(label_split, FeatureSkew.parse(options))
+    except ValueError as exc:
+        raise ValueError(f"partition {spec!r}: {exc}") from None
+
+
 def parse(spec: str) -> Partitioner:
-    """``"iid"``, ``"shards"``, ``"shards:K"`` or ``"dirichlet:ALPHA"`` → a partitioner."""
+    """``"iid"``, ``"shards"``, ``"shards:K"`` or ``"dirichlet:ALPHA"`` → a partitioner (labels only)."""
     name, _, arg = spec.partition(":")
     try:
         if name == "iid" and not arg:

@@ -176,6 +176,7 @@ def _add_sim_options(
 ) -> None:
     from flcore.strategies import STRATEGIES
     from models.classify_data import DATASETS
+    from models.partition import FORMS
     from protocol import codecs
 
     parser.add_argument("--agents", type=int, default=agents)
@@ -218,9 +219,8 @@ def _add_sim_options(
                         help=f"classify: {DATASETS.choices()} (default digits; what each is: skyfed data NAME --help); "
                         "each agent holds out 20 %% of its share as its local test split")  # fmt: skip
     parser.add_argument("--partition", default=partition,
-                        help=f"classify: iid | shards (= shards:2) | shards:K | dirichlet:ALPHA (default "
-                        f"{partition or 'dirichlet:0.5'}); detect: iid | class-skew:D (default "
-                        "class-skew:0.7)")  # fmt: skip
+                        help=f"classify: {FORMS} (default {partition or 'dirichlet:0.5'}; shards = shards:2); "
+                        "detect: iid | class-skew:D (default class-skew:0.7)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=out, help="folder for metrics.jsonl, curves.png, global_model.safetensors "
                         "(a relative one is under the current folder)")  # fmt: skip

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from models.classify_data import DATASETS
+from models.partition import FORMS
 
 MOTOR_HELP = (
     "VisDrone's category 10 'motor', which the thesis (seed 001) never names: keep (default) → 10 classes, the "
@@ -27,19 +28,20 @@ def subcommands() -> tuple[str, ...]:
 
 
 def run_classify_data(args: argparse.Namespace) -> int:
-    from models.partition import parse
+    from models.partition import parse_plan
     from security.keys import check_name
     from sim.classify_layout import describe_partition, write_classify_data
 
     try:
         names = [check_name(a) for a in args.agents]
-        parse(args.partition)
+        parse_plan(args.partition)
     except ValueError as exc:
         return _fail(args.dataset, exc)
     out = Path(args.out)
-    train, test = write_classify_data(out, names, args.partition, args.seed, args.dataset)
-    print(f"wrote {out / 'server' / 'test.npz'} (the server's eval_data)")
-    for name, line in zip(names, describe_partition(train, test, names), strict=True):
+    train, test, domains = write_classify_data(out, names, args.partition, args.seed, args.dataset)
+    print(f"wrote {out / 'server' / 'test.npz'} (the server's eval_data"
+          f"{': every agent transformation on an equal part' if any(domains) else ''})")  # fmt: skip
+    for name, line in zip(names, describe_partition(train, test, names, domains), strict=True):
         print(f"wrote {out / name / 'data.npz'} and test.npz (its agent.data and agent.test_data: "
               f"{line.split(': ', 1)[1]})")  # fmt: skip
     return 0
@@ -92,8 +94,8 @@ def add_data_commands(commands: argparse._SubParsersAction) -> None:
         classify.add_argument("agents", nargs="+", help="agent ids, e.g. drone-01 drone-02 drone-03")
         classify.add_argument("--out", default=".", help="folder to write into (default: here)")
         classify.add_argument("--partition", default="iid",
-                              help="iid | shards (= shards:2) | shards:K (K label-sorted shards per agent) | "
-                              "dirichlet:ALPHA (label skew)")  # fmt: skip
+                              help=f"{FORMS}; shards = shards:2, K label-sorted shards per agent; dirichlet: "
+                              "label skew; feature-skew: each agent's own input transformation")  # fmt: skip
         classify.add_argument("--seed", type=int, default=0)
         classify.set_defaults(handler=run_classify_data, dataset=dataset)
 

@@ -66,9 +66,10 @@ def write_data(root: Path, settings: SimSettings) -> tuple[dict, dict, list[str]
         return server, {"data": "data/data.yaml"}, description
     names = node_names(settings)
     sharing = Sharing(settings.agents, settings.share_ratio, settings.share_mode)
-    train, test = write_classify_data(root, names, settings.partition, settings.seed, settings.dataset, sharing=sharing)
+    train, test, domains = write_classify_data(root, names, settings.partition, settings.seed, settings.dataset,
+                                               sharing=sharing)  # fmt: skip
     agent = {"data": "data.npz", "test_data": "test.npz"}
-    description = describe_partition(train, test, names)
+    description = describe_partition(train, test, names, domains)
     if not (root / "server" / POOL_FILE).exists():
         return {"eval_data": "test.npz"}, agent, description
     shared = load_npz(root / "server" / POOL_FILE)

@@ -162,7 +162,7 @@ class SimSettings:
             if self.attackers or self.local_privacy:
                 raise ValueError("--task detect runs honest agents without local DP: drop --attackers and --ldp-*")
         else:
-            partition.parse(self.partition)
+            partition.parse_plan(self.partition)
             if self.pooled:
                 raise ValueError("pooled (one agent holding every share) exists for --task detect only")
         try:

@@ -63,7 +63,7 @@ def _rows(path: Path) -> tuple[list[bytes], np.ndarray]:
 @pytest.mark.parametrize("spec", ["iid", "shards", "shards:3", "dirichlet:0.5"])
 def test_every_partition_gives_each_mnist1d_agent_data_and_a_disjoint_stratified_local_test_split(tmp_path, spec):
     names = [f"a{i}" for i in range(5)]
-    train_hist, _ = write_classify_data(tmp_path, names, spec, seed=3, dataset="mnist1d")
+    train_hist, _, _ = write_classify_data(tmp_path, names, spec, seed=3, dataset="mnist1d")
     seen: list[bytes] = []
     for name, hist in zip(names, train_hist, strict=True):
         train_rows, train_y = _rows(tmp_path / name / "data.npz")
