@@ -20,6 +20,7 @@ from models.weights import flatten, load_arrays, state_spec, to_arrays
 from models.zoo import build_model
 from participant.classifier import ClassifierTrainer
 from participant.declined import TrainingDeclined
+from participant.local_dp import LocalPrivacySection, PrivacyBudget
 from participant.recipes import checked_settings
 from participant.recipes.fedper import HEAD_FILE
 from protocol.messages import TrainSettings
@@ -82,6 +83,22 @@ def test_the_head_is_kept_on_the_agent_scored_as_c_spe_and_never_uploaded(tmp_pa
     assert second.start_eval == evaluate(model, test, torch.device("cpu"))  # C-SPE: the round's body, its own head
     load_arrays(model, first.arrays)
     assert second.start_eval != evaluate(model, test, torch.device("cpu"))
+
+
+def test_under_local_dp_sgd_the_head_trains_privately_and_stays_on_the_agent(tmp_path):
+    train, _ = load_digits(test_fraction=0.5, seed=0)
+    budget = PrivacyBudget(LocalPrivacySection(noise_multiplier=1.0, max_grad_norm=1.0), tmp_path / "dp.json", 300)
+    trainer = ClassifierTrainer(train.subset(np.arange(300)), device=torch.device("cpu"), agent_id="a",
+                                work_dir=tmp_path, budget=budget)  # fmt: skip
+    start = to_arrays(build_model("mlp_digits"))  # DP-SGD needs a model without BatchNorm
+    task = round_task(model="mlp_digits", run_id="r", train=checked_settings(
+        build_strategy({"name": "fedper"}).configure_train(TrainSettings(), 1, {}).shared))
+    result = trainer.train(start, task)
+    kept, _ = load_file(tmp_path / HEAD_FILE)
+    assert result.epsilon > 0 and set(kept) == {"net.3.weight", "net.3.bias"}
+    assert all(np.array_equal(result.arrays[n], start[n]) and float(np.abs(kept[n] - start[n]).max()) > 1e-4
+               for n in kept)  # fmt: skip
+    assert float(np.abs(result.arrays["net.1.weight"] - start["net.1.weight"]).max()) > 1e-4
 
 
 @pytest.mark.parametrize("damage", ["garbage", "nan", "other-layout"])
