@@ -45,7 +45,8 @@ from flcore.strategies import build_strategy
 from flcore.strategies.choice import strategy_notes
 from flcore.update import NotForThisRound, UpdateRejected
 from flcore.validation import reason_kind
-from models.weights import NamedArrays, with_floats
+from models.weights import NamedArrays, state_spec, with_floats
+from models.zoo import build_model
 from participant.recipes import checked_settings, work_share
 from protocol.codecs import Codec
 from protocol.messages import Rejection, RoundMetrics, TrainSettings, headline
@@ -94,6 +95,9 @@ class RoundEngine:
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
         self.orphan_rejections: list[dict[str, str]] = []
         self.state.open()
+        if problem := self.strategy.fit_model(lambda: state_spec(build_model(config.server.model,
+                                                                             num_classes=config.server.num_classes))):
+            raise ValueError(f"strategy {self.strategy.name}: {problem}")
         if self.finished:
             log.warning("this run is already over (%d rounds done): to start a new run, move %s aside, or raise "
                         "server.rounds to go on with this one", self.next_round - 1, self.config.state_dir)  # fmt: skip

@@ -32,6 +32,7 @@ STRATEGIES.add("demlearn", "flcore.strategies.demlearn:DemLearn")
 STRATEGIES.add("fedamp", "flcore.strategies.fedamp:FedAMP")
 STRATEGIES.add("fedamn", "flcore.strategies.fedamn:FedAMN")
 STRATEGIES.add("ditto", "flcore.strategies.ditto:Ditto")
+STRATEGIES.add("fedper", "flcore.strategies.fedper:FedPer")
 
 
 def build_strategy(table: dict[str, Any]) -> Strategy:

@@ -16,12 +16,18 @@ without loading it.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 from models.datasets import Dataset
 from models.weights import NamedArrays
+
+log = logging.getLogger("skyfed.agent")
 
 
 @dataclass(frozen=True)
@@ -85,3 +91,23 @@ class Recipe:
 
     def after(self, run: LocalRun) -> None:  # noqa: B027 - optional hook
         """After the model to upload is trained."""
+
+
+def kept_arrays(path: Path, expected: Mapping[str, np.ndarray], what: str) -> NamedArrays:
+    """What a recipe kept at ``path`` across rounds (Ditto's personal model, FedPer's head) if it has exactly
+    ``expected``'s tensors and shapes and only finite values; else nothing, logged, and the recipe starts ``what``
+    again from the round's model."""
+    from models.serialization import SerializationError, load_file
+
+    if not path.exists():
+        return {}
+    try:
+        arrays, _ = load_file(path)
+    except SerializationError as exc:
+        log.warning("%s %s unreadable (%s): starting it from the round's model", what, path, exc)
+        return {}
+    fits = set(arrays) == set(expected) and all(arrays[n].shape == expected[n].shape for n in expected)
+    if not fits or not all(np.isfinite(a).all() for a in arrays.values()):
+        log.warning("%s %s does not fit the round's model: starting it from the round's model", what, path)
+        return {}
+    return arrays

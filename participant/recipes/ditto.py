@@ -11,10 +11,8 @@ import copy
 import logging
 from dataclasses import dataclass
 
-import numpy as np
-
 from models.weights import NamedArrays
-from participant.recipes.base import LocalRun, Recipe
+from participant.recipes.base import LocalRun, Recipe, kept_arrays
 
 PERSONAL_FILE = "ditto_personal.safetensors"
 log = logging.getLogger("skyfed.agent")
@@ -61,18 +59,4 @@ class Ditto(Recipe):
 
 def kept(run: LocalRun) -> NamedArrays:
     """The personal model on disk if it has the round's tensors, shapes and only finite values; else nothing."""
-    from models.serialization import SerializationError, load_file
-
-    path, start = run.state_dir / PERSONAL_FILE, run.start
-    if not path.exists():
-        return {}
-    try:
-        arrays, _ = load_file(path)
-    except SerializationError as exc:
-        log.warning("personal model %s unreadable (%s): starting it from the round's model", path, exc)
-        return {}
-    fits = set(arrays) == set(start) and all(arrays[n].shape == start[n].shape for n in start)
-    if not fits or not all(np.isfinite(a).all() for a in arrays.values()):
-        log.warning("personal model %s does not fit the round's model: starting it from the round's model", path)
-        return {}
-    return arrays
+    return kept_arrays(run.state_dir / PERSONAL_FILE, run.start, "personal model")
