@@ -111,7 +111,7 @@ def test_the_headline_pairs_each_start_score_with_its_trained_one():
         "C-GEN", "trained C-GEN"]  # fmt: skip
 
 
-@pytest.mark.parametrize("strategy", ["fedavg", "demlearn", "fedamp", "ditto"])
+@pytest.mark.parametrize("strategy", ["fedavg", "demlearn", "fedamp", "ditto", "fedper"])
 def test_every_strategys_rows_carry_trained_scores_beside_the_start_ones(tmp_path, strategy):
     settings = SimSettings(agents=4, rounds=2, partition="shards", in_process=True, strategy={"name": strategy},
                            federation="t", dataset="mnist1d")  # fmt: skip
@@ -121,7 +121,7 @@ def test_every_strategys_rows_carry_trained_scores_beside_the_start_ones(tmp_pat
         trained = row["personal"]["trained"]
         assert set(trained["agents"]) == set(row["accepted"])
         assert all(0 <= a["c_spe"] <= 1 for a in trained["agents"].values())
-        if strategy == "ditto":  # judged by personal models the server never holds: no C-GEN under their name
+        if strategy in ("ditto", "fedper"):  # judged by personal models the server never holds: no C-GEN of theirs
             assert trained["scored"] == 0 and "c_gen" not in trained
         else:
             assert trained["scored"] == 4 and all(0 <= a["c_gen"] <= 1 for a in trained["agents"].values())

@@ -1,13 +1,15 @@
 """FedPer's client half (Arivazhagan et al. 2019, arXiv:1912.00818; ``flcore.strategies.fedper``): the participant
 keeps its personal head (the model's last ``layers`` Linear layers, ``flcore.strategies.fedper.personal_head``) on
 disk and loads it over the round's model before it trains, so body and head train together from the federation's
-body and its own head; its C-SPE is that model on its own test split before it trains. After training it keeps the
+body and its own head; its C-SPE is that model on its own test split before it trains, its trained C-SPE the trained
+body with the trained head. After training it keeps the
 trained head and puts the round's head back into the model it uploads: the update's head change is exactly zero,
 and the head never leaves the participant. A kept head that is missing, of another layout or not finite starts
 again from the round's head (the initial one in a federation's first round)."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 
@@ -52,5 +54,6 @@ class PersonalHead(Recipe):
 
         trained = to_arrays(run.model)
         save_file(run.state_dir / HEAD_FILE, {n: trained[n] for n in self.head})
+        run.judged = copy.deepcopy(run.model)  # trained body and own head: what its trained C-SPE scores
         load_arrays(run.model, {**trained, **{n: run.start[n] for n in self.head}})  # the upload: no head change
         log.info("personal head kept round=%d tensors=%s", run.round, ",".join(self.head))
