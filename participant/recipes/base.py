@@ -42,7 +42,8 @@ class LocalRun:
     """One round of local training as the recipes see it. ``model`` is the PyTorch module that trains and is
     uploaded; ``start`` the round's start model; ``start_eval`` the scores reported as this participant's C-SPE
     (its model on its own test split before it trains); ``state_dir`` where a recipe keeps what lasts across
-    rounds; ``context`` FedAMN's other models (``participant.trainer.PeerContext``) or None."""
+    rounds; ``context`` the models sent beside the start (``participant.trainer.PeerContext``: FedAMN's cluster mates,
+    FedAMP's cloud model) or None; ``anchor`` what a recipe has the proximal term pull toward instead of the start."""
 
     model: Any
     start: NamedArrays
@@ -57,6 +58,7 @@ class LocalRun:
     private: bool = False  # local DP-SGD trains the uploaded model
     context: Any = None
     start_eval: dict[str, float] = field(default_factory=dict)
+    anchor: NamedArrays | None = None  # what the proximal pull aims at (None: the start model)
 
 
 class Recipe:
