@@ -53,7 +53,7 @@ def test_cosine_attention_keeps_its_self_weight_and_prefers_the_aligned_model():
 def test_each_agent_gets_its_own_cloud_model_sealed_to_it(tmp_path):
     layout = create_federation(tmp_path, SimSettings(agents=3, rounds=2, federation="e"), ("127.0.0.1", 1))
     override_toml(layout.server_config, rounds={"min_agents": 3, "quorum": 3}, bounds={"clip": "off"},
-                  strategy={"name": "fedamp", "sigma": 10.0, "lam": 0.5})  # fmt: skip
+                  strategy={"name": "fedamp", "sigma": 10.0, "lam": 0.5, "start": "cloud"})  # fmt: skip
     engine = RoundEngine(load_server_config(layout.server_config), replay=ReplayGuard(3600))
     engine.begin_round(AGENTS, now=0.0)
     engine.announce(now=0.0)
@@ -89,7 +89,8 @@ def test_over_a_real_broker_each_cloud_model_opens_only_for_its_agent(tmp_path, 
     from tests.liveharness import Recording, Sniffer, assert_each_opens_only_for_its_owner
 
     fed = Federation(tmp_path, broker, rounds=2, agents=3, partition="shards")
-    override_toml(fed.layout.server_config, rounds={"quorum": 3}, strategy={"name": "fedamp", "sigma": 50.0})
+    override_toml(fed.layout.server_config, rounds={"quorum": 3},
+                  strategy={"name": "fedamp", "sigma": 50.0, "start": "cloud"})  # fmt: skip
     for agent in fed.agents:
         agent.runner.trainer = Recording(agent.runner.trainer)
     sniffer = Sniffer(broker)
@@ -111,11 +112,11 @@ def test_over_a_real_broker_each_cloud_model_opens_only_for_its_agent(tmp_path, 
 
 
 def test_in_the_papers_form_each_agent_goes_on_from_its_own_model_with_its_cloud_model_beside_it(tmp_path):
-    """``start = "own"`` (PFLlib's clientamp): the start is the agent's own wᵢ, and uᵢ comes as a one-model bundle
-    that the proximal recipe pulls toward."""
+    """``start = "own"``, the default (PFLlib's clientamp): the start is the agent's own wᵢ, and uᵢ comes as a
+    one-model bundle that the proximal recipe pulls toward."""
     layout = create_federation(tmp_path, SimSettings(agents=3, rounds=2, federation="e"), ("127.0.0.1", 1))
     override_toml(layout.server_config, rounds={"min_agents": 3, "quorum": 3}, bounds={"clip": "off"},
-                  strategy={"name": "fedamp", "sigma": 10.0, "lam": 0.5, "start": "own"})  # fmt: skip
+                  strategy={"name": "fedamp", "sigma": 10.0, "lam": 0.5})  # fmt: skip
     engine = RoundEngine(load_server_config(layout.server_config), replay=ReplayGuard(3600))
     engine.begin_round(AGENTS, now=0.0)
     engine.announce(now=0.0)

@@ -62,7 +62,7 @@ class FedAMPOptions:
     sigma: float = 1.0  # σ: the attention's scale
     attention: str = "distance"
     self_weight: float = 0.5  # cosine attention: ξᵢᵢ; distance attention: the least ξᵢᵢ
-    start: str = "cloud"  # what an agent trains from: its own wᵢ pulled toward uᵢ (the paper's), or uᵢ
+    start: str = "own"  # what an agent trains from: its own wᵢ pulled toward uᵢ (the paper's), or uᵢ
 
     def __post_init__(self) -> None:
         for key in ("alpha_k", "sigma"):
