@@ -168,3 +168,24 @@ def test_the_pull_toward_the_model_sent_beside_the_start_is_that_model_not_the_s
     two = PeerContext({name: np.stack([array, array]) for name, array in cloud.items()}, own)
     with pytest.raises(TrainingDeclined, match="exactly one model sent beside the start"):
         trainer.train(own, task, two)
+
+
+@pytest.mark.timeout(300)
+def test_over_a_real_broker_each_agent_trains_on_from_its_own_model_with_its_cloud_model_beside_it(tmp_path, broker):
+    """The paper's form through the daemons: round 2 starts from each agent's own model, with one model beside it."""
+    from broker_server.daemon import Aggregator
+    from tests.fedharness import Federation
+    from tests.liveharness import Recording
+
+    fed = Federation(tmp_path, broker, rounds=2, agents=3, partition="shards")
+    override_toml(fed.layout.server_config, rounds={"quorum": 3}, strategy={"name": "fedamp", "sigma": 50.0})
+    for agent in fed.agents:
+        agent.runner.trainer = Recording(agent.runner.trainer)
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    fed.run(server, timeout_s=180)
+    assert [len(m.accepted) for m in fed.metrics()] == [3, 3]
+    for agent in fed.agents:
+        recorded = agent.runner.trainer
+        assert recorded.contexts[1] is None  # round 1: everyone from the global model, pulled toward it
+        assert {len(stack) for stack in recorded.contexts[2].peers.values()} == {1}  # uᵢ beside the start
+    assert len({fingerprint(a.runner.trainer.bases[2]) for a in fed.agents}) == 3  # three own start models

@@ -133,7 +133,9 @@ class FedAMP(Strategy):
         for row, cloud in mixed_models(views, xi):
             agent = models.agents[row]
             cloud_model = models.put(f"cloud-{agent}", cloud)
-            beside = replace(models.own(agent), peers=models.peers((cloud_model,)))  # wᵢ, and uᵢ for the pull
-            starts[agent] = beside if own else Assignment("inbox", cloud_model)
+            if own:  # wᵢ, with uᵢ beside it for the proximal pull
+                starts[agent] = replace(models.own(agent), peers=models.peers((cloud_model,)))
+            else:
+                starts[agent] = Assignment("inbox", cloud_model)
         detail = {"self_weight": {a: round(float(xi[i, i]), 6) for i, a in enumerate(models.agents)}}
         return StartPlan(publish=True, starts=starts, detail=detail)
