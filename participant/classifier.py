@@ -81,6 +81,7 @@ class ClassifierTrainer:
             prepare=prepare,
             momentum_start=self.momentum.start(task, settings),
             optimizer=settings.optimizer,
+            anchor=run.anchor,
         )
         self.momentum.keep(task, settings, outcome.momentum)
         for recipe in recipes:

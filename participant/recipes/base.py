@@ -49,7 +49,9 @@ class LocalRun:
     uploaded; ``start`` the round's start model; ``start_eval`` the scores reported as this participant's C-SPE
     (its model on its own test split before it trains); ``judged`` the module the participant is judged by after
     training, when that is not ``model`` (Ditto's personal model); ``state_dir`` where a recipe keeps what lasts
-    across rounds; ``context`` FedAMN's other models (``participant.trainer.PeerContext``) or None."""
+    across rounds; ``context`` the models sent beside the start (``participant.trainer.PeerContext``: FedAMN's
+    cluster mates, FedAMP's cloud model) or None; ``anchor`` what a recipe has the proximal term pull toward instead
+    of the start."""
 
     model: Any
     start: NamedArrays
@@ -64,6 +66,7 @@ class LocalRun:
     private: bool = False  # local DP-SGD trains the uploaded model
     context: Any = None
     start_eval: dict[str, float] = field(default_factory=dict)
+    anchor: NamedArrays | None = None  # what the proximal pull aims at (None: the start model)
     judged: Any = None
 
     @property
