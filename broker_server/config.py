@@ -44,7 +44,11 @@ class ServerSection:
         from models.tasks import task_of
 
         if self.score_trained is None:
-            object.__setattr__(self, "score_trained", 20 if task_of(self.model) == "classify" else 0)
+            try:
+                detector = task_of(self.model) == "detect"
+            except ValueError:  # an unknown model: refused, named, by the model's own check
+                detector = False
+            object.__setattr__(self, "score_trained", 0 if detector else 20)
         if isinstance(self.score_trained, bool) or not isinstance(self.score_trained, int) or self.score_trained < 0:
             raise ValueError(f"server.score_trained must be a whole number >= 0 (0: no trained C-GEN), got "
                              f"{self.score_trained!r}")  # fmt: skip
