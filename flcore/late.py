@@ -4,14 +4,19 @@ With SmartFed's static threshold (``[strategy] threshold = K``) a round closes a
 update always comes after the K-th (a slower device, or only a busier machine) never counted. Now an update for
 the round that closed last, from an agent that round selected and closed without, is checked exactly as an on-time
 one (signature and replay at the transfer, structure against the model version it was trained from, finite
-values, the model's invariants over that model) and folded into the open round as one more contribution: its
-delta, over the model it was trained from, joins the open round's aggregate with its weight, after the influence
-bounds, multiplied by ``late_weight``. The default is FedAsync's polynomial staleness function (1 + s)^-a with
-a = 1/2 at staleness s = 1 (Xie, Koyejo & Gupta, "Asynchronous Federated Optimization", 2019,
-arXiv:1903.03934): 2^-1/2 ≈ 0.71. An update two or more rounds old is refused as ``stale``, and ``late_weight
-= 0`` keeps the old rule (every late update refused). A threshold of K still means K: a late update never counts
-towards the open round's K. A strategy that ignores weights (``weighting = "uniform"``, the median, Krum) ignores
-the discount too: the late delta is then one more update among the round's.
+values, the norm limit, the model's invariants over that model) and folded into the open round as one more
+contribution, through the same influence bounds and screening. It joins as its *model*: the change from the model
+in force to the late agent's model (its delta plus the step the model took since), as FedAsync mixes a stale
+model into the current one (Xie, Koyejo & Gupta, "Asynchronous Federated Optimization", 2019, arXiv:1903.03934)
+and as a peer always takes a change over its own model (``agent.peer.collect``). Its raw delta added to the new
+model would apply the late agent's step a second time and can break the model's invariants (a BatchNorm running
+variance pushed below zero: measured, a NaN trial loss on the digits CNN); a weighted mean of valid models cannot.
+
+Its weight, after the bounds, is multiplied by ``late_weight``: by default FedAsync's polynomial staleness
+function (1 + s)^-a with a = 1/2 at staleness s = 1, 2^-1/2 ≈ 0.71. An update two or more rounds old is refused as
+``stale``; ``late_weight = 0`` keeps the old rule (every late update refused). A threshold of K still means K: a
+late update never counts towards the open round's K. A strategy that ignores weights (``weighting = "uniform"``,
+the median, Krum) ignores the discount too: the late model is then one more among the round's.
 """
 
 from __future__ import annotations

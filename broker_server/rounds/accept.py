@@ -7,14 +7,17 @@ folded into a streaming strategy when the bounds known so far allow it), the out
 model's invariants (no negative running variance), and finally the update is written to the update store
 before the round state records it. A refusal raises ``UpdateRejected`` and leaves the round exactly
 as it was (a fold already made is subtracted again). A late update of the round before (``flcore.late``) passes
-the same checks against the model it was trained from, and is stored and recorded as ``agent@round``.
+the same checks against the model it was trained from, and is stored, as the change from the model in force to
+its model, and recorded as ``agent@round``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.linalg.blas import sdot
 
 from broker_server.rounds.update_store import UpdateStore
 from flcore.bounds import InfluencePolicy, tentative
@@ -25,7 +28,7 @@ from flcore.strategies.base import Strategy
 from flcore.update import MAX_LOCAL_EVAL, NotForThisRound, UpdateMeta, parse_update
 from flcore.validation import check_values
 from models.serialization import dumps
-from models.weights import TensorRange, TensorSpec
+from models.weights import TensorRange, TensorSpec, unflatten
 from protocol.codecs import FP32, Codec, encode
 from protocol.transfer import Completed
 
@@ -43,6 +46,7 @@ class RoundInputs:
     next_round: int = 0  # the round the server opens next (an update for an earlier one is late)
     codec: Codec = FP32  # how the round asked agents to encode updates
     late: LateWindow | None = None  # the round before, whose late updates are folded in (None: refused)
+    current: np.ndarray | None = None  # a late update's: the model in force, which its change is taken over
 
 
 HEADER_SLACK = 64 << 10  # room for an update's safetensors header beyond the model's own
@@ -140,11 +144,15 @@ def accept_update(
     fold = strategy.fold_plan(bounds) if strategy.fold_on_accept and not late_from else None
     result = check_values(parsed.delta, inputs.base_vector, inputs.positive, policy, fold)
     folded = fold.weight if (fold is not None and result.folded) else 0.0
+    stored, norm = parsed.stored, result.norm
+    if late_from and inputs.current is not None:  # its model, as a change over the model in force (flcore.late)
+        change = np.add(parsed.delta, inputs.base_vector - inputs.current, dtype=np.float32)
+        stored, norm = dumps(unflatten(change, inputs.spec)), math.sqrt(float(sdot(change, change)))
     record = UpdateRecord(
         agent=agent,
         samples=parsed.meta.weight,
         loss=parsed.meta.loss,
-        norm=result.norm,
+        norm=norm,
         wire_bytes=completed.wire_bytes,
         folded=folded,
         local_epsilon=parsed.meta.local_epsilon,
@@ -154,7 +162,7 @@ def accept_update(
         discount=strategy.late_weight if late_from else 1.0,
     )
     try:
-        store.put(state.round, record.key, parsed.stored)
+        store.put(state.round, record.key, stored)
     except BaseException:
         if folded and fold is not None:
             axpy(parsed.delta, fold.into, -folded)  # leave the running sum as it was

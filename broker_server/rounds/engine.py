@@ -239,6 +239,7 @@ class RoundEngine:
                     next_round=self.next_round,
                     codec=self.codec,
                     late=late,
+                    current=self.global_vector,
                 ),
                 policy=self.policy,
                 strategy=self.strategy,

@@ -202,7 +202,11 @@ def _peer_round(s: PeerState) -> str:
 
 
 def _peer_counts(s: PeerState) -> tuple[str, str]:
-    return (str(len(s.metrics.aggregated_from)), str(len(s.metrics.rejected))) if s.metrics else ("-", "-")
+    if s.metrics is None:
+        return "-", "-"
+    late = s.metrics.aggregation.get("folded_late")  # late updates of the round before (flcore.late)
+    late_text = f" + {len(late)} late" if isinstance(late, list) and late else ""
+    return f"{len(s.metrics.aggregated_from)}{late_text}", str(len(s.metrics.rejected))
 
 
 def _highest_claim(peers: dict[str, PeerState]) -> str | None:
