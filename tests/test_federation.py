@@ -242,6 +242,22 @@ def test_a_threshold_closes_the_round_early_and_a_late_update_is_folded_into_the
     assert second.accepted == ["agent-01"] and second.aggregation["folded_late"] == ["agent-02@1"]
 
 
+@pytest.mark.timeout(180)
+def test_an_agent_still_training_when_the_threshold_closes_its_round_finishes_and_is_folded_into_the_next(
+        tmp_path, broker):  # fmt: skip
+    """Real agents, threshold 2 of 3: round 2's task names the slow agent in ``late``, so it finishes its round-1
+    training and sends it instead of stopping (it stopped on main: an agent always last never sent anything), and
+    round 2 folds it in."""
+    fed = Federation(tmp_path, broker, rounds=2, strategy={"name": "fedavg", "threshold": 2})
+    slow, *fast = fed.agents
+    slow.runner.trainer = SlowInRound(slow.runner.trainer, round_number=1, delay_s=10.0)
+    for agent in fast:  # round 2 stays open until the slow agent's round 1 is in
+        agent.runner.trainer = SlowInRound(agent.runner.trainer, round_number=2, delay_s=15.0)
+    fed.run(Aggregator(load_server_config(fed.layout.server_config)), timeout_s=150)
+    first, second = fed.metrics()
+    assert slow.id not in first.accepted and second.aggregation["folded_late"] == [f"{slow.id}@1"]
+
+
 def test_with_late_weight_0_a_late_update_is_refused_as_late(tmp_path, broker):
     """The old rule, kept by ``late_weight = 0``: the late update is refused, not carried into the next round."""
     from tests.fedharness import ServerHarness
