@@ -10,6 +10,7 @@ import pytest
 from agent.peer.collect import RoundCollector, RoundGuards
 from agent.peer.rounds import initial_model
 from agent.peer.stale import StaleGuard
+from broker_server.privacy.policy import PrivacyPolicy
 from broker_server.rounds.engine import RoundEngine
 from flcore.bounds import InfluencePolicy
 from flcore.late import DEFAULT_LATE_WEIGHT
@@ -158,3 +159,14 @@ def test_a_peer_folds_a_members_late_update_at_its_discount_and_refuses_a_replay
     for name in float_part(m2):  # the weighted mean of the three models
         expected = sum(w * arrays[name].astype(np.float64) for arrays, w in weighted) / sum(w for _, w in weighted)
         np.testing.assert_allclose(new[name], expected, atol=1e-6)
+
+
+def test_under_privacy_late_updates_are_refused_and_asking_for_them_fails_naming_the_key():
+    privacy = PrivacyPolicy(clip=1.0, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match=r"strategy.late_weight must be 0 with \[privacy\]"):
+        privacy.check_compatible({"name": "fedavg", "weighting": "uniform", "threshold": 2, "late_weight": 0.5},
+                                 InfluencePolicy())
+    strategy = build_strategy({"name": "fedavg", "threshold": 2})
+    assert strategy.late_weight == DEFAULT_LATE_WEIGHT
+    privacy.configure(strategy)
+    assert strategy.late_weight == 0  # the default with a threshold, off under privacy
