@@ -256,13 +256,14 @@ PEER_JOIN_WAIT_S = 3.0
 
 def peer_plan(settings: SimSettings) -> dict:
     """``[federation]`` of every peer's agent.toml: the round plan they share. The strategy's ``threshold``
-(``--strategy-option threshold=N``) is the peers' threshold (default: every peer); ``--deadline`` their
-``round_timeout_s``."""
+(``--strategy-option threshold=N``) is the peers' threshold (default: every peer), its ``late_weight`` theirs too;
+``--deadline`` their ``round_timeout_s``."""
     return {
         "mode": "peer",
         "model": settings.model,
         "rounds": settings.rounds,
         "threshold": settings.strategy.get("threshold") or settings.agents,
+        **({"late_weight": settings.strategy["late_weight"]} if "late_weight" in settings.strategy else {}),
         "round_timeout_s": settings.deadline_s,
         "join_wait_s": PEER_JOIN_WAIT_S,
         "epochs": settings.epochs,
@@ -272,6 +273,6 @@ def peer_plan(settings: SimSettings) -> dict:
         "seed": settings.seed,
         **({"classes": list(NAMES), "image_size": settings.image_size} if settings.task == "detect" else {}),
         **({"init_weights": str(Path(settings.init_weights).resolve())} if settings.init_weights else {}),
-        "strategy": {k: v for k, v in settings.strategy.items() if k not in ("threshold", "elect_best")},
+        "strategy": {k: v for k, v in settings.strategy.items() if k not in ("threshold", "elect_best", "late_weight")},
         "bounds": settings.bounds,
     }

@@ -128,6 +128,7 @@ class Strategy(ABC):
     bounded_by_clip: ClassVar[bool] = False
     threshold: int = 0  # close the round once this many updates are in (``[strategy] threshold``; 0 = off)
     elect_best: bool = False  # at the end of the run, publish the version that evaluated best (SmartFed)
+    late_weight: float = 0.0  # a late update of the round before joins the next at this weight (``flcore.late``)
     # Fold updates into a running sum as they arrive (``fold_plan``). Off under differential privacy: an
     # update is then processed at close whatever its norm, so the round's timing says nothing about it.
     fold_on_accept: bool = True
