@@ -227,7 +227,7 @@ class EdgeAgent:
                 log.warning("cannot train this federation's model: %s", refusal)
             self.report.publish(force=True)
         if task is not None:
-            self.client.drop_closed(task.round)
+            self.client.drop_closed(task.round, folds=self.id in task.late)
         gated = self.edge.telemetry.reasons()
         if gated:
             return self._gated(gated)
@@ -279,10 +279,11 @@ class EdgeAgent:
         task, gated = training.task, self.edge.telemetry.reasons()
         revoked = f"revoked by the server: {self.revoked}" if self.revoked else ""
         newest = self.task.round if self.task is not None else task.round
+        folds = self.task is not None and newest == task.round + 1 and self.id in self.task.late  # flcore.late
         cancel = next(filter(None, (
             f"gate closed: {'; '.join(gated)}" if gated else "",
             revoked,
-            f"round {task.round} was superseded by round {newest}" if newest != task.round else "",
+            f"round {task.round} was superseded by round {newest}" if newest != task.round and not folds else "",
             f"round {task.round}'s task expired during training" if task.expired(self.server_time()) else "",
         )), "")  # fmt: skip
         report = self.client.poll(cancel=cancel, refuse=revoked)  # finished as the revocation came: not sent

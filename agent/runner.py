@@ -61,7 +61,8 @@ EXIT_GRACE_S = 10.0  # a per-round child that answered but has not exited by the
 def write_result(directory: Path, result: TrainResult) -> None:
     """The child's side: the trained arrays, and what the update's metadata needs."""
     meta = {"samples": result.samples, "loss": result.loss, "epsilon": result.epsilon, "weight": result.weight,
-            "local_eval": result.local_eval, "start_eval": result.start_eval}  # fmt: skip
+            "local_eval": result.local_eval, "start_eval": result.start_eval,
+            "trained_eval": result.trained_eval}  # fmt: skip
     save_file(directory / RESULT_FILE, result.arrays, {"result": json.dumps(meta)})
 
 
@@ -70,7 +71,8 @@ def read_result(directory: Path) -> TrainResult:
     meta = json.loads(metadata["result"])
     return TrainResult(arrays=arrays, samples=int(meta["samples"]), loss=float(meta["loss"]), epsilon=meta["epsilon"],
                        weight=int(meta["weight"]), local_eval=dict(meta["local_eval"]),
-                       start_eval=dict(meta.get("start_eval", {})))  # fmt: skip
+                       start_eval=dict(meta.get("start_eval", {})),
+                       trained_eval=dict(meta.get("trained_eval", {})))  # fmt: skip
 
 
 def as_reply(outcome: Outcome) -> dict:

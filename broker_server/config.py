@@ -37,8 +37,21 @@ class ServerSection:
     onnx: bool = True  # export each new global model to state_dir/global_model.onnx (checked with onnxruntime)
     share: str = "full"  # detectors: average the full model, or only its backbone or head (the rest stays local)
     codec: str = "fp32"  # how agents encode updates (protocol.codecs), sent in the signed round task
+    score_trained: int | None = None  # uploads a round whose trained model is scored on eval_data (trained
+    # C-GEN; 0: none); unset: 20 for a classifier, 0 for a detector (one validation takes seconds)
 
     def __post_init__(self) -> None:
+        from models.tasks import task_of
+
+        if self.score_trained is None:
+            try:
+                detector = task_of(self.model) == "detect"
+            except ValueError:  # an unknown model: refused, named, by the model's own check
+                detector = False
+            object.__setattr__(self, "score_trained", 0 if detector else 20)
+        if isinstance(self.score_trained, bool) or not isinstance(self.score_trained, int) or self.score_trained < 0:
+            raise ValueError(f"server.score_trained must be a whole number >= 0 (0: no trained C-GEN), got "
+                             f"{self.score_trained!r}")  # fmt: skip
         try:
             Codec.parse(self.codec)
         except CodecError as exc:

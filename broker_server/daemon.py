@@ -97,6 +97,7 @@ class Aggregator(MqttDaemon):
         self.rejections = Counter[str]()
         self.disk = DiskWatch(lambda: self.engine.state.settled_writes)
         self._unsaved: dict[str, Completed] = {}  # authenticated updates whose acceptance could not be written
+        self._held_late: dict[str, Completed] = {}  # late updates that arrived between two rounds (flcore.late)
         self.phase = "starting"
         self.ignored = IgnoredAgents(config.enrolled_dir, keyring, fed, self.rejections)
         self.tasks = TaskPublisher(self.mqtt, self.topics.round, self.identity)
@@ -234,6 +235,10 @@ class Aggregator(MqttDaemon):
                     self.phase = "finished"
                     self._publish_if_new()
                     self._log_finished()
+            if self.engine.round_state is not None:  # late updates held between the rounds join it now
+                held, self._held_late = self._held_late, {}
+                for completed in held.values():
+                    self._accept(completed)
         elif action == "close":
             self._close(now)
         elif action == "reannounce":
@@ -293,14 +298,20 @@ class Aggregator(MqttDaemon):
     def _expected_update(self, manifest: Manifest) -> None:
         """Memory for an update transfer only when the open round waits for it from its sender: an enrolled
         agent gone rogue cannot hold reassembly memory with transfers nobody asked for."""
+        if self.engine.late.held_for_next_round(manifest.sender, manifest.round):
+            return
         try:
-            check_gates(self.engine.round_state, manifest.sender, manifest.round, self.engine.next_round)
+            check_gates(self.engine.round_state, manifest.sender, manifest.round, self.engine.next_round,
+                        self.engine.late.window())  # fmt: skip
         except NotForThisRound as exc:
             raise TransferRejected(manifest.sender, exc.reason) from None
 
     def _accept(self, completed: Completed) -> None:
         sender, record = completed.manifest.sender, None
         self._unsaved.pop(sender, None)
+        if self.engine.late.held_for_next_round(sender, completed.manifest.round):  # folded once the next opens
+            self._held_late[sender] = completed
+            return
         try:
             with self.disk.writing(self.clock(), self.engine.state.durably(f"update of {sender}")):
                 record = self.engine.accept(completed, self.clock())
@@ -367,7 +378,9 @@ class Aggregator(MqttDaemon):
         self.mqtt.publish(self.topics.server_history, self.history.payload(), retain=True)
         self.prometheus.round_closed(metrics)
         log_round(metrics)
-        self.reassembler.drop_where(lambda m: m.round <= metrics.round)  # unfinished updates for a closed round
+        late = self.engine.late.window()  # unfinished updates for a closed round, but the late ones folded in
+        folded = (lambda m: False) if late is None else (lambda m: late.welcomes(m.sender, m.round))
+        self.reassembler.drop_where(lambda m: m.round <= metrics.round and not folded(m))
         self.phase = "finished" if self.engine.finished else "waiting-for-agents"
         if self.engine.finished:
             self._log_finished()

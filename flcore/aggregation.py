@@ -27,11 +27,12 @@ from models.weights import TensorSpec
 def bounded_contributions(
     policy: InfluencePolicy, updates: list[UpdateRecord], open_delta: Callable[[str], np.ndarray]
 ) -> tuple[Influence, list[Contribution]]:
-    """The round's bounds and its contributions, in the order of ``updates``."""
+    """The round's bounds and its contributions, in the order of ``updates``, each named by its record's ``key``;
+    a late update's capped weight is multiplied by its staleness ``discount`` (``flcore.late``)."""
     norms = np.array([u.norm for u in updates])
     influence = bound_influence(policy=policy, norms=norms, samples=np.array([u.samples for u in updates]))
     contributions = [
-        Contribution(u.agent, open_delta(u.agent), float(capped), float(scale), u.norm, u.folded)
+        Contribution(u.key, open_delta(u.key), float(capped) * u.discount, float(scale), u.norm, u.folded)
         for u, capped, scale in zip(updates, influence.samples, influence.scales, strict=True)
     ]
     return influence, contributions

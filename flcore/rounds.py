@@ -75,6 +75,15 @@ class UpdateRecord:
     local_epsilon: float | None = None  # the agent's own DP-SGD epsilon, as its update's metadata says
     local_eval: dict[str, float] = field(default_factory=dict)  # the agent's own validation of its model
     start_eval: dict[str, float] = field(default_factory=dict)  # its start model on its local test split (C-SPE)
+    trained_eval: dict[str, float] = field(default_factory=dict)  # its trained model on that split (trained C-SPE)
+    late_from: int = 0  # a late update folded into this round: the round it was trained for (0: this round's)
+    discount: float = 1.0  # its weight's factor after the bounds (``late_weight`` for a late one)
+
+    @property
+    def key(self) -> str:
+        """Names its contribution and its stored file: the agent, or ``agent@round`` for a late one (an agent
+        may have both in one round)."""
+        return f"{self.agent}@{self.late_from}" if self.late_from else self.agent
 
 
 @dataclass
@@ -99,8 +108,18 @@ class RoundState:
     trained: list[str] = field(default_factory=list)  # a ``local`` round: agents whose status says they trained it
 
     @property
+    def on_time(self) -> list[UpdateRecord]:
+        """This round's own updates (not late ones folded in from the round before)."""
+        return [u for u in self.updates if not u.late_from]
+
+    @property
     def accepted(self) -> list[str]:
-        return [u.agent for u in self.updates]
+        return [u.agent for u in self.on_time]
+
+    @property
+    def folded_late(self) -> list[str]:
+        """Late updates of the round before folded into this one, as ``agent@round``."""
+        return [u.key for u in self.updates if u.late_from]
 
     @property
     def pending(self) -> list[str]:
@@ -116,7 +135,7 @@ class RoundState:
     @property
     def delivered(self) -> int:
         """Agents that did this round's work: updates accepted, or a ``local`` round trained (nothing uploaded)."""
-        return len(self.updates) + len(self.trained)
+        return len(self.on_time) + len(self.trained)
 
     @property
     def bytes_up(self) -> int:

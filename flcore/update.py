@@ -5,8 +5,9 @@ floating tensors, or their encoding by ``codec`` (``protocol.codecs``: the round
 decodes before any check); its ``__metadata__`` (string to string, as safetensors requires) carries this
 header. ``weight`` is what strategies weigh the update by: its training samples for classifiers, its
 annotated objects for detectors (seed 001's FedAvg weighting); ``samples`` stays the image count.
-``local_eval`` is the agent's own validation of its trained model (e.g. ``map50``), and ``start_eval`` its
-evaluation of the model it started from on its local test split (C-SPE): reported, never trusted.
+``local_eval`` is the agent's own validation of its trained model (e.g. ``map50``), ``start_eval`` its
+evaluation of the model it started from on its local test split (C-SPE), and ``trained_eval`` that of the model it
+is judged by after training (the seeds' C-SPE): reported, never trusted.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class UpdateMeta:
     weight: int = 0  # 0: the same as ``samples``
     local_eval: dict[str, float] = field(default_factory=dict)
     start_eval: dict[str, float] = field(default_factory=dict)  # the start model on the agent's local test split
+    trained_eval: dict[str, float] = field(default_factory=dict)  # the trained model on that split
 
     def __post_init__(self) -> None:
         if self.weight == 0:
@@ -64,6 +66,7 @@ class UpdateMeta:
             "weight": str(self.weight),
             **({"local_eval": json.dumps(local_eval)} if (local_eval := _finite(self.local_eval)) else {}),
             **({"start_eval": json.dumps(start_eval)} if (start_eval := _finite(self.start_eval)) else {}),
+            **({"trained_eval": json.dumps(trained)} if (trained := _finite(self.trained_eval)) else {}),
         }
 
     @classmethod
@@ -83,6 +86,7 @@ class UpdateMeta:
                 weight=int(metadata.get("weight", "0")),
                 local_eval=_local_eval(metadata.get("local_eval")),
                 start_eval=_local_eval(metadata.get("start_eval"), "start_eval"),
+                trained_eval=_local_eval(metadata.get("trained_eval"), "trained_eval"),
             )
         except (KeyError, ValueError, TypeError, OverflowError) as exc:  # Overflow: a score of 400 digits
             raise UpdateMetaError(f"bad-metadata: {exc}") from None
@@ -144,6 +148,7 @@ class TrainResult:
     weight: int = 0  # what the server weighs the update by (0: ``samples``); detectors: annotated objects
     local_eval: dict[str, float] = field(default_factory=dict)  # the trainer's own validation, e.g. map50
     start_eval: dict[str, float] = field(default_factory=dict)  # the start model on the local test split (C-SPE)
+    trained_eval: dict[str, float] = field(default_factory=dict)  # the judged model after training, on that split
 
 
 class UpdateRejected(Exception):
@@ -248,7 +253,8 @@ def encode_update(
     epsilon = result.epsilon if result.epsilon is not None and math.isfinite(result.epsilon) else None
     meta = UpdateMeta(round=task.round, base_version=task.model_version, samples=result.samples, loss=result.loss,
                       base_sha256=base_sha256, local_epsilon=epsilon, local_delta=local_delta, weight=result.weight,
-                      local_eval=result.local_eval, start_eval=result.start_eval, codec=str(codec))  # fmt: skip
+                      local_eval=result.local_eval, start_eval=result.start_eval, trained_eval=result.trained_eval,
+                      codec=str(codec))  # fmt: skip
     return dumps(out.payload, metadata=meta.to_metadata()), out.sent
 
 

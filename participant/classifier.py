@@ -1,7 +1,8 @@
 """The classifier trainer: SGD or AdamW (optionally DP-SGD through Opacus) of a PyTorch CNN or MLP on an ``.npz``.
 
-With a local test split (``agent.test_data``) it first evaluates the model it starts from on it: that is
-the agent's C-SPE (its start model on its own test data), reported with its update. The round's recipes
+With a local test split (``agent.test_data``) it evaluates the model it starts from on it (the agent's C-SPE,
+its start model on its own test data) and, once trained, the model it is judged by (trained C-SPE, the seeds'
+metric); both are reported with its update. The round's recipes
 (``participant.recipes``) shape the rest: a proximal pull, partial work, FedAMN's meta-network before the base
 network trains, Ditto's personal model after."""
 
@@ -80,16 +81,18 @@ class ClassifierTrainer:
             prepare=prepare,
             momentum_start=self.momentum.start(task, settings),
             optimizer=settings.optimizer,
+            anchor=run.anchor,
         )
         self.momentum.keep(task, settings, outcome.momentum)
         for recipe in recipes:
             recipe.after(run)
+        trained_eval = {} if self.test_data is None else evaluate(run.judged_model, self.test_data, self.device)
         epsilon = None
         if self.budget is not None and spent is not None:
             self.budget.spend(spent(), settings)
             epsilon = self.budget.epsilon
         return TrainResult(arrays=to_arrays(model), samples=outcome.samples, loss=outcome.loss, epsilon=epsilon,
-                           start_eval=run.start_eval)
+                           start_eval=run.start_eval, trained_eval=trained_eval)
 
     def _build(self, task: RoundTask, global_arrays: NamedArrays) -> torch.nn.Module:
         """The task's model with the global weights, declined (with the reason the server's monitor shows) when

@@ -220,9 +220,12 @@ class RoundClient:
         self.log.info("re-sending stored update round=%d attempt=%d", task.round, task.attempt)
         return data
 
-    def drop_closed(self, current_round: int) -> None:
-        """Drop a stored update the broker never acknowledged once a later round is announced."""
+    def drop_closed(self, current_round: int, folds: bool = False) -> None:
+        """Drop a stored update the broker never acknowledged once a later round is announced, unless that round
+        still ``folds`` it in (``flcore.late``) and it is in flight."""
         done = self.progress.last_completed_round
+        if folds and current_round == done + 1 and self.upload is not None:
+            return
         if current_round > done > self.progress.sent_round and self.store.update_path(done).exists():
             self.store.drop_update(done)
             self.progress.sent_round = done  # settled: nothing of that round is left to send

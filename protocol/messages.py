@@ -211,6 +211,9 @@ class RoundTask(Message):
     codec: str = "fp32"
     revoked: list[str] = field(default_factory=list)  # agents whose enrolment was withdrawn: each one stops
     receipt: str = ""  # the server's signature of (run_id, round, model_version): agents echo it in their status
+    # agents whose update of the round before this round still folds in (flcore.late): one still training that
+    # round finishes and sends it instead of stopping
+    late: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "codec", str(Codec.parse(self.codec)))  # canonical, or CodecError (a ValueError)

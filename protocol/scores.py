@@ -3,10 +3,11 @@
 
 A run that keeps one global model is judged by that model on the server's evaluation set (accuracy, or
 mAP@.5 for a detector). A run that keeps a model per group (DemLearn) or per agent (FedAMP, FedAMN) is
-judged by those models: C-SPE (each agent's start model on its own test split) first, then C-GEN (on
-the server's set with every class), then the global model beside them. The server computes the list
-once per round (``RoundMetrics.headline``) so the console, ``skyfed monitor``, the dashboard and
-``skyfed report`` cannot disagree about which number leads.
+judged by those models: C-SPE (each agent's start model on its own test split) first, then the trained
+models' C-SPE (the seeds' metric, ``broker_server.rounds.personal``), then C-GEN of each (on the server's set
+with every class), then the global model beside them. The server computes the list once per round
+(``RoundMetrics.headline``) so the console, ``skyfed monitor``, the dashboard and ``skyfed report`` cannot
+disagree about which number leads.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ MODEL_KINDS = ("global", "group", "agent")  # what a strategy leaves agents with
 LABELS = {
     "c_spe": "C-SPE",
     "c_gen": "C-GEN",
+    "trained_c_spe": "trained C-SPE",
+    "trained_c_gen": "trained C-GEN",
     "accuracy": "accuracy",
     "map50": "mAP@.5",
     "map50_95": "mAP@.5:.95",
@@ -27,7 +30,8 @@ LABELS = {
     "dfl_loss": "dfl loss",
 }
 GLOBAL_KEYS = ("accuracy", "map50", "map50_95", "loss", "box_loss", "cls_loss", "dfl_loss")  # in this order
-PERSONAL_KEYS = ("c_spe", "c_gen")
+PERSONAL_KEYS = ("c_spe", "trained_c_spe", "c_gen", "trained_c_gen")  # in this order
+TRAINED = "trained_"  # a personal key of the trained models: ``personal["trained"][key without it]``
 
 
 def round_headline(models: str, evaluation: Mapping[str, Any], personal: Mapping[str, Any]) -> list[dict]:
@@ -35,9 +39,17 @@ def round_headline(models: str, evaluation: Mapping[str, Any], personal: Mapping
     model's scores when agents keep their own (``models`` ``group`` or ``agent``), after them otherwise.
     Only finite numbers present in the round appear; a round with none gives ``[]``."""
     prefix = "global " if models != "global" else ""
-    held = {**evaluation, **{k: personal.get(k) for k in PERSONAL_KEYS}}
+    held = {**evaluation, **{k: personal_score(personal, k) for k in PERSONAL_KEYS}}
     scores = (_score(k, held.get(k), prefix) for k in headline_order(models))
     return [s for s in scores if s is not None]
+
+
+def personal_score(personal: Mapping[str, Any], key: str) -> Any:
+    """The value of personal key ``key`` in a round's ``personal`` (``trained_c_spe``: its ``trained.c_spe``)."""
+    if key.startswith(TRAINED):
+        trained = personal.get("trained")
+        return trained.get(key.removeprefix(TRAINED)) if isinstance(trained, Mapping) else None
+    return personal.get(key)
 
 
 def headline_order(models: str) -> tuple[str, ...]:

@@ -69,6 +69,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         init_weights=args.init_weights or "",
         share=args.share,
         codec=args.codec,
+        score_trained=args.score_trained,
         optimizer=args.optimizer,
         share_ratio=args.share_ratio,
         share_mode=args.share_mode,
@@ -261,6 +262,10 @@ def _add_sim_options(
     parser.add_argument("--codec", default="fp32", metavar="|".join(codecs.spellings()),
                         help=f"how agents encode updates (server.codec): {codecs.choices()}; "
                         "docs/results/codecs.md")  # fmt: skip
+    parser.add_argument("--score-trained", type=int, default=None, metavar="N",
+                        help="the server scores at most N agents' trained models a round on its evaluation set "
+                        "(server.score_trained; personal.trained.c_gen; 0: none; default 20, 0 for --task "
+                        "detect)")  # fmt: skip
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--deadline", type=float, default=0.0,
                         help="round deadline in seconds (default: 60, and 0.5 s per agent past 120 agents)")

@@ -11,10 +11,11 @@ accuracy per round.
 Measured per run: the final accuracy of the published global model; rounds and seconds until a
 *published* model (not a swapping strategy's local or swap round) first reached ``target``; bytes per
 round, up and down; the server's aggregation time per round. Where rounds carry ``personal`` metrics:
-the last row's mean C-SPE and C-GEN and the rounds of training until the mean C-GEN first
-reached ``personal_target`` (default ``target``), and which score each run leads with (its last headline's
-first: C-SPE for a method that keeps its agents' own models). A row describes the models agents started it from, i.e.
-what the previous round produced, so row r counts as r − 1 rounds: FedAvg's count equals its global model's.
+the last row's mean C-SPE and C-GEN of the models agents started from and of the models they trained
+(``trained``, the seeds' metric), the rounds of training until each mean C-GEN first reached ``personal_target``
+(default ``target``), and which score each run leads with (its last headline's first: C-SPE for a method that
+keeps its agents' own models). A row's start scores describe what the previous round produced, so they count
+as r − 1 rounds of training (FedAvg's count equals its global model's); its trained scores count as r.
 """
 
 from __future__ import annotations
@@ -112,12 +113,22 @@ def _published(metrics: list[dict]) -> list[dict]:
 
 
 def _personal(metrics: list[dict], target: float) -> dict[str, Any]:
-    """Final mean C-SPE and C-GEN, rounds until C-GEN reached ``target``, and both per round (row r → r − 1)."""
-    c_spe = [m.get("personal", {}).get("c_spe") for m in metrics]
-    c_gen = [m.get("personal", {}).get("c_gen") for m in metrics]
-    reached = next((m["round"] - 1 for m, gen in zip(metrics, c_gen, strict=True) if (gen or 0.0) >= target), None)
-    return {"final_c_spe": c_spe[-1], "final_c_gen": c_gen[-1], "rounds_to_c_gen": reached,
-            "c_spe_by_round": c_spe, "c_gen_by_round": c_gen}  # fmt: skip
+    """Final mean C-SPE and C-GEN, rounds of training until C-GEN reached ``target``, and both per round, of the
+    start models (row r → r − 1 rounds) and of the trained ones (``trained_…``; row r → r rounds)."""
+    out: dict[str, Any] = {}
+    for prefix, scores, done in (("", lambda m: m.get("personal", {}), 1), ("trained_", _trained, 0)):
+        c_spe, c_gen = ([scores(m).get(key) for m in metrics] for key in ("c_spe", "c_gen"))
+        reached = next((m["round"] - done for m, gen in zip(metrics, c_gen, strict=True) if (gen or 0.0) >= target),
+                       None)  # fmt: skip
+        out.update({f"final_{prefix}c_spe": c_spe[-1], f"final_{prefix}c_gen": c_gen[-1],
+                    f"rounds_to_{prefix}c_gen": reached, f"{prefix}c_spe_by_round": c_spe,
+                    f"{prefix}c_gen_by_round": c_gen})  # fmt: skip
+    return out
+
+
+def _trained(row: dict) -> dict:
+    trained = row.get("personal", {}).get("trained")
+    return trained if isinstance(trained, dict) else {}
 
 
 def _epsilon(metrics: list[dict]) -> float | None:
@@ -198,13 +209,14 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
     then the personal scores, then the global model's."""
     target = f"{experiment.target:.0%}"
     personal = any(r.get("final_c_gen") is not None or r.get("final_c_spe") is not None for r in rows)
-    own = (f" lead: the method's own score % | final C-SPE % | final C-GEN % | rounds to C-GEN "
-           f"{experiment.c_gen_target:.0%} |") if personal else ""  # fmt: skip
+    gen_target = f"{experiment.c_gen_target:.0%}"
+    own = "".join(f" final {t}C-SPE % | final {t}C-GEN % | rounds to {t}C-GEN {gen_target} |" for t in ("", "trained "))
+    own = f" lead: the method's own score % |{own}" if personal else ""
     shared = f"global {experiment.score}" if personal else experiment.score
     lines = [
         f"| condition | method |{own} final {shared} % | rounds to {target} | seconds to {target} | kB up / round "
         "| kB down / round | epsilon |",
-        "|---|---|---|---|---|---|---|---|" + "---|" * (4 if personal else 0),
+        "|---|---|---|---|---|---|---|---|" + "---|" * (7 if personal else 0),
     ]
     for condition in experiment.conditions:
         for method in experiment.methods:
@@ -213,9 +225,12 @@ def table(experiment: Experiment, rows: list[dict]) -> str:
                 continue
             rounds, seconds = (_reached(runs, key) for key in ("rounds_to_target", "seconds_to_target"))
             if personal:
-                spe, gen = ([r[key] for r in runs if r.get(key) is not None] for key in ("final_c_spe", "final_c_gen"))
-                own = f" {_lead(runs)} | {_mean_sd(spe, 100)} | {_mean_sd(gen, 100)} |"
-                own += f" {_reached(runs, 'rounds_to_c_gen')} |"
+                own = f" {_lead(runs)} |"
+                for prefix in ("", "trained_"):
+                    spe, gen = ([r[key] for r in runs if r.get(key) is not None]
+                                for key in (f"final_{prefix}c_spe", f"final_{prefix}c_gen"))  # fmt: skip
+                    reached = _reached(runs, f"rounds_to_{prefix}c_gen")
+                    own += f" {_mean_sd(spe, 100)} | {_mean_sd(gen, 100)} | {reached} |"
             lines.append(
                 f"| {condition} | {method} |{own} {_mean_sd([r['final_accuracy'] for r in runs], 100)} | {rounds} | "
                 f"{seconds} | {_mean_sd([r['bytes_up_per_round'] for r in runs], 1e-3, 0)} | "
@@ -252,10 +267,16 @@ def plot(experiment: Experiment, rows: list[dict], out: Path) -> None:
     if any(r.get("final_c_gen") is not None or r.get("final_c_spe") is not None for r in rows):
         panels = [("c_spe_by_round", "C-SPE (start model, own test split)", 0, None),
                   ("c_gen_by_round", "C-GEN (start model, evaluation set)", 0, experiment.c_gen_target),
+                  ("trained_c_spe_by_round", "trained C-SPE (own test split)", 1, None),
+                  ("trained_c_gen_by_round", "trained C-GEN (evaluation set)", 1, experiment.c_gen_target),
                   *panels]  # fmt: skip
     for condition in experiment.conditions:
-        fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
-        for ax, (key, name, first, line) in zip(axes[0], panels, strict=True):
+        columns = min(3, len(panels))
+        lines_of = -(-len(panels) // columns)
+        fig, axes = plt.subplots(lines_of, columns, figsize=(6 * columns, 4 * lines_of), squeeze=False)
+        for ax in axes.flat[len(panels):]:
+            ax.set_visible(False)
+        for ax, (key, name, first, line) in zip(axes.flat, panels, strict=False):
             for index, method in enumerate(experiment.methods):  # a method keeps its colour in every panel
                 curves = [r[key] for r in rows if (r["condition"], r["method"]) == (condition, method) and key in r]
                 if not any(v is not None for c in curves for v in c):  # not measured (Ditto's C-GEN): no line at 0

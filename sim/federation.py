@@ -106,6 +106,7 @@ def create_federation(
                 "seed": settings.seed,
                 "status_interval_s": 2.0,
                 "codec": settings.codec,
+                **({} if settings.score_trained is None else {"score_trained": settings.score_trained}),
             },
             "broker": spread_broker_table(nodes, 0),
             "keys": {"identity": "server.key", "enrolled": "enrolled"},

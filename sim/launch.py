@@ -96,6 +96,12 @@ def spawn_agents(configs: dict[str, Path], settings: SimSettings, logs: Path) ->
     return processes
 
 
+def late_note(aggregation: dict) -> str:
+    """`` + N late (agent@round, ...)``: late updates of the round before folded into this one (``flcore.late``)."""
+    folded = aggregation.get("folded_late")
+    return f" + {len(folded)} late ({','.join(map(str, folded))})" if isinstance(folded, list) and folded else ""
+
+
 def format_round(m: RoundMetrics, elapsed_s: float) -> str:
     """The console's line for a closed round, led by what the run is judged by (``RoundMetrics.headline``): one
     printable line whatever the public topic carried (a reason may hold an agent's text; anyone on a sim's
@@ -107,11 +113,12 @@ def format_round(m: RoundMetrics, elapsed_s: float) -> str:
     if isinstance(screened := m.aggregation.get("screened"), (dict, list)) and screened:
         privacy += f"  screened {','.join(map(str, screened))}"
     own = 3 if "map50" in m.eval else 2  # a global model's own: accuracy and loss, or mAP@.5, mAP@.5:.95, box loss
-    scores = headline_text(m.headline, width=own if m.models == "global" else 3) or "no evaluation"
+    scores = headline_text(m.headline, width=own if m.models == "global" else 4) or "no evaluation"
+    late = late_note(m.aggregation)
     if m.action == "local":  # model swapping: agents trained on, nothing was uploaded, so nothing to evaluate
         scores = "local round (trained on, not uploaded)"
     return printable(
-        f"round {m.round:3d}  {scores}  participants {len(m.accepted)}/{len(m.participants)}  "
+        f"round {m.round:3d}  {scores}  participants {len(m.accepted)}/{len(m.participants)}{late}  "
         f"rejected {len(m.rejected)}  round_s {m.duration_s:6.2f}  elapsed_s {elapsed_s:6.1f}  "
         f"MB up {number(m.bytes_up, 1e6, 2)}  MB down {number(m.bytes_down, 1e6, 2)}{privacy}",
         MAX_LINE,

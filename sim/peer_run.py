@@ -21,7 +21,7 @@ from agent.peer.rounds import read_metrics
 from models.synthetic_detection import NAMES
 from protocol.messages import headline
 from sim.federation import SimSettings
-from sim.launch import SimResult, fresh_run_folder, run_broker, spawn_agents, terminate
+from sim.launch import SimResult, fresh_run_folder, late_note, run_broker, spawn_agents, terminate
 from sim.peer_federation import create_peer_federation
 
 
@@ -60,9 +60,11 @@ def merged_metrics(work: Path, names: list[str]) -> list[dict]:
 def format_peer_round(line: dict, elapsed_s: float) -> str:
     score = headline(line["eval"])
     name = "mAP@.5" if "map50" in line["eval"] else "accuracy"
+    late = late_note(line.get("aggregation") or {})
     return (f"round {line['round']:3d}  {line['peer']}  {name} {score if score is None else f'{score:.4f}'}"
-            f"  from {len(line['aggregated_from'])}  rejected {len(line['rejected'])}  round_s {line['round_s']:6.2f}"
-            f"  MB sent {line['bytes_sent'] / 1e6:.3f}  elapsed_s {elapsed_s:6.1f}")  # fmt: skip
+            f"  from {len(line['aggregated_from'])}{late}  rejected {len(line['rejected'])}"
+            f"  round_s {line['round_s']:6.2f}  MB sent {line['bytes_sent'] / 1e6:.3f}"
+            f"  elapsed_s {elapsed_s:6.1f}")  # fmt: skip
 
 
 def collect_peer_results(work: Path, out: Path, names: list[str], settings: SimSettings, started: float) -> SimResult:

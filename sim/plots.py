@@ -18,7 +18,8 @@ from protocol.scores import MODEL_KINDS, headline_order  # noqa: E402
 from sim.report_rows import drawable, read_rows, scores  # noqa: E402
 
 KINDS = {"global": "Global model", "group": "Each group's model", "agent": "Each agent's own model"}
-MEANINGS = {"c_spe": "C-SPE (start model, own test split)", "c_gen": "C-GEN (start model, server set)"}
+MEANINGS = {"c_spe": "C-SPE (start model, own test split)", "c_gen": "C-GEN (start model, server set)",
+            "trained_c_spe": "trained C-SPE (own test split)", "trained_c_gen": "trained C-GEN (server set)"}
 EXTRA = ("precision", "recall")  # a detector's evaluation holds them outside any headline
 
 

@@ -62,6 +62,7 @@ class SimSettings:
         ""  # detect: server.init_weights, a start checkpoint (.pt or an earlier global_model.safetensors)
     )
     codec: str = "fp32"  # server.codec: how agents encode updates (protocol.codecs)
+    score_trained: int | None = None  # server.score_trained: uploads a round whose trained model it scores (C-GEN)
     optimizer: str = "sgd"  # training.optimizer: the agents' (and the pool's) local optimizer, sgd or adamw
     share_ratio: float = 0.0  # seed 002: the share of the data carved out into the server's pool (0: no pool)
     share_mode: str = "share-disjoint"  # how (models.partition.share): unify | share-disjoint
@@ -255,13 +256,14 @@ PEER_JOIN_WAIT_S = 3.0
 
 def peer_plan(settings: SimSettings) -> dict:
     """``[federation]`` of every peer's agent.toml: the round plan they share. The strategy's ``threshold``
-(``--strategy-option threshold=N``) is the peers' threshold (default: every peer); ``--deadline`` their
-``round_timeout_s``."""
+(``--strategy-option threshold=N``) is the peers' threshold (default: every peer), its ``late_weight`` theirs too;
+``--deadline`` their ``round_timeout_s``."""
     return {
         "mode": "peer",
         "model": settings.model,
         "rounds": settings.rounds,
         "threshold": settings.strategy.get("threshold") or settings.agents,
+        **({"late_weight": settings.strategy["late_weight"]} if "late_weight" in settings.strategy else {}),
         "round_timeout_s": settings.deadline_s,
         "join_wait_s": PEER_JOIN_WAIT_S,
         "epochs": settings.epochs,
@@ -271,6 +273,6 @@ def peer_plan(settings: SimSettings) -> dict:
         "seed": settings.seed,
         **({"classes": list(NAMES), "image_size": settings.image_size} if settings.task == "detect" else {}),
         **({"init_weights": str(Path(settings.init_weights).resolve())} if settings.init_weights else {}),
-        "strategy": {k: v for k, v in settings.strategy.items() if k not in ("threshold", "elect_best")},
+        "strategy": {k: v for k, v in settings.strategy.items() if k not in ("threshold", "elect_best", "late_weight")},
         "bounds": settings.bounds,
     }

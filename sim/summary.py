@@ -1,6 +1,6 @@
 """The lines ``skyfed sim`` prints when a run ends, one per thing the run is judged by: the saved global
 model's score, and besides it what the shape and kind of model optimize (docs/architecture.md, "One
-headline per shape and kind of model") — the personal models' C-SPE and C-GEN, the model the peers
+headline per shape and kind of model") — the personal models' C-SPE and C-GEN (start and trained), the model the peers
 elected and who holds it, each region's last round."""
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ def summary_lines(out: Path, metrics: list[RoundMetrics], final_eval: dict, *, s
     kept = [m for m in metrics if m.models != "global" and m.headline and m.headline[0]["key"] == "c_spe"]
     if kept:
         m = kept[-1]
-        lines.append(f"personal models ({m.models}): {headline_text(m.headline)} (round {m.round}, the models "
-                     "agents started it from; the global model's score above is not what this strategy optimizes)")
+        lines.append(f"personal models ({m.models}): {headline_text(m.headline, width=4)} (round {m.round}: the "
+                     "models agents started it from, and trained; the global model's score above is not what this "
+                     "strategy optimizes)")  # fmt: skip
     lines += _election_lines(out / "election.json", list(attackers))
     lines += [_region_line(p) for p in sorted((out / "regions").glob("*/metrics.jsonl"))]
     return lines

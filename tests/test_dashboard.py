@@ -28,10 +28,13 @@ def test_history_keeps_the_newest_rounds_within_its_round_bound():
 def test_history_rows_lead_with_the_rounds_headline_and_the_payload_names_each_score():
     history = RunHistory("fleet")
     history.add(round_metrics(round=1, strategy="demlearn", models="group", eval={"accuracy": 0.5, "loss": 1.2},
-                              personal={"c_spe": 0.912345678, "c_gen": 0.6}))  # fmt: skip
+                              personal={"c_spe": 0.912345678, "c_gen": 0.6,
+                                        "trained": {"c_spe": 0.95, "c_gen": 0.55}}))  # fmt: skip
     body = json.loads(history.payload())
-    assert body["rounds"][0]["headline"] == [["c_spe", 0.912346], ["c_gen", 0.6], ["accuracy", 0.5]]
-    assert body["labels"] == {"c_spe": "C-SPE", "c_gen": "C-GEN", "accuracy": "global accuracy"}
+    assert body["rounds"][0]["headline"] == [["c_spe", 0.912346], ["trained_c_spe", 0.95], ["c_gen", 0.6],
+                                             ["trained_c_gen", 0.55], ["accuracy", 0.5], ["loss", 1.2]]
+    assert body["labels"] == {"c_spe": "C-SPE", "trained_c_spe": "trained C-SPE", "c_gen": "C-GEN",
+                              "trained_c_gen": "trained C-GEN", "accuracy": "global accuracy", "loss": "global loss"}
 
 
 def test_history_payload_never_exceeds_its_byte_bound():

@@ -208,7 +208,8 @@ def test_groups_pairs_and_the_lead_score_are_readable_text(browser, page, player
     groups = [{"level": 2, "group": "0", "members": ["d1", "d2", "d3"], "g_gen": 0.7},
               {"level": 1, "group": "00", "members": ["d1", "d2"], "g_gen": 0.81}]  # as DemLearn reports them
     demlearn = round_metrics(round=1, strategy="demlearn", models="group", aggregation={"groups": groups},
-                             personal={"c_spe": 0.9, "c_gen": 0.6}, eval={"accuracy": 0.5, "loss": 1.2},
+                             personal={"c_spe": 0.9, "c_gen": 0.6, "trained": {"c_spe": 0.95, "c_gen": 0.55}},
+                             eval={"accuracy": 0.5, "loss": 1.2},
                              bytes_up=467_109, bytes_down=622_000)  # fmt: skip
     swap = round_metrics(round=2, strategy="simfedswap", models="agent", personal={"c_spe": 0.91},
                          aggregation={"pairs": [["d1", "d2"]], "pair_similarity": [0.125]},
@@ -221,7 +222,8 @@ def test_groups_pairs_and_the_lead_score_are_readable_text(browser, page, player
                        "group 00 (level 1): d1, d2, G-GEN 0.8100")
     assert swaps == "pairs: d1↔d2 (0.13)"
     lead = text(browser, "#updates tbody tr[data-round='1'] td.scores")
-    assert lead == "C-SPE 0.9000 · C-GEN 0.6000 · global accuracy 0.5000"
+    assert lead == ("C-SPE 0.9000 · trained C-SPE 0.9500 · C-GEN 0.6000 · trained C-GEN 0.5500 · "
+                    "global accuracy 0.5000 · global loss 1.2000")
     assert text(browser, "#score-title") == "C-SPE / loss", "the chart leads with headline[0]"
     assert browser.execute_script("return window.skyfedDashboard.charts.score.plot.series[1].label") == "C-SPE"
     assert points(browser) == 2 and console_errors(browser) == []
@@ -289,14 +291,15 @@ def test_hostile_fields_stay_bounded_text_and_the_server_count_is_shown_beside_t
                             eval={"accuracy": 0.5})  # fmt: skip
     document = json.loads(metrics.to_json())
     document["headline"] = [{"key": "accuracy", "label": markup, "value": 0.5},
-                            {"key": "c_spe", "label": "C-SPE", "value": 0.99}]  # not the round's number: dropped
+                            {"key": "c_spe", "label": "C-SPE", "value": 0.99},  # not the round's number: dropped
+                            {"key": "trained_c_gen", "label": "trained C-GEN", "value": 0.99}]  # nor this
     publish_json(player, topics.server_metrics, document)
     wait_until(lambda: agent_states(browser).get("d1") == "gated", timeout_s=5, what="d1 gated")
     wait_until(lambda: text(browser, "#updates tbody tr"), timeout_s=5, what="the round's row")
     row = text(browser, "#updates tbody tr")
     assert "d3 (bounds <img" in row and f"group {markup[:15]}…" in row and "+480 more" in row
     assert text(browser, "#updates tbody tr td.scores") == f"{markup} 0.5000", "as text; the forged lead dropped"
-    assert browser.execute_script("return window.skyfedDashboard.forged") == 1
+    assert browser.execute_script("return window.skyfedDashboard.forged") == 2
     assert text(browser, "#score-title") == f"{markup[:23]}… / loss", "an axis title, cut shorter"
     assert "battery 12% < 30%" in text(browser, "#agents tbody tr[data-agent='d1']")
     assert max(len(t) for t in texts(browser, "#agents td, #updates td")) < 2000, "a flood in a field is cut"

@@ -156,7 +156,8 @@ def test_a_round_whose_aggregate_has_a_negative_running_variance_is_rolled_back(
 def test_elect_best_publishes_the_best_evaluated_version_at_the_end_of_the_run(config, monkeypatch):
     """SmartFed's election: the version that evaluated best becomes the final global model, also when
     the server died between the last round's checkpoint and the election."""
-    config = dataclasses.replace(config, strategy={"name": "fedavg", "elect_best": True})
+    config = dataclasses.replace(config, strategy={"name": "fedavg", "elect_best": True},
+                                 server=dataclasses.replace(config.server, score_trained=0))  # one score per model
     scores = iter([0.1, 0.5, 0.9, 0.7])  # 0.1: the initial model, which round 1's agents start from (C-GEN)
     engine = RoundEngine(config, replay=ReplayGuard(3600), evaluator=lambda arrays: {"accuracy": next(scores)})
     monkeypatch.setattr(RoundEngine, "_elect_best", lambda self: None)  # dies before electing

@@ -11,7 +11,7 @@ from models import feature_skew, partition
 from models.datasets import load_npz
 from models.feature_skew import FeatureSkew, Transform
 from models.mnist1d import load_mnist1d
-from sim.classify_layout import write_classify_data
+from sim.classify_layout import Sharing, write_classify_data
 from sim.federation import SimSettings
 from sim.run import run_sim
 from skyfed import main
@@ -141,3 +141,17 @@ def test_an_in_process_federation_learns_on_feature_skewed_digits(tmp_path):
     assert [r["round"] for r in rows] == [1, 2, 3] and all(r["outcome"] == "committed" for r in rows)
     assert rows[-1]["eval"]["loss"] < rows[0]["eval"]["loss"] and rows[-1]["eval"]["accuracy"] > 0.4
     assert 0 < rows[-1]["personal"]["c_spe"] <= 1
+
+
+def test_under_unify_the_agents_left_keep_their_own_transformations_and_the_pool_keeps_the_others(tmp_path):
+    """Two of four shares go to the server's pool (``unify``): the two agents that still run are described
+    with the transformations of their own shares, not of the first two."""
+    spec = FeatureSkew(rotate=90, noise=0)
+    _, _, domains = write_classify_data(tmp_path, ["a1", "a2"], "iid+feature-skew:rotate=90,noise=0", seed=2,
+                                        dataset="mnist1d", sharing=Sharing(4, 0.5, "unify"))  # fmt: skip
+    gave = partition.share(partition.iid(load_mnist1d()[0].y, 4, 2), 0.5, "unify", 2).gave_all
+    unit = float(load_mnist1d()[0].x.std())
+    kept = [agent for agent in range(4) if agent not in gave]
+    assert kept != [0, 1]  # seed 2 gives shares 1 and 2 (from 0): a mix-up would show
+    assert domains == [feature_skew.draw(spec, 2, agent, unit).describe() for agent in kept]
+    assert len(load_npz(tmp_path / "server" / "shared.npz")) == 2000

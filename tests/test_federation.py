@@ -218,13 +218,52 @@ def test_the_round_task_carries_what_the_strategy_configures(tmp_path, broker):
     assert task.strategy == "fedprox" and task.train.recipes == (RecipeRecord("proximal", {"mu": 0.05}),)
 
 
-def test_a_threshold_closes_the_round_early_and_a_late_update_is_refused_as_late(tmp_path, broker):
-    """SmartFed's static threshold: aggregate once K of the N selected updates are in (here 1 of 2); the
-    other agent's update for that round, sent right behind the first, is late and refused, not carried
-    into the next round (the round closes on the K-th update, not at the server's next tick)."""
+def test_a_threshold_closes_the_round_early_and_a_late_update_is_folded_into_the_next(tmp_path, broker):
+    """SmartFed's static threshold: aggregate once K of the N selected updates are in (here 1 of 2; the round
+    closes on the K-th update, not at the server's next tick). The other agent's update for that round, sent right
+    behind the first, is folded into round 2 (``flcore.late``), which still closes on its own first update; the
+    same transfer again is a replay."""
     from tests.fedharness import ServerHarness
 
     with ServerHarness(tmp_path, broker, rounds=2, strategy={"name": "fedavg", "threshold": 1}) as h:
+        h.announce_agents()
+        update = h.update_bytes(h.random_delta(1), samples=100)
+        late = h.sealed(h.agents["agent-02"], update)
+        h.publish_update("agent-01", h.sealed(h.agents["agent-01"], update))
+        h.publish_update("agent-02", late)
+        first = h.wait_metrics()
+        wait_until(lambda: (rs := h.server.engine.round_state) is not None and rs.folded_late, what="a late fold")
+        h.publish_update("agent-02", late)
+        h.wait_rejection("replay")
+        own = h.update_bytes(h.random_delta(2), round_number=2)
+        h.publish_update("agent-01", h.sealed(h.agents["agent-01"], own, round_number=2))
+        second = h.wait_metrics(2)
+    assert len(first.accepted) == 1 and first.participants == ["agent-01", "agent-02"]
+    assert second.accepted == ["agent-01"] and second.aggregation["folded_late"] == ["agent-02@1"]
+
+
+@pytest.mark.timeout(180)
+def test_an_agent_still_training_when_the_threshold_closes_its_round_finishes_and_is_folded_into_the_next(
+        tmp_path, broker):  # fmt: skip
+    """Real agents, threshold 2 of 3: round 2's task names the slow agent in ``late``, so it finishes its round-1
+    training and sends it instead of stopping (it stopped on main: an agent always last never sent anything), and
+    round 2 folds it in."""
+    fed = Federation(tmp_path, broker, rounds=2, strategy={"name": "fedavg", "threshold": 2})
+    slow, *fast = fed.agents
+    slow.runner.trainer = SlowInRound(slow.runner.trainer, round_number=1, delay_s=10.0)
+    for agent in fast:  # round 2 stays open until the slow agent's round 1 is in
+        agent.runner.trainer = SlowInRound(agent.runner.trainer, round_number=2, delay_s=15.0)
+    fed.run(Aggregator(load_server_config(fed.layout.server_config)), timeout_s=150)
+    first, second = fed.metrics()
+    assert slow.id not in first.accepted and second.aggregation["folded_late"] == [f"{slow.id}@1"]
+
+
+def test_with_late_weight_0_a_late_update_is_refused_as_late(tmp_path, broker):
+    """The old rule, kept by ``late_weight = 0``: the late update is refused, not carried into the next round."""
+    from tests.fedharness import ServerHarness
+
+    strategy = {"name": "fedavg", "threshold": 1, "late_weight": 0}
+    with ServerHarness(tmp_path, broker, rounds=2, strategy=strategy) as h:
         h.announce_agents()
         update = h.update_bytes(h.random_delta(1), samples=100)
         h.publish_update("agent-01", h.sealed(h.agents["agent-01"], update))

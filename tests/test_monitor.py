@@ -102,6 +102,19 @@ def test_a_root_shows_each_region_with_what_its_last_round_made_of_it():
     assert "4: rejected (norm-too-large)" in rows["region-2"]
 
 
+def test_an_agent_whose_late_update_was_folded_into_the_next_round_says_so():
+    view = FederationView(Topics("root"))
+    for agent in ("agent-1", "agent-2"):
+        status = AgentStatus(agent=agent, state="training", round=5, samples=0, version=3, updated_at=0.0)
+        view.apply(f"skyfed/root/agent/{agent}/status", _signed(status, agent))
+    metrics = round_metrics(round=5, participants=["agent-1"], accepted=["agent-1"], eval={"accuracy": 0.9},
+                            aggregation={"folded_late": ["agent-2@4", "agent-1@4"]})  # fmt: skip
+    view.apply("skyfed/root/server/metrics", metrics.to_json())
+    rows = {line.split("│")[1].strip(): line for line in _render(view).splitlines() if "agent-" in line}
+    assert "5: round 4's update folded in late" in rows["agent-2"]
+    assert "5: accepted, its round 4 folded in late" in rows["agent-1"]
+
+
 def _peer(view: FederationView, name: str, accuracy: float, *, best: float | None = None,
           adopted: Adoption | None = None, state: str = "member") -> None:
     member = PeerMember("p2p", name, state, 5, 1.0, 1.0)

@@ -371,7 +371,8 @@ def test_experiment_reports_final_c_spe_c_gen_and_rounds_until_c_gen_reached_its
     (tmp_path / "metrics").mkdir()
     rounds = [{"round": r, "action": "average", "outcome": "committed", "eval": {"accuracy": acc},
                "finished_at": 10.0 * r, "duration_s": 10.0, "aggregate_s": 0.002, "bytes_up": 100, "bytes_down": 50,
-               "personal": {"c_spe": spe, "c_gen": gen, "agents": {}}}
+               "personal": {"c_spe": spe, "c_gen": gen, "agents": {},
+                            "trained": {"c_spe": spe + 0.02, "c_gen": gen + 0.15}}}
               for r, acc, spe, gen in ((1, 0.5, 0.1, 0.1), (2, 0.6, 0.7, 0.5), (3, 0.7, 0.9, 0.65),
                                        (4, 0.72, 0.95, 0.6))]  # fmt: skip
     (tmp_path / "metrics" / "c-m-0.jsonl").write_text("\n".join(json.dumps(r) for r in rounds) + "\n")
@@ -383,13 +384,17 @@ def test_experiment_reports_final_c_spe_c_gen_and_rounds_until_c_gen_reached_its
                             methods={"m": {}, "amp": {}})  # fmt: skip
     summary, personal = run_experiment(experiment, tmp_path, echo=lambda _line: None)
     assert (summary["final_c_spe"], summary["final_c_gen"], summary["rounds_to_c_gen"]) == (0.95, 0.6, 2)
+    # the trained models of row r had r rounds of training: C-GEN 0.65 in row 2 is 2 rounds
+    assert summary["final_trained_c_spe"] == pytest.approx(0.97) and summary["rounds_to_trained_c_gen"] == 2
     assert summary["aggregate_ms_per_round"] == 2.0
     assert (summary["lead"], personal["lead"]) == ("accuracy", "c_spe")
     results = (tmp_path / "results.md").read_text()
     assert ("| condition | method | lead: the method's own score % | final C-SPE % | final C-GEN % | rounds to C-GEN "
-            "60% | final global accuracy % | rounds to 90% |") in results, results  # fmt: skip
-    assert "| c | m | accuracy 72.0 ± 0.0 | 95.0 ± 0.0 | 60.0 ± 0.0 | 2.0 ± 0.0 | 72.0 ± 0.0 | never |" in results
-    assert "| c | amp | C-SPE 95.0 ± 0.0 | 95.0 ± 0.0 | 60.0 ± 0.0 | 2.0 ± 0.0 | 72.0 ± 0.0 | never |" in results
+            "60% | final trained C-SPE % | final trained C-GEN % | rounds to trained C-GEN 60% | final global accuracy "
+            "% | rounds to 90% |") in results, results  # fmt: skip
+    trained = "97.0 ± 0.0 | 75.0 ± 0.0 | 2.0 ± 0.0 | 72.0 ± 0.0 | never |"
+    assert f"| c | m | accuracy 72.0 ± 0.0 | 95.0 ± 0.0 | 60.0 ± 0.0 | 2.0 ± 0.0 | {trained}" in results
+    assert f"| c | amp | C-SPE 95.0 ± 0.0 | 95.0 ± 0.0 | 60.0 ± 0.0 | 2.0 ± 0.0 | {trained}" in results
     assert (tmp_path / "curves-c.png").stat().st_size > 0
 
 

@@ -79,31 +79,45 @@ class RoundCollector:
         if self.guard is not None:
             self.guard.start(self.round, self.sha256, content_digest(self.vector))
 
-    def accept(self, sender: str, data: bytes | bytearray | memoryview, wire_bytes: int) -> PeerUpdate:
-        """Check and keep ``sender``'s update, or raise ``UpdateRejected`` (recorded in ``rejected``)."""
+    def accept(self, sender: str, data: bytes | bytearray | memoryview, wire_bytes: int,
+               late_weight: float = 0.0) -> PeerUpdate:  # fmt: skip
+        """Check and keep ``sender``'s update, or raise ``UpdateRejected`` (recorded in ``rejected``); with
+        ``late_weight``, its late update of the round before, kept as ``sender@round`` (``flcore.late``)."""
         try:
-            return self._accept(sender, data, wire_bytes)
+            return self._accept(sender, data, wire_bytes, late_weight)
         except UpdateRejected as exc:
             self.rejected.append({"peer": sender, "reason": exc.reason})
             raise
 
-    def _accept(self, sender: str, data: bytes | bytearray | memoryview, wire_bytes: int) -> PeerUpdate:
-        if sender in self.updates:
+    def _accept(self, sender: str, data: bytes | bytearray | memoryview, wire_bytes: int,
+                late_weight: float) -> PeerUpdate:  # fmt: skip
+        late_from = self.round - 1 if late_weight else 0
+        key = f"{sender}@{late_from}" if late_from else sender
+        if key in self.updates:
             raise UpdateRejected("duplicate")
-        parsed = parse_update(data, expected_spec=self.spec, round_number=self.round, model_version=self.round - 1,
-                              base_sha256=claimed_base(data))  # fmt: skip
+        parsed = parse_update(data, expected_spec=self.spec, round_number=late_from or self.round,
+                              model_version=(late_from or self.round) - 1, base_sha256=claimed_base(data))  # fmt: skip
         meta, digest = parsed.meta, content_digest(parsed.delta)
-        if self.guard is not None and (stale := self.guard.refusal(sender, meta.base_sha256, digest)):
-            raise UpdateRejected(stale)
+        if self.guard is not None:
+            check = self.guard.late_refusal if late_from else self.guard.refusal
+            if stale := check(sender, meta.base_sha256, digest):
+                raise UpdateRejected(stale)
         change = np.subtract(parsed.delta, self.vector, dtype=np.float32)  # the sender's model, from this peer's
         scan = check_values(change, self.vector, self.positive, self.policy)
         record = UpdateRecord(agent=sender, samples=meta.weight, loss=meta.loss, norm=scan.norm, wire_bytes=wire_bytes,
-                              local_eval=meta.local_eval, start_eval=meta.start_eval)  # fmt: skip
+                              local_eval=meta.local_eval, start_eval=meta.start_eval,
+                              trained_eval=meta.trained_eval, late_from=late_from,
+                              discount=late_weight or 1.0)  # fmt: skip
         update = PeerUpdate(record, change, meta.base_sha256)
-        self.updates[sender] = update
+        self.updates[key] = update
         if self.guard is not None:
-            self.guard.note(sender, meta.base_sha256, digest)
+            self.guard.note(sender, meta.base_sha256, digest, late=bool(late_from))
         return update
+
+    @property
+    def on_time(self) -> list[str]:
+        """The senders of this round's own updates (not late ones of the round before)."""
+        return sorted(k for k, u in self.updates.items() if not u.record.late_from)
 
     def _round_policy(self) -> InfluencePolicy:
         """The bounds, with this peer's own update as their reference when the round has fewer than three: the
@@ -154,6 +168,8 @@ class RoundCollector:
         norms = np.array([r.norm for r in records])
         claimed = np.array([r.samples for r in records], np.float64)
         detail = {**influence.describe(peers, claimed, norms), **result.detail, "change_norm": round(step, 6)}
+        if folded := [p for p in peers if self.updates[p].record.late_from]:
+            detail["folded_late"] = folded
         if dropped:
             detail["screened"] = {contributions[i].agent: why for i, why in sorted(dropped.items())}
         if factor < 1:

@@ -10,6 +10,7 @@ round plan every peer must agree on, checked completely at start (an error names
     rounds = 5
     threshold = 3               # peer updates (its own included) a peer waits for; capped at the current members
     round_timeout_s = 120.0     # then it aggregates what it has
+    # late_weight = 0.71        # a member's late update of the round before joins the next at this weight (flcore.late)
     [federation.strategy]       # as server.toml's [strategy]; unset: the server's default, auto
     name = "auto"
     [federation.bounds]         # as server.toml's [bounds] (flcore.bounds)
@@ -35,6 +36,7 @@ class FederationSection:
     rounds: int = 0
     threshold: int = 0
     round_timeout_s: float = 120.0
+    late_weight: float | None = None  # None: flcore.late's default; 0: a late update is refused (flcore.late)
     join_wait_s: float = 3.0  # at start: how long retained memberships are gathered before the first round
     epochs: int = 1
     batch_size: int = 32
@@ -82,6 +84,7 @@ class FederationSection:
             if not ok:
                 raise ValueError(f"federation.{key} must be {what}, got {getattr(self, key)!r}")
         self._check_detector()
+        self.fold_weight()
         self.build_strategy()
         self.influence_policy()
 
@@ -110,10 +113,10 @@ class FederationSection:
         from models.tasks import task_of
 
         table = dict(self.strategy)  # no name: the server's measured default (``flcore.strategies.choice``)
-        for key in ("threshold", "elect_best"):
+        for key in ("threshold", "elect_best", "late_weight"):
             if key in table:
-                raise ValueError(f"federation.strategy.{key} is a server setting: use federation.threshold "
-                                 "(peers always elect the best model at the end)")  # fmt: skip
+                raise ValueError(f"federation.strategy.{key} is a server setting: use federation.threshold and "
+                                 "federation.late_weight (peers always elect the best model at the end)")  # fmt: skip
         try:
             strategy = build_strategy(table)
         except ValueError as exc:
@@ -124,6 +127,12 @@ class FederationSection:
         if why := task_refusal(type(strategy), task_of(self.model)):
             raise ValueError(f"federation.strategy.name: {why}")
         return strategy
+
+    def fold_weight(self) -> float:
+        """The weight factor of a member's late update of the round before, folded into this peer's next round."""
+        from flcore.late import late_weight
+
+        return late_weight(self.late_weight, self.threshold, where="federation.late_weight")
 
     def influence_policy(self):  # noqa: ANN201
         from flcore.bounds import InfluencePolicy

@@ -38,6 +38,7 @@ from agent.peer.bestagg import BestAgg
 from agent.peer.collect import RoundCollector, RoundGuards, coordinate_median, model_refusal
 from agent.peer.stale import StaleGuard
 from flcore.bounds import lower_median
+from flcore.late import late_refusal
 from flcore.update import UpdateRejected
 from flcore.validation import reason_kind
 from models.serialization import SerializationError, dumps, loads
@@ -111,6 +112,8 @@ class PeerRounds:
         self.silent: set[str] = set()  # members that sent nothing in a round that timed out, since: not waited for
         self.bytes_sent = 0
         self.held: dict[str, tuple[int, bytes, int]] = {}  # sender -> (round, update, wire bytes): the next round's
+        self.late_weight = self.plan.fold_weight()  # a member's late update of the round before (flcore.late)
+        self.counted: set[str] = set()  # whose own update the round before aggregated: no late one of theirs
         self.catchup: dict[str, tuple[int, NamedArrays]] = {}
         self.served: dict[str, int] = {}  # joiner -> the round it was last sent this peer's model
         self.bestagg = BestAgg(node, self.plan, self.state_dir, evaluator)
@@ -333,13 +336,14 @@ class PeerRounds:
                 outcome, reason = "rejected", exc.reason
         evaluation = self.guards.evaluation_of(model) or self.evaluate(model)
         line = PeerRoundMetrics(peer=self.me, round=self.round, outcome=outcome, eval=evaluation,
-                                aggregated_from=sorted(collector.updates) if outcome == "aggregated" else [],
+                                aggregated_from=collector.on_time if outcome == "aggregated" else [],
                                 rejected=collector.rejected, members=self.node.members(), reason=reason,
                                 round_s=round(self.train_s + now - self.since, 3), train_s=round(self.train_s, 3),
                                 wait_s=round(now - self.since, 3), bytes_sent=self.bytes_sent,
                                 bytes_received=sum(u.record.wire_bytes for u in collector.updates.values()),
                                 aggregation=detail)  # fmt: skip
         self._write_metrics(line)
+        self.counted = set(line.aggregated_from)
         log.info("round %d %s from=%s accuracy=%s rejected=%d%s", self.round, outcome,
                  ",".join(line.aggregated_from) or "-", headline(evaluation), len(collector.rejected),
                  f" reason={reason}" if reason else "")  # fmt: skip
@@ -359,22 +363,27 @@ class PeerRounds:
         current = self.phase in ("training", "waiting", "gated") and self.collector is not None
         if current and round_number == self.round:
             self._accept(sender, data, wire_bytes)
+        elif current and self.late_weight and round_number == self.round - 1 and sender not in self.counted:
+            self._accept(sender, data, wire_bytes, late=True)  # folded into this round (flcore.late)
         elif round_number == self.round + 1 or (self.phase in ("gathering", "joining") and round_number >= 1):
             self.held[sender] = (round_number, bytes(data), wire_bytes)  # one per sender: bounded
+        elif current and self.late_weight and round_number < self.round - 1:
+            self.node.warn(f"round-{sender}", "update refused round=%d peer=%s reason=%s", round_number, sender,
+                           late_refusal(round_number, self.round, folding=True, owed=False))  # fmt: skip
         else:
             self.node.warn(f"round-{sender}", "update refused round=%d peer=%s reason=wrong-round: this peer is in "
                            "round %d (%s)", round_number, sender, self.round, self.phase)  # fmt: skip
 
-    def _accept(self, sender: str, data: bytes | memoryview, wire_bytes: int) -> bool:
+    def _accept(self, sender: str, data: bytes | memoryview, wire_bytes: int, *, late: bool = False) -> bool:
         assert self.collector is not None
         try:
-            update = self.collector.accept(sender, data, wire_bytes)
+            update = self.collector.accept(sender, data, wire_bytes, self.late_weight if late else 0.0)
         except UpdateRejected as exc:
-            self.node.warn(f"update-{sender}-{reason_kind(exc.reason)}", "update refused round=%d peer=%s reason=%s",
-                           self.round, sender, exc.reason)  # fmt: skip
+            self.node.warn(f"update-{sender}-{reason_kind(exc.reason)}", "update refused round=%d peer=%s reason=%s%s",
+                           self.round, sender, exc.reason, " (late)" if late else "")  # fmt: skip
             return False
-        log.info("update accepted round=%d peer=%s norm=%.4g weight=%d", self.round, sender, update.record.norm,
-                 update.record.samples)  # fmt: skip
+        log.info("update accepted round=%d peer=%s norm=%.4g weight=%d%s", self.round, sender, update.record.norm,
+                 update.record.samples, f" late from round {self.round - 1}" if late else "")  # fmt: skip
         return True
 
     def receive_model(self, sender: str, round_number: int, data: memoryview) -> None:

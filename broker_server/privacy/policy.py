@@ -36,7 +36,8 @@ from flcore.strategies.choice import StrategyNote
 if TYPE_CHECKING:
     from flcore.strategies.base import Strategy
 
-DEFAULT_KEYS = {"weighting", "threshold", "elect_best"}  # keys of [strategy] that do not name auto's options
+# keys of [strategy] that do not name auto's options
+DEFAULT_KEYS = {"weighting", "threshold", "elect_best", "late_weight"}
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,9 @@ class PrivacyPolicy:
                              "(docs/privacy.md)")  # fmt: skip
         else:
             self._check_weighting(built, strategy.get("weighting", "samples"))
+        if strategy.get("late_weight", 0):
+            raise ValueError("strategy.late_weight must be 0 with [privacy]: a late update folded into the next round "
+                             "would be a second update of its agent there, beyond the sensitivity the noise covers")
         if bounds.clip == "off" or (bounds.clip == "fixed" and bounds.clip_norm != self.clip):
             raise ValueError(
                 f"bounds.clip must be left at its default with [privacy]: every update is clipped to privacy.clip "
@@ -205,9 +209,12 @@ class PrivacyPolicy:
             )
 
     def configure(self, strategy: Strategy) -> None:
-        """Under privacy, no update is folded early (the round's timing would count the clipped ones), and
+        """Under privacy, no update is folded early (the round's timing would count the clipped ones), no late
+        update folded into the next round (one agent, one update a round: the noise's sensitivity), and
         weights are capped at ``weight_cap``."""
         strategy.fold_on_accept = not self.enabled
+        if self.enabled:
+            strategy.late_weight = 0.0
         strategy.weight_cap = self.weight_cap
 
     def bounds(self, policy: InfluencePolicy) -> InfluencePolicy:

@@ -6,24 +6,29 @@ one pass over the values (``flcore.validation.check_values``, as a peer checks t
 folded into a streaming strategy when the bounds known so far allow it), the outright norm limit, the
 model's invariants (no negative running variance), and finally the update is written to the update store
 before the round state records it. A refusal raises ``UpdateRejected`` and leaves the round exactly
-as it was (a fold already made is subtracted again).
+as it was (a fold already made is subtracted again). A late update of the round before (``flcore.late``) passes
+the same checks against the model it was trained from, and is stored, as the change from the model in force to
+its model, and recorded as ``agent@round``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.linalg.blas import sdot
 
 from broker_server.rounds.update_store import UpdateStore
 from flcore.bounds import InfluencePolicy, tentative
+from flcore.late import late_refusal
 from flcore.onepass import axpy
 from flcore.rounds import RoundState, UpdateRecord
 from flcore.strategies.base import Strategy
 from flcore.update import MAX_LOCAL_EVAL, NotForThisRound, UpdateMeta, parse_update
 from flcore.validation import check_values
 from models.serialization import dumps
-from models.weights import TensorRange, TensorSpec
+from models.weights import TensorRange, TensorSpec, unflatten
 from protocol.codecs import FP32, Codec, encode
 from protocol.transfer import Completed
 
@@ -40,6 +45,8 @@ class RoundInputs:
     base_sha256: str = ""
     next_round: int = 0  # the round the server opens next (an update for an earlier one is late)
     codec: Codec = FP32  # how the round asked agents to encode updates
+    late: LateWindow | None = None  # the round before, whose late updates are folded in (None: refused)
+    current: np.ndarray | None = None  # a late update's: the model in force, which its change is taken over
 
 
 HEADER_SLACK = 64 << 10  # room for an update's safetensors header beyond the model's own
@@ -55,12 +62,45 @@ def largest_update_bytes(float_spec: tuple[TensorSpec, ...], codec: Codec) -> in
     return max(len(dumps(encode(zeros, c), metadata=meta)) for c in (FP32, codec)) + HEADER_SLACK
 
 
-def check_gates(state: RoundState | None, agent: str, round_number: int, next_round: int) -> RoundState:
-    """The open round, if this update may join it; ``next_round`` is the round the server opens next."""
-    if state is None:  # between two rounds: an update for one already closed is late, like during the next
-        raise NotForThisRound(f"late: round {round_number} is closed" if round_number < next_round else "no-round-open")
-    if round_number < state.round:  # e.g. after the round closed at its threshold: the work is not carried over
-        raise NotForThisRound(f"late: round {round_number} is closed, current is {state.round}")
+@dataclass(frozen=True)
+class LateWindow:
+    """The round closed last, as a late update of it is checked (``flcore.late``): its number, the model version
+    it was announced with, and the selected agents it closed without (their update may still be folded into the
+    next round). Checkpointed with the round's close."""
+
+    round: int = 0
+    version: int = 0
+    owed: tuple[str, ...] = ()
+
+    def welcomes(self, agent: str, round_number: int) -> bool:
+        return round_number == self.round and agent in self.owed
+
+    def to_dict(self) -> dict:
+        return {"round": self.round, "version": self.version, "owed": list(self.owed)}
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> LateWindow:
+        data = data or {}
+        return cls(int(data.get("round", 0)), int(data.get("version", 0)), tuple(data.get("owed", ())))
+
+
+def check_gates(state: RoundState | None, agent: str, round_number: int, next_round: int,
+                late: LateWindow | None = None) -> int:  # fmt: skip
+    """0 if this update may join the open round as its own; the round it was trained for if it joins as a late
+    update of the round before (``late``: that round's window, None: late updates are refused, ``flcore.late``).
+    ``next_round`` is the round the server opens next; ``NotForThisRound`` says why neither."""
+    current = state.round if state is not None else next_round
+    if round_number < current:  # e.g. after the round closed at its threshold
+        owed = late is not None and late.welcomes(agent, round_number)
+        if why := late_refusal(round_number, current, folding=late is not None, owed=owed):
+            raise NotForThisRound(why)
+        if state is None:  # between two rounds: the daemon holds it for the next
+            raise NotForThisRound(f"not-yet: round {current} is not open")
+        if f"{agent}@{round_number}" in (u.key for u in state.updates) or agent in state.revoked:
+            raise NotForThisRound("duplicate" if agent not in state.revoked else "revoked: its enrolment was withdrawn")
+        return round_number
+    if state is None:
+        raise NotForThisRound("no-round-open")
     if round_number != state.round:
         raise NotForThisRound(f"wrong-round: transfer for round {round_number}, current is {state.round}")
     if agent not in state.selected:
@@ -71,7 +111,7 @@ def check_gates(state: RoundState | None, agent: str, round_number: int, next_ro
         raise NotForThisRound("revoked: its enrolment was withdrawn during the round")
     if agent in state.accepted:
         raise NotForThisRound("duplicate")
-    return state
+    return 0
 
 
 def accept_update(
@@ -85,11 +125,12 @@ def accept_update(
 ) -> UpdateRecord:
     """Check, fold and store one update; append and return its record, or raise ``UpdateRejected``."""
     agent = completed.manifest.sender
-    state = check_gates(state, agent, completed.manifest.round, inputs.next_round)
+    late_from = check_gates(state, agent, completed.manifest.round, inputs.next_round, inputs.late)
+    assert state is not None  # the gates passed
     parsed = parse_update(
         completed.data,
         expected_spec=inputs.spec,
-        round_number=state.round,
+        round_number=late_from or state.round,
         model_version=inputs.model_version,
         base_sha256=inputs.base_sha256,
         codec=inputs.codec,
@@ -100,25 +141,32 @@ def accept_update(
         np.array([u.samples for u in state.updates], np.float64),
         parsed.meta.weight,
     )
-    fold = strategy.fold_plan(bounds) if strategy.fold_on_accept else None
+    fold = strategy.fold_plan(bounds) if strategy.fold_on_accept and not late_from else None
     result = check_values(parsed.delta, inputs.base_vector, inputs.positive, policy, fold)
     folded = fold.weight if (fold is not None and result.folded) else 0.0
-    try:
-        store.put(state.round, agent, parsed.stored)
-    except BaseException:
-        if folded and fold is not None:
-            axpy(parsed.delta, fold.into, -folded)  # leave the running sum as it was
-        raise
+    stored, norm = parsed.stored, result.norm
+    if late_from and inputs.current is not None:  # its model, as a change over the model in force (flcore.late)
+        change = np.add(parsed.delta, inputs.base_vector - inputs.current, dtype=np.float32)
+        stored, norm = dumps(unflatten(change, inputs.spec)), math.sqrt(float(sdot(change, change)))
     record = UpdateRecord(
         agent=agent,
         samples=parsed.meta.weight,
         loss=parsed.meta.loss,
-        norm=result.norm,
+        norm=norm,
         wire_bytes=completed.wire_bytes,
         folded=folded,
         local_epsilon=parsed.meta.local_epsilon,
         local_eval=parsed.meta.local_eval,
         start_eval=parsed.meta.start_eval,
+        trained_eval=parsed.meta.trained_eval,
+        late_from=late_from,
+        discount=strategy.late_weight if late_from else 1.0,
     )
+    try:
+        store.put(state.round, record.key, stored)
+    except BaseException:
+        if folded and fold is not None:
+            axpy(parsed.delta, fold.into, -folded)  # leave the running sum as it was
+        raise
     state.updates.append(record)
     return record

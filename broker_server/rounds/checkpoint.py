@@ -70,6 +70,7 @@ class Checkpoint:
     model_eval: dict | None = None  # the evaluation of the global model in force (None: from before it was kept)
     changes: list = field(default_factory=list)  # the last committed steps' norms (flcore.change_bound)
     fallback: dict = field(default_factory=dict)  # the version before the one in force (broker_server.rounds.fallback)
+    late: dict = field(default_factory=dict)  # the round closed last, for its late updates (rounds.accept.LateWindow)
 
 
 class CheckpointStore:
@@ -116,6 +117,7 @@ class CheckpointStore:
                 "model_eval": checkpoint.model_eval,
                 "changes": checkpoint.changes,
                 "fallback": checkpoint.fallback,
+                "late": checkpoint.late,
             },
         )
         self._named = (model_file, strategy_file)
@@ -179,6 +181,7 @@ class CheckpointStore:
             model_eval=state.get("model_eval"),
             changes=state.get("changes") or [],
             fallback=state.get("fallback") or {},
+            late=state.get("late") or {},
         )
 
     def _load_assignments(self, state: dict) -> dict:

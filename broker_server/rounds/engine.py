@@ -11,7 +11,8 @@ written is undone (``state.durably``), so memory is never ahead of the disk.
 
 The engine holds collaborators, each with its own job: ``state`` (``broker_server.rounds.engine_state``: what the
 checkpoint holds, saved and undone), ``fleet`` (``broker_server.rounds.engine_fleet``: what agents do to the open round
-unasked) and ``local`` (``broker_server.rounds.local_rounds``: model swapping's rounds without uploads). The state's
+unasked) and ``local`` (``broker_server.rounds.local_rounds``: model swapping's rounds without uploads) and ``late``
+(``broker_server.rounds.late_folds``: the round before's late updates, folded into the open one). The state's
 fields the daemon and the sim read most (``round_state``, ``version``, …) read through the engine.
 """
 
@@ -27,11 +28,12 @@ from contextlib import suppress
 import numpy as np
 
 from broker_server.config import POOL, ServerConfig
-from broker_server.rounds.accept import RoundInputs, accept_update
+from broker_server.rounds.accept import LateWindow, RoundInputs, accept_update
 from broker_server.rounds.disk import DiskError
 from broker_server.rounds.engine_fleet import FleetEvents
 from broker_server.rounds.engine_state import EngineState, StateField
 from broker_server.rounds.fallback import Fallback, broken_model, stuck_reason
+from broker_server.rounds.late_folds import LateFolds
 from broker_server.rounds.local_rounds import LocalRounds
 from broker_server.rounds.metrics_log import round_metrics
 from broker_server.rounds.onnx_step import ExportOnnx
@@ -45,7 +47,8 @@ from flcore.strategies import build_strategy
 from flcore.strategies.choice import strategy_notes
 from flcore.update import NotForThisRound, UpdateRejected
 from flcore.validation import reason_kind
-from models.weights import NamedArrays, with_floats
+from models.weights import NamedArrays, state_spec, with_floats
+from models.zoo import build_model
 from participant.recipes import checked_settings, work_share
 from protocol.codecs import Codec
 from protocol.messages import Rejection, RoundMetrics, TrainSettings, headline
@@ -87,6 +90,7 @@ class RoundEngine:
         self.state = EngineState(config, self.strategy, replay=replay, changes=self.changes)
         self.fleet = FleetEvents(self.state, reject=self.reject)
         self.local = LocalRounds(self.state, needs_global=self.needs_global)
+        self.late = LateFolds(self.state, self.strategy)
         self.steps = round_steps(config, self.strategy, self.policy, self.state.store.agents, self.base_vector,
                                  lambda: self.state.assignments, self._round_rng, evaluator,
                                  lambda: self.state.ledger.clip, self.changes, self._in_force_eval)  # fmt: skip
@@ -94,6 +98,9 @@ class RoundEngine:
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
         self.orphan_rejections: list[dict[str, str]] = []
         self.state.open()
+        if problem := self.strategy.fit_model(lambda: state_spec(build_model(config.server.model,
+                                                                             num_classes=config.server.num_classes))):
+            raise ValueError(f"strategy {self.strategy.name}: {problem}")
         if self.finished:
             log.warning("this run is already over (%d rounds done): to start a new run, move %s aside, or raise "
                         "server.rounds to go on with this one", self.next_round - 1, self.config.state_dir)  # fmt: skip
@@ -111,6 +118,12 @@ class RoundEngine:
     def start_model(self, agent: str) -> NamedArrays:
         """The whole model ``agent`` starts from (what its inbox gets when it is not the global one)."""
         return with_floats(self.global_arrays, self.base_vector(agent), self.float_spec)
+
+    def _trained_model(self, agent: str) -> NamedArrays:
+        """``agent``'s model after this round's training: its start model plus the change it uploaded."""
+        assert self.round_state is not None
+        vector = self.base_vector(agent) + self.state.store.updates.delta(self.round_state.round, agent)
+        return with_floats(self.global_arrays, vector, self.float_spec)
 
     def needs_global(self, agent: str) -> bool:
         """Whether ``agent`` trains with the global model this round: it starts from it, or attends over it."""
@@ -218,18 +231,25 @@ class RoundEngine:
         failed for the round, so it is not waited for."""
         agent = completed.manifest.sender
         assignment = self.assignments.get(agent) if self.round_state and agent in self.round_state.selected else None
+        late = self.late.window()
+        if late is not None and late.welcomes(agent, completed.manifest.round):  # checked against its own model
+            version, base = late.version, self.late.base(late)
+        else:
+            version, base = self.version, self._vector_of(assignment)
         try:
             record = accept_update(
                 completed,
                 self.round_state,
                 RoundInputs(
                     self.float_spec,
-                    self.version,
-                    self._vector_of(assignment),
+                    version,
+                    base,
                     self.state.positive,
                     base_sha256="" if assignment is None else assignment.model.sha256,
                     next_round=self.next_round,
                     codec=self.codec,
+                    late=late,
+                    current=self.global_vector,
                 ),
                 policy=self.policy,
                 strategy=self.strategy,
@@ -240,10 +260,16 @@ class RoundEngine:
         except UpdateRejected:
             rs = self.round_state
             assert rs is not None  # the gates passed, so a round is open
-            if completed.manifest.sender not in rs.failed:  # once: a flood of junk costs no write per update
+            # once: a flood of junk costs no write per update; a late one's refusal says nothing of this round
+            if completed.manifest.round == rs.round and completed.manifest.sender not in rs.failed:
                 rs.failed.append(completed.manifest.sender)
                 self.state.checkpoint()
             raise
+        if record.late_from:  # folded into this round (``flcore.late``): its pace is not this round's
+            log.info("late update folded round=%d agent=%s from_round=%d weight=%g", self.round_state.round,
+                     record.agent, record.late_from, record.discount)  # fmt: skip
+            self.state.checkpoint()
+            return record
         if record.agent in self.round_state.failed:  # it sent a valid update after a refused one
             self.round_state.failed.remove(record.agent)
         self.health.delivered(record.agent)
@@ -274,6 +300,7 @@ class RoundEngine:
         assert rs is not None
         if rs.action == "local":  # nothing was uploaded: nothing to aggregate (``broker_server.rounds.local_rounds``)
             return self.local.close(now, model_wire_bytes)
+        trained_from = self.version  # the version this round's late updates will have been trained from
         if now >= rs.deadline:  # closed on the quorum at the deadline: whoever it still waited for missed it
             late = rs.waited_for
             self.health.back_off(late, rs.round, "missed the deadline", now)
@@ -287,8 +314,11 @@ class RoundEngine:
         )
         outcome, reason, offenders = "committed", "", []
         global_starts = self.local.global_downloads()
-        starts = {u.agent: self._start_key(u.agent) for u in rs.updates}  # before the assignments move on
-        personal = self.start_scores.personal(rs.updates, starts, self.start_model)
+        starts = {u.agent: self._start_key(u.agent) for u in rs.on_time}  # before the assignments move on
+        personal = self.start_scores.personal(rs.on_time, starts, self.start_model)
+        limit = 0 if self.config.privacy.enabled else self.config.server.score_trained  # see ``personal``
+        if trained := self.start_scores.trained(rs.round, rs.on_time, self._trained_model, limit):
+            personal = {**personal, "trained": trained}
         try:
             if stuck:
                 raise RoundRejected(*stuck_reason(rs, self.rules.quorum))
@@ -328,6 +358,8 @@ class RoundEngine:
         if published and self.strategy.elect_best:
             self.best.note(self.version, rs.round, ctx.evaluation, self.global_arrays)
         self.state.round_state, self.state.next_round = None, rs.round + 1
+        done = set(rs.accepted) | set(rs.failed) | set(rs.revoked) | {POOL}
+        self.state.late = LateWindow(rs.round, trained_from, tuple(a for a in rs.selected if a not in done))
         self.state.checkpoint(last_metrics=json.loads(metrics.to_json()))  # the commit: what follows is derived from it
         self.state.outputs_pending.update(("metrics", "model") if published else ("metrics",))
         with suppress(DiskError):  # tried again on the daemon's next ticks

@@ -43,9 +43,10 @@ class FleetEvents:
         if rs is None:
             self.revoked_between_rounds.append(agent)
             return False
-        if agent not in rs.selected and agent not in rs.accepted:
+        sent = any(u.agent == agent for u in rs.updates)  # its own update, or a late one folded in
+        if agent not in rs.selected and not sent:
             return False
-        if agent in rs.accepted:  # out of the average
+        if sent:  # out of the average
             rs.updates = [u for u in rs.updates if u.agent != agent]
             self.state.unfold()
         rs.missed.append(agent)

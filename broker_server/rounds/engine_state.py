@@ -21,6 +21,7 @@ import torch
 
 from broker_server.config import ServerConfig
 from broker_server.privacy.accountant import PrivacyLedger
+from broker_server.rounds.accept import LateWindow
 from broker_server.rounds.checkpoint import Checkpoint, CheckpointStore, new_run_id
 from broker_server.rounds.disk import DiskError
 from broker_server.rounds.fallback import Fallback
@@ -55,6 +56,7 @@ class EngineState:
         self._table: tuple[dict[str, Assignment], dict[str, dict]] | None = None  # ``_assignment_table``'s last
         self.changes = changes  # the last committed steps (flcore.change_bound), shared with the pipeline's step
         self.fallback = Fallback()  # the version before the model in force (broker_server.rounds.fallback)
+        self.late = LateWindow()  # the round closed last, whose late updates the next folds in (flcore.late)
         self.ledger = PrivacyLedger(config.privacy)
         self.health = HealthBook(deadline_s=config.rounds.deadline_s)
         self.pace = PaceBook()
@@ -157,6 +159,7 @@ class EngineState:
             model_eval=self.model_eval,
             changes=self.changes.to_list(),
             fallback=self.fallback.to_dict(),
+            late=self.late.to_dict(),
         )
 
     def _assignment_table(self) -> dict[str, dict]:
@@ -189,6 +192,7 @@ class EngineState:
             else checkpoint.model_eval
         self.changes.norms = ChangeHistory.from_list(checkpoint.changes).norms  # in place: the pipeline holds it
         self.fallback = Fallback.from_dict(checkpoint.fallback)
+        self.late = LateWindow.from_dict(checkpoint.late)
         if self.round_state is not None:
             self.unfold()
 

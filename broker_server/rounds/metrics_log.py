@@ -144,10 +144,10 @@ def per_agent_detail(state: RoundState) -> dict[str, dict[str, float]]:
     detail: dict[str, dict[str, float]] = {}
     if state.agent_train:
         detail["work"] = {a: work_share(TrainSettings.from_dict(train)) for a, train in state.agent_train.items()}
-    local = {u.agent: u.local_epsilon for u in state.updates if u.local_epsilon is not None}
+    local = {u.agent: u.local_epsilon for u in state.on_time if u.local_epsilon is not None}
     if local:
         detail["local_epsilon"] = local
-    local_eval = {u.agent: u.local_eval for u in state.updates if u.local_eval}
+    local_eval = {u.agent: u.local_eval for u in state.on_time if u.local_eval}
     if local_eval:
         detail["local_eval"] = local_eval
     return detail

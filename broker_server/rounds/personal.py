@@ -1,17 +1,26 @@
-"""Personalization metrics of a round: how the model each agent started the round from scores
-on the agent's own test split — C-SPE, which the agent measures before training and reports in its
-update header (``start_eval``) — and on the server's evaluation set with every class — C-GEN.
+"""Personalization metrics of a round, of two models per agent (docs/architecture.md, "One headline per shape
+and kind of model"):
 
-Under FedAvg every agent starts from the global model, so both are the global model's and methods compare
-on one scale; under DemLearn an agent starts from its group's model, under FedAMP from its own cloud
-model, under swapping from its own or its partner's. A round's row describes the models trained from in
-that round, i.e. what the previous round gave each agent: the agent can only score a model once it has
-it. Averages are plain means over the agents that reported (the seeds average over agents). Reported
-numbers are an agent's claim, shown, never used to decide anything.
+- the model the agent *started* the round from: C-SPE, which the agent measures on its own test split before
+  training and reports in its update header (``start_eval``), and C-GEN, the server's evaluation of that model on
+  its evaluation set with every class. Under FedAvg every agent starts from the global model, so both are the
+  global model's; under DemLearn an agent starts from its group's model, under FedAMP from its own cloud model,
+  under swapping from its own or its partner's. A round's row describes the models trained from in that round,
+  i.e. what the previous round gave each agent: the agent can only score a model once it has it.
+- the model it *trained* (``trained``; the metric DemLearn's thesis and the FedAMN paper score): C-SPE as the
+  agent measured it after training (``trained_eval``; Ditto's personal model, not the uploaded one), and C-GEN,
+  the server's evaluation of the start model plus the uploaded change. The server scores at most
+  ``server.score_trained`` uploads a round (a sample drawn with the round; ``scored`` says how many), never under
+  differential privacy (a score of an un-noised model is outside the accounting), and only where the model an
+  agent is judged by is one the server can hold (not Ditto's personal models).
+
+Averages are plain means over the agents that reported (the seeds average over agents). Reported numbers are an
+agent's claim, shown, never used to decide anything.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 from flcore.rounds import UpdateRecord
@@ -69,3 +78,14 @@ class StartScores:
                 scores[key] = self._scores.get(key) or self.evaluator(start_model(agent))
         self._scores = scores  # only what this round's agents started from: the cache never grows
         return personal_metrics({u.agent: u.start_eval for u in updates}, start_of, scores)
+
+    def trained(self, round_number: int, updates: list[UpdateRecord], trained_model: Callable[[str], NamedArrays],
+                limit: int) -> dict:  # fmt: skip
+        """The trained models' ``personal_metrics`` (each agent's own model: its key is its name), with the server's
+        C-GEN of at most ``limit`` of them (``trained_model`` gives an agent's start model plus its upload), drawn
+        with ``round_number``; ``scored`` counts them."""
+        agents = sorted(u.agent for u in updates)
+        scored = agents if len(agents) <= limit else sorted(random.Random(round_number).sample(agents, limit))
+        scores = {} if self.evaluator is None else {agent: self.evaluator(trained_model(agent)) for agent in scored}
+        metrics = personal_metrics({u.agent: u.trained_eval for u in updates}, {a: a for a in agents}, scores)
+        return {**metrics, "scored": len(scores)} if metrics else {}

@@ -80,7 +80,9 @@ class RoundContext:
         if self.influence is not None:
             norms = np.array([u.norm for u in self.state.updates])
             claimed = np.array([u.samples for u in self.state.updates], np.float64)
-            detail.update(self.influence.describe(self.state.accepted, claimed, norms))
+            detail.update(self.influence.describe([u.key for u in self.state.updates], claimed, norms))
+        if folded := self.state.folded_late:  # late updates of the round before (``flcore.late``)
+            detail["folded_late"] = folded
         if self.result is not None:
             detail.update(self.result.detail)
         detail.update(self.step_detail)
@@ -327,7 +329,7 @@ class AgentsEvaluation(Step):
     name = "agents-evaluation"
 
     def run(self, ctx: RoundContext) -> None:
-        reports = [(u.samples, u.local_eval) for u in ctx.state.updates if u.local_eval]
+        reports = [(u.samples, u.local_eval) for u in ctx.state.on_time if u.local_eval]
         keys = set.intersection(*(set(e) for _, e in reports)) if reports else set()
         total = sum(w for w, _ in reports)
         # normalized weights first: claimed values are finite but may be huge, and w * value could overflow

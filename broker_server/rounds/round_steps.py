@@ -68,9 +68,10 @@ def round_steps(
     steps: list[Step] = [BoundInfluence(policy, current_clip if private else None)]
     if policy.screen_below > 0:
         detector = task_of(config.server.model) == "detect"
-        if evaluator is None or private or strategy.keeps_models or detector:
+        if evaluator is None or private or strategy.keeps_models or detector or strategy.personal_part:
             why = ("no server.eval_data" if evaluator is None else "[privacy] (a verdict on un-noised updates)"
                    if private else "a detector's evaluation has no loss to compare" if detector
+                   else f"strategy {strategy.name}: {strategy.personal_part}" if strategy.personal_part
                    else f"strategy {strategy.name} keeps each agent's model")  # fmt: skip
             log.info("small rounds are not screened (bounds.screen_below = %d): %s", policy.screen_below, why)
         else:
@@ -92,10 +93,11 @@ def round_steps(
         log.info("published steps are not held to bounds.change_multiple = %g: %s", policy.change_multiple,
                  "[privacy] clips every update instead" if private else
                  f"strategy {strategy.name} keeps each agent's model (the drift bound holds them)")  # fmt: skip
-    if policy.collapse_ratio > 0 and (evaluator is None or config.server.share != "full"):
+    partial = config.server.share != "full" or strategy.personal_part
+    if policy.collapse_ratio > 0 and (evaluator is None or partial):
         log.info("a collapsing evaluation cannot roll a round back (bounds.collapse_ratio = %g): %s",
                  policy.collapse_ratio, "no server.eval_data" if evaluator is None else "the agents evaluate their "
-                 "own models (server.share)")  # fmt: skip
+                 f"own models ({strategy.personal_part or 'server.share'})")  # fmt: skip
     if private:
         steps.append(AddNoise(config.privacy, strategy.dp_sensitivity))
         if config.privacy.adaptive_clip:
@@ -104,7 +106,7 @@ def round_steps(
     if config.server.share != "full":  # agents' personalized models: only they can evaluate them
         return [*steps, AgentsEvaluation()]
     if evaluator is not None:
-        steps.append(Evaluate(evaluator, in_force, policy.collapse_ratio))
+        steps.append(Evaluate(evaluator, in_force, 0.0 if partial else policy.collapse_ratio))
     if config.server.onnx:
         names = config.server.classes or [str(i) for i in range(config.server.num_classes)]
         path = config.state_dir / "global_model.onnx"

@@ -25,6 +25,9 @@ def round_task(
     """The task for ``engine``'s open round, against the ``published`` global model."""
     rs = engine.round_state
     assert rs is not None
+    window = engine.late.window()
+    late = [a for a in window.owed if f"{a}@{window.round}" not in rs.folded_late] \
+        if window is not None and window.round == rs.round - 1 else []  # fmt: skip
     assignments, continues = engine.assignments, engine.local.continues()
     starts = [agent_start(agent, assignments.get(agent), published.sha256, continues) for agent in rs.selected]
     return RoundTask(
@@ -52,4 +55,5 @@ def round_task(
         share=engine.config.server.share,
         codec=str(engine.codec),
         revoked=rs.revoked,
+        late=late,
     )

@@ -79,7 +79,7 @@ class UpstreamRounds:
             return
         root_round = self._root_round.round
         if metrics.outcome == "committed" and metrics.accepted:
-            accepted = [u for u in rs.updates if u.agent in metrics.accepted]
+            accepted = [u for u in rs.on_time if u.agent in metrics.accepted]  # the weight: this round's own updates
             cap = metrics.aggregation.get("sample_cap")
             result = RegionResult.of_round(root_round, self.engine.global_arrays, accepted, metrics.eval, cap)
         else:

@@ -23,7 +23,7 @@ log = logging.getLogger("skyfed.server")
 SCHEMA = "skyfed.history/2"  # /2: rows carry ``headline`` (and the payload ``labels``) instead of ``score``
 MAX_ROUNDS = 500
 MAX_BYTES = 64 << 10
-HEADLINE_WIDTH = 3  # the scores a row keeps, lead first: what the dashboard's rounds table shows
+HEADLINE_WIDTH = 6  # the scores a row keeps, lead first: what the dashboard's rounds table shows
 
 
 def short(value: object) -> object:

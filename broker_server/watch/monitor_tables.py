@@ -26,7 +26,7 @@ from protocol.messages import RoundMetrics
 from protocol.scores import round_headline
 
 MAX_ROWS = 100  # agents or peers drawn; a flood of invented names is counted, not drawn
-SCORE_COLUMNS = 4  # headline scores a round's row shows, lead first
+SCORE_COLUMNS = 6  # headline scores a round's row shows, lead first (a personal run's four, then two global)
 MAX_GROUPS = 12  # DemLearn groups listed under the rounds
 MAX_MEMBERS = 8  # names listed per group
 
@@ -99,17 +99,25 @@ def _agents_table(view: FederationView) -> Table:
 def _last_round(m: RoundMetrics | None, agent: str) -> tuple[str, str]:
     """What the newest round made of ``agent``, and its own score there (``aggregation.local_eval``: an agent's
     validation split; a region's aggregate as the region's server scored it)."""
-    if m is None or agent not in m.participants:
+    if m is None:
+        return "-", "-"
+    listed = m.aggregation.get("folded_late")  # late updates of the round before folded into this one (flcore.late)
+    folded = [str(k).rpartition("@")[2] for k in listed if str(k).rpartition("@")[0] == agent] \
+        if isinstance(listed, list) else []
+    if agent not in m.participants and not folded:
         return "-", "-"
     own = m.aggregation.get("local_eval")
     own = own.get(agent) if isinstance(own, dict) else None
     shown = _lead(global_scores(own)) if isinstance(own, dict) else "-"
+    late = f", its round {folded[0]} folded in late" if folded else ""
     refused = next((r.reason for r in m.rejected if r.agent == agent), None)
     if refused is not None:
-        return f"{m.round}: rejected ({refused})", shown
+        return f"{m.round}: rejected ({refused}){late}", shown
     if agent in m.accepted:
-        return f"{m.round}: accepted", shown
-    return f"{m.round}: {'missed' if agent in m.missed else 'no update'}", shown
+        return f"{m.round}: accepted{late}", shown
+    if agent not in m.participants:
+        return f"{m.round}: round {folded[0]}'s update folded in late", shown
+    return f"{m.round}: {'missed' if agent in m.missed else 'no update'}{late}", shown
 
 
 def _agent_notes(view: FederationView) -> list[Text]:
@@ -194,7 +202,11 @@ def _peer_round(s: PeerState) -> str:
 
 
 def _peer_counts(s: PeerState) -> tuple[str, str]:
-    return (str(len(s.metrics.aggregated_from)), str(len(s.metrics.rejected))) if s.metrics else ("-", "-")
+    if s.metrics is None:
+        return "-", "-"
+    late = s.metrics.aggregation.get("folded_late")  # late updates of the round before (flcore.late)
+    late_text = f" + {len(late)} late" if isinstance(late, list) and late else ""
+    return f"{len(s.metrics.aggregated_from)}{late_text}", str(len(s.metrics.rejected))
 
 
 def _highest_claim(peers: dict[str, PeerState]) -> str | None:

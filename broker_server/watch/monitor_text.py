@@ -81,7 +81,8 @@ def metrics_line(m: RoundMetrics) -> str:
     accuracy or mAP@.5, as it always was)."""
     return _line("round", round=m.round, outcome=m.outcome, reason=m.reason, **_score_fields(m.headline),
                  accepted=f"{len(m.accepted)}/{len(m.participants)}", rejected=len(m.rejected),
-                 metric=score(headline(m.eval)), seconds=number(m.duration_s))  # fmt: skip
+                 folded_late=len(m.aggregation.get("folded_late") or []), metric=score(headline(m.eval)),
+                 seconds=number(m.duration_s))  # fmt: skip
 
 
 def peer_member_line(m: PeerMember, note: str = "") -> str:
@@ -91,7 +92,7 @@ def peer_member_line(m: PeerMember, note: str = "") -> str:
 def peer_metrics_line(m: PeerRoundMetrics) -> str:
     return _line("peer-round", id=m.peer, round=m.round, outcome=m.outcome, reason=m.reason,
                  **_score_fields(global_scores(m.eval)), aggregated_from=len(m.aggregated_from),
-                 rejected=len(m.rejected))  # fmt: skip
+                 folded_late=len(m.aggregation.get("folded_late") or []), rejected=len(m.rejected))  # fmt: skip
 
 
 def peer_best_line(b: PeerBest) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from common.registry import Registry
+from flcore.late import late_weight
 from flcore.strategies.choice import DEFAULT_STRATEGY
 
 if TYPE_CHECKING:  # imported with the first plug-in: listing the names (CLI choices) stays light
@@ -32,6 +33,7 @@ STRATEGIES.add("demlearn", "flcore.strategies.demlearn:DemLearn")
 STRATEGIES.add("fedamp", "flcore.strategies.fedamp:FedAMP")
 STRATEGIES.add("fedamn", "flcore.strategies.fedamn:FedAMN")
 STRATEGIES.add("ditto", "flcore.strategies.ditto:Ditto")
+STRATEGIES.add("fedper", "flcore.strategies.fedper:FedPer")
 
 
 def build_strategy(table: dict[str, Any]) -> Strategy:
@@ -40,6 +42,7 @@ def build_strategy(table: dict[str, Any]) -> Strategy:
     name = options.pop("name", DEFAULT_STRATEGY)
     threshold = options.pop("threshold", 0)
     elect_best = options.pop("elect_best", False)
+    late = options.pop("late_weight", None)
     if not isinstance(name, str):
         raise ValueError(f"strategy.name must be a string; choose one of {', '.join(STRATEGIES.names())}")
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
@@ -55,6 +58,10 @@ def build_strategy(table: dict[str, Any]) -> Strategy:
         )
     strategy.threshold = threshold
     strategy.elect_best = elect_best
+    if strategy.keeps_models and late not in (None, 0):
+        raise ValueError(f"strategy.late_weight must be 0 with {name!r}: it keeps every agent's model, and a late "
+                         "update was trained from one the agent no longer holds")  # fmt: skip
+    strategy.late_weight = 0.0 if strategy.keeps_models else late_weight(late, threshold, where="strategy.late_weight")
     return strategy
 
 

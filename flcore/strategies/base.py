@@ -128,6 +128,7 @@ class Strategy(ABC):
     bounded_by_clip: ClassVar[bool] = False
     threshold: int = 0  # close the round once this many updates are in (``[strategy] threshold``; 0 = off)
     elect_best: bool = False  # at the end of the run, publish the version that evaluated best (SmartFed)
+    late_weight: float = 0.0  # a late update of the round before joins the next at this weight (``flcore.late``)
     # Fold updates into a running sum as they arrive (``fold_plan``). Off under differential privacy: an
     # update is then processed at close whatever its norm, so the round's timing says nothing about it.
     fold_on_accept: bool = True
@@ -157,6 +158,9 @@ class Strategy(ABC):
     why_not_tasks: ClassVar[str] = ""
     # Whether it works with agents' local DP-SGD (``participant.local_dp``): True, or why not.
     local_dp: ClassVar[bool | str] = True
+    # What of each agent's model never reaches the aggregator (FedPer's personal head), or "": the published model
+    # then lacks it, so its evaluation judges neither an update (screening) nor a round (collapse).
+    personal_part: ClassVar[str] = ""
     last_round: int = 0  # ``server.rounds`` (0: no end): a schedule that must end on a published model knows where
     # Under differential privacy with ``privacy.weight_cap`` = ŵ: an update weighs min(weight / ŵ, 1) and the
     # weighted sum is divided by the number of updates (DP-FedAvg's fixed denominator; FedAvg and its kin).
@@ -221,6 +225,13 @@ class Strategy(ABC):
     def run_problem(self, rounds: int) -> str:
         """Why a run of ``rounds`` rounds (0: forever) would never do what this strategy is for, or ``""``: such a
         run is refused at start, not run as another strategy."""
+        return ""
+
+    def fit_model(self, layout: Callable[[], tuple[TensorSpec, ...]]) -> str:
+        """Why the strategy's options do not fit the federation's model, or ``""``: asked once when the server
+        starts, so such a run is refused before its first round. ``layout()`` builds the model and lists its tensors
+        in module (state_dict) order, which a published or checkpointed model no longer has (its tensors are listed
+        by name). A strategy may keep what it derives (FedPer: its head's tensor names)."""
         return ""
 
     def plan_starts(self, models: KeptModels | None) -> StartPlan:

@@ -4,8 +4,15 @@ seed 003.
 
 Every agent keeps its own model wᵢ. After each round the server builds, for every agent, its **cloud
 model** uᵢ = Σⱼ ξᵢⱼ·wⱼ, which weights the other agents' models by how close they are to its own, and seals
-uᵢ to agent i alone; the agent trains from uᵢ with the proximal term (λ/αₖ)/2·‖w − uᵢ‖² (the paper's
-client step argmin Fᵢ(w) + λ/(2αₖ)·‖w − uᵢ‖²; FedProx's ``prox_mu`` toward the start model).
+uᵢ to agent i alone. ``start`` says what the agent trains from, always with the proximal term
+(λ/αₖ)/2·‖w − uᵢ‖² (the paper's client step argmin Fᵢ(w) + λ/(2αₖ)·‖w − uᵢ‖²):
+
+- ``"own"``, the paper's form and PFLlib's (``clientamp``: the client's model is never overwritten, uᵢ only
+  enters the proximal term): the agent goes on from its own wᵢ (no download when the server's copy is its own)
+  and uᵢ comes beside it as a one-model bundle (``Assignment.peers``), which the ``proximal`` recipe with
+  ``toward = "peer"`` pulls toward. Its C-SPE, the start model's, is then wᵢ, the model PFLlib evaluates.
+- ``"cloud"``: the agent starts from uᵢ itself (FedProx's ``prox_mu`` toward the start model), SkyFed's
+  first form; its C-SPE is uᵢ's.
 
 ``attention = "distance"`` is the paper's message passing with A(x) = 1 − e^(−x/σ): ξᵢⱼ = αₖ·A′(‖wᵢ − wⱼ‖²)
 = αₖ·e^(−‖wᵢ − wⱼ‖²/σ)/σ for j ≠ i and ξᵢᵢ = 1 − Σⱼ ξᵢⱼ (as the PFLlib reimplementation computes it).
@@ -13,16 +20,17 @@ client step argmin Fᵢ(w) + λ/(2αₖ)·‖w − uᵢ‖²; FedProx's ``prox_m
 rest by a softmax of σ·cos(wᵢ, wⱼ). The mean of the agents' models is published as the global model, so
 FedAMP's curves share FedAvg's scale (seed 003 reports global accuracy too).
 
-Choice where the paper leaves room: if the distance weights of the others sum past 1 − ``self_weight``
+Choices where the paper leaves room: if the distance weights of the others sum past 1 − ``self_weight``
 (models far closer than σ: with the defaults, MNIST-1D CNNs are), they are scaled to sum to that, so uᵢ
 stays an average of models and keeps at least ``self_weight`` of the agent's own (the first version
-scaled them to 1: every agent then started from the mean of the others', never its own). Memory: the Gram
-matrix (8·n² bytes) and 256 MB of cloud models at a time (``mixed_models``); the models stay on disk.
+scaled them to 1: every agent then started from the mean of the others', never its own). The proximal term
+is the paper's squared norm (PFLlib adds the norm itself, unsquared). Memory: the Gram matrix (8·n² bytes)
+and 256 MB of cloud models at a time (``mixed_models``); the models stay on disk.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -44,6 +52,7 @@ from flcore.strategies.krum import gram_matrix, squared_distances
 from protocol.messages import TrainSettings
 
 ATTENTIONS = ("distance", "cosine")
+STARTS = ("own", "cloud")
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,7 @@ class FedAMPOptions:
     sigma: float = 1.0  # σ: the attention's scale
     attention: str = "distance"
     self_weight: float = 0.5  # cosine attention: ξᵢᵢ; distance attention: the least ξᵢᵢ
+    start: str = "own"  # what an agent trains from: its own wᵢ pulled toward uᵢ (the paper's), or uᵢ
 
     def __post_init__(self) -> None:
         for key in ("alpha_k", "sigma"):
@@ -64,6 +74,9 @@ class FedAMPOptions:
             raise ValueError(f"strategy.attention {self.attention!r} must be one of {', '.join(ATTENTIONS)}")
         if not 0 <= self.self_weight <= 1:
             raise ValueError(f"strategy.self_weight must be in [0, 1], got {self.self_weight}")
+        if self.start not in STARTS:
+            raise ValueError(f"strategy.start {self.start!r} must be one of {', '.join(STARTS)} (own: the "
+                             "paper's form, each agent trains on from its own model pulled toward its cloud model)")
 
 
 def attention_weights(gram: np.ndarray, options: FedAMPOptions) -> np.ndarray:
@@ -94,7 +107,10 @@ class FedAMP(Strategy):
     why_not_tasks = "needs a proximal term toward each agent's cloud model, which the detector trainer does not have"
 
     def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
-        return TrainPlan(asking(settings, "proximal", mu=self.options.lam / self.options.alpha_k))
+        mu = self.options.lam / self.options.alpha_k
+        if self.options.start == "own":
+            return TrainPlan(asking(settings, "proximal", mu=mu, toward="peer"))
+        return TrainPlan(asking(settings, "proximal", mu=mu))
 
     def action(self, round_number: int) -> str:
         return "personal"
@@ -113,9 +129,13 @@ class FedAMP(Strategy):
         views = [Contribution(a, models.vector(models.kept[a]), 1.0, 1.0, 0.0) for a in models.agents]
         center = self.start_vector if self.options.attention == "distance" else None  # cosine: of the models
         xi = attention_weights(gram_matrix(views, center=center, dtype=np.float32), self.options)
-        starts = {}
+        starts, own = {}, self.options.start == "own"
         for row, cloud in mixed_models(views, xi):
             agent = models.agents[row]
-            starts[agent] = Assignment("inbox", models.put(f"cloud-{agent}", cloud))
+            cloud_model = models.put(f"cloud-{agent}", cloud)
+            if own:  # wᵢ, with uᵢ beside it for the proximal pull
+                starts[agent] = replace(models.own(agent), peers=models.peers((cloud_model,)))
+            else:
+                starts[agent] = Assignment("inbox", cloud_model)
         detail = {"self_weight": {a: round(float(xi[i, i]), 6) for i, a in enumerate(models.agents)}}
         return StartPlan(publish=True, starts=starts, detail=detail)

@@ -20,6 +20,7 @@ RECIPES.add("proximal", "participant.recipes.proximal:ProximalPull")
 RECIPES.add("partial-work", "participant.recipes.partial_work:PartialWork")
 RECIPES.add("attention", "participant.recipes.attention:MetaAttention")
 RECIPES.add("ditto", "participant.recipes.ditto:Ditto")
+RECIPES.add("fedper", "participant.recipes.fedper:PersonalHead")
 
 
 def build_recipe(record: RecipeRecord) -> Recipe:

@@ -16,12 +16,18 @@ without loading it.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 from models.datasets import Dataset
 from models.weights import NamedArrays
+
+log = logging.getLogger("skyfed.agent")
 
 
 @dataclass(frozen=True)
@@ -41,8 +47,11 @@ class NoOptions:
 class LocalRun:
     """One round of local training as the recipes see it. ``model`` is the PyTorch module that trains and is
     uploaded; ``start`` the round's start model; ``start_eval`` the scores reported as this participant's C-SPE
-    (its model on its own test split before it trains); ``state_dir`` where a recipe keeps what lasts across
-    rounds; ``context`` FedAMN's other models (``participant.trainer.PeerContext``) or None."""
+    (its model on its own test split before it trains); ``judged`` the module the participant is judged by after
+    training, when that is not ``model`` (Ditto's personal model); ``state_dir`` where a recipe keeps what lasts
+    across rounds; ``context`` the models sent beside the start (``participant.trainer.PeerContext``: FedAMN's
+    cluster mates, FedAMP's cloud model) or None; ``anchor`` what a recipe has the proximal term pull toward instead
+    of the start."""
 
     model: Any
     start: NamedArrays
@@ -57,6 +66,12 @@ class LocalRun:
     private: bool = False  # local DP-SGD trains the uploaded model
     context: Any = None
     start_eval: dict[str, float] = field(default_factory=dict)
+    anchor: NamedArrays | None = None  # what the proximal pull aims at (None: the start model)
+    judged: Any = None
+
+    @property
+    def judged_model(self) -> Any:
+        return self.model if self.judged is None else self.judged
 
 
 class Recipe:
@@ -79,3 +94,23 @@ class Recipe:
 
     def after(self, run: LocalRun) -> None:  # noqa: B027 - optional hook
         """After the model to upload is trained."""
+
+
+def kept_arrays(path: Path, expected: Mapping[str, np.ndarray], what: str) -> NamedArrays:
+    """What a recipe kept at ``path`` across rounds (Ditto's personal model, FedPer's head) if it has exactly
+    ``expected``'s tensors and shapes and only finite values; else nothing, logged, and the recipe starts ``what``
+    again from the round's model."""
+    from models.serialization import SerializationError, load_file
+
+    if not path.exists():
+        return {}
+    try:
+        arrays, _ = load_file(path)
+    except SerializationError as exc:
+        log.warning("%s %s unreadable (%s): starting it from the round's model", what, path, exc)
+        return {}
+    fits = set(arrays) == set(expected) and all(arrays[n].shape == expected[n].shape for n in expected)
+    if not fits or not all(np.isfinite(a).all() for a in arrays.values()):
+        log.warning("%s %s does not fit the round's model: starting it from the round's model", what, path)
+        return {}
+    return arrays

@@ -1,9 +1,9 @@
 """Ditto's client half (Li et al., ICML 2021, Algorithm 1; ``flcore.strategies.ditto``): besides the model it
 uploads, the participant keeps a personal model vₖ on disk and, once the round's model is trained, trains vₖ for
 ``epochs`` on min F_k(v) + (λ/2)·‖v − wᵗ‖², wᵗ the round's start model, with the round's optimizer settings. Its
-C-SPE is vₖ on its own test split before it trains (the model it would use now). A personal model that is
-missing, of another layout or not finite starts again from wᵗ. Local DP-SGD covers the uploaded model; vₖ never
-leaves the participant."""
+C-SPE is vₖ on its own test split before it trains (the model it would use now), its trained C-SPE vₖ after. A
+personal model that is missing, of another layout or not finite starts again from wᵗ. Local DP-SGD covers the
+uploaded model; vₖ never leaves the participant."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ import copy
 import logging
 from dataclasses import dataclass
 
-import numpy as np
-
 from models.weights import NamedArrays
-from participant.recipes.base import LocalRun, Recipe
+from participant.recipes.base import LocalRun, Recipe, kept_arrays
 
 PERSONAL_FILE = "ditto_personal.safetensors"
 log = logging.getLogger("skyfed.agent")
@@ -42,6 +40,7 @@ class Ditto(Recipe):
 
         self.personal = copy.deepcopy(run.model)
         load_arrays(self.personal, {**run.start, **kept(run)})
+        run.judged = self.personal
         if run.test_data is not None:
             run.start_eval = evaluate(self.personal, run.test_data, run.device)
 
@@ -60,18 +59,4 @@ class Ditto(Recipe):
 
 def kept(run: LocalRun) -> NamedArrays:
     """The personal model on disk if it has the round's tensors, shapes and only finite values; else nothing."""
-    from models.serialization import SerializationError, load_file
-
-    path, start = run.state_dir / PERSONAL_FILE, run.start
-    if not path.exists():
-        return {}
-    try:
-        arrays, _ = load_file(path)
-    except SerializationError as exc:
-        log.warning("personal model %s unreadable (%s): starting it from the round's model", path, exc)
-        return {}
-    fits = set(arrays) == set(start) and all(arrays[n].shape == start[n].shape for n in start)
-    if not fits or not all(np.isfinite(a).all() for a in arrays.values()):
-        log.warning("personal model %s does not fit the round's model: starting it from the round's model", path)
-        return {}
-    return arrays
+    return kept_arrays(run.state_dir / PERSONAL_FILE, run.start, "personal model")

@@ -219,7 +219,7 @@
     tr.className = r.live ? "live" : "history";
     cell(tr, round);
     cell(tr, str(r.outcome) + (r.reason ? ": " + str(r.reason) : ""));
-    const scores = cell(tr, F.scores(r.headline), "scores");
+    const scores = cell(tr, F.scores(r.headline, 6), "scores");
     if (r.headline.length) scores.setAttribute("data-lead", str(r.headline[0].label, 40));
     if (r.live) {
       cell(tr, F.list(r.accepted));
@@ -266,10 +266,18 @@
   // handlers: each only updates state and schedules a draw -----------------------------------------
   // a sent headline less any score that is not the round's own number for its key: a reader never shows a lead
   // the round does not hold (docs/architecture.md, "One headline per shape and kind of model")
+  // where a round holds the number of headline key ``key`` (protocol/scores.py's personal_score)
+  function heldScore(m, key) {
+    const personal = (m.personal && typeof m.personal === "object") ? m.personal : {};
+    const trained = (personal.trained && typeof personal.trained === "object") ? personal.trained : {};
+    if (key.startsWith("trained_")) return trained[key.slice("trained_".length)];
+    return ((key === "c_spe" || key === "c_gen") ? personal : (m.eval || {}))[key];
+  }
+
   function checkedHeadline(m) {
     const given = Array.isArray(m.headline) ? m.headline : [];
     const own = (s) => s && typeof s === "object" && num(s.value) !== null && typeof s.key === "string" &&
-      (((s.key === "c_spe" || s.key === "c_gen") ? m.personal : m.eval) || {})[s.key] === s.value;
+      heldScore(m, s.key) === s.value;
     const kept = given.filter(own);
     hook.forged += given.length - kept.length;
     return kept;
