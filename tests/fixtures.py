@@ -20,7 +20,7 @@ from broker_server.config import load_server_config
 from broker_server.rounds.engine import RoundEngine
 from flcore.strategies.base import Contribution
 from flcore.update import UpdateMeta
-from models.serialization import dumps, loads
+from models.serialization import dumps, loads, save_file
 from models.synthetic_detection import NAMES, write_dataset
 from models.weights import float_part, spec_of, to_arrays
 from models.zoo import build_model
@@ -231,3 +231,13 @@ def round_trip(change: dict[str, np.ndarray], text: str) -> dict[str, np.ndarray
     assert list(decoded) == list(change)
     assert all(decoded[n].dtype == np.float32 and decoded[n].shape == change[n].shape for n in change)
     return decoded
+
+
+# --- a recipe's kept state, damaged
+def damage(path: Path, how: str, arrays: dict[str, np.ndarray]) -> None:
+    """Write a kept-state file as a crash or a bad disk leaves it: ``garbage`` bytes, ``arrays`` all NaN (``nan``),
+    or another layout (``other-layout``)."""
+    if how == "garbage":
+        path.write_bytes(b"\x00" * 64)
+    else:
+        save_file(path, {n: np.full_like(a, np.nan) for n, a in arrays.items()} if how == "nan" else {"x": np.zeros(3)})

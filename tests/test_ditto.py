@@ -12,7 +12,7 @@ import torch
 from broker_server.config import ConfigError, load_server_config
 from flcore.strategies import build_strategy
 from models.datasets import load_digits
-from models.serialization import load_file, save_file
+from models.serialization import load_file
 from models.training import evaluate
 from models.weights import load_arrays, to_arrays
 from models.zoo import build_model
@@ -23,6 +23,7 @@ from protocol.messages import TrainSettings
 from sim.federation import SimSettings, create_federation
 from skyfed.api import run_federation
 from tests.fedharness import override_toml, round_task
+from tests.fixtures import damage as damage_file
 
 
 def ditto_task(round_number: int, lam: float = 0.1, epochs: int = 1):  # noqa: ANN201
@@ -65,11 +66,7 @@ def test_a_damaged_personal_model_starts_again_from_the_round_model(tmp_path, ca
     trainer = ClassifierTrainer(train, device=torch.device("cpu"), agent_id="a", work_dir=tmp_path)
     start = to_arrays(build_model("mlp_digits"))
     path = tmp_path / PERSONAL_FILE
-    if damage == "garbage":
-        path.write_bytes(b"\x00" * 64)
-    else:
-        arrays = {n: np.full_like(a, np.nan) for n, a in start.items()} if damage == "nan" else {"x": np.zeros(3)}
-        save_file(path, arrays)
+    damage_file(path, damage, start)
     with caplog.at_level(logging.WARNING, "skyfed.agent"):
         result = trainer.train(start, ditto_task(1))
     assert "starting it from the round's model" in caplog.text and np.isfinite(result.loss)

@@ -14,7 +14,7 @@ from broker_server.config import ConfigError, load_server_config
 from flcore.strategies import build_strategy
 from flcore.strategies.fedper import personal_head
 from models.datasets import load_digits
-from models.serialization import load_file, save_file
+from models.serialization import load_file
 from models.training import evaluate
 from models.weights import flatten, load_arrays, state_spec, to_arrays
 from models.zoo import build_model
@@ -29,6 +29,7 @@ from skyfed import main
 from skyfed.api import run_federation
 from tests.fedharness import override_toml, round_task
 from tests.fixtures import contributions
+from tests.fixtures import damage as damage_file
 
 HEAD = ("classifier.2.weight", "classifier.2.bias")  # digits_cnn's last Linear layer
 
@@ -107,10 +108,7 @@ def test_a_damaged_head_starts_again_from_the_rounds_head(tmp_path, caplog, dama
     trainer = ClassifierTrainer(train, device=torch.device("cpu"), agent_id="a", work_dir=tmp_path)
     start = to_arrays(build_model("digits_cnn"))
     path = tmp_path / HEAD_FILE
-    if damage == "garbage":
-        path.write_bytes(b"\x00" * 64)
-    else:
-        save_file(path, {n: np.full_like(start[n], np.nan) for n in HEAD} if damage == "nan" else {"x": np.zeros(3)})
+    damage_file(path, damage, {n: start[n] for n in HEAD})
     with caplog.at_level(logging.WARNING, "skyfed.agent"):
         result = trainer.train(start, fedper_task(1))
     assert "personal head" in caplog.text and "starting it from the round's model" in caplog.text

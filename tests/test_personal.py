@@ -83,12 +83,14 @@ def test_the_monitor_shows_c_spe_and_c_gen_of_a_round(tmp_path):
     metrics = RoundMetrics(round=3, strategy="demlearn", participants=["a"], accepted=["a"], rejected=[],
                            duration_s=1.0, aggregate_s=0.01, bytes_up=1, bytes_down=1, eval={"accuracy": 0.5},
                            model_version=4, finished_at=0.0,
-                           personal={"c_spe": 0.875, "c_gen": 0.625, "agents": {"a": {"c_spe": 0.875}}},
+                           personal={"c_spe": 0.875, "c_gen": 0.625, "agents": {"a": {"c_spe": 0.875}},
+                                     "trained": {"c_spe": 0.9375, "c_gen": 0.375}},
                            models="group")  # fmt: skip
     view = FederationView(Topics("p"))
     line = view.apply(Topics("p").server_metrics, metrics.to_json())
-    assert "c_spe=0.8750 c_gen=0.6250" in line
-    console = Console(record=True, width=200)
+    assert "c_spe=0.8750 trained_c_spe=0.9375 c_gen=0.6250 trained_c_gen=0.3750" in line
+    console = Console(record=True, width=240)
     console.print(render(view))
     text = console.export_text()
     assert "C-SPE" in text and "0.8750" in text
+    assert "trained C-SPE" in text and "0.9375" in text and "trained C-GEN" in text and "0.3750" in text
