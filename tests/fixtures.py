@@ -26,7 +26,7 @@ from models.weights import float_part, spec_of, to_arrays
 from models.zoo import build_model
 from participant.detector import DetectorTrainer
 from protocol.codecs import Codec, decode, encode
-from protocol.messages import TrainSettings
+from protocol.messages import RoundTask, TrainSettings
 from protocol.transfer import Completed
 from security.envelope import NO_DIGEST, Manifest
 from sim.federation import SimSettings, create_federation
@@ -241,3 +241,17 @@ def damage(path: Path, how: str, arrays: dict[str, np.ndarray]) -> None:
         path.write_bytes(b"\x00" * 64)
     else:
         save_file(path, {n: np.full_like(a, np.nan) for n, a in arrays.items()} if how == "nan" else {"x": np.zeros(3)})
+
+
+# --- a peer's round task and models
+def peer_task(round_number: int, strategy: str = "fedavg") -> RoundTask:
+    """The task a peer builds for itself in ``round_number`` (agent.peer.rounds)."""
+    return RoundTask(federation="sim", round=round_number, attempt=0, strategy=strategy, model="digits_cnn",
+                     num_classes=10, model_version=round_number - 1, model_sha256="", model_chunks=0, group_key_id="",
+                     selected=["agent-01"], pending=[], deadline=0.0, issued_at=0.0, run_id="peer-0")  # fmt: skip
+
+
+def nudged(model: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
+    """``model`` with N(0, 0.01²) added to every float: another peer's model after a round."""
+    rng = np.random.default_rng(seed)
+    return {k: v + rng.normal(0, 0.01, v.shape).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in model.items()}

@@ -18,9 +18,8 @@ from flcore.strategies import build_strategy
 from flcore.update import NotForThisRound, TrainResult, UpdateMeta, UpdateRejected, encode_model
 from models.serialization import dumps
 from models.weights import NamedArrays, float_part
-from protocol.messages import RoundTask
 from security.replay import ReplayGuard
-from tests.fixtures import completed, open_round, random_delta
+from tests.fixtures import completed, nudged, open_round, peer_task, random_delta
 
 PLAIN = InfluencePolicy(clip="off", sample_multiple=0, change_multiple=0, collapse_ratio=0, screen_below=0)
 
@@ -117,17 +116,6 @@ def test_late_weight_is_checked_and_refused_where_it_cannot_apply(config):
 
 
 # --- peer mode: a member's late update of the round before, folded into a peer's next round
-
-
-def peer_task(round_number: int) -> RoundTask:
-    return RoundTask(federation="sim", round=round_number, attempt=0, strategy="fedavg", model="digits_cnn",
-                     num_classes=10, model_version=round_number - 1, model_sha256="", model_chunks=0, group_key_id="",
-                     selected=["agent-01"], pending=[], deadline=0.0, issued_at=0.0, run_id="peer-0")  # fmt: skip
-
-
-def nudged(model: NamedArrays, seed: int) -> NamedArrays:
-    rng = np.random.default_rng(seed)
-    return {k: v + rng.normal(0, 0.01, v.shape).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in model.items()}
 
 
 def test_a_peer_folds_a_members_late_update_at_its_discount_and_refuses_a_replayed_one(tmp_path):

@@ -32,6 +32,7 @@ from protocol.topics import Topics
 from security.envelope import seal
 from security.keys import Identity
 from security.signing import signed_payload
+from tests.fixtures import nudged, peer_task
 from tests.liveharness import peer_configs, state
 
 ROGUE = "agent-03"
@@ -316,17 +317,6 @@ def test_a_peer_that_replays_its_round_one_model_is_refused_as_stale_from_round_
                                                                              "had in round 1")  # fmt: skip
 
 
-def stale_task(round_number: int) -> RoundTask:
-    return RoundTask(federation="sim", round=round_number, attempt=0, strategy="auto", model="digits_cnn",
-                     num_classes=10, model_version=round_number - 1, model_sha256="", model_chunks=0, group_key_id="",
-                     selected=["agent-01"], pending=[], deadline=0.0, issued_at=0.0, run_id="peer-0")  # fmt: skip
-
-
-def nudged(model: NamedArrays, seed: int) -> NamedArrays:
-    rng = np.random.default_rng(seed)
-    return {k: v + rng.normal(0, 0.01, v.shape).astype(v.dtype) if v.dtype.kind == "f" else v for k, v in model.items()}
-
-
 def test_which_start_models_an_update_may_name(tmp_path):
     """The receiver's round-r model always; an old one of its own, one the sender named before, or a model seen in
     an earlier round never, whatever the base an update names (agent.peer.stale)."""
@@ -335,7 +325,7 @@ def test_which_start_models_an_update_may_name(tmp_path):
     trained1 = nudged(m1, 1)
 
     def offer(collector: RoundCollector, sender: str, arrays: NamedArrays, base: NamedArrays, seed: int) -> str:
-        update = encode_model(stale_task(collector.round), base, TrainResult(arrays, 10, 0.1),
+        update = encode_model(peer_task(collector.round, "auto"), base, TrainResult(arrays, 10, 0.1),
                               residual=tmp_path / f"r{seed}")  # fmt: skip
         try:
             collector.accept(sender, update, 0)
