@@ -144,8 +144,9 @@ def test_reassembly_memory_goes_only_to_updates_the_open_round_waits_for(tmp_pat
     """Found by the hostile review: any enrolled agent could open update transfers for rounds that were not
     open, trickle their chunks and hold the server's shared pending-transfer memory. Now a transfer opens
     only for a pending agent of the open round, a refused transfer's other chunks cost nothing more, and
-    an unfinished update of a closed round is freed at the close, not after its time-out."""
-    with ServerHarness(tmp_path, broker, agents=3, strategy={"name": "fedavg", "threshold": 2}) as h:
+    an unfinished update of a closed round is freed at the close, not after its time-out (where late updates are
+    refused: with ``late_weight`` > 0 the agent's update is still welcome in the next round)."""
+    with ServerHarness(tmp_path, broker, agents=3, strategy={"name": "fedavg", "threshold": 2, "late_weight": 0}) as h:
         h.announce_agents()
         server = h.server
         small = 4096  # many chunks per update
