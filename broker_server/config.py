@@ -39,6 +39,8 @@ class ServerSection:
     codec: str = "fp32"  # how agents encode updates (protocol.codecs), sent in the signed round task
     score_trained: int | None = None  # uploads a round whose trained model is scored on eval_data (trained
     # C-GEN; 0: none); unset: 20 for a classifier, 0 for a detector (one validation takes seconds)
+    score_start: int = 100  # models agents start a round from (C-GEN) that the server evaluates a round besides the
+    # published one, whose evaluation it has: a sample when more differ (swapping, FedAMP at scale); 0: that one only
 
     def __post_init__(self) -> None:
         from models.tasks import task_of
@@ -49,9 +51,10 @@ class ServerSection:
             except ValueError:  # an unknown model: refused, named, by the model's own check
                 detector = False
             object.__setattr__(self, "score_trained", 0 if detector else 20)
-        if isinstance(self.score_trained, bool) or not isinstance(self.score_trained, int) or self.score_trained < 0:
-            raise ValueError(f"server.score_trained must be a whole number >= 0 (0: no trained C-GEN), got "
-                             f"{self.score_trained!r}")  # fmt: skip
+        for key, zero in (("score_trained", "no trained C-GEN"), ("score_start", "the published model's only")):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"server.{key} must be a whole number >= 0 (0: {zero}), got {value!r}")
         try:
             Codec.parse(self.codec)
         except CodecError as exc:

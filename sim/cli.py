@@ -70,6 +70,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         share=args.share,
         codec=args.codec,
         score_trained=args.score_trained,
+        score_start=args.score_start,
         optimizer=args.optimizer,
         share_ratio=args.share_ratio,
         share_mode=args.share_mode,
@@ -266,6 +267,9 @@ def _add_sim_options(
                         help="the server scores at most N agents' trained models a round on its evaluation set "
                         "(server.score_trained; personal.trained.c_gen; 0: none; default 20, 0 for --task "
                         "detect)")  # fmt: skip
+    parser.add_argument("--score-start", type=int, default=100, metavar="N",
+                        help="the server scores at most N of the models agents started a round from besides the "
+                        "published one (server.score_start; personal.c_gen; a sample when more differ)")  # fmt: skip
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--deadline", type=float, default=0.0,
                         help="round deadline in seconds (default: 60, and 0.5 s per agent past 120 agents)")

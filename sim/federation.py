@@ -107,6 +107,7 @@ def create_federation(
                 "status_interval_s": 2.0,
                 "codec": settings.codec,
                 **({} if settings.score_trained is None else {"score_trained": settings.score_trained}),
+                "score_start": settings.score_start,
             },
             "broker": spread_broker_table(nodes, 0),
             "keys": {"identity": "server.key", "enrolled": "enrolled"},

@@ -63,6 +63,7 @@ class SimSettings:
     )
     codec: str = "fp32"  # server.codec: how agents encode updates (protocol.codecs)
     score_trained: int | None = None  # server.score_trained: uploads a round whose trained model it scores (C-GEN)
+    score_start: int = 100  # server.score_start: start models a round it scores besides the published one (C-GEN)
     optimizer: str = "sgd"  # training.optimizer: the agents' (and the pool's) local optimizer, sgd or adamw
     share_ratio: float = 0.0  # seed 002: the share of the data carved out into the server's pool (0: no pool)
     share_mode: str = "share-disjoint"  # how (models.partition.share): unify | share-disjoint

@@ -40,13 +40,13 @@ def _engine(layout, **server: object) -> RoundEngine:
     return RoundEngine(config, replay=ReplayGuard(3600), evaluator=server_evaluator(config))
 
 
-def _round(engine: RoundEngine, seed: int) -> dict:
+def _round(engine: RoundEngine, seed: int, scale: float = 30.0) -> dict:
     """One round of three random updates; returns each agent's trained model as the agent holds it."""
     engine.begin_round(AGENTS, now=0.0)
     engine.announce(now=0.0)
     trained = {}
     for i, agent in enumerate(AGENTS):
-        done, delta = update(engine, agent, seed + i, scale=30.0)  # far enough apart to score differently
+        done, delta = update(engine, agent, seed + i, scale=scale)  # 30: far enough apart to score differently
         trained[agent] = advanced(engine.start_model(agent), delta)
         engine.accept(done)
     return trained
@@ -76,9 +76,26 @@ def test_score_trained_bounds_the_server_evaluations_a_round_and_zero_turns_them
     assert "trained" not in engine.close(now=1.0, model_wire_bytes=1).personal
 
 
-def test_a_bad_score_trained_fails_at_start_naming_the_key(engine_config):
-    override_toml(engine_config.server_config, server={"score_trained": -1})
-    with pytest.raises(Exception, match="server.score_trained must be a whole number >= 0"):
+def test_score_start_bounds_the_start_models_scored_a_round_not_the_published_one(engine_config):
+    engine = _engine(engine_config, score_start=0, state_dir="state-global")
+    _round(engine, 1, scale=1.0)
+    published = engine.close(now=1.0, model_wire_bytes=1).eval["accuracy"]
+    _round(engine, 10, scale=1.0)  # everyone starts from the published model: its evaluation costs nothing more
+    got = engine.close(now=1.0, model_wire_bytes=1).personal
+    assert got["scored"] == 3 and got["c_gen"] == pytest.approx(published, abs=1e-6)
+    override_toml(engine_config.server_config, strategy={"name": "fedamp", "start": "cloud"})  # a model per agent
+    for limit in (3, 1):
+        engine = _engine(engine_config, score_start=limit, state_dir=f"state-{limit}")
+        for seed in (1, 10):  # round 2: every agent starts from its own cloud model
+            _round(engine, seed, scale=1.0)
+            got = engine.close(now=1.0, model_wire_bytes=1).personal
+        assert got["scored"] == limit == sum("c_gen" in a for a in got["agents"].values())
+
+
+@pytest.mark.parametrize("key", ["score_trained", "score_start"])
+def test_a_bad_score_bound_fails_at_start_naming_the_key(engine_config, key):
+    override_toml(engine_config.server_config, server={key: -1})
+    with pytest.raises(Exception, match=f"server.{key} must be a whole number >= 0"):
         load_server_config(engine_config.server_config)
 
 

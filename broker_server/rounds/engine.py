@@ -315,7 +315,8 @@ class RoundEngine:
         outcome, reason, offenders = "committed", "", []
         global_starts = self.local.global_downloads()
         starts = {u.agent: self._start_key(u.agent) for u in rs.on_time}  # before the assignments move on
-        personal = self.start_scores.personal(rs.on_time, starts, self.start_model)
+        personal = self.start_scores.personal(rs.round, rs.on_time, starts, self.start_model,
+                                              self.config.server.score_start)  # fmt: skip
         limit = 0 if self.config.privacy.enabled else self.config.server.score_trained  # see ``personal``
         if trained := self.start_scores.trained(rs.round, rs.on_time, self._trained_model, limit):
             personal = {**personal, "trained": trained}

@@ -68,16 +68,20 @@ class StartScores:
         """The evaluation of model ``key`` if this round's agents started from it ({}: not evaluated)."""
         return self._scores.get(key, {})
 
-    def personal(self, updates: list[UpdateRecord], start_of: dict[str, str],
-                 start_model: Callable[[str], NamedArrays]) -> dict:  # fmt: skip
+    def personal(self, round_number: int, updates: list[UpdateRecord], start_of: dict[str, str],
+                 start_model: Callable[[str], NamedArrays], limit: int) -> dict:  # fmt: skip
         """``personal_metrics`` of a round whose counted ``updates`` came from agents that started from
-        ``start_of`` (agent → model key; ``start_model`` gives an agent's whole start model)."""
-        scores = {}
-        if self.evaluator is not None:
-            for key, agent in {key: agent for agent, key in start_of.items()}.items():
-                scores[key] = self._scores.get(key) or self.evaluator(start_model(agent))
+        ``start_of`` (agent → model key; ``start_model`` gives an agent's whole start model), with the server's
+        C-GEN of every model it evaluated already and of at most ``limit`` others, drawn with ``round_number``."""
+        holder = {key: agent for agent, key in sorted(start_of.items())}  # one agent per model, to fetch it by
+        scores: dict[str, dict] = {}
+        if self.evaluator is not None:  # None: the models agents are judged by are not the server's to score
+            scores = {key: self._scores[key] for key in holder if key in self._scores}
+            for key in _sample(sorted(set(holder) - set(scores)), limit, round_number):
+                scores[key] = self.evaluator(start_model(holder[key]))
         self._scores = scores  # only what this round's agents started from: the cache never grows
-        return personal_metrics({u.agent: u.start_eval for u in updates}, start_of, scores)
+        metrics = personal_metrics({u.agent: u.start_eval for u in updates}, start_of, scores)
+        return {**metrics, "scored": sum(key in scores for key in start_of.values())} if metrics else {}
 
     def trained(self, round_number: int, updates: list[UpdateRecord], trained_model: Callable[[str], NamedArrays],
                 limit: int) -> dict:  # fmt: skip
@@ -85,7 +89,12 @@ class StartScores:
         C-GEN of at most ``limit`` of them (``trained_model`` gives an agent's start model plus its upload), drawn
         with ``round_number``; ``scored`` counts them."""
         agents = sorted(u.agent for u in updates)
-        scored = agents if len(agents) <= limit else sorted(random.Random(round_number).sample(agents, limit))
+        scored = _sample(agents, limit, round_number)
         scores = {} if self.evaluator is None else {agent: self.evaluator(trained_model(agent)) for agent in scored}
         metrics = personal_metrics({u.agent: u.trained_eval for u in updates}, {a: a for a in agents}, scores)
         return {**metrics, "scored": len(scores)} if metrics else {}
+
+
+def _sample(names: list[str], limit: int, round_number: int) -> list[str]:
+    """At most ``limit`` of ``names``, the same draw for the same round (a rerun scores the same models)."""
+    return names if len(names) <= limit else sorted(random.Random(round_number).sample(names, limit))
