@@ -323,17 +323,9 @@ class Aggregator(MqttDaemon):
             return
         rs = self.engine.round_state
         assert rs is not None
-        log.info(
-            "update accepted round=%d agent=%s weight=%d loss=%.4f norm=%.4g folded=%s accepted=%d/%d",
-            rs.round,
-            record.agent,
-            record.samples,
-            record.loss,
-            record.norm,
-            bool(record.folded),
-            len(rs.updates),
-            len(rs.selected),
-        )
+        log.info("update accepted round=%d agent=%s weight=%d loss=%.4f norm=%.4g folded=%s accepted=%d/%d", rs.round,
+                 record.agent, record.samples, record.loss, record.norm, bool(record.folded), len(rs.updates),
+                 len(rs.selected))  # fmt: skip
         self.prometheus.update_accepted()  # the retained status waits for its interval: an accepted update
         # changes none of its fields, and every agent subscribes to it (a publish per update was N² deliveries)
         if self.engine.decide(self.clock()) == "close" and self.disk.due(self.clock()):  # at once: a threshold

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -18,6 +20,9 @@ from torch import nn
 from models.own import build_own_model, is_reference, own_input_shape
 from models.tasks import YOLO_YAMLS, is_model_file
 from models.yolo import detection_model
+
+if TYPE_CHECKING:
+    from models.weights import NamedArrays
 
 
 class FedAvgCNN(nn.Module):
@@ -175,6 +180,19 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
     if is_reference(name):
         return build_own_model(name, num_classes)
     return _spec(name).factory(num_classes)
+
+
+def initial_model(name: str, num_classes: int, seed: int, weights: Path | None = None) -> NamedArrays:
+    """A run's first model, alike wherever it is built (the server's first global model, every peer's start):
+    seeded, or loaded from the detector checkpoint ``weights``."""
+    from models.weights import to_arrays
+    from models.yolo import load_pt_weights
+
+    torch.manual_seed(seed)
+    built = build_model(name, num_classes=num_classes)
+    if weights is not None:
+        load_pt_weights(built, weights)
+    return to_arrays(built)
 
 
 def input_shape(name: str) -> tuple[int, ...]:

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from agent.peer.collect import RoundCollector, RoundGuards
-from agent.peer.rounds import initial_model
 from agent.peer.stale import StaleGuard
 from broker_server.privacy.policy import PrivacyPolicy
 from broker_server.rounds.engine import RoundEngine
@@ -18,6 +17,7 @@ from flcore.strategies import build_strategy
 from flcore.update import NotForThisRound, TrainResult, UpdateMeta, UpdateRejected, encode_model
 from models.serialization import dumps
 from models.weights import NamedArrays, float_part
+from models.zoo import initial_model
 from security.replay import ReplayGuard
 from tests.fixtures import completed, nudged, open_round, peer_task, random_delta
 

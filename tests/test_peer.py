@@ -17,11 +17,12 @@ import pytest
 from agent.config import load_agent_config
 from agent.peer.bestagg import BEST_FILE
 from agent.peer.election import Election
-from agent.peer.rounds import initial_model, read_metrics
+from agent.peer.rounds import read_metrics
 from common import toml
 from flcore.update import TrainResult
 from models.serialization import load_file
 from models.weights import NamedArrays, fingerprint, float_part
+from models.zoo import initial_model
 from participant.trainer import PeerContext, Trainer, TrainerWrapper
 from protocol.config import ConfigError, write_toml
 from protocol.messages import RoundTask

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from agent.config import load_agent_config
-from agent.peer.rounds import initial_model
 from models.serialization import load_file, save_file
+from models.zoo import initial_model
 from protocol.config import ConfigError
 from sim.federation import SimSettings
 from sim.peer_federation import create_peer_federation

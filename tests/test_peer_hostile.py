@@ -16,7 +16,7 @@ from agent.config import load_agent_config
 from agent.peer.collect import RoundCollector, RoundGuards
 from agent.peer.election import Election
 from agent.peer.node import PeerNode
-from agent.peer.rounds import initial_model, read_metrics
+from agent.peer.rounds import read_metrics
 from agent.peer.stale import StaleGuard
 from agent.runner import in_process_runner
 from flcore.bounds import InfluencePolicy
@@ -24,6 +24,7 @@ from flcore.strategies import build_strategy
 from flcore.update import TrainResult, UpdateRejected, encode_model
 from models.serialization import dumps
 from models.weights import NamedArrays, fingerprint
+from models.zoo import initial_model
 from participant.trainer import PeerContext, Trainer, TrainerWrapper
 from protocol.messages import RoundTask
 from protocol.mqtt import BrokerSettings, MqttClient

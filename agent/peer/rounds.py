@@ -43,6 +43,7 @@ from flcore.update import UpdateRejected
 from flcore.validation import reason_kind
 from models.serialization import SerializationError, dumps, loads
 from models.weights import NamedArrays, fingerprint
+from models.zoo import initial_model
 from participant.jobs import Cancelled, Runner, Trained
 from participant.progress import ProgressStore
 from participant.recipes import checked_settings
@@ -57,23 +58,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("skyfed.peer")
 GATED = ("gathering", "training", "waiting", "gated")  # the phases a closed gate stops: before and in a round
 METRICS_FILE = "metrics.jsonl"
-
-
-def initial_model(model: str, num_classes: int, seed: int, weights: Path | None = None) -> NamedArrays:
-    """The start model every peer builds alike, as the server builds its first global model: seeded, or loaded
-    from the detector checkpoint ``weights``."""
-    import torch
-
-    from models.weights import to_arrays
-    from models.zoo import build_model
-
-    torch.manual_seed(seed)
-    built = build_model(model, num_classes=num_classes)
-    if weights is not None:
-        from models.yolo import load_pt_weights
-
-        load_pt_weights(built, weights)
-    return to_arrays(built)
 
 
 class PeerRounds:

@@ -51,7 +51,7 @@ from models.weights import NamedArrays, state_spec, with_floats
 from models.zoo import build_model
 from participant.recipes import checked_settings, work_share
 from protocol.codecs import Codec
-from protocol.messages import Rejection, RoundMetrics, TrainSettings, headline
+from protocol.messages import Rejection, RoundMetrics, TrainSettings
 from protocol.transfer import Completed
 from security.keys import Keyring
 from security.replay import ReplayGuard
@@ -380,23 +380,10 @@ class RoundEngine:
         return f"{GLOBAL}-v{self.version}" if assignment is None else assignment.model.sha256
 
     def _elect_best(self) -> None:
-        """The run ended: the best-evaluated version becomes the final global model (``election``)."""
-        arrays = self.best.elect(self.version)
-        if arrays is not None:
-            self.state.set_model(arrays)
-            self.state.version += 1
-            self.state.model_eval = self.best.evaluation()
-            self.state.outputs_pending.add("model")
-            onnx = [s.export(arrays, "elected") for s in self.steps if isinstance(s, ExportOnnx)]
-            self.best.published_as(self.version, onnx[0] if onnx else None)
-            record = self.best.record
-            log.info(
-                "best model elected version=%d round=%d score=%.4f published_as=%d",
-                record["version"], record["round"], headline(record), self.version,
-            )  # fmt: skip
-        self.state.checkpoint()
-        with suppress(DiskError):
-            self.state.flush_outputs()
+        """The run ended: the best-evaluated version becomes the final global model (``EngineState.elect_best``),
+        exported to ONNX as a published one is."""
+        exports = [s for s in self.steps if isinstance(s, ExportOnnx)]
+        self.state.elect_best(lambda arrays: exports[0].export(arrays, "elected") if exports else None)
 
     def _end_for_budget(self, affordable: int) -> None:
         """Fewer than ``rounds.min_agents`` agents can afford another round: the run ends here."""

@@ -12,12 +12,10 @@ up to it on the next try.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from broker_server.config import ServerConfig
 from broker_server.privacy.accountant import PrivacyLedger
@@ -36,9 +34,9 @@ from flcore.strategies.base import Strategy
 from flcore.update import float_layout
 from flcore.validation import positive_ranges
 from models.serialization import save_file
-from models.weights import NamedArrays, to_arrays
-from models.yolo import load_pt_weights
-from models.zoo import build_model
+from models.weights import NamedArrays
+from models.zoo import initial_model
+from protocol.messages import headline
 from security.replay import ReplayGuard
 
 log = logging.getLogger("skyfed.server")
@@ -73,13 +71,11 @@ class EngineState:
         """Resume from the checkpoint, or start a run from a new model (``server.model``, ``server.init_weights``)."""
         checkpoint = self.store.load()
         if checkpoint is None:
-            torch.manual_seed(self.config.server.seed)
-            initial = build_model(self.config.server.model, num_classes=self.config.server.num_classes)
-            if (weights := self.config.init_weights_path) is not None:
-                load_pt_weights(initial, weights)
+            server = self.config.server
+            initial = initial_model(server.model, server.num_classes, server.seed, self.config.init_weights_path)
             self.run_id, self.version, self.next_round = new_run_id(), 1, 1
             self.model_eval = {}  # the initial model is not evaluated: no round has published yet
-            self.set_model(to_arrays(initial))
+            self.set_model(initial)
             self.checkpoint()
             save_file(self.model_file, self.global_arrays)
             log.info("server initialised model=%s version=1 run_id=%s", self.config.server.model, self.run_id)
@@ -132,6 +128,23 @@ class EngineState:
         self.checkpoint()
         self.outputs_pending.add("model")
         with suppress(DiskError):  # tried again on the daemon's next ticks
+            self.flush_outputs()
+
+    def elect_best(self, export: Callable[[NamedArrays], dict | None]) -> None:
+        """The best-evaluated version becomes the final global model (``flcore.election``), a new version, checkpointed
+        and written out (``export``: its ONNX file, if the server makes one)."""
+        arrays = self.best.elect(self.version)
+        if arrays is not None:
+            self.set_model(arrays)
+            self.version += 1
+            self.model_eval = self.best.evaluation()
+            self.outputs_pending.add("model")
+            self.best.published_as(self.version, export(arrays))
+            record = self.best.record
+            log.info("best model elected version=%d round=%d score=%.4f published_as=%d", record["version"],
+                     record["round"], headline(record), self.version)  # fmt: skip
+        self.checkpoint()
+        with suppress(DiskError):
             self.flush_outputs()
 
     def checkpoint(self, last_metrics: dict | None = None) -> None:
