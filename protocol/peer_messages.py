@@ -89,3 +89,5 @@ class PeerRoundMetrics(Message):
     bytes_sent: int = 0
     bytes_received: int = 0
     aggregation: dict[str, Any] = field(default_factory=dict)
+    # the senders' own C-SPE of their start and trained models (``flcore.personal.claimed_personal``)
+    personal: dict[str, Any] = field(default_factory=dict)

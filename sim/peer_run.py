@@ -20,6 +20,7 @@ from agent.peer.bestagg import BEST_FILE
 from agent.peer.rounds import read_metrics
 from models.synthetic_detection import NAMES
 from protocol.messages import headline
+from protocol.scores import personal_score
 from sim.federation import SimSettings
 from sim.launch import SimResult, fresh_run_folder, late_note, run_broker, spawn_agents, terminate
 from sim.peer_federation import create_peer_federation
@@ -61,7 +62,10 @@ def format_peer_round(line: dict, elapsed_s: float) -> str:
     score = headline(line["eval"])
     name = "mAP@.5" if "map50" in line["eval"] else "accuracy"
     late = late_note(line.get("aggregation") or {})
-    return (f"round {line['round']:3d}  {line['peer']}  {name} {score if score is None else f'{score:.4f}'}"
+    trained = personal_score(line.get("personal") or {}, "trained_c_spe")  # the senders' reports (flcore.personal)
+    name += f" {score if score is None else f'{score:.4f}'}"
+    name += "" if trained is None else f"  trained C-SPE {trained:.4f}"
+    return (f"round {line['round']:3d}  {line['peer']}  {name}"
             f"  from {len(line['aggregated_from'])}{late}  rejected {len(line['rejected'])}"
             f"  round_s {line['round_s']:6.2f}  MB sent {line['bytes_sent'] / 1e6:.3f}"
             f"  elapsed_s {elapsed_s:6.1f}")  # fmt: skip

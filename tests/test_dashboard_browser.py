@@ -327,8 +327,9 @@ def test_a_peer_federation_shows_a_row_per_peer_and_the_model_most_peers_adopted
         gate = Gate(ok=False, reasons=["battery 12% < 30%"]) if peer == "p3" else Gate()
         publish(peer, "member", PeerMember("it", peer, "left" if peer == "p1" else "member", 3, 5.0, 6.0, gate))
         rejected = [{"peer": "p4", "reason": markup}] if peer != "p4" else []
+        trained = {"c_spe": markup} if peer == "p4" else {"c_spe": 0.9 + n / 100}  # p4's is no number: not shown
         publish(peer, "metrics", PeerRoundMetrics(peer, 2, "aggregated", {"accuracy": 0.8 + n / 100, "loss": 0.5},
-                                                  ["p1", "p2", "p3"], rejected))  # fmt: skip
+                                                  ["p1", "p2", "p3"], rejected, personal={"trained": trained}))
         adopted = Adoption("f" * 64, "p4", 1.0) if peer == "p4" else honest  # p4 says it adopted its own model
         publish(peer, "best", PeerBest("it", peer, 2, 0.8 + n / 100, f"{n}" * 64, 5.0, adopted))
     publish("p2", "metrics", PeerRoundMetrics("p1", 9, "aggregated", {"accuracy": 0.01}, []))  # p1's under p2's name
@@ -337,10 +338,11 @@ def test_a_peer_federation_shows_a_row_per_peer_and_the_model_most_peers_adopted
                                   " out[tr.getAttribute('data-peer')] = [...tr.cells].map(c => c.textContent);"
                                   " return out;")  # fmt: skip
     assert sorted(rows) == ["p1", "p2", "p3", "p4"], "one row per peer"
-    assert rows["p2"] == ["p2", "member", "3", "2", "accuracy 0.8200", "3", "1",
+    assert rows["p2"] == ["p2", "member", "3", "2", "accuracy 0.8200", "0.9200", "3", "1",
                           "0.8200 (222222222222) ◀ elected by 3 of 4 peers", "p2's (c0ffeec0ffee), 0.8800 here"]
     assert rows["p1"][1] == "left" and rows["p3"][1] == "member, gate blocked: battery 12% < 30%"
-    assert rows["p4"][7] == "0.8400 (444444444444)" and rows["p4"][8] == "p4's (ffffffffffff), 1.0000 here"
+    assert rows["p4"][5] == "" and rows["p4"][8] == "0.8400 (444444444444)"
+    assert rows["p4"][9] == "p4's (ffffffffffff), 1.0000 here"
     marked = texts(browser, "#peers tbody tr[data-peer] td[data-elected='yes']")
     assert len(marked) == 1 and marked[0].endswith("elected by 3 of 4 peers")
     assert "Elected: p2's model (c0ffeec0ffee), adopted by 3 of the 4 peers" in text(browser, "#peers-elected")

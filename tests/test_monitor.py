@@ -5,6 +5,7 @@ import json
 from rich.console import Console
 
 from broker_server.watch.monitor_tables import render
+from broker_server.watch.monitor_text import peer_metrics_line
 from broker_server.watch.monitor_view import FederationView
 from protocol.messages import AgentStatus, Gate, Rejection
 from protocol.peer_messages import Adoption, PeerBest, PeerMember, PeerRoundMetrics
@@ -119,7 +120,8 @@ def _peer(view: FederationView, name: str, accuracy: float, *, best: float | Non
           adopted: Adoption | None = None, state: str = "member") -> None:
     member = PeerMember("p2p", name, state, 5, 1.0, 1.0)
     metrics = PeerRoundMetrics(name, 4, "aggregated", {"accuracy": accuracy, "loss": 0.5}, ["p0", "p1", "p2"],
-                               [{"peer": "px", "reason": "stale-base"}])  # fmt: skip
+                               [{"peer": "px", "reason": "stale-base"}],
+                               personal={"c_spe": 0.5, "trained": {"c_spe": round(accuracy + 0.1, 4)}})  # fmt: skip
     for leaf, message in (("member", member), ("metrics", metrics)):
         view.apply(f"skyfed/p2p/peer/{name}/{leaf}", _signed(message, name))
     if best is not None:
@@ -139,11 +141,13 @@ def test_peers_each_show_their_round_headline_counts_and_the_highest_claim():
     forged = PeerRoundMetrics("p0", 99, "aggregated", {"accuracy": 0.01}, [])  # p0's metrics under p1's name
     assert view.apply("skyfed/p2p/peer/p1/metrics", _signed(forged)) is None
     shown = _render(view)
-    assert _header(shown, "peer") == ["peer", "state", "round", "last round", "accuracy", "aggregated from",
-                                      "rejected", "best claim", "adopted"]  # fmt: skip
+    assert _header(shown, "peer") == ["peer", "state", "round", "last round", "accuracy", "trained C-SPE",
+                                      "aggregated from", "rejected", "best claim", "adopted"]  # fmt: skip
     rows = _rows(shown)
-    assert rows["p0"] == ["p0", "member", "5", "4", "0.8100", "3", "1", "0.8000 (p0p0p0p0p0p0)", "-"]
-    assert rows["p1"][4] == "0.8500" and rows["p1"][7].endswith("◀ highest claim")
+    assert rows["p0"] == ["p0", "member", "5", "4", "0.8100", "0.9100", "3", "1", "0.8000 (p0p0p0p0p0p0)", "-"]
+    assert rows["p1"][4] == "0.8500" and rows["p1"][8].endswith("◀ highest claim")
+    line = peer_metrics_line(view.peers["p0"].metrics)  # the senders' reports after the peer's own model
+    assert "accuracy=0.8100 loss=0.5000 c_spe=0.5000 trained_c_spe=0.9100 aggregated_from=3" in line
     assert "SkyFed federation" not in shown  # a peer federation has no server
     assert "no peer has published its decision yet" in shown
 
@@ -162,9 +166,9 @@ def test_the_model_most_peers_adopted_is_marked_with_their_count_each_decision_s
     assert "adopted=p5p5p5p5p5p5p5p5 adopted_from=p5 adopted_score=0.5000" in line
     shown = _render(view)
     rows = _rows(shown)
-    assert rows["p1"][7] == "0.8000 (p1p1p1p1p1p1) ◀ elected by 3 of 4 peers", "a liar's claim is not marked"
-    assert "◀" not in rows["p3"][7] and rows["p3"][8] == "p3's (p3p3p3p3p3p3), 0.9900 here"
-    assert rows["p0"][8] == "p1's (p1p1p1p1p1p1), 0.8800 here" and rows["p4"][8] == rows["p5"][8] == "-"
+    assert rows["p1"][8] == "0.8000 (p1p1p1p1p1p1) ◀ elected by 3 of 4 peers", "a liar's claim is not marked"
+    assert "◀" not in rows["p3"][8] and rows["p3"][9] == "p3's (p3p3p3p3p3p3), 0.9900 here"
+    assert rows["p0"][9] == "p1's (p1p1p1p1p1p1), 0.8800 here" and rows["p4"][9] == rows["p5"][9] == "-"
     assert "elected: p1's model (p1p1p1p1p1p1), adopted by 3 of the 4 peers that published" in shown
 
 

@@ -106,6 +106,10 @@ def test_three_peers_waiting_for_all_end_with_centralized_fedavg_of_their_update
         lines = read_metrics(state(path))
         assert [(line["round"], line["aggregated_from"]) for line in lines] == [(1, list(configs)), (2, list(configs))]
         assert all(line["peer"] == name and "accuracy" in line["eval"] for line in lines)
+        trained = lines[-1]["personal"]["trained"]  # each sender's own C-SPE of the model it trained, as it reported
+        each = [a["c_spe"] for a in trained["agents"].values()]
+        assert sorted(trained["agents"]) == list(configs) and all(0 <= c <= 1 for c in each)
+        assert trained["c_spe"] == pytest.approx(np.mean(each), abs=1e-6)
     decisions = published_decisions(broker, configs)  # made public, signed and retained, as election.json says
     for name, path in configs.items():
         election = json.loads((state(path) / "election.json").read_text())

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from broker_server.rounds.personal import personal_metrics
+from flcore.personal import personal_metrics
 from flcore.update import UpdateMeta, UpdateMetaError
 from sim.federation import SimSettings
 from sim.run import run_sim

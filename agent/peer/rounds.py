@@ -39,6 +39,7 @@ from agent.peer.collect import RoundCollector, RoundGuards, coordinate_median, m
 from agent.peer.stale import StaleGuard
 from flcore.bounds import lower_median
 from flcore.late import late_refusal
+from flcore.personal import claimed_personal
 from flcore.update import UpdateRejected
 from flcore.validation import reason_kind
 from models.serialization import SerializationError, dumps, loads
@@ -50,6 +51,7 @@ from participant.recipes import checked_settings
 from participant.round_client import RoundClient
 from protocol.messages import AgentStart, RoundTask, TrainSettings, headline
 from protocol.peer_messages import PeerBest, PeerRoundMetrics
+from protocol.scores import personal_score
 
 if TYPE_CHECKING:
     from agent.peer.link import PeerLink
@@ -325,11 +327,13 @@ class PeerRounds:
                                 round_s=round(self.train_s + now - self.since, 3), train_s=round(self.train_s, 3),
                                 wait_s=round(now - self.since, 3), bytes_sent=self.bytes_sent,
                                 bytes_received=sum(u.record.wire_bytes for u in collector.updates.values()),
-                                aggregation=detail)  # fmt: skip
+                                aggregation=detail, personal=claimed_personal(
+                                    [collector.updates[p].record for p in collector.on_time]))  # fmt: skip
         self._write_metrics(line)
         self.counted = set(line.aggregated_from)
-        log.info("round %d %s from=%s accuracy=%s rejected=%d%s", self.round, outcome,
-                 ",".join(line.aggregated_from) or "-", headline(evaluation), len(collector.rejected),
+        log.info("round %d %s from=%s accuracy=%s trained_c_spe=%s rejected=%d%s", self.round, outcome,
+                 ",".join(line.aggregated_from) or "-", headline(evaluation),
+                 personal_score(line.personal, "trained_c_spe"), len(collector.rejected),
                  f" reason={reason}" if reason else "")  # fmt: skip
         if self.round >= self.plan.rounds:
             self.model, self.phase = model, "electing"

@@ -23,34 +23,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from flcore.personal import personal_metrics
 from flcore.rounds import UpdateRecord
 from models.weights import NamedArrays
-from protocol.messages import headline
 
 GLOBAL = "global"  # the start key of agents that start from the global model
-
-
-def personal_metrics(c_spe: dict[str, dict], start_of: dict[str, str], c_gen_of: dict[str, dict]) -> dict:
-    """``{"c_spe": mean, "c_gen": mean, "agents": {agent: {"c_spe": …, "c_gen": …}}}`` from each agent's
-    report (``c_spe``: its start model on its test split), which model it started from (``start_of``:
-    agent → key) and the server's evaluation of each such model (``c_gen_of``: key → evaluation)."""
-    agents: dict[str, dict[str, float]] = {}
-    for agent, key in sorted(start_of.items()):
-        entry = {}
-        if (spe := headline(c_spe.get(agent, {}))) is not None:
-            entry["c_spe"] = round(float(spe), 6)
-        if (gen := headline(c_gen_of.get(key, {}))) is not None:
-            entry["c_gen"] = round(float(gen), 6)
-        if entry:
-            agents[agent] = entry
-    if not agents:
-        return {}
-    means = {}
-    for name in ("c_spe", "c_gen"):
-        values = [entry[name] for entry in agents.values() if name in entry]
-        if values:  # each scaled first: claimed values are finite but may be huge, and their sum could overflow
-            means[name] = round(sum(v / len(values) for v in values), 6)
-    return {**means, "agents": agents}
 
 
 class StartScores:

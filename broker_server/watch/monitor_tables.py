@@ -23,7 +23,7 @@ from broker_server.watch.monitor_text import (
 )
 from broker_server.watch.monitor_view import Elected, FederationView, PeerState, elected
 from protocol.messages import RoundMetrics
-from protocol.scores import round_headline
+from protocol.scores import personal_score, round_headline
 
 MAX_ROWS = 100  # agents or peers drawn; a flood of invented names is counted, not drawn
 SCORE_COLUMNS = 6  # headline scores a round's row shows, lead first (a personal run's four, then two global)
@@ -181,7 +181,8 @@ def _peers_table(view: FederationView) -> Table:
     labels = {scores[0]["label"] for scores in leads.values() if scores}
     label = labels.pop() if len(labels) == 1 else "score"
     peers = _table("peers, as each claims: the monitor checks no signatures", "peer", "state", "round",
-                   "last round", label, "aggregated from", "rejected", "best claim", "adopted")  # fmt: skip
+                   "last round", label, "trained C-SPE", "aggregated from", "rejected", "best claim",
+                   "adopted")  # fmt: skip
     top, chosen = _highest_claim(view.peers), elected(view.peers)
     for name, s in rows:
         lead = leads[name]
@@ -189,7 +190,8 @@ def _peers_table(view: FederationView) -> Table:
         state = (member_text(s.member) if s.member else "-") + (f" ({s.note})" if s.note else "")
         peers.add_row(*cells(name), *cells(state, limit=MAX_CELL), *cells(s.member.round if s.member else "-"),
                       *cells(_peer_round(s), limit=MAX_CELL),
-                      *cells(shown, *_peer_counts(s)), *cells(_claim(s, top, chosen), limit=MAX_CELL),
+                      *cells(shown, _trained_c_spe(s), *_peer_counts(s)),
+                      *cells(_claim(s, top, chosen), limit=MAX_CELL),
                       *cells(adopted_text(s.decision) if s.decision else "-", limit=MAX_CELL))  # fmt: skip
     return peers
 
@@ -199,6 +201,11 @@ def _peer_round(s: PeerState) -> str:
     if m is None:
         return "-"
     return f"{m.round}" + ("" if m.outcome == "aggregated" else f" ({m.outcome}: {m.reason})")
+
+
+def _trained_c_spe(s: PeerState) -> str:
+    """The mean C-SPE the round's senders reported of the models they trained (the seeds' metric), or -."""
+    return score(personal_score(s.metrics.personal, "trained_c_spe")) if s.metrics else "-"
 
 
 def _peer_counts(s: PeerState) -> tuple[str, str]:

@@ -91,7 +91,7 @@ def peer_member_line(m: PeerMember, note: str = "") -> str:
 
 def peer_metrics_line(m: PeerRoundMetrics) -> str:
     return _line("peer-round", id=m.peer, round=m.round, outcome=m.outcome, reason=m.reason,
-                 **_score_fields(global_scores(m.eval)), aggregated_from=len(m.aggregated_from),
+                 **_score_fields(round_headline("global", m.eval, m.personal)), aggregated_from=len(m.aggregated_from),
                  folded_late=len(m.aggregation.get("folded_late") or []), rejected=len(m.rejected))  # fmt: skip
 
 

@@ -67,6 +67,13 @@ window.skyfedPeers = function (F, cfg, cell) {
     return hit ? str(hit[1], 40) + " " + F.fixed(e[hit[0]], 4) : "";
   }
 
+  // the mean C-SPE the round's senders reported of the models they trained (flcore/personal.py claimed_personal)
+  function trainedCSpe(r) {
+    const p = r && r.personal && typeof r.personal === "object" ? r.personal : {};
+    const t = p.trained && typeof p.trained === "object" ? p.trained : {};
+    return num(t.c_spe) !== null ? F.fixed(t.c_spe, 4) : "";
+  }
+
   function state(m) {
     if (!m) return "";
     const gate = m.gate && typeof m.gate === "object" ? m.gate : {};
@@ -85,6 +92,7 @@ window.skyfedPeers = function (F, cfg, cell) {
       str(r.reason) + ")" : "") : "";
     cell(tr, last);
     cell(tr, r ? lead(r.eval) : "", "scores");
+    cell(tr, trainedCSpe(r), "trained");
     cell(tr, r && Array.isArray(r.aggregated_from) ? String(r.aggregated_from.length) : "");
     cell(tr, r && Array.isArray(r.rejected) ? String(r.rejected.length) : "");
     const claim = b ? F.fixed(b.score, 4) + " (" + short(b.sha256) + ")" : "";
