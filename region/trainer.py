@@ -38,5 +38,6 @@ class RegionalTrainer:
         request = RootRound(task.round, task.attempt, global_arrays, task.deadline)
         result = self.handoff.ask(request, timeout_s=task.deadline - time.time())
         assert result.model is not None  # ``ask`` raised otherwise
-        return TrainResult(arrays=result.model, samples=result.weight, loss=result.loss,
-                           local_eval=result.evaluation)  # fmt: skip
+        return TrainResult(arrays=result.model, samples=result.weight, loss=result.loss, local_eval=result.evaluation,
+                           start_eval=result.reported("c_spe"),
+                           trained_eval=result.reported("trained_c_spe"))  # fmt: skip

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -40,8 +41,13 @@ def test_two_regions_of_three_give_the_flat_fedavg_model(tmp_path: Path) -> None
                                                           for m in regional.metrics)  # fmt: skip
     assert len(regional.metrics) == len(flat.metrics) == 2
     for region in ("region-1", "region-2"):  # each region's own metrics beside the root's
-        lines = (tmp_path / "regions" / "regions" / region / "metrics.jsonl").read_text().splitlines()
+        lines = [json.loads(line) for line in
+                 (tmp_path / "regions" / "regions" / region / "metrics.jsonl").read_text().splitlines()]  # fmt: skip
         assert len(lines) == 2
+        for own, root in zip(lines, regional.metrics, strict=True):  # its agents' C-SPE, reported up as its own
+            reported = root.personal["agents"][region]
+            assert reported["c_spe"] == own["personal"]["c_spe"] and 0 < reported["c_spe"] <= 1
+            assert root.personal["trained"]["agents"][region]["c_spe"] == own["personal"]["trained"]["c_spe"]
     a = load_file(tmp_path / "flat" / "global_model.safetensors")[0]
     b = load_file(tmp_path / "regions" / "global_model.safetensors")[0]
     assert a.keys() == b.keys()

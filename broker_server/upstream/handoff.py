@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from flcore.rounds import UpdateRecord
 from models.weights import NamedArrays
+from protocol.scores import personal_score
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,12 @@ class RegionResult:
     loss: float = math.nan
     evaluation: dict[str, float] = field(default_factory=dict)
     reason: str = ""
+    personal: dict = field(default_factory=dict)  # the regional round's ``personal`` (its agents' C-SPE reports)
 
     @classmethod
     def of_round(cls, root_round: int, model: NamedArrays, accepted: list[UpdateRecord],
-                 evaluation: dict[str, float], sample_cap: float | None = None) -> RegionResult:  # fmt: skip
+                 evaluation: dict[str, float], sample_cap: float | None = None,
+                 personal: dict | None = None) -> RegionResult:  # fmt: skip
         """The committed aggregate of ``accepted`` updates, weighted by their total weight as the region's bounds
         counted it (each claim at most ``sample_cap``: an agent's inflated claim does not inflate its region's
         weight at the root), with their weighted loss."""
@@ -51,7 +54,14 @@ class RegionResult:
         if weight <= 0:
             return cls(root_round, None, reason="no update with a positive weight was averaged")
         loss = sum(w * u.loss for w, u in zip(weights, accepted, strict=True)) / weight
-        return cls(root_round, model, weight, loss, dict(evaluation))
+        return cls(root_round, model, weight, loss, dict(evaluation), personal=dict(personal or {}))
+
+    def reported(self, key: str) -> dict[str, float]:
+        """The mean C-SPE its agents reported (``c_spe`` of the root's model they started from, ``trained_c_spe`` of
+        the models they trained), as the region's own C-SPE report to the root; {} when none (a detector's round,
+        or central DP in the region, which publishes no C-SPE)."""
+        value = personal_score(self.personal, key)
+        return {"accuracy": value} if isinstance(value, float) else {}
 
 
 class RegionalRoundFailed(Exception):

@@ -81,7 +81,8 @@ class UpstreamRounds:
         if metrics.outcome == "committed" and metrics.accepted:
             accepted = [u for u in rs.on_time if u.agent in metrics.accepted]  # the weight: this round's own updates
             cap = metrics.aggregation.get("sample_cap")
-            result = RegionResult.of_round(root_round, self.engine.global_arrays, accepted, metrics.eval, cap)
+            result = RegionResult.of_round(root_round, self.engine.global_arrays, accepted, metrics.eval, cap,
+                                           metrics.personal)  # fmt: skip
         else:
             result = RegionResult(root_round, None, reason=f"{metrics.outcome}: {metrics.reason or '-'}")
         delivered = self.upstream.deliver(result)
