@@ -31,7 +31,8 @@ from broker_server.agents.refusals import Refusals
 from broker_server.agents.registry import AgentRegistry, StatusRefused
 from broker_server.agents.task_publisher import TaskPublisher
 from broker_server.agents.trust import TrustKeeper
-from broker_server.config import POOL, POOL_NAME_TAKEN, ServerConfig
+from broker_server.config import ServerConfig
+from broker_server.pool import POOL, POOL_NAME_TAKEN
 from broker_server.pool.pool_rounds import PoolRounds
 from broker_server.pool.shared import SharedPool
 from broker_server.rounds.accept import check_gates, largest_update_bytes

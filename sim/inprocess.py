@@ -30,7 +30,8 @@ from agent.config import load_agent_config
 from agent.device import torch_device
 from agent.trainers import build_trainer
 from broker_server.agents.publisher import PublishedModel
-from broker_server.config import POOL, load_server_config
+from broker_server.config import load_server_config
+from broker_server.pool import POOL
 from broker_server.pool.shared import SharedPool, local_update
 from broker_server.rounds.engine import RoundEngine
 from broker_server.rounds.evaluation import server_evaluator

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from broker_server.config import POOL, load_server_config
+from broker_server.config import load_server_config
 from broker_server.config_summary import server_summary
 from broker_server.daemon import Aggregator
+from broker_server.pool import POOL
 from broker_server.privacy.noise import NORM_SLACK
 from common import toml
 from models.datasets import Dataset, load_dataset, load_digits

@@ -37,7 +37,7 @@ HUGE = 10**400  # JSON allows it (4,300 digits at most); no float holds it
 
 
 def _render(view: FederationView) -> str:
-    console = Console(record=True, width=200)
+    console = Console(record=True, width=220)  # the peers table has ten columns
     console.print(render(view))
     return console.export_text()
 

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from broker_server.config import POOL, load_server_config
+from broker_server.config import load_server_config
 from broker_server.daemon import Aggregator
+from broker_server.pool import POOL
 from protocol.config import ConfigError
 from protocol.messages import AgentStatus, RoundTask
 from protocol.mqtt import MqttClient

@@ -10,7 +10,7 @@ import logging
 from collections import Counter
 
 from broker_server.agents.registry import AgentRegistry
-from broker_server.config import POOL
+from broker_server.pool import POOL
 from broker_server.rounds.engine import RoundEngine
 from broker_server.watch.prometheus import ServerMetrics
 from common.text import printable

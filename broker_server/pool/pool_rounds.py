@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from broker_server.config import POOL
+from broker_server.pool import POOL
 from broker_server.pool.shared import SharedPool
 from broker_server.rounds.engine import RoundEngine
 from protocol.messages import RoundTask

@@ -16,7 +16,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from broker_server.config import POOL, ServerConfig
+from broker_server.config import ServerConfig
+from broker_server.pool import POOL
 from models.datasets import load_dataset
 from models.weights import NamedArrays
 from participant.classifier import ClassifierTrainer

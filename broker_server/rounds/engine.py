@@ -27,7 +27,8 @@ from contextlib import suppress
 
 import numpy as np
 
-from broker_server.config import POOL, ServerConfig
+from broker_server.config import ServerConfig
+from broker_server.pool import POOL
 from broker_server.rounds.accept import LateWindow, RoundInputs, accept_update
 from broker_server.rounds.disk import DiskError
 from broker_server.rounds.engine_fleet import FleetEvents

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from broker_server.config import POOL
+from broker_server.pool import POOL
 from broker_server.rounds.disk import DiskError
 from broker_server.rounds.engine_state import EngineState
 from broker_server.rounds.metrics_log import round_metrics
