@@ -13,6 +13,7 @@ import torch
 from broker_server.config import load_server_config
 from broker_server.rounds.engine import RoundEngine
 from broker_server.rounds.evaluation import server_evaluator
+from broker_server.rounds.personal import StartScores
 from flcore.update import UpdateMeta, UpdateMetaError
 from models.datasets import load_npz
 from models.training import evaluate_arrays
@@ -83,6 +84,12 @@ def test_score_start_bounds_the_start_models_scored_a_round_not_the_published_on
     _round(engine, 10, scale=1.0)  # everyone starts from the published model: its evaluation costs nothing more
     got = engine.close(now=1.0, model_wire_bytes=1).personal
     assert got["scored"] == 3 and got["c_gen"] == pytest.approx(published, abs=1e-6)
+    restarted = _engine(engine_config, score_start=0, state_dir="state-global")  # the published one's score kept
+    _round(restarted, 20, scale=1.0)
+    assert restarted.close(now=1.0, model_wire_bytes=1).personal["scored"] == 3
+    first = _engine(engine_config, score_start=0, state_dir="state-first")
+    _round(first, 1, scale=1.0)  # the initial model, never published, is the model in force: scored all the same
+    assert first.close(now=1.0, model_wire_bytes=1).personal["scored"] == 3
     override_toml(engine_config.server_config, strategy={"name": "fedamp", "start": "cloud"})  # a model per agent
     for limit in (3, 1):
         engine = _engine(engine_config, score_start=limit, state_dir=f"state-{limit}")
@@ -90,6 +97,20 @@ def test_score_start_bounds_the_start_models_scored_a_round_not_the_published_on
             _round(engine, seed, scale=1.0)
             got = engine.close(now=1.0, model_wire_bytes=1).personal
         assert got["scored"] == limit == sum("c_gen" in a for a in got["agents"].values())
+
+
+def test_a_close_tried_again_scores_the_same_start_models():
+    """A close whose checkpoint could not be written runs again: the same draw, not ``limit`` more models."""
+    calls: list[str] = []
+    scores = StartScores(lambda model: calls.append(model["agent"]) or {"accuracy": 0.5})
+    start_of = {**{f"a{i}": f"model-{i}" for i in range(6)}, "g": "global-v3"}
+    drawn = []
+    for _attempt in range(2):
+        calls.clear()
+        got = scores.personal(4, [], start_of, lambda agent: {"agent": agent}, limit=2)
+        assert got["scored"] == 3 and len(calls) == 3 and "g" in calls  # the global model in force and two others
+        drawn.append(sorted(calls))
+    assert drawn[0] == drawn[1]
 
 
 @pytest.mark.parametrize("key", ["score_trained", "score_start"])

@@ -115,7 +115,7 @@ class PrivacyLedger:
             offenders=[],
             aggregate_s=0.0,
             privacy=self.summary(),
-            personal={"c_gen": metrics.personal["c_gen"]} if "c_gen" in metrics.personal else {},
+            personal={k: metrics.personal[k] for k in ("c_gen", "scored")} if "c_gen" in metrics.personal else {},
         )
 
     def to_dict(self) -> dict:

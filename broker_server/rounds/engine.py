@@ -99,6 +99,8 @@ class RoundEngine:
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
         self.orphan_rejections: list[dict[str, str]] = []
         self.state.open()
+        if self.model_eval:  # the model in force, evaluated when it was published: agents start from it next
+            self.start_scores.known(f"{GLOBAL}-v{self.version}", self.model_eval)
         if problem := self.strategy.fit_model(lambda: state_spec(build_model(config.server.model,
                                                                              num_classes=config.server.num_classes))):
             raise ValueError(f"strategy {self.strategy.name}: {problem}")

@@ -36,7 +36,8 @@ class StartScores:
 
     def __init__(self, evaluator: Callable[[NamedArrays], dict[str, float]] | None) -> None:
         self.evaluator = evaluator
-        self._scores: dict[str, dict] = {}
+        self._scores: dict[str, dict] = {}  # the last round's start models' evaluations, and the published model's
+        self._round, self._carried = 0, self._scores  # the round being closed, and the evaluations it found
 
     def known(self, key: str, evaluation: dict) -> None:
         self._scores[key] = evaluation
@@ -49,12 +50,17 @@ class StartScores:
                  start_model: Callable[[str], NamedArrays], limit: int) -> dict:  # fmt: skip
         """``personal_metrics`` of a round whose counted ``updates`` came from agents that started from
         ``start_of`` (agent → model key; ``start_model`` gives an agent's whole start model), with the server's
-        C-GEN of every model it evaluated already and of at most ``limit`` others, drawn with ``round_number``."""
+        C-GEN of the global model in force, of every model it evaluated already and of at most ``limit`` others,
+        drawn with ``round_number``."""
+        if round_number != self._round:  # a close tried again (its checkpoint not written) starts from the same
+            self._round, self._carried = round_number, self._scores
         holder = {key: agent for agent, key in sorted(start_of.items())}  # one agent per model, to fetch it by
         scores: dict[str, dict] = {}
         if self.evaluator is not None:  # None: the models agents are judged by are not the server's to score
-            scores = {key: self._scores[key] for key in holder if key in self._scores}
-            for key in _sample(sorted(set(holder) - set(scores)), limit, round_number):
+            scores = {key: self._carried[key] for key in holder if key in self._carried}
+            left = sorted(set(holder) - set(scores))
+            in_force = [key for key in left if key.startswith(GLOBAL)]  # the global model: scored whatever the limit
+            for key in in_force + _sample([key for key in left if key not in in_force], limit, round_number):
                 scores[key] = self.evaluator(start_model(holder[key]))
         self._scores = scores  # only what this round's agents started from: the cache never grows
         metrics = personal_metrics({u.agent: u.start_eval for u in updates}, start_of, scores)
@@ -73,5 +79,6 @@ class StartScores:
 
 
 def _sample(names: list[str], limit: int, round_number: int) -> list[str]:
-    """At most ``limit`` of ``names``, the same draw for the same round (a rerun scores the same models)."""
+    """At most ``limit`` of ``names``, the same draw for the same round and names (a close tried again scores the same
+    models)."""
     return names if len(names) <= limit else sorted(random.Random(round_number).sample(names, limit))
