@@ -69,10 +69,12 @@ def attackers_of(rows: list[dict]) -> list[str]:
 
 
 def draw_peer_curves(rows: list[dict], election: ElectedModel) -> Figure:
-    """The lead score (accuracy, or mAP@.5) per peer, and beside it the loss (a detector: mAP@.5:.95)."""
+    """The lead score (accuracy, or mAP@.5) per peer, beside it the loss (a detector: mAP@.5:.95), and where the
+    senders reported it the trained C-SPE of each peer's round (``flcore.personal.claimed_personal``)."""
     first, second = curve_panels(rows)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for ax, keys in zip(axes, (first, second), strict=True):
+    panels = [first[:1], second[:1], *([["trained_c_spe"]] if "trained_c_spe" in first else [])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5))
+    for ax, keys in zip(axes, panels, strict=True):
         name = key_label(rows, keys[0]) if keys else None
         if name:
             _draw_peers(ax, rows, keys[0], election)

@@ -168,7 +168,8 @@ def peer_rows(peers: int = 3, rounds: int = 3) -> list[dict]:
              "eval": {"accuracy": round(0.5 + 0.1 * r + 0.01 * i, 6), "loss": round(2.0 - 0.3 * r, 6)},
              "aggregated_from": [n for n in names if n != "peer-3"] if r == 2 else names,
              "rejected": [{"peer": "peer-3", "reason": "bounds: norm"}] if r == 2 else [], "round_s": 1.0,
-             "bytes_sent": 1000, "attackers": [], "attack": None, "mode": "peer"}
+             "bytes_sent": 1000, "attackers": [], "attack": None, "mode": "peer",
+             "personal": {"trained": {"c_spe": 0.9}}}
             for r in range(1, rounds + 1) for i, name in enumerate(names)]  # fmt: skip
 
 

@@ -74,13 +74,15 @@ def test_report_on_a_peer_run_draws_one_curve_per_peer_and_marks_the_elected_mod
     for name in ("curves.png", "agents.png"):
         assert (folder / name).read_bytes()[:8] == PNG
     fig = draw_peer_curves(rows, ElectedModel.read(folder / "election.json", []))
-    score, loss = fig.axes
+    score, loss, trained = fig.axes
     curves = {line.get_label(): list(line.get_ydata()) for line in score.lines}
     assert curves["peer-1 (adopted it)"] == [0.6, 0.7, 0.8]  # each peer its own rounds, in order
     assert curves["peer-3 (kept another)"] == [0.62, 0.72, 0.82]
     [star] = [line for line in score.lines if line.get_label() == "elected model"]
     assert list(star.get_xdata()) == [3] and list(star.get_ydata()) == [0.81]  # peer-2's last round
     assert score.get_title() == "Each peer's accuracy" and loss.get_title() == "Each peer's loss"
+    assert trained.get_title().startswith("Each peer's trained C-SPE")  # the senders' reports
+    assert {line.get_label(): list(line.get_ydata()) for line in trained.lines}["peer-1 (adopted it)"] == [0.9] * 3
     assert fig._suptitle.get_text().startswith("★ elected: peer-2's model (abababababab), adopted by 2 of 3 peers")
 
 
