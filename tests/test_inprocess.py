@@ -33,7 +33,8 @@ def test_an_in_process_federation_learns_spends_its_budget_and_stops_cleanly(tmp
     for row in rows:  # the noise of the round's own clip, with the count's share taken out of z
         expected = policy.update_noise_multiplier(12) * row["aggregation"]["clip_bound"] * (1 + NORM_SLACK) / 12
         assert row["aggregation"]["noise_std"] == pytest.approx(expected, rel=1e-5) and "accuracy" in row["eval"]
-        assert set(row["personal"]) == {"c_gen"}  # the agents' own test scores stay out of what DP publishes
+        # the agents' own test scores stay out of what DP publishes; how many start models were scored is public
+        assert set(row["personal"]) == {"c_gen", "scored"} and row["personal"]["scored"] == 12
     assert (tmp_path / "run" / "global_model.safetensors").exists() and (tmp_path / "run" / "curves.png").exists()
     assert len(result.metrics) == 2 and any(line.startswith("round   2") for line in lines)
 
