@@ -82,13 +82,10 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
 
 
 def run_sim_command(args: argparse.Namespace) -> int:
-    from protocol.daemon import quiet_connection_logs
+    """Refusals come before anything that changes the process (its loggers, its SIGTERM handler)."""
     from protocol.mqtt import BrokerSettings
-    from sim.run import exit_on_sigterm, run_sim
     from sim.start_check import start_warnings
 
-    quiet_connection_logs()
-    exit_on_sigterm()
     if getattr(args, "config", None):
         return _run_experiment(Path(args.config), args.out)
     try:
@@ -104,6 +101,9 @@ def run_sim_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"skyfed {args.command}: {exc}", file=sys.stderr)
         return 2
+    from sim.run import run_sim
+
+    _take_over_process()
     print(
         f"SkyFed {args.command}: {settings.agents} agents, {settings.rounds} rounds, "
         f"{f'dataset {settings.dataset}, ' if settings.dataset else ''}model {settings.model}, "
@@ -134,6 +134,16 @@ def run_sim_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _take_over_process() -> None:
+    """A run prints its own lines (the MQTT and broker start-up logs are noise) and stops what it started on
+    SIGTERM."""
+    from protocol.daemon import quiet_connection_logs
+    from sim.run import exit_on_sigterm
+
+    quiet_connection_logs()
+    exit_on_sigterm()
+
+
 def _check_cluster(spec: str, settings, broker: str | None) -> None:  # noqa: ANN001 - a SimSettings
     """``--broker-cluster``: well-formed, and with neither --broker, --in-process nor peer mode."""
     from sim.nats_cluster import parse_cluster_spec
@@ -152,6 +162,7 @@ def _run_experiment(path: Path, out: str) -> int:
     except (OSError, ValueError) as exc:
         print(f"skyfed sim: {exc}", file=sys.stderr)
         return 2
+    _take_over_process()
     folder = Path(out if out != "runs/sim" else f"runs/{path.stem}")
     runs = len(experiment.conditions) * len(experiment.methods) * len(experiment.seeds)
     print(f"SkyFed experiment {experiment.title!r}: {runs} runs into {folder}/ (resumes if interrupted)")

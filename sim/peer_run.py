@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from protocol.scores import personal_score
 from sim.federation import SimSettings
 from sim.launch import SimResult, fresh_run_folder, late_note, run_broker, spawn_agents, terminate
 from sim.peer_federation import create_peer_federation
+from sim.report_rows import elected_sha
 
 
 def run_peer_sim(settings: SimSettings, out: Path, *, broker_address: str | None = None, echo=print) -> SimResult:  # noqa: ANN001
@@ -85,12 +85,6 @@ def collect_peer_results(work: Path, out: Path, names: list[str], settings: SimS
         final_eval = shared_test_evaluation(work, settings, out / "global_model.safetensors")
     (out / "election.json").write_text(json.dumps(elections, indent=1))
     return SimResult(out=out, metrics=[], seconds=time.monotonic() - started, final_eval=final_eval, peer_rounds=lines)
-
-
-def elected_sha(elections: dict[str, dict], attackers: list[str]) -> str | None:
-    """The model the honest peers adopted most often in the BestAgg election (None: none adopted one)."""
-    votes = Counter(e["sha256"] for name, e in elections.items() if name not in attackers)
-    return votes.most_common(1)[0][0] if votes else None
 
 
 def shared_test_evaluation(work: Path, settings: SimSettings, model: Path) -> dict:

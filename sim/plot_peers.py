@@ -15,9 +15,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from sim.peer_run import elected_sha
 from sim.plots import curve_panels, key_label, plt, round_axis, series
-from sim.report_rows import label, names
+from sim.report_rows import elected_sha, label, names
 
 NO_LINE, AGGREGATED, KEPT = 0, 1, 2  # a cell of the peers' grid: no row, a new aggregate, the aggregate refused
 GRID_COLOURS = ("white", "tab:green", "tab:orange")
@@ -29,7 +28,7 @@ MAX_GRID = 1000  # peers in the grid of rounds
 
 @dataclass
 class ElectedModel:
-    """What the run's peers adopted at the end: the elected model (``sim.peer_run.elected_sha``), who holds it
+    """What the run's peers adopted at the end: the elected model (``sim.report_rows.elected_sha``), who holds it
     and whose model it was."""
 
     sha: str | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,12 @@ from protocol.scores import row_headline
 MAX_ROUND = 10**9  # a round number beyond this is not a round any run reached
 MAX_VALUE = 1e12  # a score or loss beyond this is drawn as a gap: it would squash every other point
 MAX_NAME = 32  # characters of a name drawn on a plot
+
+
+def elected_sha(elections: dict[str, dict], attackers: list[str]) -> str | None:
+    """The model the honest peers adopted most often in the BestAgg election (None: none adopted one)."""
+    votes = Counter(e["sha256"] for name, e in elections.items() if name not in attackers)
+    return votes.most_common(1)[0][0] if votes else None
 
 
 @dataclass

@@ -14,7 +14,7 @@ from protocol.scores import headline_text
 
 def summary_lines(out: Path, metrics: list[RoundMetrics], final_eval: dict, *, seconds: float,
                   attackers: list[str] = ()) -> list[str]:  # fmt: skip
-    """``attackers``: peers whose decision the election leaves out (``sim.peer_run.elected_sha``)."""
+    """``attackers``: peers whose decision the election leaves out (``sim.report_rows.elected_sha``)."""
     score = headline(final_eval)
     name = "mAP@.5" if "map50" in final_eval else "accuracy"
     lines = [f"done in {seconds:.1f} s; final {name} {score}; results in {out}/"]
@@ -30,11 +30,11 @@ def summary_lines(out: Path, metrics: list[RoundMetrics], final_eval: dict, *, s
 
 
 def _election_lines(path: Path, attackers: list[str]) -> list[str]:
-    """Which peers hold the elected model (``sim.peer_run.elected_sha``, the one the sim saved), from the sim's
+    """Which peers hold the elected model (``sim.report_rows.elected_sha``, the one the sim saved), from the sim's
     ``election.json``; a decision that is not an object with a ``sha256`` is left out."""
     if not path.exists():
         return []
-    from sim.peer_run import elected_sha  # peer mode only: it imports the peer daemon
+    from sim.report_rows import elected_sha
 
     read = json.loads(path.read_text())
     elections = {name: e for name, e in read.items() if isinstance(e, dict) and isinstance(e.get("sha256"), str)}

@@ -114,13 +114,13 @@ def test_a_rogue_of_three_sending_its_step_reversed_and_boosted_is_screened_out(
     """Over the real broker and daemons: before the federation's own bounds, this rogue took the loss to
     1.5e11 in four committed rounds, after which every honest update was non-finite."""
     address, attack = f"{broker.host}:{broker.port}", "scale:-20+samples:1000000000000"
-    common = {"agents": 3, "rounds": 8, "broker": address, "echo": None}
+    common = {"agents": 3, "rounds": 6, "broker": address, "echo": None}
     clean = run_federation(out=tmp_path / "clean", federation="clean", **common)
     rogue = run_federation(out=tmp_path / "rogue", federation="rogue", attackers=1, attack=attack, **common)
-    assert [m.outcome for m in rogue.metrics] == ["committed"] * 8
+    assert [m.outcome for m in rogue.metrics] == ["committed"] * 6
     attacker = SimSettings(agents=3, attackers=1, attack=attack).attacker_names()
     screened_out = [sorted(m.aggregation.get("screened", {})) for m in rogue.metrics]
-    assert sum(s == attacker for s in screened_out) >= 6, screened_out
+    assert sum(s == attacker for s in screened_out) >= 4, screened_out
     assert rogue.final_eval["accuracy"] >= clean.final_eval["accuracy"] - 0.10
     assert all(m.duration_s < 60 for m in rogue.metrics)  # no round waited out its deadline
 
