@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from broker_server.privacy.dp_epsilon import epsilon_of
 from flcore.bounds import InfluencePolicy
 from flcore.strategies import STRATEGIES, build_strategy
 from flcore.strategies.choice import StrategyNote
@@ -82,8 +83,6 @@ class PrivacyPolicy:
         if self.adaptive_clip:
             self._check_adaptive()
         if self.enabled and self.target_epsilon:
-            from broker_server.privacy.dp_epsilon import epsilon_of  # dp-accounting takes 1.4 s to load: only here
-
             one_round = epsilon_of(((self.noise_multiplier, 1),), self.delta)
             if one_round > self.target_epsilon:
                 raise ValueError(
