@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agent.device import check_device_spec
 from agent.peer.plan import FederationSection
-from agent.telemetry import GatePolicy, TelemetrySection, check_gate_sources
+from agent.telemetry import GatePolicy, TelemetrySection, check_availability, check_gate_sources
 from participant.local_dp import LocalPrivacySection
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, refuse_unused, table
 from protocol.mqtt import BrokerSettings
@@ -172,6 +172,7 @@ def load_agent_config(path: Path) -> AgentConfig:
             metrics=table(path, data, "metrics", MetricsSection, required=False),
         )
         check_gate_sources(config.gate, config.telemetry)
+        check_availability(config.gate, config.agent.id)
         check_level("agent.id", config.agent.id)
         if config.training.trainer == "detector" and config.agent.test_data:
             raise ValueError('agent.test_data (a local test split .npz) is for training.trainer = "classifier"; '

@@ -73,7 +73,7 @@ class EdgeNode(MqttDaemon):
         self.topics = Topics(config.agent.federation)
         self.identity = identity
         self.role = role
-        self.telemetry = Telemetry(config.telemetry, config.gate)  # the device gate; its readers start with the loop
+        self.telemetry = Telemetry(config.telemetry, config.gate, agent=self.id)  # the device gate; readers start later
         self.clock = ClockSkew()
         self.echo = PublishEcho()  # its own status coming back: the broker does not drop what it sends
         self.session = self._next_session = 0.0  # the connection's last will, by time (broker_server.agents.registry)

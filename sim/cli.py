@@ -78,6 +78,7 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         regions=args.regions,
         attack_regions=args.attack_regions,
         prometheus_port=args.prometheus_port,
+        availability=args.availability,
     )
 
 
@@ -328,6 +329,10 @@ def _add_sim_options(
         help="N honest agents train --slowdown times slower (devices of unequal speed; see the threshold option)",
     )  # fmt: skip
     parser.add_argument("--slowdown", type=float, default=4.0, metavar="F", help="how many times slower (default 4)")
+    parser.add_argument("--availability", default="", metavar="SPEC",
+                        help="a fleet that comes and goes: flights:on=4m,off=20m[,jitter=1m] (each agent its own "
+                             "phase) or a CSV of online intervals (agent,start_s,end_s); each agent's gate opens "
+                             "and closes on it (docs/cli.md)")  # fmt: skip
     parser.add_argument("--prometheus-port", type=int, default=0, metavar="P",
                         help="serve the server's Prometheus metrics at http://127.0.0.1:P/metrics ([metrics] of "
                              "server.toml; docs/monitoring.md)")  # fmt: skip

@@ -11,6 +11,7 @@ so ``skyfed server run --config <root>/server/server.toml`` works on it exactly 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from models.datasets import load_npz
 from models.own import is_reference
 from protocol.config import write_toml
 from security.keys import Identity, enroll
+from sim.availability import describe, gate_table, round_sizes
 from sim.classify_layout import POOL_FILE, Sharing, describe_partition, write_classify_data
 from sim.nats_cluster import spread_broker_table
 from sim.scale import agents_export_onnx, status_interval_s
@@ -85,6 +87,8 @@ def create_federation(
     """Write everything a federation of ``settings.agents`` agents needs under ``root``; with a ``cluster`` (its
     nodes' HOST:PORT) the server and the agents connect to its nodes in turn, each with the others as fallbacks."""
     server_data, agent_data, description = write_data(root, settings)
+    description += describe(settings.availability, node_names(settings))
+    origin = time.time()  # the fleet's time zero for an availability trace
     pool_data = server_data.pop("pool", None)  # [pool] data: the server's shared pool, when the sim carved one
     trainer = "detector" if settings.task == "detect" else "classifier"
     nodes = cluster or [f"{broker[0]}:{broker[1]}"]
@@ -113,8 +117,8 @@ def create_federation(
             "keys": {"identity": "server.key", "enrolled": "enrolled"},
             "rounds": {
                 "fraction": settings.fraction,
-                "min_agents": selected,  # all of them unless --fraction: the run starts once they are online
-                "quorum": max(1, selected // 2),
+                **round_sizes(settings.availability, node_names(settings), selected),  # the run starts once
+                # all (unless --fraction or --availability) are online
                 "deadline_s": settings.deadline_s,
             },
             "training": {
@@ -159,6 +163,7 @@ def create_federation(
                              **({"model": settings.model} if is_reference(settings.model) else {}),
                              **({"worker": settings.worker} if settings.worker != "deployed" else {})},
                 "privacy": settings.local_privacy,
+                **gate_table(settings.availability, origin),
             },
         )
         agent_configs[name] = agent_dir / "agent.toml"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from protocol.config import read_toml, write_toml
 from security.keys import Identity, PublicIdentity, enroll
+from sim.availability import round_sizes
 from sim.federation import FederationLayout, SimSettings, create_federation
 
 ROOT_DEADLINE_FACTOR = 2.0  # the root waits for a whole regional round: more than a regional deadline
@@ -77,7 +78,7 @@ def _region_node(directory: Path, region: str, agents: list[str], root_config: d
     config = {key: dict(value) for key, value in root_config.items() if key not in ("pool", "metrics")}  # root's
     config["server"] |= {"federation": federation, "rounds": 0, "eval_data": str(flat.root / "server" / "test.npz")}
     config["broker"] = broker_table
-    config["rounds"] |= {"min_agents": selected, "quorum": max(1, selected // 2)}
+    config["rounds"] |= round_sizes(settings.availability, agents, selected)
     config["upstream"] = {"id": region, "federation": settings.federation, "identity": f"{region}.key",
                           "server": "root.pub"}  # fmt: skip
     write_toml(directory / "server.toml", config)

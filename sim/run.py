@@ -117,7 +117,8 @@ def run_sim(
     for m in metrics:  # the last rounds' messages may still be on their way when the server exits
         if m.round not in shown:
             echo(format_round(m, m.finished_at - wall_started))
-    extra = {"attackers": attackers, "attack": settings.attack or None, "slow_agents": settings.slow_names()}
+    extra = {"attackers": attackers, "attack": settings.attack or None, "slow_agents": settings.slow_names(),
+             "availability": settings.availability or None}
     return collect_results(state, out, extra, metrics, started)
 
 

@@ -71,6 +71,7 @@ class SimSettings:
     attack_regions: int = 0  # with regions: the first K regional aggregators send --attack up (sim.rogue_region)
     mode: str = "client"  # "peer": no server, the agents federate among themselves (sim.peer_run, agent.peer)
     prometheus_port: int = 0  # the server's [metrics] prometheus_port (0: no endpoint)
+    availability: str = ""  # every agent's [gate] availability trace (sim.availability); "": always there
 
     def __post_init__(self) -> None:
         from agent.config import WORKERS
@@ -141,6 +142,11 @@ class SimSettings:
             raise ValueError("--attack-regions K needs --regions R: the first K regional aggregators attack their root")
         if self.attack:
             Attack.parse(self.attack)
+        if self.availability:
+            from sim.availability import absolute_spec, check_spec
+
+            object.__setattr__(self, "availability", absolute_spec(self.availability))
+            check_spec(self.availability, agent_names(1 if self.pooled else self.running_agents))
         if self.in_process and self.slow_agents:
             raise ValueError("--in-process runs its agents at one speed (no deadlines): drop --slow-agents")
         if self.regions:

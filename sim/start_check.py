@@ -41,6 +41,7 @@ NOT_READ: dict[str, dict[str, str]] = {
         "agents_per_process": "its agents are no processes",
         "worker": "its trainers run in this process, without a training child",
         "deadline_s": "every selected agent delivers, so no round waits for a deadline",
+        "availability": "its agents have no device gate and no clock of their own: run them as daemons",
     },
     "--task classify": {
         "image_size": "it is the detector's image size",

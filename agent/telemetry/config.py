@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from agent.telemetry.availability import parse_availability
+
 _RANGE = re.compile(r"^(\d\d):(\d\d)-(\d\d):(\d\d)$")
 
 
@@ -42,6 +44,8 @@ class GatePolicy:
     max_temperature_c: float = 0.0  # skip above this (hottest thermal zone or power board); 0 = off
     quiet_hours: tuple[str, ...] = ()  # local-time ranges such as "22:00-06:00" (may cross midnight)
     stale_after_s: float = 10.0  # a needed source silent this long closes the gate (fail closed)
+    availability: str = ""  # a sim's drone pattern or CSV trace (agent.telemetry.availability); "" = off
+    availability_origin: float = 0.0  # the fleet's time zero for the trace, Unix seconds; 0 = this agent's start
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_battery_pct <= 100:
@@ -50,6 +54,14 @@ class GatePolicy:
             raise ValueError(f"gate.max_temperature_c must be in 0..150 °C (0 = off), got {self.max_temperature_c}")
         if self.stale_after_s <= 0:
             raise ValueError(f"gate.stale_after_s must be > 0 seconds, e.g. 10, got {self.stale_after_s}")
+        if self.availability_origin < 0:
+            raise ValueError(f"gate.availability_origin must be Unix seconds >= 0 (0 = the agent's start), "
+                             f"got {self.availability_origin}")
+        if self.availability:
+            try:
+                parse_availability(self.availability)
+            except ValueError as exc:
+                raise ValueError(f"gate.availability = {self.availability!r}: {exc}") from None
         for i, text in enumerate(self.quiet_hours):
             try:
                 quiet_range(text)
@@ -95,3 +107,12 @@ def check_gate_sources(gate: GatePolicy, telemetry: TelemetrySection) -> None:
             f"gate.max_temperature_c = {gate.max_temperature_c:g} needs a temperature source: "
             'set telemetry.thermal_zones (e.g. "/sys/class/thermal") or telemetry.power_serial'
         )
+
+
+def check_availability(gate: GatePolicy, agent: str) -> None:
+    """Refuse a CSV trace without rows for this agent (it would never train)."""
+    if gate.availability:
+        try:
+            parse_availability(gate.availability).check_agents([agent])
+        except ValueError as exc:
+            raise ValueError(f"gate.availability: {exc}") from None

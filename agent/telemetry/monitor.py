@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 
+from agent.telemetry.availability import Availability, parse_availability
 from agent.telemetry.config import GatePolicy, TelemetrySection
 from agent.telemetry.gate import gate_reasons
 from agent.telemetry.power import LineSerialSource
@@ -22,8 +23,14 @@ from agent.telemetry.thermal import ThermalZones
 class Telemetry:
     """Start with ``start()`` (or ``with``); safe to read from any thread."""
 
-    def __init__(self, section: TelemetrySection, policy: GatePolicy, *, retry_s: float = RETRY_S) -> None:
+    def __init__(
+        self, section: TelemetrySection, policy: GatePolicy, *, agent: str = "", retry_s: float = RETRY_S
+    ) -> None:
         self.policy = policy
+        self.availability = None  # a sim's flights in place of a flight controller (agent.telemetry.availability)
+        if policy.availability:
+            origin = policy.availability_origin or time.time()
+            self.availability = Availability(parse_availability(policy.availability), agent, origin)
         self.serial: list[SerialSource] = []
         if section.mavlink:
             from agent.telemetry.mavlink import MavlinkSource  # its dialect costs ~6 MB: only when configured
@@ -56,7 +63,10 @@ class Telemetry:
 
     def reasons(self) -> list[str]:
         """Why this agent must not train now; empty when it may."""
-        return gate_reasons(self.policy, self.snapshot(), time.monotonic(), dt.datetime.now().time())
+        reasons = gate_reasons(self.policy, self.snapshot(), time.monotonic(), dt.datetime.now().time())
+        if self.availability is not None and (away := self.availability.reason(time.time())):
+            reasons.append(away)
+        return reasons
 
     def summary(self) -> dict[str, dict[str, object]]:
         """Each source's values and age, for the agent's status (``telemetry``)."""
