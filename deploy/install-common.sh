@@ -651,11 +651,14 @@ PY
     put_file "$readme" "$(at "$(dirname "$VENV")")/README.md" 0644 0:0 || true
 }
 
+# Whether systemd manages this system now (sd_booted(3)); not in a chroot, a container or an image build.
+systemd_running() { [[ -d /run/systemd/system ]]; }
+
 install_unit() {
     ensure_dir "$(at /etc/systemd/system)" 0755 0:0
     if put_file "$DEPLOY_DIR/systemd/$UNIT" "$(at "/etc/systemd/system/$UNIT")" 0644 0:0; then
         SERVICE_CHANGED=1
-        [[ -n $ROOT ]] || systemctl daemon-reload
+        [[ -n $ROOT ]] || ! systemd_running || systemctl daemon-reload
     fi
 }
 
@@ -671,6 +674,11 @@ start_service() {
             systemctl --root="$ROOT" --quiet enable "$UNIT" 2>/dev/null
             say "  enabled $UNIT in $ROOT (not started: --root)"
         fi
+        return
+    fi
+    if ! systemd_running; then
+        note "systemd is not running here (a chroot, container or image build): $UNIT is installed, not enabled;" \
+            "on the booted device: systemctl enable --now $UNIT"
         return
     fi
     systemctl is-enabled --quiet "$UNIT" || systemctl enable "$UNIT"
@@ -748,7 +756,7 @@ uninstall() {
         say "  removed $unit_path"
     fi
     role_uninstall
-    [[ -n $ROOT ]] || systemctl daemon-reload
+    [[ -n $ROOT ]] || ! systemd_running || systemctl daemon-reload
     if [[ -e $other ]]; then
         say "  kept $(at "$venv"): $OTHER_UNIT uses it"
     else
