@@ -3,7 +3,8 @@
 Every agent's agent.toml gets the trace in its ``[gate]`` with the run's start as the fleet's origin, so each
 agent's own gate opens and closes on it, as a drone's does on landing and take-off, in every shape of run
 (server and agents, peers, regions). A synchronous server that waited for all its agents to be online would
-never start, so rounds start and close on half the agents the trace expects online.
+never start, so a round starts once as many agents are there as the trace expects online on average, and
+closes on half of them.
 """
 
 from __future__ import annotations
@@ -34,12 +35,10 @@ def gate_table(spec: str, origin: float) -> dict[str, Any]:
 
 
 def round_sizes(spec: str, agents: list[str], selected: int) -> dict[str, int]:
-    """``[rounds]`` ``min_agents`` and ``quorum`` for ``selected`` agents a round: every one online to start and
-    half of them to close, or under a trace half of those it expects online (at least one)."""
-    if not spec:
-        return {"min_agents": selected, "quorum": max(1, selected // 2)}
-    needed = max(1, int(parse_availability(spec).online_fraction(agents) * selected / 2))
-    return {"min_agents": needed, "quorum": needed}
+    """``[rounds]`` ``min_agents`` and ``quorum`` for ``selected`` agents a round: every one online to start, or
+    under a trace as many as it expects online on average (at least one); half of those to close."""
+    needed = max(1, round(parse_availability(spec).online_fraction(agents) * selected)) if spec else selected
+    return {"min_agents": needed, "quorum": max(1, needed // 2)}
 
 
 def describe(spec: str, agents: list[str]) -> list[str]:

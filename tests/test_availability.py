@@ -127,7 +127,7 @@ def test_sim_settings_check_the_trace_against_the_fleet_and_size_rounds_on_who_i
     with pytest.raises(ValueError, match="--availability is not available with --in-process"):
         SimSettings(agents=2, availability="trace.csv", in_process=True)
     assert round_sizes("", agent_names(20), 20) == {"min_agents": 20, "quorum": 10}
-    assert round_sizes("flights:on=5m,off=15m", agent_names(20), 20) == {"min_agents": 2, "quorum": 2}
+    assert round_sizes("flights:on=5m,off=15m", agent_names(20), 20) == {"min_agents": 5, "quorum": 2}
 
 
 def test_peers_get_the_trace_in_their_own_gate_from_one_origin(tmp_path):
@@ -152,7 +152,7 @@ def test_a_sim_under_a_trace_runs_its_rounds_on_the_agents_that_are_there(tmp_pa
     result = sim_run.run_sim(settings, tmp_path / "run", broker_address=broker.address, echo=lines.append)
     assert [m.round for m in result.metrics] == [1, 2]
     assert all(sorted(m.accepted) == ["agent-01", "agent-02"] for m in result.metrics)
-    assert any(line.startswith(f"  availability: {trace} (each agent online 83% of the time") for line in lines)
+    assert f"  availability: {trace} (each agent online 83% of the time; rounds start on 2)" in lines
     assert metrics_rows(tmp_path / "run")[0]["availability"] == trace
     log = (tmp_path / "run" / "federation" / "logs" / "agent-01..agent-03.log").read_text()
     assert "gate closed: away: the availability trace has this agent offline (back in 1h2" in log
