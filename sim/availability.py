@@ -1,10 +1,10 @@
 """``skyfed sim --availability SPEC``: a fleet that comes and goes (agent.telemetry.availability).
 
 Every agent's agent.toml gets the trace in its ``[gate]`` with the run's start as the fleet's origin, so each
-agent's own gate opens and closes on it, as a drone's does on landing and take-off, in every shape of run
-(server and agents, peers, regions). A synchronous server that waited for all its agents to be online would
-never start, so a round starts once as many agents are there as the trace expects online on average, and
-closes on half of them.
+agent's own gate opens and closes on it, as a drone's does on landing and take-off, with a server and with
+regions (a peer run ends once every peer has run every round, so it refuses a trace that would keep one away).
+A synchronous server that waited for all its agents to be online would never start, so a round starts once as
+many agents are there as the trace expects online on average, and closes on half of them.
 """
 
 from __future__ import annotations

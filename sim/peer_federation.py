@@ -12,12 +12,10 @@ same settings (``sim.federation.write_data``), its evaluation set under ``<root>
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from protocol.config import write_toml
 from security.keys import Identity, enroll
-from sim.availability import describe, gate_table
 from sim.federation import FederationLayout, agent_names, write_data
 from sim.settings import SimSettings, peer_plan
 
@@ -26,8 +24,6 @@ def create_peer_federation(root: Path, settings: SimSettings, broker: tuple[str,
     """Write everything ``settings.agents`` peers need under ``root``."""
     names = agent_names(settings.agents)
     _, agent_data, description = write_data(root, settings)
-    description += describe(settings.availability, names)
-    origin = time.time()  # the fleet's time zero for an availability trace
     trainer = "detector" if settings.task == "detect" else "classifier"
     identities = {name: Identity.generate(name) for name in names}
     configs = {}
@@ -44,7 +40,6 @@ def create_peer_federation(root: Path, settings: SimSettings, broker: tuple[str,
             "training": {"trainer": trainer, "threads": 1,
                          **({"worker": settings.worker} if settings.worker != "deployed" else {})},
             "federation": peer_plan(settings),
-            **gate_table(settings.availability, origin),
         })  # fmt: skip
         configs[name] = folder / "agent.toml"
     return FederationLayout(root, root / "server" / "none", configs, description)

@@ -30,6 +30,8 @@ NOT_READ: dict[str, dict[str, str]] = {
         "optimizer": "the peers' round plan ([federation]) trains with SGD",
         "keep_momentum": "the peers' round plan ([federation]) has no momentum carry-over",
         "local_privacy": "the sim writes no [privacy] into a peer's agent.toml",
+        "availability": "a peer run ends once every peer has run every round, so a peer the trace keeps away "
+                        "holds it open",
     },
     "--regions": {
         "mode": "regions are servers",

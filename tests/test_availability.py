@@ -11,7 +11,6 @@ from agent.telemetry.availability import Availability, Flights, parse_availabili
 from sim import run as sim_run
 from sim.availability import round_sizes
 from sim.federation import SimSettings, create_federation
-from sim.peer_federation import create_peer_federation
 from sim.settings import agent_names
 from tests.liveharness import metrics_rows
 
@@ -130,14 +129,15 @@ def test_sim_settings_check_the_trace_against_the_fleet_and_size_rounds_on_who_i
     assert round_sizes("flights:on=5m,off=15m", agent_names(20), 20) == {"min_agents": 5, "quorum": 2}
 
 
-def test_peers_get_the_trace_in_their_own_gate_from_one_origin(tmp_path):
+def test_every_agent_gets_the_trace_in_its_own_gate_from_one_origin(tmp_path):
     spec = "flights:on=5m,off=15m"
-    settings = SimSettings(agents=2, rounds=1, mode="peer", availability=spec)
-    layout = create_peer_federation(tmp_path, settings, ("127.0.0.1", 1883))
+    layout = create_federation(tmp_path, SimSettings(agents=2, rounds=1, availability=spec), ("127.0.0.1", 1883))
     gates = [load_agent_config(path).gate for path in layout.agent_configs.values()]
     assert {(g.availability, g.availability_origin) for g in gates} == {(spec, gates[0].availability_origin)}
     assert abs(gates[0].availability_origin - time.time()) < 60
-    assert layout.description[-1].startswith(f"availability: {spec} (each agent online 25% of the time")
+    assert layout.description[-1] == f"availability: {spec} (each agent online 25% of the time; rounds start on 1)"
+    with pytest.raises(ValueError, match="--availability is not available with --mode peer: a peer run ends once"):
+        SimSettings(agents=2, mode="peer", availability=spec)
 
 
 @pytest.mark.integration
