@@ -97,17 +97,10 @@ def mount_system(root: Path, stack: ExitStack) -> None:
 
 
 def copy_source(root: Path) -> Path:
-    """The checkout's build files and packages (as the installer stages them), at /opt/skyfed-src in the root."""
+    """The checkout at /opt/skyfed-src in the root, less its venv and history (the installer stages the rest)."""
     target = root / "opt" / "skyfed-src"
     shutil.rmtree(target, ignore_errors=True)
-    target.mkdir(parents=True)
-    for name in ("setup.cfg", "pyproject.toml", "README.md", "constraints.txt"):
-        if (CHECKOUT / name).exists():
-            shutil.copy2(CHECKOUT / name, target / name)
-    for init in CHECKOUT.glob("*/__init__.py"):
-        if init.parent.name not in ("tests", "benchmarks"):
-            shutil.copytree(init.parent, target / init.parent.name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(CHECKOUT / "deploy", target / "deploy")
+    shutil.copytree(CHECKOUT, target, ignore=shutil.ignore_patterns(".git", ".venv", "runs", "__pycache__"))
     return target
 
 
@@ -158,13 +151,13 @@ def in_root(root: Path, *argv: str, user: str | None = None) -> list[str]:
 
 def wait_for_rounds(metrics: Path, server: subprocess.Popen, agent: subprocess.Popen, rounds: int, limit_s: float
                     ) -> list[dict]:  # fmt: skip
+    """The server's metrics rows once ``rounds`` are in, either daemon exited, or ``limit_s`` passed."""
     deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
+    while True:
         rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
-        if len(rows) >= rounds or server.poll() is not None or agent.poll() is not None:
+        if len(rows) >= rounds or server.poll() is not None or agent.poll() is not None or time.monotonic() > deadline:
             return rows
         time.sleep(2)
-    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
 
 
 def main() -> None:

@@ -77,4 +77,5 @@ def run_region_sim(settings: SimSettings, out: Path, *, echo=print) -> SimResult
         target.mkdir(parents=True, exist_ok=True)
         if (source := path.parent / "state" / "metrics.jsonl").exists():
             shutil.copy(source, target / "metrics.jsonl")
-    return collect_results(work / "server" / "state", out, {"regions": layout.members}, metrics, started)
+    extra = {"regions": layout.members, "availability": settings.availability or None}
+    return collect_results(work / "server" / "state", out, extra, metrics, started)

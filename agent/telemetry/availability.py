@@ -48,7 +48,7 @@ def duration_text(seconds: float) -> str:
 
 
 class Timeline:
-    """One agent's toggles: online from ``starts[i]`` to ``ends[i]``, away in between; ``extend`` adds more."""
+    """One agent's toggles: online from ``starts[i]`` to ``ends[i]``, away in between."""
 
     def __init__(self) -> None:
         self.starts: list[float] = []
