@@ -227,7 +227,7 @@ class EdgeAgent:
                 log.warning("cannot train this federation's model: %s", refusal)
             self.report.publish(force=True)
         if task is not None:
-            self.client.drop_closed(task.round, folds=self.id in task.late)
+            self.client.drop_closed(task.round, folds=self.id in task.late, late_rounds=task.late_rounds)
         gated = self.edge.telemetry.reasons()
         if gated:
             return self._gated(gated)
@@ -279,7 +279,8 @@ class EdgeAgent:
         task, gated = training.task, self.edge.telemetry.reasons()
         revoked = f"revoked by the server: {self.revoked}" if self.revoked else ""
         newest = self.task.round if self.task is not None else task.round
-        folds = self.task is not None and newest == task.round + 1 and self.id in self.task.late  # flcore.late
+        folds = self.task is not None and 0 < newest - task.round <= self.task.late_rounds and \
+            self.id in self.task.late  # flcore.late  # fmt: skip
         cancel = next(filter(None, (
             f"gate closed: {'; '.join(gated)}" if gated else "",
             revoked,

@@ -236,7 +236,7 @@ def load_server_config(path: Path) -> ServerConfig:
         raise ConfigError(f"{path}: {exc}") from None
     if problem := model_problem(config.server):
         raise ConfigError(f"{path}: {problem}")
-    if problem := task_problem(config) or pool_problem(config) or upstream_problem(config):
+    if problem := task_problem(config) or pool_problem(config) or upstream_problem(config) or async_problem(config):
         raise ConfigError(f"{path}: {problem}")
     if config.server.rounds < 0:
         raise ConfigError(f"{path}: server.rounds must be >= 0 (0 = run forever), got {config.server.rounds}")
@@ -276,6 +276,28 @@ def upstream_section(path: Path, data: dict[str, Any]) -> UpstreamSection | None
     if broker is None:
         return section
     return replace(section, broker=broker_settings(path, {"upstream.broker": broker}, "upstream.broker"))
+
+
+def async_problem(config: ServerConfig) -> str:
+    """Why ``rounds.mode = "async"`` does not fit the rest of the configuration, or ``""``."""
+    from flcore.strategies import build_strategy
+    from flcore.strategies.capabilities import averaging_choices
+
+    if not config.rounds.is_async:
+        return ""
+    built = build_strategy(config.privacy.strategy_table(config.strategy)[0])
+    why = (
+        f"strategy {built.name!r} gives agents models of their own, and a buffer folds updates into one global model "
+        f"(choose {averaging_choices()})" if built.keeps_models or built.swaps or built.personal_part else
+        "strategy.threshold: a buffer closes at rounds.buffer updates (set that instead)" if built.threshold else
+        "[upstream]: a region's rounds follow its root's (asynchronous regions are not built)"
+        if config.upstream is not None else
+        "[pool]: the shared pool trains once per synchronous round (not built for buffers)" if config.pool.enabled else
+        f'[privacy] with rounds.staleness = "{config.rounds.staleness}": the noise covers one clipped update per '
+        'agent at full weight; set rounds.staleness = "constant"'
+        if config.privacy.enabled and config.rounds.staleness_fn.kind != "constant" else ""
+    )  # fmt: skip
+    return f'rounds.mode = "async" with {why}' if why else ""
 
 
 def upstream_problem(config: ServerConfig) -> str:

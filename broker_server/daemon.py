@@ -58,6 +58,7 @@ from security.keys import GroupKey, Identity, Keyring
 
 log = logging.getLogger("skyfed.server")
 
+JOIN_INTERVAL_S = 1.0  # asynchronous rounds: idle agents are asked to join the open buffer at most this often
 
 
 class Aggregator(MqttDaemon):
@@ -100,6 +101,7 @@ class Aggregator(MqttDaemon):
         self._unsaved: dict[str, Completed] = {}  # authenticated updates whose acceptance could not be written
         self._held_late: dict[str, Completed] = {}  # late updates that arrived between two rounds (flcore.late)
         self.phase = "starting"
+        self._next_join = 0.0  # asynchronous rounds: when idle agents are next asked to join the open buffer
         self.ignored = IgnoredAgents(config.enrolled_dir, keyring, fed, self.rejections)
         self.tasks = TaskPublisher(self.mqtt, self.topics.round, self.identity)
         parts = {"mqtt": self.mqtt, "topics": self.topics, "identity": self.identity, "clock": clock}
@@ -227,8 +229,10 @@ class Aggregator(MqttDaemon):
                 return
             self.trust.rotate_on_schedule(self.engine.next_round)
             eligible = self.registry.eligible(self.group_keys.key.key_id, now)
+            busy = self.registry.busy(now) | set(self._held_late)  # a held late update joins the round: so not they
             with self.disk.writing(now, self.engine.state.durably("round start")):
-                if self.engine.begin_round(eligible, now, enrolled=self.registry.keyring.names()) is not None:
+                if self.engine.begin_round(eligible, now, enrolled=self.registry.keyring.names(),
+                                           busy=busy) is not None:  # fmt: skip
                     if self.regional is not None:
                         self.regional.begun()
                     self._announce(reannounce=False)
@@ -242,6 +246,8 @@ class Aggregator(MqttDaemon):
                     self._accept(completed)
         elif action == "close":
             self._close(now)
+        elif action == "wait" and self.config.rounds.is_async and now >= self._next_join:
+            self._join(now)
         elif action == "reannounce":
             with self.disk.writing(now, self.engine.state.durably("round re-announcement")):
                 self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id, now), now)
@@ -273,6 +279,27 @@ class Aggregator(MqttDaemon):
             self.pool_rounds.start(task)
         self.report.publish(force=True)
 
+    def _join(self, now: float) -> None:
+        """An asynchronous round: idle agents online join the open buffer (``AsyncRounds.join``), at most once
+        every ``JOIN_INTERVAL_S``: each join publishes the task again, which every agent receives."""
+        self._next_join = now + JOIN_INTERVAL_S
+        idle = self.engine.health.available(self.registry.eligible(self.group_keys.key.key_id, now),
+                                            self.engine.next_round, now)  # fmt: skip
+        if self.config.privacy.enabled:
+            idle = self.engine.ledger.affordable(idle)
+        joined: list[str] = []
+        with self.disk.writing(now, self.engine.state.durably("agents joining the buffer")):
+            joined = self.engine.buffer.join(idle, self.registry.busy(now))
+        if not joined:
+            return
+        self._publish_task()
+        for agent in joined:
+            self.delivery.send_start(agent)
+        rs = self.engine.round_state
+        assert rs is not None
+        log.info("agents joined round=%d joined=%s buffer=%d/%d", rs.round, ",".join(joined), len(rs.updates),
+                 self.config.rounds.buffer)  # fmt: skip
+
     def _publish_task(self) -> RoundTask:
         """Sign and publish (retained) the open round's task as the engine has it now."""
         published = self.publisher.current
@@ -303,7 +330,7 @@ class Aggregator(MqttDaemon):
             return
         try:
             check_gates(self.engine.round_state, manifest.sender, manifest.round, self.engine.next_round,
-                        self.engine.late.window())  # fmt: skip
+                        self.engine.late.windows())  # fmt: skip
         except NotForThisRound as exc:
             raise TransferRejected(manifest.sender, exc.reason) from None
 
@@ -371,7 +398,7 @@ class Aggregator(MqttDaemon):
         self.mqtt.publish(self.topics.server_history, self.history.payload(), retain=True)
         self.prometheus.round_closed(metrics)
         log_round(metrics)
-        late = self.engine.late.window()  # unfinished updates for a closed round, but the late ones folded in
+        late = self.engine.late.windows()  # unfinished updates for a closed round, but the late ones folded in
         folded = (lambda m: False) if late is None else (lambda m: late.welcomes(m.sender, m.round))
         self.reassembler.drop_where(lambda m: m.round <= metrics.round and not folded(m))
         self.phase = "finished" if self.engine.finished else "waiting-for-agents"

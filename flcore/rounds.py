@@ -16,6 +16,8 @@ import math
 import random
 from dataclasses import dataclass, field, fields, replace
 
+from flcore.staleness import DEFAULT_STALENESS, Staleness
+
 
 @dataclass(frozen=True)
 class RoundRules:
@@ -26,6 +28,13 @@ class RoundRules:
     quorum: int = 2
     deadline_s: float = 300.0
     status_timeout_s: float = 60.0  # an agent whose last signed status is older is not asked
+    # buffered asynchronous aggregation (FedBuff; docs/architecture.md, "Asynchronous rounds")
+    mode: str = "sync"  # sync: a round waits for its selected agents; async: a model version every ``buffer`` updates
+    buffer: int = 10  # async: updates folded into each new model version (FedBuff's K)
+    staleness: str = DEFAULT_STALENESS  # async: the weight of an update trained ``s`` versions back (flcore.staleness)
+    max_staleness: int = 10  # async: an update trained from an older version than this is refused as ``stale``
+    max_concurrent: int = 0  # async: at most this many agents training on the server's word (0: every one online)
+    server_lr: float = 1.0  # async: each version moves this fraction of the buffer's (staleness-scaled) mean step
 
     def __post_init__(self) -> None:
         if not 0 < self.fraction <= 1:
@@ -43,6 +52,29 @@ class RoundRules:
                 f"rounds.status_timeout_s must be > 0 (and above the agents' status_interval_s), got "
                 f"{self.status_timeout_s}"
             )
+        self._check_async()
+
+    def _check_async(self) -> None:
+        if self.mode not in ("sync", "async"):
+            raise ValueError(f'rounds.mode must be "sync" (rounds wait for their agents) or "async" (a new model '
+                             f"version every rounds.buffer updates), got {self.mode!r}")  # fmt: skip
+        Staleness.parse(self.staleness)
+        for key in ("buffer", "max_staleness", "max_concurrent"):
+            value, least = getattr(self, key), 0 if key == "max_concurrent" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"rounds.{key} must be a whole number >= {least}, got {value!r}")
+        lr = self.server_lr
+        if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and 0 < lr <= 10 and math.isfinite(lr)):
+            raise ValueError(f"rounds.server_lr must be a number in (0, 10] (1 = the buffer's mean step), "
+                             f"got {self.server_lr!r}")  # fmt: skip
+
+    @property
+    def is_async(self) -> bool:
+        return self.mode == "async"
+
+    @property
+    def staleness_fn(self) -> Staleness:
+        return Staleness.parse(self.staleness)
 
 
 def select_agents(eligible: list[str], rules: RoundRules, seed: int) -> list[str]:
@@ -78,6 +110,7 @@ class UpdateRecord:
     trained_eval: dict[str, float] = field(default_factory=dict)  # its trained model on that split (trained C-SPE)
     late_from: int = 0  # a late update folded into this round: the round it was trained for (0: this round's)
     discount: float = 1.0  # its weight's factor after the bounds (``late_weight`` for a late one)
+    staleness: int = 0  # model versions published since the one it was trained from (flcore.staleness)
 
     @property
     def key(self) -> str:
@@ -106,6 +139,7 @@ class RoundState:
     revoked: list[str] = field(default_factory=list)  # agents revoked during the round: the task tells them
     probation: list[str] = field(default_factory=list)  # backed-off agents selected only to make up min_agents
     trained: list[str] = field(default_factory=list)  # a ``local`` round: agents whose status says they trained it
+    wasted: dict[str, int] = field(default_factory=dict)  # trained updates refused while it was open: late, stale
 
     @property
     def on_time(self) -> list[UpdateRecord]:
@@ -179,7 +213,14 @@ def decide(state: RoundState, rules: RoundRules, now: float, threshold: int = 0)
     """``"wait"``, ``"close"`` or ``"reannounce"`` for the round in progress: close as soon as nobody is
     waited for with the quorum met (a backed-off agent on probation is not), as soon as ``threshold``
     updates are in (SmartFed's static threshold, 0 = off), or at the deadline with the quorum met;
-    otherwise re-announce then."""
+    otherwise re-announce then. An asynchronous round is a buffer: it closes once ``rules.buffer`` updates are
+    in, late ones included, and at its deadline on the quorum (agents still training go on into the next)."""
+    if rules.is_async:
+        if len(state.updates) >= rules.buffer:
+            return "close"
+        if now < state.deadline:
+            return "wait"
+        return "close" if len(state.updates) >= rules.quorum else "reannounce"
     quorate = state.delivered >= rules.quorum
     if (not state.waited_for and quorate) or (threshold > 0 and state.delivered >= threshold):
         return "close"

@@ -220,11 +220,11 @@ class RoundClient:
         self.log.info("re-sending stored update round=%d attempt=%d", task.round, task.attempt)
         return data
 
-    def drop_closed(self, current_round: int, folds: bool = False) -> None:
+    def drop_closed(self, current_round: int, folds: bool = False, late_rounds: int = 1) -> None:
         """Drop a stored update the broker never acknowledged once a later round is announced, unless that round
-        still ``folds`` it in (``flcore.late``) and it is in flight."""
+        still ``folds`` it in (``flcore.late``: up to ``late_rounds`` back) and it is in flight."""
         done = self.progress.last_completed_round
-        if folds and current_round == done + 1 and self.upload is not None:
+        if folds and 0 < current_round - done <= late_rounds and self.upload is not None:
             return
         if current_round > done > self.progress.sent_round and self.store.update_path(done).exists():
             self.store.drop_update(done)

@@ -214,6 +214,7 @@ class RoundTask(Message):
     # agents whose update of the round before this round still folds in (flcore.late): one still training that
     # round finishes and sends it instead of stopping
     late: list[str] = field(default_factory=list)
+    late_rounds: int = 1  # how many rounds back an update in ``late`` may be from (asynchronous rounds: more than 1)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "codec", str(Codec.parse(self.codec)))  # canonical, or CodecError (a ValueError)
@@ -299,6 +300,7 @@ class ServerStatus(Message):
     best: dict = field(default_factory=dict)  # the elected best model: round, version, metric, value
     privacy: dict = field(default_factory=dict)  # differential privacy: epsilon, delta, … spent so far (worst agent)
     eval: dict = field(default_factory=dict)  # the evaluation of the global model in force (accuracy, or map50, …)
+    buffer: dict = field(default_factory=dict)  # asynchronous rounds: the open buffer's size, filled, in_flight
 
     @classmethod
     def offline(cls, federation: str) -> ServerStatus:
@@ -353,6 +355,8 @@ class RoundMetrics(Message):
     privacy: dict = field(default_factory=dict)  # differential privacy: epsilon, delta, … spent so far (worst agent)
     personal: dict = field(default_factory=dict)  # C-SPE and C-GEN of the models agents trained from (personal.py)
     models: str = "global"  # what agents keep: the global model, or one per group or agent (Strategy.models)
+    wasted: dict = field(default_factory=dict)  # trained updates refused while it was open, by kind: late, stale
+    buffer: dict = field(default_factory=dict)  # an asynchronous round: its buffer (size, updates, staleness)
     # The scores the round is judged by, lead first (protocol.scores). Always derived from the fields above,
     # never taken from a sender, so no surface can show a headline the numbers do not support.
     headline: list[dict] = field(default_factory=list)

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from flcore.staleness import DEFAULT_STALENESS
 from sim.summary import summary_lines
 
 
@@ -79,6 +80,11 @@ def _settings(args: argparse.Namespace):  # noqa: ANN202
         attack_regions=args.attack_regions,
         prometheus_port=args.prometheus_port,
         availability=args.availability,
+        asynchronous=args.asynchronous,
+        buffer=args.buffer,
+        staleness=args.staleness,
+        max_staleness=args.max_staleness,
+        max_concurrent=args.max_concurrent,
     )
 
 
@@ -333,6 +339,19 @@ def _add_sim_options(
                         help="a fleet that comes and goes: flights:on=4m,off=20m[,jitter=1m] (each agent its own "
                              "phase) or a CSV of online intervals (agent,start_s,end_s); each agent's gate opens "
                              "and closes on it (docs/cli.md)")  # fmt: skip
+    parser.add_argument("--async", dest="asynchronous", action="store_true",
+                        help='buffered asynchronous rounds ([rounds] mode = "async", FedBuff): a new model version '
+                             "every --buffer updates, agents training whenever they are online; --rounds counts "
+                             "buffers (docs/cli.md)")  # fmt: skip
+    parser.add_argument("--buffer", type=int, default=10, metavar="K",
+                        help="--async: updates per model version (default 10)")
+    parser.add_argument("--staleness", default=DEFAULT_STALENESS, metavar="SPEC",
+                        help="--async: weight of an update s versions behind: constant, polynomial:a (default "
+                             f"{DEFAULT_STALENESS}) or hinge:a,b")  # fmt: skip
+    parser.add_argument("--max-staleness", type=int, default=10, metavar="N",
+                        help="--async: refuse an update more than N versions behind as stale (default 10)")
+    parser.add_argument("--max-concurrent", type=int, default=0, metavar="N",
+                        help="--async: at most N agents training at once (default 0: every agent online)")
     parser.add_argument("--prometheus-port", type=int, default=0, metavar="P",
                         help="serve the server's Prometheus metrics at http://127.0.0.1:P/metrics ([metrics] of "
                              "server.toml; docs/monitoring.md)")  # fmt: skip

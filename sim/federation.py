@@ -120,6 +120,7 @@ def create_federation(
                 **round_sizes(settings.availability, node_names(settings), selected),  # the run starts once
                 # all (unless --fraction or --availability) are online
                 "deadline_s": settings.deadline_s,
+                **({"mode": "async", **settings.async_table()} if settings.asynchronous else {}),
             },
             "training": {
                 "epochs": settings.epochs,

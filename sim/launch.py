@@ -19,6 +19,7 @@ from pathlib import Path
 from broker_server.rounds.checkpoint import model_evaluation
 from broker_server.watch.monitor_text import number
 from common.text import printable
+from protocol.buffer_text import buffer_text, wasted_text
 from protocol.messages import RoundMetrics
 from protocol.mqtt import BrokerSettings
 from protocol.scores import headline_text
@@ -110,6 +111,7 @@ def format_round(m: RoundMetrics, elapsed_s: float) -> str:
         return printable(f"round {m.round:3d}  {m.outcome}: {m.reason}  offenders {','.join(m.offenders) or '-'}",
                          MAX_LINE)  # fmt: skip
     privacy = f"  epsilon {m.privacy.get('epsilon')}" if m.privacy else ""
+    privacy += "".join(f"  {text}" for text in (buffer_text(m.buffer), wasted_text(m.wasted)) if text)
     if isinstance(screened := m.aggregation.get("screened"), (dict, list)) and screened:
         privacy += f"  screened {','.join(map(str, screened))}"
     own = 3 if "map50" in m.eval else 2  # a global model's own: accuracy and loss, or mAP@.5, mAP@.5:.95, box loss

@@ -1,5 +1,6 @@
 """``skyfed report DIR``: a run's plots beside its ``metrics.jsonl``, drawn for the run's shape: a server's run
-(``curves.png``, ``agents.png``, ``privacy.png`` when it spent a privacy budget), a peer run (one curve per
+(``curves.png``, ``agents.png``, ``privacy.png`` when it spent a privacy budget, ``buffer.png`` when its rounds
+folded late updates or lost some: asynchronous rounds), a peer run (one curve per
 peer, the elected model marked), and at a region run's root also each region's, in ``regions/<region>/``."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from sim.plot_agents import draw_agents
+from sim.plot_buffer import draw_buffer, has_buffer
 from sim.plot_peers import ElectedModel, attackers_of, draw_peer_curves, draw_peer_rounds
 from sim.plot_privacy import draw_privacy, has_privacy
 from sim.plots import draw_curves, save
@@ -24,7 +26,8 @@ def plots_for(rows: list[dict], out: Path) -> list[tuple[str, Callable[[], Figur
                 ("agents.png", lambda: draw_peer_rounds(rows))]
     regional = {p.parent.name: load_rows(p).rows for p in sorted(out.glob("regions/*/metrics.jsonl"))}
     plots = [("curves.png", lambda: draw_curves(rows)), ("agents.png", lambda: draw_agents(rows, regional))]
-    return plots + ([("privacy.png", lambda: draw_privacy(rows))] if has_privacy(rows) else [])
+    plots += [("privacy.png", lambda: draw_privacy(rows))] if has_privacy(rows) else []
+    return plots + ([("buffer.png", lambda: draw_buffer(rows))] if has_buffer(rows) else [])
 
 
 def write_report(out: Path, echo: Callable[[str], None] = print) -> list[Path]:

@@ -118,7 +118,9 @@ def run_sim(
         if m.round not in shown:
             echo(format_round(m, m.finished_at - wall_started))
     extra = {"attackers": attackers, "attack": settings.attack or None, "slow_agents": settings.slow_names(),
-             "availability": settings.availability or None}
+             "availability": settings.availability or None,
+             "async": {"mode": "async", **settings.async_table()} if settings.asynchronous else None,
+             "run_started_at": round(wall_started, 3)}  # a round's finished_at minus it: the time into the run
     return collect_results(state, out, extra, metrics, started)
 
 

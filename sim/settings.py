@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flcore.staleness import DEFAULT_STALENESS
 from models import partition
 from models.classify_data import classify_data
 from models.own import is_reference
@@ -72,6 +73,11 @@ class SimSettings:
     mode: str = "client"  # "peer": no server, the agents federate among themselves (sim.peer_run, agent.peer)
     prometheus_port: int = 0  # the server's [metrics] prometheus_port (0: no endpoint)
     availability: str = ""  # every agent's [gate] availability trace (sim.availability); "": always there
+    asynchronous: bool = False  # --async: [rounds] mode = "async", a model version every ``buffer`` updates
+    buffer: int = 10  # rounds.buffer
+    staleness: str = DEFAULT_STALENESS  # rounds.staleness (flcore.staleness)
+    max_staleness: int = 10  # rounds.max_staleness
+    max_concurrent: int = 0  # rounds.max_concurrent (0: every agent online)
 
     def __post_init__(self) -> None:
         from agent.config import WORKERS
@@ -147,6 +153,7 @@ class SimSettings:
 
             object.__setattr__(self, "availability", absolute_spec(self.availability))
             check_spec(self.availability, agent_names(1 if self.pooled else self.running_agents))
+        self._check_async()
         if self.in_process and self.slow_agents:
             raise ValueError("--in-process runs its agents at one speed (no deadlines): drop --slow-agents")
         if self.regions:
@@ -208,6 +215,29 @@ class SimSettings:
     def running_agents(self) -> int:
         """The agents that run: all of them, less those whose whole share went into the pool (unify)."""
         return self.agents - (int(self.share_ratio * self.agents) if self.share_mode == "unify" else 0)
+
+    def _check_async(self) -> None:
+        """The buffer's flags need ``--async``; with it, ``[rounds]`` must accept them (``RoundRules``)."""
+        from flcore.rounds import RoundRules
+
+        table = self.async_table()
+        if not self.asynchronous:
+            if changed := [k for k, v in table.items() if getattr(RoundRules, k) != v]:
+                raise ValueError(f"{', '.join('--' + k.replace('_', '-') for k in changed)} needs --async: "
+                                 "synchronous rounds have no buffer")  # fmt: skip
+            return
+        try:
+            RoundRules(mode="async", **table)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("rounds.", "--").replace("_", "-")) from None
+        if self.buffer > self.running_agents:
+            raise ValueError(f"--buffer {self.buffer} is more than the {self.running_agents} agents: a buffer of K "
+                             "takes K updates, one per agent")  # fmt: skip
+
+    def async_table(self) -> dict[str, Any]:
+        """``[rounds]``'s asynchronous keys as the flags set them (``mode`` aside)."""
+        return {"buffer": self.buffer, "staleness": self.staleness, "max_staleness": self.max_staleness,
+                "max_concurrent": self.max_concurrent}  # fmt: skip
 
     def _check_regions(self) -> None:
         if not 1 <= self.regions <= self.running_agents:

@@ -16,7 +16,7 @@ from typing import Any
 from sim.classify_layout import smallest_ratio
 
 FLAGS = {"privacy": "--dp-*", "local_privacy": "--ldp-*", "deadline_s": "--deadline", "pooled": "pooled",
-         "mode": "--mode peer"}  # fmt: skip
+         "mode": "--mode peer", "asynchronous": "--async"}  # fmt: skip
 
 NOT_READ: dict[str, dict[str, str]] = {
     "--mode peer": {
@@ -32,18 +32,21 @@ NOT_READ: dict[str, dict[str, str]] = {
         "local_privacy": "the sim writes no [privacy] into a peer's agent.toml",
         "availability": "a peer run ends once every peer has run every round, so a peer the trace keeps away "
                         "holds it open",
+        "asynchronous": "peers have no server to buffer their updates",
     },
     "--regions": {
         "mode": "regions are servers",
         "in_process": "regions are daemons over bridged brokers",
         "pooled": "each region's agents train on their own shares",
         "share_ratio": "no region trains a shared pool",
+        "asynchronous": "a region's rounds follow its root's (asynchronous regions are not built)",
     },
     "--in-process": {
         "agents_per_process": "its agents are no processes",
         "worker": "its trainers run in this process, without a training child",
         "deadline_s": "every selected agent delivers, so no round waits for a deadline",
         "availability": "its agents have no device gate and no clock of their own: run them as daemons",
+        "asynchronous": "its agents all train every round at once, so no update is ever behind: run them as daemons",
     },
     "--task classify": {
         "image_size": "it is the detector's image size",

@@ -50,6 +50,7 @@ class StatusRefused(Exception):
 
 
 log = logging.getLogger("skyfed.server")
+BUSY = frozenset({"training", "uploading", "waiting-model"})  # an agent at work on a task
 CLOCK_SKEW_TOLERANCE_S = 30.0  # an agent clock further off than this from the server's is reported
 CLOCK_SKEW_CLEARED_S = 15.0  # ... and no longer once back within this (hysteresis: no flapping across one line)
 OFFSET_SAMPLES = 8  # live statuses the offset is estimated over: more than a minute's outage queues at 10 s each
@@ -156,6 +157,12 @@ class AgentRegistry:
             and seen.status.gate.ok
             and seen.status.group_key_id == group_key_id
         )
+
+    def busy(self, now: float) -> set[str]:
+        """Agents whose last recent status says they are training or sending an update (asynchronous rounds leave
+        them out of a new buffer and count them against ``rounds.max_concurrent``)."""
+        return {a for a, seen in self.seen.items()
+                if now - seen.received_at <= self.status_timeout_s and seen.status.state in BUSY}  # fmt: skip
 
     def online(self, now: float) -> int:
         """Agents whose last status is recent and not ``offline``: the ones the monitor shows as alive."""

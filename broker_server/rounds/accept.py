@@ -8,7 +8,8 @@ model's invariants (no negative running variance), and finally the update is wri
 before the round state records it. A refusal raises ``UpdateRejected`` and leaves the round exactly
 as it was (a fold already made is subtracted again). A late update of the round before (``flcore.late``) passes
 the same checks against the model it was trained from, and is stored, as the change from the model in force to
-its model, and recorded as ``agent@round``.
+its model (asynchronous rounds: as its own change, its BatchNorm statistics as its model's), and recorded as
+``agent@round``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from flcore.bounds import InfluencePolicy, tentative
 from flcore.late import late_refusal
 from flcore.onepass import axpy
 from flcore.rounds import RoundState, UpdateRecord
+from flcore.staleness import Staleness
 from flcore.strategies.base import Strategy
 from flcore.update import MAX_LOCAL_EVAL, NotForThisRound, UpdateMeta, parse_update
 from flcore.validation import check_values
@@ -45,8 +47,12 @@ class RoundInputs:
     base_sha256: str = ""
     next_round: int = 0  # the round the server opens next (an update for an earlier one is late)
     codec: Codec = FP32  # how the round asked agents to encode updates
-    late: LateWindow | None = None  # the round before, whose late updates are folded in (None: refused)
+    late: LateWindows | None = None  # closed rounds whose late updates are folded in (None: refused)
     current: np.ndarray | None = None  # a late update's: the model in force, which its change is taken over
+    staleness: int = 0  # a late update's: versions published since the one it was trained from
+    # asynchronous rounds: a late update joins as its change (FedBuff), but these tensors (BatchNorm's running
+    # statistics, estimates rather than weights) as its model's, so they stay valid
+    as_model: tuple[TensorRange, ...] | None = None
 
 
 HEADER_SLACK = 64 << 10  # room for an update's safetensors header beyond the model's own
@@ -64,9 +70,9 @@ def largest_update_bytes(float_spec: tuple[TensorSpec, ...], codec: Codec) -> in
 
 @dataclass(frozen=True)
 class LateWindow:
-    """The round closed last, as a late update of it is checked (``flcore.late``): its number, the model version
-    it was announced with, and the selected agents it closed without (their update may still be folded into the
-    next round). Checkpointed with the round's close."""
+    """A closed round, as a late update of it is checked (``flcore.late``): its number, the model version it was
+    announced with, and the selected agents it closed without (their update may still be folded in). Checkpointed
+    with the round's close."""
 
     round: int = 0
     version: int = 0
@@ -84,20 +90,58 @@ class LateWindow:
         return cls(int(data.get("round", 0)), int(data.get("version", 0)), tuple(data.get("owed", ())))
 
 
+@dataclass(frozen=True)
+class LateWindows:
+    """The closed rounds whose late updates are still folded in, and their weight: in synchronous rounds the round
+    just before (``flcore.late``); in asynchronous ones every round whose model is at most ``max_staleness``
+    versions behind ``version``, the model in force (``flcore.staleness``). ``max_staleness`` 0: synchronous."""
+
+    windows: tuple[LateWindow, ...] = ()
+    version: int = 0
+    staleness: Staleness = Staleness()
+    max_staleness: int = 0
+
+    def find(self, agent: str, round_number: int) -> LateWindow | None:
+        return next((w for w in self.windows if w.welcomes(agent, round_number)), None)
+
+    def welcomes(self, agent: str, round_number: int) -> bool:
+        return self.find(agent, round_number) is not None
+
+    def owed(self) -> list[str]:
+        """Agents whose late update is still welcome (each agent trains one round at a time)."""
+        return sorted({agent for w in self.windows for agent in w.owed})
+
+    def refusal(self, agent: str, round_number: int, current: int) -> str:
+        """Why an update of ``agent`` for ``round_number``, before the ``current`` round, is refused ("": folded)."""
+        if not self.max_staleness:
+            last = self.windows[-1] if self.windows else LateWindow()
+            return late_refusal(round_number, current, folding=True, owed=last.welcomes(agent, round_number))
+        if self.welcomes(agent, round_number):
+            return ""
+        oldest = min((w.round for w in self.windows), default=current)
+        if round_number < oldest:
+            return (f"stale: round {round_number}'s model is more than {self.max_staleness} versions behind the "
+                    f"current {self.version} (rounds.max_staleness = {self.max_staleness})")  # fmt: skip
+        return f"late: round {round_number} is closed, current is {current}"
+
+
 def check_gates(state: RoundState | None, agent: str, round_number: int, next_round: int,
-                late: LateWindow | None = None) -> int:  # fmt: skip
+                late: LateWindows | None = None) -> int:  # fmt: skip
     """0 if this update may join the open round as its own; the round it was trained for if it joins as a late
-    update of the round before (``late``: that round's window, None: late updates are refused, ``flcore.late``).
+    update of a closed round (``late``: the windows, None: late updates are refused, ``flcore.late``).
     ``next_round`` is the round the server opens next; ``NotForThisRound`` says why neither."""
     current = state.round if state is not None else next_round
     if round_number < current:  # e.g. after the round closed at its threshold
-        owed = late is not None and late.welcomes(agent, round_number)
-        if why := late_refusal(round_number, current, folding=late is not None, owed=owed):
+        why = late.refusal(agent, round_number, current) if late is not None else \
+            late_refusal(round_number, current, folding=False, owed=False)  # fmt: skip
+        if why:
             raise NotForThisRound(why)
         if state is None:  # between two rounds: the daemon holds it for the next
             raise NotForThisRound(f"not-yet: round {current} is not open")
         if f"{agent}@{round_number}" in (u.key for u in state.updates) or agent in state.revoked:
             raise NotForThisRound("duplicate" if agent not in state.revoked else "revoked: its enrolment was withdrawn")
+        if late is not None and late.max_staleness and any(u.agent == agent for u in state.updates):
+            raise NotForThisRound("duplicate: one update per agent in a buffer (its newer one is in already)")
         return round_number
     if state is None:
         raise NotForThisRound("no-round-open")
@@ -111,6 +155,8 @@ def check_gates(state: RoundState | None, agent: str, round_number: int, next_ro
         raise NotForThisRound("revoked: its enrolment was withdrawn during the round")
     if agent in state.accepted:
         raise NotForThisRound("duplicate")
+    if late is not None and late.max_staleness and any(u.agent == agent for u in state.updates):
+        raise NotForThisRound("duplicate: one update per agent in a buffer (its late one is in already)")
     return 0
 
 
@@ -146,7 +192,12 @@ def accept_update(
     folded = fold.weight if (fold is not None and result.folded) else 0.0
     stored, norm = parsed.stored, result.norm
     if late_from and inputs.current is not None:  # its model, as a change over the model in force (flcore.late)
-        change = np.add(parsed.delta, inputs.base_vector - inputs.current, dtype=np.float32)
+        if inputs.as_model is None:
+            change = np.add(parsed.delta, inputs.base_vector - inputs.current, dtype=np.float32)
+        else:  # its change, but the ``as_model`` tensors as its model's
+            change = np.array(parsed.delta, np.float32)
+            for r in inputs.as_model:
+                change[r.start:r.stop] += inputs.base_vector[r.start:r.stop] - inputs.current[r.start:r.stop]
         stored, norm = dumps(unflatten(change, inputs.spec)), math.sqrt(float(sdot(change, change)))
     record = UpdateRecord(
         agent=agent,
@@ -160,7 +211,8 @@ def accept_update(
         start_eval=parsed.meta.start_eval,
         trained_eval=parsed.meta.trained_eval,
         late_from=late_from,
-        discount=strategy.late_weight if late_from else 1.0,
+        discount=inputs.late.staleness.weight(inputs.staleness) if late_from and inputs.late else 1.0,
+        staleness=inputs.staleness if late_from else 0,
     )
     try:
         store.put(state.round, record.key, stored)

@@ -70,7 +70,7 @@ class Checkpoint:
     model_eval: dict | None = None  # the evaluation of the global model in force (None: from before it was kept)
     changes: list = field(default_factory=list)  # the last committed steps' norms (flcore.change_bound)
     fallback: dict = field(default_factory=dict)  # the version before the one in force (broker_server.rounds.fallback)
-    late: dict = field(default_factory=dict)  # the round closed last, for its late updates (rounds.accept.LateWindow)
+    late: list = field(default_factory=list)  # closed rounds, for their late updates (rounds.accept.LateWindow)
 
 
 class CheckpointStore:
@@ -130,7 +130,8 @@ class CheckpointStore:
         rs = checkpoint.round_state
         best_file = best_name(checkpoint.best["version"]) if "version" in checkpoint.best else None
         fallback = checkpoint.fallback.get("version")
-        keep = {
+        late = {f"global-v{w['version']}.safetensors" for w in checkpoint.late if isinstance(w, dict)}
+        keep = late | {
             STATE_FILE,
             model_file,
             strategy_file,
@@ -181,7 +182,7 @@ class CheckpointStore:
             model_eval=state.get("model_eval"),
             changes=state.get("changes") or [],
             fallback=state.get("fallback") or {},
-            late=state.get("late") or {},
+            late=state.get("late") or [],
         )
 
     def _load_assignments(self, state: dict) -> dict:
@@ -194,7 +195,8 @@ class CheckpointStore:
         return table
 
     def load_version(self, version: int) -> NamedArrays | None:
-        """The global model of ``version`` while its checkpoint file is kept (the fallback), else None."""
+        """The global model of ``version`` while its checkpoint file is kept (the fallback, a late window's), else
+        None."""
         path = self.directory / f"global-v{version}.safetensors"
         return load_file(path)[0] if path.exists() else None
 

@@ -30,6 +30,7 @@ import numpy as np
 from broker_server.config import ServerConfig
 from broker_server.pool import POOL
 from broker_server.rounds.accept import LateWindow, RoundInputs, accept_update
+from broker_server.rounds.async_rounds import AsyncRounds, buffer_metrics
 from broker_server.rounds.disk import DiskError
 from broker_server.rounds.engine_fleet import FleetEvents
 from broker_server.rounds.engine_state import EngineState, StateField
@@ -48,7 +49,7 @@ from flcore.strategies import build_strategy
 from flcore.strategies.choice import strategy_notes
 from flcore.update import NotForThisRound, UpdateRejected
 from flcore.validation import reason_kind
-from models.weights import NamedArrays, state_spec, with_floats
+from models.weights import RUNNING_STATISTICS, NamedArrays, ranges_of, state_spec, with_floats
 from models.zoo import build_model
 from participant.recipes import checked_settings, work_share
 from protocol.codecs import Codec
@@ -91,13 +92,15 @@ class RoundEngine:
         self.state = EngineState(config, self.strategy, replay=replay, changes=self.changes)
         self.fleet = FleetEvents(self.state, reject=self.reject)
         self.local = LocalRounds(self.state, needs_global=self.needs_global)
-        self.late = LateFolds(self.state, self.strategy)
+        self.late = LateFolds(self.state, self.strategy, config.rounds)
+        self.buffer = AsyncRounds(self.state, config.rounds, config.server.seed)
         self.steps = round_steps(config, self.strategy, self.policy, self.state.store.agents, self.base_vector,
                                  lambda: self.state.assignments, self._round_rng, evaluator,
                                  lambda: self.state.ledger.clip, self.changes, self._in_force_eval)  # fmt: skip
         config.privacy.configure(self.strategy)
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
         self.orphan_rejections: list[dict[str, str]] = []
+        self.orphan_wasted: dict[str, int] = {}  # updates lost between two rounds, counted in the next
         self.state.open()
         if self.model_eval:  # the model in force, evaluated when it was published: agents start from it next
             self.start_scores.known(f"{GLOBAL}-v{self.version}", self.model_eval)
@@ -150,13 +153,15 @@ class RoundEngine:
         return self.round_state is None and (self.budget_exhausted or limit > 0 and self.next_round > limit)
 
     # rounds ------------------------------------------------------------------------------------------
-    def begin_round(self, eligible: list[str], now: float, enrolled: list[str] | None = None) -> RoundState | None:
+    def begin_round(self, eligible: list[str], now: float, enrolled: list[str] | None = None,
+                    busy: set[str] | None = None) -> RoundState | None:  # fmt: skip
         """Open the next round if enough agents are eligible; the caller then announces it. Backed-off
         agents are left out while enough others are eligible; selected only to make up ``min_agents``,
         they are on probation: the round does not wait for them (backing off never stops a federation).
         Under privacy, agents without budget for a round are left out, and once fewer than
         ``rounds.min_agents`` of the ``enrolled`` (default: the eligible) have budget, the run ends. The
-        shared pool (``broker_server.pool.shared``) joins, within its budget, every round its agents open."""
+        shared pool (``broker_server.pool.shared``) joins, within its budget, every round its agents open. An
+        asynchronous round (``broker_server.rounds.async_rounds``) opens on one idle agent, ``busy`` ones left out."""
         if self.round_state is not None or self.finished:
             return None
         if self.config.privacy.enabled:
@@ -165,12 +170,17 @@ class RoundEngine:
                 self._end_for_budget(len(everyone))
                 return None
             eligible = self.ledger.affordable(eligible)
-        if len(eligible) < self.rules.min_agents:
-            return None
         number = self.next_round
         available = self.health.available(eligible, number, now)
-        seed = self.config.server.seed * 100_003 + number
-        selected, probation = select_with_probation(eligible, available, self.rules, seed)
+        if self.rules.is_async:
+            selected, probation = self.buffer.select(available, busy or set(), number), []
+            if not selected:
+                return None
+        elif len(eligible) < self.rules.min_agents:
+            return None
+        else:
+            seed = self.config.server.seed * 100_003 + number
+            selected, probation = select_with_probation(eligible, available, self.rules, seed)
         plan = self.strategy.configure_train(self.config.training, number, self.state.pace.of(selected))
         if self.config.pool.enabled and self.ledger.affords_a_round(POOL):  # the shared pool: one more participant
             selected = [*selected, POOL]
@@ -187,8 +197,10 @@ class RoundEngine:
             probation=probation,
         )
         self.round_state.rejected.extend(self.orphan_rejections)
+        self.round_state.wasted.update(self.orphan_wasted)
         self.round_state.revoked.extend(self.fleet.take_revoked())
         self.orphan_rejections.clear()
+        self.orphan_wasted.clear()
         self.strategy.begin(self.global_vector, self.float_spec)
         return self.round_state
 
@@ -234,11 +246,12 @@ class RoundEngine:
         failed for the round, so it is not waited for."""
         agent = completed.manifest.sender
         assignment = self.assignments.get(agent) if self.round_state and agent in self.round_state.selected else None
-        late = self.late.window()
-        if late is not None and late.welcomes(agent, completed.manifest.round):  # checked against its own model
-            version, base = late.version, self.late.base(late)
+        late = self.late.windows()
+        window = late.find(agent, completed.manifest.round) if late is not None else None
+        if window is not None:  # a late update, checked against the model it was trained from
+            version, base, staleness = window.version, self.late.base(window), self.version - window.version
         else:
-            version, base = self.version, self._vector_of(assignment)
+            version, base, staleness = self.version, self._vector_of(assignment), 0
         try:
             record = accept_update(
                 completed,
@@ -253,6 +266,8 @@ class RoundEngine:
                     codec=self.codec,
                     late=late,
                     current=self.global_vector,
+                    staleness=staleness,  # asynchronous: as its change (FedBuff); else as its model (flcore.late)
+                    as_model=ranges_of(self.float_spec, RUNNING_STATISTICS) if self.rules.is_async else None,
                 ),
                 policy=self.policy,
                 strategy=self.strategy,
@@ -288,6 +303,9 @@ class RoundEngine:
         entry = Rejection(agent=agent, reason=reason).to_dict()
         own = [e["reason"] for e in target if e["agent"] == agent]  # a rogue's own texts cannot crowd out others'
         kind = reason_kind(reason)
+        if kind in ("late", "stale"):  # a trained update lost: counted, every one (metrics.wasted)
+            wasted = self.round_state.wasted if self.round_state is not None else self.orphan_wasted
+            wasted[kind] = wasted.get(kind, 0) + 1
         if len(target) < MAX_REJECTIONS_LISTED and len(own) < MAX_REJECTIONS_PER_AGENT and all(
             reason_kind(r) != kind for r in own
         ):
@@ -304,7 +322,8 @@ class RoundEngine:
         if rs.action == "local":  # nothing was uploaded: nothing to aggregate (``broker_server.rounds.local_rounds``)
             return self.local.close(now, model_wire_bytes)
         trained_from = self.version  # the version this round's late updates will have been trained from
-        if now >= rs.deadline:  # closed on the quorum at the deadline: whoever it still waited for missed it
+        if now >= rs.deadline and not self.rules.is_async:  # closed on the quorum at the deadline: whoever it
+            # still waited for missed it (an asynchronous round's go on training into the next buffer)
             late = rs.waited_for
             self.health.back_off(late, rs.round, "missed the deadline", now)
             rs.missed.extend(a for a in late if a not in rs.missed)  # and the round's metrics say so
@@ -348,13 +367,16 @@ class RoundEngine:
         if self.strategy.keeps_models:
             kept, planned = (ctx.kept, ctx.plan.starts) if committed else ({}, {})
             self.state.assignments = settle(self.assignments, rs.selected, kept, planned)
-        charged = list(ctx.released) or [c.agent for c in ctx.contributions]  # swap rounds: whose model left, noised
+        agent_of = {u.key: u.agent for u in rs.updates}  # a late update is keyed agent@round
+        charged = list(ctx.released) or [agent_of.get(c.agent, c.agent) for c in ctx.contributions]  # swap rounds:
+        # whose model left, noised
         averaged = [*charged, *rs.failed] if ctx.result is not None else []
         self.ledger.after_round(averaged, published=published, next_clip=ctx.next_clip)
         bytes_down = model_wire_bytes * global_starts + rs.inbox_bytes
         metrics = round_metrics(ctx, strategy=self.strategy.name, models=self.strategy.models, now=now,
                                 outcome=(outcome, reason, offenders), version=self.version, bytes_down=bytes_down,
-                                personal=personal)  # fmt: skip
+                                personal=personal, buffer=buffer_metrics(rs, self.rules) if self.rules.is_async
+                                else None)  # fmt: skip
         if published and ctx.evaluation:  # the next round's agents start from this model: evaluated already
             self.start_scores.known(f"{GLOBAL}-v{self.version}", ctx.evaluation)
         if self.config.privacy.enabled:
@@ -363,7 +385,7 @@ class RoundEngine:
             self.best.note(self.version, rs.round, ctx.evaluation, self.global_arrays)
         self.state.round_state, self.state.next_round = None, rs.round + 1
         done = set(rs.accepted) | set(rs.failed) | set(rs.revoked) | {POOL}
-        self.state.late = LateWindow(rs.round, trained_from, tuple(a for a in rs.selected if a not in done))
+        self.late.after_close(LateWindow(rs.round, trained_from, tuple(a for a in rs.selected if a not in done)))
         self.state.checkpoint(last_metrics=json.loads(metrics.to_json()))  # the commit: what follows is derived from it
         self.state.outputs_pending.update(("metrics", "model") if published else ("metrics",))
         with suppress(DiskError):  # tried again on the daemon's next ticks

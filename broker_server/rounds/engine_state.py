@@ -54,7 +54,9 @@ class EngineState:
         self._table: tuple[dict[str, Assignment], dict[str, dict]] | None = None  # ``_assignment_table``'s last
         self.changes = changes  # the last committed steps (flcore.change_bound), shared with the pipeline's step
         self.fallback = Fallback()  # the version before the model in force (broker_server.rounds.fallback)
-        self.late = LateWindow()  # the round closed last, whose late updates the next folds in (flcore.late)
+        # closed rounds whose late updates are still folded in: the last one, or in asynchronous rounds each within
+        # rounds.max_staleness versions (flcore.late, flcore.staleness)
+        self.late: tuple[LateWindow, ...] = ()
         self.ledger = PrivacyLedger(config.privacy)
         self.health = HealthBook(deadline_s=config.rounds.deadline_s)
         self.pace = PaceBook()
@@ -172,7 +174,7 @@ class EngineState:
             model_eval=self.model_eval,
             changes=self.changes.to_list(),
             fallback=self.fallback.to_dict(),
-            late=self.late.to_dict(),
+            late=[w.to_dict() for w in self.late],
         )
 
     def _assignment_table(self) -> dict[str, dict]:
@@ -205,7 +207,8 @@ class EngineState:
             else checkpoint.model_eval
         self.changes.norms = ChangeHistory.from_list(checkpoint.changes).norms  # in place: the pipeline holds it
         self.fallback = Fallback.from_dict(checkpoint.fallback)
-        self.late = LateWindow.from_dict(checkpoint.late)
+        late = checkpoint.late  # one window (a dict) in checkpoints from before asynchronous rounds
+        self.late = tuple(LateWindow.from_dict(w) for w in ([late] if isinstance(late, dict) else late) if w)
         if self.round_state is not None:
             self.unfold()
 

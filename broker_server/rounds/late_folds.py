@@ -1,47 +1,70 @@
-"""Which late updates the open round folds in (``flcore.late``), and the model they are checked against.
+"""Which late updates the open round folds in (``flcore.late``, ``flcore.staleness``), and the models they are
+checked against.
 
-The round closed last leaves a ``LateWindow`` in the checkpoint (its number, the model version it was announced
-with, the selected agents it closed without); an update of one of those agents for that round is folded into the
-open round, checked against the model it was trained from: the one in force when that round did not publish,
-else the one before it, which the checkpoint keeps as the fallback (``broker_server.rounds.fallback``). When
-neither is that version any more (a fallback, a region adopting its root's model), late updates are refused.
+Each closed round leaves a ``LateWindow`` in the checkpoint (its number, the model version it was announced with,
+the selected agents it closed without). Synchronous rounds keep the last one: an update of one of those agents for
+that round is folded into the open round at ``strategy.late_weight``. Asynchronous rounds (``rounds.mode =
+"async"``) keep every window whose model is at most ``rounds.max_staleness`` versions behind the one in force, and
+weigh an update by the staleness function of how many versions it is behind. An update is checked against the model
+it was trained from, which the checkpoint keeps while a window names it; when that file is gone (a region adopting
+its root's model), the window owes nobody.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from broker_server.rounds.accept import LateWindow
+from broker_server.rounds.accept import LateWindow, LateWindows
 from broker_server.rounds.engine_state import EngineState
+from flcore.rounds import RoundRules
+from flcore.staleness import Staleness
 from flcore.strategies.base import Strategy
 from flcore.update import float_layout
 
+CACHED_VERSIONS = 4  # older models' float vectors held in memory (each read from the checkpoint once)
+
 
 class LateFolds:
-    def __init__(self, state: EngineState, strategy: Strategy) -> None:
-        self.state, self.strategy = state, strategy
-        self._cache: tuple[int, np.ndarray] = (0, np.zeros(0, np.float32))  # (version, its float vector)
+    def __init__(self, state: EngineState, strategy: Strategy, rules: RoundRules) -> None:
+        self.state, self.strategy, self.rules = state, strategy, rules
+        self.staleness = rules.staleness_fn if rules.is_async else Staleness.fixed(strategy.late_weight)
+        self._cache: dict[int, np.ndarray] = {}  # version -> its float vector
 
-    def window(self) -> LateWindow | None:
-        """The round before, whose late updates are folded into the open one; None when ``late_weight`` = 0 (late
-        updates are refused as before); owing nobody when the model they were trained from is no longer kept."""
-        late, state = self.state.late, self.state
-        if not self.strategy.late_weight:
+    def windows(self) -> LateWindows | None:
+        """The closed rounds whose late updates are folded into the open one; None when synchronous rounds refuse
+        them (``late_weight`` = 0)."""
+        if not self.rules.is_async and not self.strategy.late_weight:
             return None
-        return late if late.version in (state.version, state.fallback.version) else LateWindow(late.round)
+        kept = tuple(w if self._has(w.version) else LateWindow(w.round, w.version) for w in self.state.late)
+        return LateWindows(kept, self.state.version, self.staleness, self.rules.max_staleness if self.rules.is_async
+                           else 0)  # fmt: skip
+
+    def after_close(self, closed: LateWindow) -> None:
+        """Keep ``closed`` (the round just closed), and drop windows no late update can come from any more."""
+        if not self.rules.is_async:
+            self.state.late = (closed,)
+            return
+        oldest = self.state.version - self.rules.max_staleness
+        self.state.late = tuple(w for w in (*self.state.late, closed) if w.version >= oldest and w.owed)
 
     def held_for_next_round(self, agent: str, round_number: int) -> bool:
         """Between two rounds: whether an update of ``agent`` for ``round_number`` is folded into the next round
         once it opens (the daemon holds it until then)."""
-        late = self.window()
+        late = self.windows()
         return self.state.round_state is None and late is not None and late.welcomes(agent, round_number)
 
-    def base(self, late: LateWindow) -> np.ndarray:
-        """The float vector of the model ``late``'s updates were trained from (read from disk once per version)."""
-        if late.version == self.state.version:
+    def base(self, window: LateWindow) -> np.ndarray:
+        """The float vector of the model ``window``'s updates were trained from."""
+        if window.version == self.state.version:
             return self.state.global_vector
-        if self._cache[0] != late.version:
-            arrays = self.state.store.load_version(late.version)
-            assert arrays is not None  # ``window`` checked that the checkpoint keeps it
-            self._cache = (late.version, float_layout(arrays)[1])
-        return self._cache[1]
+        if window.version not in self._cache:
+            arrays = self.state.store.load_version(window.version)
+            assert arrays is not None  # ``windows`` checked that the checkpoint keeps it
+            while len(self._cache) >= CACHED_VERSIONS:
+                self._cache.pop(min(self._cache))
+            self._cache[window.version] = float_layout(arrays)[1]
+        return self._cache[window.version]
+
+    def _has(self, version: int) -> bool:
+        return version == self.state.version or version in self._cache or \
+            (self.state.store.directory / f"global-v{version}.safetensors").exists()  # fmt: skip

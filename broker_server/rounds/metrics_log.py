@@ -61,6 +61,7 @@ def round_metrics(
     version: int,
     bytes_down: int,
     personal: dict | None = None,
+    buffer: dict | None = None,
 ) -> RoundMetrics:
     """A closed round's metrics line; ``outcome`` is (committed | rolled-back, reason, offenders)."""
     rs = ctx.state
@@ -89,6 +90,8 @@ def round_metrics(
         missed=rs.missed,
         action=rs.action,
         personal=personal or {},
+        wasted=dict(rs.wasted),
+        buffer=buffer or {},
     )
 
 

@@ -1,7 +1,8 @@
 """Which steps close a round, in order, for a given configuration (``broker_server.rounds.pipeline``).
 
-    bound influence → [keep agents' models] → aggregate → plan starts → check → [bound the step | add DP
-    noise → [adapt the clip] → [server step]] → [evaluate → export ONNX | agents' evaluation (partial aggregation)]
+    bound influence → [keep agents' models] → aggregate → [scale the buffer's step] → plan starts → check →
+    [bound the step | add DP noise → [adapt the clip] → server step → [scale the buffer's step]] →
+    [evaluate → export ONNX | agents' evaluation (partial aggregation)]
 
 Model-keeping strategies add ``KeepAgentModels``. ``[privacy]`` adds ``AddNoise`` (calibrated to the
 strategy's sensitivity) after the check of the clipped average, so the evaluation and everything
@@ -22,6 +23,7 @@ import numpy as np
 from broker_server.config import ServerConfig
 from broker_server.privacy.adaptive_clip import AdaptClip
 from broker_server.privacy.noise import NORM_SLACK, AddNoise
+from broker_server.rounds.buffer_step import ScaleBuffer
 from broker_server.rounds.onnx_step import ExportOnnx
 from broker_server.rounds.pipeline import (
     AgentsEvaluation,
@@ -83,8 +85,10 @@ def round_steps(
         def release_std(ctx: RoundContext) -> float:
             assert ctx.influence is not None
             return config.privacy.noise_multiplier * ctx.influence.clip_bound * (1 + NORM_SLACK)
+    scale = [ScaleBuffer(config.rounds.server_lr)] if config.rounds.is_async else []  # FedBuff's step
     steps += [
         Aggregate(strategy, average_only=private),
+        *([] if private else scale),
         PlanStarts(strategy, bank, current, round_rng, evaluator, release_std),
         CheckModel(policy, strategy.bounded_by_clip, private=private),
         *([] if private or strategy.keeps_models else [BoundChange(policy, history)]),
@@ -102,7 +106,7 @@ def round_steps(
         steps.append(AddNoise(config.privacy, strategy.dp_sensitivity))
         if config.privacy.adaptive_clip:
             steps.append(AdaptClip(config.privacy))
-        steps.append(ServerStep(strategy))
+        steps += [ServerStep(strategy), *scale]
     if config.server.share != "full":  # agents' personalized models: only they can evaluate them
         return [*steps, AgentsEvaluation()]
     if evaluator is not None:

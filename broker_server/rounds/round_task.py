@@ -25,9 +25,7 @@ def round_task(
     """The task for ``engine``'s open round, against the ``published`` global model."""
     rs = engine.round_state
     assert rs is not None
-    window = engine.late.window()
-    late = [a for a in window.owed if f"{a}@{window.round}" not in rs.folded_late] \
-        if window is not None and window.round == rs.round - 1 else []  # fmt: skip
+    late = late_agents(engine)
     assignments, continues = engine.assignments, engine.local.continues()
     starts = [agent_start(agent, assignments.get(agent), published.sha256, continues) for agent in rs.selected]
     return RoundTask(
@@ -56,4 +54,18 @@ def round_task(
         codec=str(engine.codec),
         revoked=rs.revoked,
         late=late,
+        late_rounds=engine.rules.max_staleness if engine.rules.is_async else 1,
     )
+
+
+def late_agents(engine: RoundEngine) -> list[str]:
+    """Agents whose update of a closed round is still folded in (``flcore.late``): each one still training it
+    finishes and sends it. Synchronous rounds: the round just before; asynchronous ones: any within
+    ``rounds.max_staleness`` versions, but for agents that joined the open buffer (they train for it instead)."""
+    rs, windows = engine.round_state, engine.late.windows()
+    assert rs is not None
+    if windows is None:
+        return []
+    folded, async_ = set(rs.folded_late), engine.rules.is_async
+    return sorted({a for w in windows.windows if async_ or w.round == rs.round - 1 for a in w.owed
+                   if f"{a}@{w.round}" not in folded and not (async_ and a in rs.selected)})

@@ -22,6 +22,7 @@ from broker_server.watch.monitor_text import (
     score,
 )
 from broker_server.watch.monitor_view import Elected, FederationView, PeerState, elected
+from protocol.buffer_text import buffer_text, wasted_text
 from protocol.messages import RoundMetrics
 from protocol.scores import personal_score, round_headline
 
@@ -69,6 +70,8 @@ def _server_table(view: FederationView) -> Table:
             strategy += f", ε {s.privacy.get('epsilon')} of {s.privacy.get('target_epsilon') or '∞'}"
         models = view.metrics[-1].models if view.metrics else "global"  # "global accuracy" beside C-SPE
         shown = _lead(round_headline(models, s.eval, {}))
+        if s.buffer:  # asynchronous rounds: how full the open buffer is
+            phase += f", buffer {s.buffer.get('filled')}/{s.buffer.get('size')}, {s.buffer.get('in_flight')} training"
         head.add_row(*cells(s.state, s.round, phase, strategy, model, shown, s.agents_online),
                      *cells(s.detail, limit=MAX_CELL))  # fmt: skip
     return head
@@ -144,6 +147,7 @@ def _rounds_table(metrics: list[RoundMetrics]) -> Table:
     for m in metrics:
         outcome = "" if m.outcome == "committed" else f" ({m.outcome}: {m.reason})"
         outcome += "" if m.action == "average" else f" {m.action}"
+        outcome += "".join(f"; {text}" for text in (buffer_text(m.buffer), wasted_text(m.wasted)) if text)
         by_label = {s["label"]: score(s["value"]) for s in m.headline}
         rounds.add_row(
             *cells(f"{m.round}{outcome}", limit=MAX_CELL),

@@ -65,8 +65,10 @@ def _score_fields(scores: list[dict]) -> dict[str, str]:
 
 
 def server_line(s: ServerStatus) -> str:
+    buffer = {"buffer": f"{s.buffer.get('filled')}/{s.buffer.get('size')}", "in_flight": s.buffer.get("in_flight")} \
+        if s.buffer else {}  # asynchronous rounds  # fmt: skip
     return _line("server", federation=s.federation, state=s.state, round=s.round, phase=s.phase,
-                 strategy=s.strategy, model=f"v{s.model_version}", agents_online=s.agents_online,
+                 strategy=s.strategy, model=f"v{s.model_version}", agents_online=s.agents_online, **buffer,
                  eval=score(headline(s.eval)), detail=s.detail)  # fmt: skip
 
 
@@ -82,7 +84,16 @@ def metrics_line(m: RoundMetrics) -> str:
     return _line("round", round=m.round, outcome=m.outcome, reason=m.reason, **_score_fields(m.headline),
                  accepted=f"{len(m.accepted)}/{len(m.participants)}", rejected=len(m.rejected),
                  folded_late=len(m.aggregation.get("folded_late") or []), metric=score(headline(m.eval)),
-                 seconds=number(m.duration_s))  # fmt: skip
+                 seconds=number(m.duration_s), **_buffer_fields(m))  # fmt: skip
+
+
+def _buffer_fields(m: RoundMetrics) -> dict[str, object]:
+    """An asynchronous round's version, staleness and lost updates; a synchronous one's lost updates."""
+    fields: dict[str, object] = {f"lost_{kind}": n for kind, n in sorted(m.wasted.items()) if isinstance(n, int)}
+    if m.buffer:
+        fields = {"version": m.model_version, "staleness_mean": m.buffer.get("staleness_mean"),
+                  "staleness_max": m.buffer.get("staleness_max"), **fields}  # fmt: skip
+    return fields
 
 
 def peer_member_line(m: PeerMember, note: str = "") -> str:

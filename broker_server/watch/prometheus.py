@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from protocol.messages import RoundMetrics, ServerStatus, headline
 from protocol.prometheus import BoundedLabel, MetricsSection, serve
 
+STALENESS_BUCKETS = (0, 1, 2, 3, 5, 10, 20, 50)
 PHASES = ("starting", "waiting-for-agents", "training", "waiting-for-root", "finished")
 
 
@@ -50,6 +51,20 @@ class ServerMetrics:
                               ["score"], registry=r)  # fmt: skip
         self.epsilon = Gauge("skyfed_server_epsilon", "Differential privacy spent so far by the worst agent (+Inf "
                              "without [privacy] or once a model went out without noise)", registry=r)  # fmt: skip
+        self.version = Gauge("skyfed_server_model_version", "The global model version in force", registry=r)
+        self.buffer_size = Gauge("skyfed_server_buffer_size", "Asynchronous rounds: updates per model version "
+                                 "(rounds.buffer; 0 for synchronous rounds)", registry=r)  # fmt: skip
+        self.buffer_filled = Gauge("skyfed_server_buffer_filled", "Asynchronous rounds: updates in the open buffer",
+                                   registry=r)  # fmt: skip
+        self.in_flight = Gauge("skyfed_server_agents_in_flight", "Asynchronous rounds: agents training on the "
+                               "server's word (the open buffer's and older ones' within rounds.max_staleness)",
+                               registry=r)  # fmt: skip
+        self.staleness = Histogram("skyfed_server_update_staleness", "Model versions between the one an update was "
+                                   "trained from and the one it was folded into", buckets=STALENESS_BUCKETS,
+                                   registry=r)  # fmt: skip
+        self.wasted = Counter("skyfed_server_updates_wasted", "Trained updates refused for their age, by kind: late "
+                              "(its round closed) or stale (beyond rounds.max_staleness)", ["kind"],
+                              registry=r)  # fmt: skip
         for outcome in ("committed", "rolled-back"):
             self.rounds.labels(outcome=outcome)  # both series exist from the start, at 0
         self.eval_score.set(math.nan)
@@ -73,6 +88,11 @@ class ServerMetrics:
         self.duration.set(metrics.duration_s)
         self.bytes_up.inc(metrics.bytes_up)
         self.bytes_down.inc(metrics.bytes_down)
+        for kind, count in metrics.wasted.items():
+            self.wasted.labels(kind=self._reasons(kind)).inc(count)
+        for staleness, count in metrics.buffer.get("staleness", {}).items():
+            for _ in range(count):
+                self.staleness.observe(int(staleness))
         if metrics.outcome == "committed" and metrics.headline:  # the series say this round's scores, no older one's
             self.round_score.clear()
             for score in metrics.headline:
@@ -86,6 +106,10 @@ class ServerMetrics:
         for phase in {*PHASES, status.phase}:
             self.phase.labels(phase=phase).set(phase == status.phase)
         self.participants.set(participants)
+        self.version.set(status.model_version)
+        self.buffer_size.set(status.buffer.get("size", 0))
+        self.buffer_filled.set(status.buffer.get("filled", 0))
+        self.in_flight.set(status.buffer.get("in_flight", 0))
         self.agents_online.set(status.agents_online)
         score = headline(status.eval)
         self.eval_score.set(math.nan if score is None else score)

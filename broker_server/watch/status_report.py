@@ -58,6 +58,10 @@ class StatusReport:
             needed = self.config.rounds.min_agents
             return f"round {self.engine.next_round}: waiting for agents ({len(eligible)} eligible, {needed} needed)"
         attempt = f" (attempt {rs.attempt})" if rs.attempt > 1 else ""
+        if self.config.rounds.is_async:
+            buffer = self.engine.buffer.status()
+            return (f"version {self.engine.version}: buffer {buffer['filled']}/{buffer['size']} updates, "
+                    f"{buffer['in_flight']} agents training")  # fmt: skip
         return f"round {rs.round}{attempt}: collecting {len(rs.updates)}/{len(rs.selected)} updates"
 
     def json(self, state: str | None = None) -> bytes:
@@ -89,6 +93,7 @@ class StatusReport:
             best=self.engine.best.record,
             privacy=self.engine.ledger.summary() if self.config.privacy.enabled else {},
             eval=self.engine.model_eval,
+            buffer=self.engine.buffer.status() if self.config.rounds.is_async else {},
         )
         self.prometheus.status(status, participants=len(rs.selected) if rs is not None else 0)
         return status.to_json()

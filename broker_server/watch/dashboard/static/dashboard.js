@@ -174,6 +174,12 @@
     $("server-state").textContent = str(s.state) + (s.detail ? " (" + str(s.detail) + ")" : "");
     $("strategy").textContent = str(s.strategy);
     if (s.privacy && num(s.privacy.epsilon) !== null) $("epsilon").textContent = F.fixed(s.privacy.epsilon, 3);
+    const buffer = (s.buffer && typeof s.buffer === "object") ? s.buffer : null;
+    $("buffer-card").hidden = !buffer || num(buffer.size) === null;
+    if (!$("buffer-card").hidden) {
+      $("buffer").textContent = str(buffer.filled) + "/" + str(buffer.size) + " updates, " +
+        str(buffer.in_flight) + " agents training, model v" + str(s.model_version);
+    }
   }
 
   // "agents online" counts the rows shown online; the server's own count (of the statuses it accepted: it checks
@@ -218,7 +224,9 @@
     tr.replaceChildren();
     tr.className = r.live ? "live" : "history";
     cell(tr, round);
-    cell(tr, str(r.outcome) + (r.reason ? ": " + str(r.reason) : ""));
+    cell(tr, str(r.outcome) + (r.reason ? ": " + str(r.reason) : "") +
+      (num(r.staleness) === null ? "" : "; staleness " + F.fixed(r.staleness, 2)) +  // asynchronous rounds
+      (num(r.lost) ? "; lost " + r.lost + " late or stale" : ""));
     const scores = cell(tr, F.scores(r.headline, 6), "scores");
     if (r.headline.length) scores.setAttribute("data-lead", str(r.headline[0].label, 40));
     if (r.live) {
@@ -288,7 +296,8 @@
     addRound({ live: true, round: m.round, headline: checkedHeadline(m), loss: evaluation.loss,
                epsilon: m.privacy && m.privacy.epsilon, bytes_up: m.bytes_up, bytes_down: m.bytes_down,
                outcome: m.outcome, reason: m.reason, accepted: m.accepted, rejected: m.rejected,
-               aggregation: m.aggregation });
+               aggregation: m.aggregation, staleness: m.buffer && m.buffer.staleness_mean,
+               lost: F.total(m.wasted) });
   }
 
   // the history's rows name their scores [[key, value], …] and its `labels` says once what each key is called
@@ -309,7 +318,7 @@
       const headline = historyHeadline(row, labels);
       addRound({ live: false, round: row.round, headline: headline, loss: row.loss, epsilon: row.epsilon,
                  bytes_up: row.bytes_up, bytes_down: row.bytes_down, outcome: row.outcome,
-                 accepted: row.accepted, rejected: row.rejected });
+                 accepted: row.accepted, rejected: row.rejected, staleness: row.staleness, lost: row.lost });
     }
   }
 

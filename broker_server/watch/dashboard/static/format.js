@@ -72,6 +72,12 @@ window.skyfedFormat = (function () {
     return parts.join("; ");
   }
 
+  // a round's trained updates refused late or stale ({late: n, stale: n}), as one count
+  function total(counts) {
+    if (!counts || typeof counts !== "object") return 0;
+    return Object.values(counts).reduce((sum, n) => sum + (num(n) === null ? 0 : Number(n)), 0);
+  }
+
   return { num: num, text: text, list: list, fixed: fixed, byteTicks: byteTicks, bytes: bytes, scores: scores,
-           startsFrom: startsFrom };
+           startsFrom: startsFrom, total: total };
 })();

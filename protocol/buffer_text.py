@@ -1,0 +1,22 @@
+"""How an asynchronous round's buffer (``RoundMetrics.buffer``) and the trained updates a round lost
+(``RoundMetrics.wasted``) read on every surface: the sim's console, ``skyfed monitor``, the dashboard and
+``skyfed report``."""
+
+from __future__ import annotations
+
+
+def buffer_text(buffer: dict) -> str:
+    """``buffer 5/5, 2 late, staleness 0.8 (max 2)``; "" for a synchronous round."""
+    if not isinstance(buffer, dict) or not buffer:
+        return ""
+    late = f", {buffer.get('late', 0)} late" if buffer.get("late") else ""
+    staleness = f", staleness {buffer.get('staleness_mean', 0):g} (max {buffer.get('staleness_max', 0)})"
+    return f"buffer {buffer.get('updates', 0)}/{buffer.get('size', 0)}{late}{staleness}"
+
+
+def wasted_text(wasted: dict) -> str:
+    """``lost 1 stale, 2 late``: trained updates refused for their age; "" when none was."""
+    if not isinstance(wasted, dict):
+        return ""
+    parts = [f"{count} {kind}" for kind, count in sorted(wasted.items()) if isinstance(count, int) and count]
+    return f"lost {', '.join(parts)}" if parts else ""

@@ -1,0 +1,197 @@
+"""Buffered asynchronous rounds (``rounds.mode = "async"``, FedBuff): a model version every K updates, late updates
+folded with their staleness weight, refused as stale beyond ``max_staleness``, one update per agent per buffer,
+joins bounded by ``max_concurrent``, the checkpoint, and differential privacy per released version."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from broker_server.config import async_problem, load_server_config
+from broker_server.rounds.buffer_step import buffer_scale
+from broker_server.rounds.engine import RoundEngine
+from flcore.bounds import InfluencePolicy
+from flcore.rounds import RoundRules
+from flcore.staleness import Staleness
+from flcore.update import NotForThisRound
+from models.weights import RUNNING_STATISTICS, float_part
+from security.replay import ReplayGuard
+from sim.federation import SimSettings, create_federation
+from tests.fedharness import override_toml
+from tests.fixtures import completed, dp_completed, random_delta
+
+PLAIN = InfluencePolicy(clip="off", sample_multiple=0, change_multiple=0, collapse_ratio=0, screen_below=0)
+AGENTS = ["agent-01", "agent-02", "agent-03"]
+
+
+def async_engine(config, **rules) -> RoundEngine:
+    table = {"mode": "async", "buffer": 2, "min_agents": 1, "quorum": 1, **rules}
+    return RoundEngine(dataclasses.replace(config, strategy={"name": "fedavg"}, bounds=PLAIN,
+                                           rounds=RoundRules(**table)), replay=ReplayGuard(3600))  # fmt: skip
+
+
+def buffer_closes(engine: RoundEngine, agents: list[str], seed: int = 0, busy: frozenset[str] = frozenset()):
+    """One buffer opened on the idle agents, filled by ``agents`` and closed; returns its metrics."""
+    assert engine.begin_round(AGENTS, now=0.0, busy=set(busy)) is not None
+    engine.announce(now=0.0)
+    for i, agent in enumerate(agents):
+        engine.accept(completed(engine, agent, seed=seed + i))
+    assert engine.decide(now=0.5) == "close"
+    return engine.close(now=1.0, model_wire_bytes=0)
+
+
+def test_staleness_functions_are_the_papers_and_bad_specs_name_the_key():
+    assert Staleness.parse("constant").weight(7) == 1.0
+    assert Staleness.parse("polynomial:0.5").weight(3) == pytest.approx(0.5)  # (1 + 3)^-1/2
+    hinge = Staleness.parse("hinge:1,2")
+    assert [hinge.weight(s) for s in (0, 2, 4)] == [1.0, 1.0, pytest.approx(1 / 3)]  # 1 / (a (s - b) + 1)
+    assert Staleness.fixed(0.7).weight(0) == 0.7 and str(Staleness.parse("hinge:1,2")) == "hinge:1,2"
+    for bad in ("poly:1", "polynomial", "polynomial:-1", "hinge:1", "hinge:1,-1", "constant:2", 3):
+        with pytest.raises(ValueError, match="rounds.staleness must be"):
+            Staleness.parse(bad)
+    with pytest.raises(ValueError, match='rounds.mode must be "sync"'):
+        RoundRules(mode="later")
+    with pytest.raises(ValueError, match="rounds.buffer must be a whole number >= 1"):
+        RoundRules(mode="async", buffer=0)
+    with pytest.raises(ValueError, match=r"rounds.server_lr must be a number in \(0, 10\]"):
+        RoundRules(mode="async", server_lr=0)
+
+
+def test_a_buffer_closes_at_k_and_a_late_update_joins_the_next_as_its_change_at_its_staleness_weight(config):
+    engine = async_engine(config)
+    assert engine.begin_round(AGENTS, now=0.0, busy=set()) is not None
+    engine.announce(now=0.0)
+    v1 = float_part(engine.global_arrays)
+    late = completed(engine, "agent-03", seed=3, samples=300)  # trained from version 1 for round 1
+    for i, agent in enumerate(["agent-01", "agent-02"]):
+        engine.accept(completed(engine, agent, seed=i))
+    assert engine.decide(now=0.1) == "close"  # K = 2, whoever is still training
+    first = engine.close(now=1.0, model_wire_bytes=0)
+    assert first.buffer == {"size": 2, "updates": 2, "late": 0, "staleness_mean": 0.0, "staleness_max": 0,
+                            "staleness": {"0": 2}, "stale_refused": 0}  # fmt: skip
+    assert engine.late.windows().owed() == ["agent-03"]
+    v2 = float_part(engine.global_arrays)
+    # agent-03 is still training: the next buffer opens on the others, and its update joins it
+    assert engine.begin_round(AGENTS, now=1.0, busy={"agent-03"}).selected == ["agent-01", "agent-02"]
+    engine.announce(now=1.0)
+    record = engine.accept(late)
+    assert (record.late_from, record.staleness) == (1, 1) and record.discount == pytest.approx(2**-0.5)
+    stored = engine.state.store.updates.delta(engine.round_state.round, "agent-03@1")
+    change = np.concatenate([random_delta(engine, 3)[k].ravel() for k in sorted(v1)])
+    statistics = np.zeros(change.size, bool)
+    offset = 0
+    for k in sorted(v1):  # BatchNorm's running statistics join as its model's: v1 + delta - v2
+        if k.endswith(RUNNING_STATISTICS):
+            statistics[offset:offset + v1[k].size] = True
+            change[offset:offset + v1[k].size] += (v1[k] - v2[k]).ravel()
+        offset += v1[k].size
+    np.testing.assert_allclose(stored, change, atol=1e-6)  # its change (FedBuff), not its model
+    assert (~statistics).any() and statistics.any()
+    with pytest.raises(NotForThisRound, match="duplicate"):  # a replay of it
+        engine.accept(late)
+    engine.accept(completed(engine, "agent-01", seed=11, samples=100))
+    assert engine.decide(now=1.5) == "close"  # the late update counts towards K
+    second = engine.close(now=2.0, model_wire_bytes=0)
+    assert second.buffer["late"] == 1 and second.buffer["staleness"] == {"0": 1, "1": 1}
+    assert second.aggregation["folded_late"] == ["agent-03@1"]
+    assert second.aggregation["buffer_scale"] == pytest.approx((100 + 300 * 2**-0.5) / 400, abs=1e-6)
+
+
+def test_server_lr_scales_the_buffers_step(config):
+    other = dataclasses.replace(config, server=dataclasses.replace(config.server, state_dir="half"))
+    plain, half = async_engine(config), async_engine(other, server_lr=0.5)
+    before = plain.global_vector.copy()
+    for engine in (plain, half):
+        buffer_closes(engine, ["agent-01", "agent-02"])
+    np.testing.assert_allclose(half.global_vector - before, 0.5 * (plain.global_vector - before), atol=1e-6)
+    assert buffer_scale(2.0, np.array([1.0, 3.0]), np.array([1.0, 0.5])) == pytest.approx(2 * 2.5 / 4)
+
+
+def test_an_update_beyond_max_staleness_is_refused_as_stale_and_counted(config):
+    engine = async_engine(config, max_staleness=1)
+    assert engine.begin_round(AGENTS, now=0.0, busy=set()) is not None
+    engine.announce(now=0.0)
+    old = completed(engine, "agent-03", seed=3)
+    for i, agent in enumerate(["agent-01", "agent-02"]):
+        engine.accept(completed(engine, agent, seed=i))
+    engine.close(now=1.0, model_wire_bytes=0)
+    buffer_closes(engine, ["agent-01", "agent-02"], seed=10, busy=frozenset({"agent-03"}))  # version 3 now
+    assert engine.begin_round(AGENTS, now=2.0, busy={"agent-03"}) is not None
+    engine.announce(now=2.0)
+    with pytest.raises(NotForThisRound, match=r"stale: round 1's model is more than 1 versions behind the current 3 "
+                                              r"\(rounds.max_staleness = 1\)") as refused:  # fmt: skip
+        engine.accept(old)
+    engine.reject("agent-03", refused.value.reason)  # what the daemon's refusals do with it
+    for i, agent in enumerate(["agent-01", "agent-02"]):
+        engine.accept(completed(engine, agent, seed=20 + i))
+    metrics = engine.close(now=3.0, model_wire_bytes=0)
+    assert metrics.wasted == {"stale": 1} and metrics.buffer["stale_refused"] == 1
+    assert engine.state.late == ()  # nobody owed: no window, no older model kept
+
+
+def test_joins_are_bounded_by_max_concurrent_and_one_update_per_agent_per_buffer(config):
+    engine = async_engine(config, max_concurrent=2, buffer=3)
+    rs = engine.begin_round(AGENTS, now=0.0, busy=set())
+    assert len(rs.selected) == 2  # room for 2 training at once
+    engine.announce(now=0.0)
+    first, other = rs.selected
+    third = next(a for a in AGENTS if a not in rs.selected)
+    assert engine.buffer.join(AGENTS, busy={third}) == []  # training still (an older buffer's): no room
+    engine.accept(completed(engine, first, seed=1))
+    assert engine.buffer.join(AGENTS, busy=set()) == [third]  # room for one; the agent in the buffer waits
+    assert engine.buffer.join(AGENTS, busy=set()) == []
+    engine.accept(completed(engine, other, seed=2))
+    assert engine.buffer.status() == {"size": 3, "filled": 2, "in_flight": 1}
+    with pytest.raises(NotForThisRound, match="duplicate"):  # one update per agent per buffer
+        engine.accept(completed(engine, first, seed=3))
+
+
+def test_a_restart_mid_buffer_keeps_its_updates_and_the_older_models_late_ones_need(config):
+    engine = async_engine(config, buffer=3)
+    assert engine.begin_round(AGENTS, now=0.0, busy=set()) is not None
+    engine.announce(now=0.0)
+    late = completed(engine, "agent-03", seed=3)
+    engine.accept(completed(engine, "agent-01", seed=1))
+    engine.accept(completed(engine, "agent-02", seed=2))
+    engine.close(now=1.0, model_wire_bytes=0)  # without agent-03 (as at a deadline, on the quorum)
+    assert engine.begin_round(AGENTS, now=1.0, busy={"agent-03"}) is not None
+    engine.announce(now=1.0)
+    engine.accept(completed(engine, "agent-01", seed=4))
+    again = async_engine(config, buffer=3)  # as after kill -9: only what the checkpoint holds
+    assert [u.agent for u in again.round_state.updates] == ["agent-01"]
+    assert again.accept(late).late_from == 1  # version 1 is still kept for it
+    again.accept(completed(again, "agent-02", seed=5))
+    assert again.close(now=2.0, model_wire_bytes=0).buffer["updates"] == 3
+
+
+def test_async_refuses_what_a_buffer_cannot_do_at_start(config):
+    rules = RoundRules(mode="async")
+    assert async_problem(dataclasses.replace(config, rounds=rules)) == ""
+    for strategy, why in (({"name": "fedamp"}, "gives agents models of their own"),
+                          ({"name": "fedavg", "threshold": 2}, "strategy.threshold")):  # fmt: skip
+        assert why in async_problem(dataclasses.replace(config, rounds=rules, strategy=strategy))
+
+
+def test_private_async_rounds_report_epsilon_per_version_and_stop_at_the_budget(tmp_path):
+    layout = create_federation(tmp_path, SimSettings(agents=3, rounds=10, federation="e"), ("127.0.0.1", 1))
+    override_toml(layout.server_config, rounds={"mode": "async", "buffer": 3, "min_agents": 3, "quorum": 3,
+                                                "staleness": "polynomial:0.5"},
+                  strategy={"name": "fedavg", "weighting": "uniform"},
+                  privacy={"clip": 0.5, "noise_multiplier": 2.0, "target_epsilon": 3.5})  # fmt: skip
+    with pytest.raises(Exception, match='rounds.staleness = "constant"'):
+        load_server_config(layout.server_config)
+    override_toml(layout.server_config, rounds={"staleness": "constant"})
+    config = load_server_config(layout.server_config)
+    engine = RoundEngine(config, replay=ReplayGuard(3600), evaluator=lambda arrays: {"accuracy": 0.5})
+    epsilons, versions = [], []
+    while engine.begin_round(AGENTS, now=0.0, enrolled=AGENTS, busy=set()) is not None:
+        engine.announce(now=0.0)
+        for i, agent in enumerate(AGENTS):
+            engine.accept(dp_completed(engine, agent, seed=i), now=1.0)
+        metrics = engine.close(now=1.0, model_wire_bytes=0)
+        epsilons.append(metrics.privacy["epsilon"])
+        versions.append(metrics.model_version)
+    assert versions == [2, 3] and epsilons[0] < epsilons[1] <= 4.1  # one charge per released version, then stop
+    assert engine.finished and engine.budget_exhausted
