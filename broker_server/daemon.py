@@ -9,7 +9,8 @@ that produced (signed round task, sealed model, metrics, status). Every refusal 
 
 What is not the round's own flow is a collaborator the daemon holds and hands what it needs: ``delivery``
 (models to inboxes, retained messages healed), ``fleet_changes`` (revocations, catching up with the fleet),
-``pool_rounds`` (``[pool]``), ``regional`` (``[upstream]``) and ``report`` (``server/status``, systemd).
+``joins`` (asynchronous rounds: idle agents joining the open buffer), ``pool_rounds`` (``[pool]``), ``regional``
+(``[upstream]``) and ``report`` (``server/status``, systemd).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 
 import paho.mqtt.client as paho
 
+from broker_server.agents.buffer_joins import BufferJoins
 from broker_server.agents.delivery import Delivery
 from broker_server.agents.fleet_changes import FleetChanges
 from broker_server.agents.groupkeys import GroupKeyDistributor
@@ -57,8 +59,6 @@ from security.envelope import Manifest, Opener
 from security.keys import GroupKey, Identity, Keyring
 
 log = logging.getLogger("skyfed.server")
-
-JOIN_INTERVAL_S = 1.0  # asynchronous rounds: idle agents are asked to join the open buffer at most this often
 
 
 class Aggregator(MqttDaemon):
@@ -101,7 +101,6 @@ class Aggregator(MqttDaemon):
         self._unsaved: dict[str, Completed] = {}  # authenticated updates whose acceptance could not be written
         self._held_late: dict[str, Completed] = {}  # late updates that arrived between two rounds (flcore.late)
         self.phase = "starting"
-        self._next_join = 0.0  # asynchronous rounds: when idle agents are next asked to join the open buffer
         self.ignored = IgnoredAgents(config.enrolled_dir, keyring, fed, self.rejections)
         self.tasks = TaskPublisher(self.mqtt, self.topics.round, self.identity)
         parts = {"mqtt": self.mqtt, "topics": self.topics, "identity": self.identity, "clock": clock}
@@ -110,6 +109,9 @@ class Aggregator(MqttDaemon):
         self.fleet_changes = FleetChanges(self.engine, disk=self.disk, registry=self.registry,
                                           publisher=self.publisher, reassembler=self.reassembler,
                                           publish_task=self._publish_task, **parts)  # fmt: skip
+        self.joins = BufferJoins(self.engine, disk=self.disk, registry=self.registry, delivery=self.delivery,
+                                 key_id=lambda: self.group_keys.key.key_id,
+                                 publish_task=self._publish_task)  # fmt: skip
         self.trust = TrustKeeper(
             config.enrolled_dir,
             registry=self.registry,
@@ -246,8 +248,8 @@ class Aggregator(MqttDaemon):
                     self._accept(completed)
         elif action == "close":
             self._close(now)
-        elif action == "wait" and self.config.rounds.is_async and now >= self._next_join:
-            self._join(now)
+        elif action == "wait" and self.config.rounds.is_async:  # idle agents join the open buffer
+            self.joins.poll(now)
         elif action == "reannounce":
             with self.disk.writing(now, self.engine.state.durably("round re-announcement")):
                 self.engine.replace_missing(self.registry.eligible(self.group_keys.key.key_id, now), now)
@@ -278,27 +280,6 @@ class Aggregator(MqttDaemon):
         if self.pool_rounds is not None:
             self.pool_rounds.start(task)
         self.report.publish(force=True)
-
-    def _join(self, now: float) -> None:
-        """An asynchronous round: idle agents online join the open buffer (``AsyncRounds.join``), at most once
-        every ``JOIN_INTERVAL_S``: each join publishes the task again, which every agent receives."""
-        self._next_join = now + JOIN_INTERVAL_S
-        idle = self.engine.health.available(self.registry.eligible(self.group_keys.key.key_id, now),
-                                            self.engine.next_round, now)  # fmt: skip
-        if self.config.privacy.enabled:
-            idle = self.engine.ledger.affordable(idle)
-        joined: list[str] = []
-        with self.disk.writing(now, self.engine.state.durably("agents joining the buffer")):
-            joined = self.engine.buffer.join(idle, self.registry.busy(now))
-        if not joined:
-            return
-        self._publish_task()
-        for agent in joined:
-            self.delivery.send_start(agent)
-        rs = self.engine.round_state
-        assert rs is not None
-        log.info("agents joined round=%d joined=%s buffer=%d/%d", rs.round, ",".join(joined), len(rs.updates),
-                 self.config.rounds.buffer)  # fmt: skip
 
     def _publish_task(self) -> RoundTask:
         """Sign and publish (retained) the open round's task as the engine has it now."""
@@ -399,8 +380,7 @@ class Aggregator(MqttDaemon):
         self.prometheus.round_closed(metrics)
         log_round(metrics)
         late = self.engine.late.windows()  # unfinished updates for a closed round, but the late ones folded in
-        folded = (lambda m: False) if late is None else (lambda m: late.welcomes(m.sender, m.round))
-        self.reassembler.drop_where(lambda m: m.round <= metrics.round and not folded(m))
+        self.reassembler.drop_where(lambda m: m.round <= metrics.round and not late.welcomes(m.sender, m.round))
         self.phase = "finished" if self.engine.finished else "waiting-for-agents"
         if self.engine.finished:
             self._log_finished()

@@ -9,9 +9,16 @@ def buffer_text(buffer: dict) -> str:
     """``buffer 5/5, 2 late, staleness 0.8 (max 2)``; "" for a synchronous round."""
     if not isinstance(buffer, dict) or not buffer:
         return ""
-    late = f", {buffer.get('late', 0)} late" if buffer.get("late") else ""
-    staleness = f", staleness {buffer.get('staleness_mean', 0):g} (max {buffer.get('staleness_max', 0)})"
-    return f"buffer {buffer.get('updates', 0)}/{buffer.get('size', 0)}{late}{staleness}"
+    late = f", {_number(buffer.get('late'))} late" if buffer.get("late") else ""
+    staleness = f", staleness {_number(buffer.get('staleness_mean'))} (max {_number(buffer.get('staleness_max'))})"
+    return f"buffer {_number(buffer.get('updates'))}/{_number(buffer.get('size'))}{late}{staleness}"
+
+
+def _number(value: object) -> str:
+    """A count or a mean as received (a metrics topic is public: anything else is shown as ``?``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "?"
+    return f"{value:.4g}"
 
 
 def wasted_text(wasted: dict) -> str:

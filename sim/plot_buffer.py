@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from sim.plots import plt
+from sim.report_rows import drawable
 
 
 def _field(row: dict, key: str) -> dict:
@@ -38,8 +39,8 @@ def draw_buffer(rows: list[dict]) -> Figure:
     counts.set(ylabel="updates", title="Updates folded into each model version, and lost")
     counts.legend(fontsize="x-small")
     if any(buffers):
-        ages.plot(rounds, [b.get("staleness_mean", 0) for b in buffers], marker="o", label="mean")
-        ages.plot(rounds, [b.get("staleness_max", 0) for b in buffers], marker=".", linestyle="--", label="max")
+        ages.plot(rounds, [drawable(b.get("staleness_mean")) for b in buffers], marker="o", label="mean")
+        ages.plot(rounds, [drawable(b.get("staleness_max")) for b in buffers], marker=".", linestyle="--", label="max")
         ages.legend(fontsize="x-small")
     ages.set(xlabel="round (one buffer, one model version)", ylabel="versions behind",
              title="Staleness of the folded updates" if any(buffers) else "Staleness: synchronous rounds")

@@ -5,6 +5,9 @@ joins bounded by ``max_concurrent``, the checkpoint, and differential privacy pe
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import signal
 
 import numpy as np
 import pytest
@@ -12,15 +15,24 @@ import pytest
 from broker_server.config import async_problem, load_server_config
 from broker_server.rounds.buffer_step import buffer_scale
 from broker_server.rounds.engine import RoundEngine
+from broker_server.watch.history import history_row
+from broker_server.watch.monitor_text import metrics_line, server_line
+from broker_server.watch.prometheus import ServerMetrics
 from flcore.bounds import InfluencePolicy
 from flcore.rounds import RoundRules
 from flcore.staleness import Staleness
 from flcore.update import NotForThisRound
 from models.weights import RUNNING_STATISTICS, float_part
+from protocol.buffer_text import buffer_text, wasted_text
+from protocol.messages import RoundMetrics, ServerStatus
+from protocol.prometheus import MetricsSection
 from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
-from tests.fedharness import override_toml
+from sim.launch import format_round
+from sim.report import write_report
+from tests.fedharness import Federation, override_toml, wait_until
 from tests.fixtures import completed, dp_completed, random_delta
+from tests.liveharness import SlowInRound, start_server_process
 
 PLAIN = InfluencePolicy(clip="off", sample_multiple=0, change_multiple=0, collapse_ratio=0, screen_below=0)
 AGENTS = ["agent-01", "agent-02", "agent-03"]
@@ -195,3 +207,105 @@ def test_private_async_rounds_report_epsilon_per_version_and_stop_at_the_budget(
         versions.append(metrics.model_version)
     assert versions == [2, 3] and epsilons[0] < epsilons[1] <= 4.1  # one charge per released version, then stop
     assert engine.finished and engine.budget_exhausted
+
+
+# --- over the real broker, the real daemons
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_an_async_federation_survives_kill_9_mid_buffer_with_every_accepted_update_accounted_for(tmp_path, broker):
+    """Buffers of 2 from 3 agents, agent-01 slow in round 1 (its update lands in a later buffer, late); the server
+    is killed once a buffer holds an update, restarted, and the run ends with every update it accepted in the
+    metrics, the late one folded with its staleness and nothing refused for its age."""
+    fed = Federation(tmp_path, broker, rounds=4, asynchronous=True, buffer=2)
+    slow = fed.agents[0]
+    slow.runner.trainer = SlowInRound(slow.runner.trainer, round_number=1, delay_s=6.0)
+    log = tmp_path / "server.log"
+    server = start_server_process(fed.layout.server_config, log)
+    fed.start_agents()
+    state_file = fed.server_state / "checkpoint" / "state.json"
+
+    def mid_buffer() -> list[str]:
+        try:
+            rs = json.loads(state_file.read_text())["round_state"]
+        except (FileNotFoundError, json.JSONDecodeError):
+            return []
+        return [f"{u['agent']}@{u['late_from']}" if u["late_from"] else u["agent"] for u in rs["updates"]] \
+            if rs and rs["round"] >= 2 else []  # fmt: skip
+
+    try:
+        before_kill = wait_until(mid_buffer, 120, "an update in the buffer of round 2 or later")
+        killed_in = json.loads(state_file.read_text())["round_state"]["round"]
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(10)
+        server = start_server_process(fed.layout.server_config, log)
+        assert server.wait(200) == 0, log.read_text()[-3000:]
+    finally:
+        if server.poll() is None:
+            server.kill()
+        fed.close()
+    metrics = fed.metrics()
+    assert [m.round for m in metrics] == [1, 2, 3, 4] and all(m.outcome == "committed" for m in metrics)
+    resumed = next(m for m in metrics if m.round == killed_in)
+    assert set(before_kill) <= set(resumed.accepted) | set(resumed.aggregation.get("folded_late", []))
+    for m in metrics:  # every accepted update is in its buffer's count
+        assert m.buffer["updates"] == len(m.accepted) + len(m.aggregation.get("folded_late", [])) >= 2, m
+    late = [k for m in metrics for k in m.aggregation.get("folded_late", [])]
+    assert "agent-01@1" in late and not any(m.wasted for m in metrics)
+    assert any(m.buffer["staleness_max"] >= 1 for m in metrics)
+    assert "server resumed" in log.read_text()
+
+
+# --- every surface says versions, buffer fill, staleness and what was lost
+def buffer_metrics_row(round_number: int, updates: int, late: int, stale: int) -> RoundMetrics:
+    return RoundMetrics(round=round_number, strategy="fedavg", participants=["agent-01", "agent-02"],
+                        accepted=["agent-01"], rejected=[], duration_s=1.0, aggregate_s=0.0, bytes_up=1, bytes_down=1,
+                        eval={"accuracy": 0.5, "loss": 1.0}, model_version=round_number + 1, finished_at=0.0,
+                        aggregation={"folded_late": [f"agent-02@{round_number - 1}"] * late},
+                        wasted={"stale": stale} if stale else {},
+                        buffer={"size": 2, "updates": updates, "late": late, "staleness_mean": 0.5,
+                                "staleness_max": 1, "staleness": {"0": updates - late, "1": late},
+                                "stale_refused": stale})  # fmt: skip
+
+
+def test_status_monitor_prometheus_and_history_show_the_buffer_and_the_staleness():
+    status = ServerStatus(state="running", federation="f", round=3, phase="training", strategy="fedavg",
+                          model_version=4, agents_online=5, updated_at=0.0,
+                          buffer={"size": 5, "filled": 2, "in_flight": 3})  # fmt: skip
+    assert "buffer=2/5 in_flight=3" in server_line(status) and "model=v4" in server_line(status)
+    m = buffer_metrics_row(3, 2, 1, 1)
+    line = metrics_line(m)
+    assert "version=4 staleness_mean=0.5 staleness_max=1 lost_stale=1" in line
+    assert buffer_text(m.buffer) == "buffer 2/2, 1 late, staleness 0.5 (max 1)" and wasted_text(m.wasted) == \
+        "lost 1 stale"  # the sim's console, the monitor's rounds table  # fmt: skip
+    assert "buffer 2/2" in format_round(m, 10.0) and "lost 1 stale" in format_round(m, 10.0)
+    row = history_row(m)
+    assert row["staleness"] == 0.5 and row["lost"] == 1  # the dashboard's rows
+    assert "staleness" not in history_row(dataclasses.replace(m, buffer={}, wasted={}))
+    prometheus = ServerMetrics(MetricsSection())
+    value = prometheus.registry.get_sample_value
+    prometheus.status(status, participants=4)
+    assert (value("skyfed_server_buffer_filled"), value("skyfed_server_buffer_size"),
+            value("skyfed_server_agents_in_flight"), value("skyfed_server_model_version")) == (2, 5, 3, 4)
+    prometheus.round_closed(m)
+    assert value("skyfed_server_update_staleness_count") == 2 and value("skyfed_server_update_staleness_sum") == 1
+    assert value("skyfed_server_updates_wasted_total", {"kind": "stale"}) == 1
+
+
+def test_report_draws_the_buffers_of_an_async_run(tmp_path):
+    rows = [json.loads(buffer_metrics_row(r, 2, r % 2, r // 3).to_json()) for r in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    written = write_report(tmp_path, echo=lambda _line: None)
+    assert tmp_path / "buffer.png" in written and (tmp_path / "buffer.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"buffer": 5}, "--buffer needs --async"),
+    ({"asynchronous": True, "buffer": 9}, "--buffer 9 is more than the 4 agents"),
+    ({"asynchronous": True, "staleness": "poly:2"}, "--staleness must be"),
+    ({"asynchronous": True, "mode": "peer"}, "--async is not available with --mode peer"),
+    ({"asynchronous": True, "in_process": True}, "--async is not available with --in-process"),
+    ({"asynchronous": True, "regions": 2}, "--async is not available with --regions"),
+])  # fmt: skip
+def test_sim_refuses_a_buffer_it_cannot_run_naming_the_flag(flags, message):
+    with pytest.raises(ValueError, match=message):
+        SimSettings(agents=4, **flags)

@@ -79,7 +79,7 @@ def test_a_replayed_forged_or_too_old_late_update_is_still_refused(config):
     with pytest.raises(UpdateRejected, match="version"):
         engine.accept(dataclasses.replace(late, data=memoryview(data), wire_bytes=len(data)))
     not_owed = dataclasses.replace(late, manifest=dataclasses.replace(late.manifest, sender="agent-01"))
-    with pytest.raises(NotForThisRound, match="late"):  # round 1 counted agent-01 already
+    with pytest.raises(NotForThisRound, match="not-owed"):  # round 1 counted agent-01 already
         engine.accept(not_owed)
     engine.accept(late)
     with pytest.raises(NotForThisRound, match="duplicate"):

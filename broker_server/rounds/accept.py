@@ -94,14 +94,19 @@ class LateWindow:
 class LateWindows:
     """The closed rounds whose late updates are still folded in, and their weight: in synchronous rounds the round
     just before (``flcore.late``); in asynchronous ones every round whose model is at most ``max_staleness``
-    versions behind ``version``, the model in force (``flcore.staleness``). ``max_staleness`` 0: synchronous."""
+    versions behind ``version``, the model in force (``flcore.staleness``). ``max_staleness`` 0: synchronous;
+    ``folding`` off (``strategy.late_weight = 0``): the windows only tell a late update from a duplicate."""
 
     windows: tuple[LateWindow, ...] = ()
     version: int = 0
     staleness: Staleness = Staleness()
     max_staleness: int = 0
+    folding: bool = True
 
     def find(self, agent: str, round_number: int) -> LateWindow | None:
+        """The window that folds ``agent``'s update for ``round_number`` in, if one does."""
+        if not self.folding:
+            return None
         return next((w for w in self.windows if w.welcomes(agent, round_number)), None)
 
     def welcomes(self, agent: str, round_number: int) -> bool:
@@ -109,14 +114,18 @@ class LateWindows:
 
     def owed(self) -> list[str]:
         """Agents whose late update is still welcome (each agent trains one round at a time)."""
-        return sorted({agent for w in self.windows for agent in w.owed})
+        return sorted({agent for w in self.windows for agent in w.owed}) if self.folding else []
 
     def refusal(self, agent: str, round_number: int, current: int) -> str:
-        """Why an update of ``agent`` for ``round_number``, before the ``current`` round, is refused ("": folded)."""
+        """Why an update of ``agent`` for ``round_number``, before the ``current`` round, is refused ("": folded).
+        ``late`` and ``stale`` name a trained update lost (``metrics.wasted``); ``not-owed`` one its round had
+        counted already (a copy re-sent across a restart) or never asked for."""
+        window = next((w for w in self.windows if w.round == round_number), None)
+        if window is not None and agent not in window.owed:
+            return f"not-owed: round {round_number} closed having counted {agent}'s update, or without asking for one"
         if not self.max_staleness:
-            last = self.windows[-1] if self.windows else LateWindow()
-            return late_refusal(round_number, current, folding=True, owed=last.welcomes(agent, round_number))
-        if self.welcomes(agent, round_number):
+            return late_refusal(round_number, current, folding=self.folding, owed=window is not None)
+        if window is not None:
             return ""
         oldest = min((w.round for w in self.windows), default=current)
         if round_number < oldest:
@@ -128,19 +137,18 @@ class LateWindows:
 def check_gates(state: RoundState | None, agent: str, round_number: int, next_round: int,
                 late: LateWindows | None = None) -> int:  # fmt: skip
     """0 if this update may join the open round as its own; the round it was trained for if it joins as a late
-    update of a closed round (``late``: the windows, None: late updates are refused, ``flcore.late``).
+    update of a closed round (``late``: the windows, ``flcore.late``; None: every late update is refused).
     ``next_round`` is the round the server opens next; ``NotForThisRound`` says why neither."""
     current = state.round if state is not None else next_round
     if round_number < current:  # e.g. after the round closed at its threshold
-        why = late.refusal(agent, round_number, current) if late is not None else \
-            late_refusal(round_number, current, folding=False, owed=False)  # fmt: skip
-        if why:
+        late = late if late is not None else LateWindows(folding=False)
+        if why := late.refusal(agent, round_number, current):
             raise NotForThisRound(why)
         if state is None:  # between two rounds: the daemon holds it for the next
             raise NotForThisRound(f"not-yet: round {current} is not open")
         if f"{agent}@{round_number}" in (u.key for u in state.updates) or agent in state.revoked:
             raise NotForThisRound("duplicate" if agent not in state.revoked else "revoked: its enrolment was withdrawn")
-        if late is not None and late.max_staleness and any(u.agent == agent for u in state.updates):
+        if late.max_staleness and any(u.agent == agent for u in state.updates):
             raise NotForThisRound("duplicate: one update per agent in a buffer (its newer one is in already)")
         return round_number
     if state is None:

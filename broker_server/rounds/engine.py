@@ -29,7 +29,7 @@ import numpy as np
 
 from broker_server.config import ServerConfig
 from broker_server.pool import POOL
-from broker_server.rounds.accept import LateWindow, RoundInputs, accept_update
+from broker_server.rounds.accept import LateWindow, accept_update
 from broker_server.rounds.async_rounds import AsyncRounds, buffer_metrics
 from broker_server.rounds.disk import DiskError
 from broker_server.rounds.engine_fleet import FleetEvents
@@ -49,7 +49,7 @@ from flcore.strategies import build_strategy
 from flcore.strategies.choice import strategy_notes
 from flcore.update import NotForThisRound, UpdateRejected
 from flcore.validation import reason_kind
-from models.weights import RUNNING_STATISTICS, NamedArrays, ranges_of, state_spec, with_floats
+from models.weights import NamedArrays, state_spec, with_floats
 from models.zoo import build_model
 from participant.recipes import checked_settings, work_share
 from protocol.codecs import Codec
@@ -246,29 +246,12 @@ class RoundEngine:
         failed for the round, so it is not waited for."""
         agent = completed.manifest.sender
         assignment = self.assignments.get(agent) if self.round_state and agent in self.round_state.selected else None
-        late = self.late.windows()
-        window = late.find(agent, completed.manifest.round) if late is not None else None
-        if window is not None:  # a late update, checked against the model it was trained from
-            version, base, staleness = window.version, self.late.base(window), self.version - window.version
-        else:
-            version, base, staleness = self.version, self._vector_of(assignment), 0
         try:
             record = accept_update(
                 completed,
                 self.round_state,
-                RoundInputs(
-                    self.float_spec,
-                    version,
-                    base,
-                    self.state.positive,
-                    base_sha256="" if assignment is None else assignment.model.sha256,
-                    next_round=self.next_round,
-                    codec=self.codec,
-                    late=late,
-                    current=self.global_vector,
-                    staleness=staleness,  # asynchronous: as its change (FedBuff); else as its model (flcore.late)
-                    as_model=ranges_of(self.float_spec, RUNNING_STATISTICS) if self.rules.is_async else None,
-                ),
+                self.late.inputs(agent, completed.manifest.round, self._vector_of(assignment), codec=self.codec,
+                                 base_sha256="" if assignment is None else assignment.model.sha256),  # fmt: skip
                 policy=self.policy,
                 strategy=self.strategy,
                 store=self.state.store.updates,

@@ -7,19 +7,21 @@ that round is folded into the open round at ``strategy.late_weight``. Asynchrono
 "async"``) keep every window whose model is at most ``rounds.max_staleness`` versions behind the one in force, and
 weigh an update by the staleness function of how many versions it is behind. An update is checked against the model
 it was trained from, which the checkpoint keeps while a window names it; when that file is gone (a region adopting
-its root's model), the window owes nobody.
+its root's model), the window is left out and its late updates are refused as late.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from broker_server.rounds.accept import LateWindow, LateWindows
+from broker_server.rounds.accept import LateWindow, LateWindows, RoundInputs
 from broker_server.rounds.engine_state import EngineState
 from flcore.rounds import RoundRules
 from flcore.staleness import Staleness
 from flcore.strategies.base import Strategy
 from flcore.update import float_layout
+from models.weights import RUNNING_STATISTICS, ranges_of
+from protocol.codecs import Codec
 
 CACHED_VERSIONS = 4  # older models' float vectors held in memory (each read from the checkpoint once)
 
@@ -30,14 +32,25 @@ class LateFolds:
         self.staleness = rules.staleness_fn if rules.is_async else Staleness.fixed(strategy.late_weight)
         self._cache: dict[int, np.ndarray] = {}  # version -> its float vector
 
-    def windows(self) -> LateWindows | None:
-        """The closed rounds whose late updates are folded into the open one; None when synchronous rounds refuse
-        them (``late_weight`` = 0)."""
-        if not self.rules.is_async and not self.strategy.late_weight:
-            return None
-        kept = tuple(w if self._has(w.version) else LateWindow(w.round, w.version) for w in self.state.late)
+    def windows(self) -> LateWindows:
+        """The closed rounds whose late updates are folded into the open one (none, ``folding`` off, when
+        synchronous rounds refuse them: ``late_weight`` = 0)."""
+        kept = tuple(w for w in self.state.late if self._has(w.version))  # a model gone: its late updates are lost
+        folding = self.rules.is_async or bool(self.strategy.late_weight)
         return LateWindows(kept, self.state.version, self.staleness, self.rules.max_staleness if self.rules.is_async
-                           else 0)  # fmt: skip
+                           else 0, folding)  # fmt: skip
+
+    def inputs(self, agent: str, round_number: int, base: np.ndarray, *, codec: Codec, base_sha256: str) -> RoundInputs:
+        """What an update of ``agent`` for ``round_number`` is checked against: the model its late window names, or
+        ``base``, the model the open round asked it to start from. A late one joins as its model (``flcore.late``),
+        in asynchronous rounds as its change (FedBuff), BatchNorm's running statistics as its model's."""
+        late, state = self.windows(), self.state
+        window = late.find(agent, round_number)
+        version, vector = (window.version, self.base(window)) if window is not None else (state.version, base)
+        return RoundInputs(state.float_spec, version, vector, state.positive, base_sha256=base_sha256,
+                           next_round=state.next_round, codec=codec, late=late, current=state.global_vector,
+                           staleness=state.version - version,
+                           as_model=ranges_of(state.float_spec, RUNNING_STATISTICS) if self.rules.is_async else None)
 
     def after_close(self, closed: LateWindow) -> None:
         """Keep ``closed`` (the round just closed), and drop windows no late update can come from any more."""
@@ -50,8 +63,7 @@ class LateFolds:
     def held_for_next_round(self, agent: str, round_number: int) -> bool:
         """Between two rounds: whether an update of ``agent`` for ``round_number`` is folded into the next round
         once it opens (the daemon holds it until then)."""
-        late = self.windows()
-        return self.state.round_state is None and late is not None and late.welcomes(agent, round_number)
+        return self.state.round_state is None and self.windows().welcomes(agent, round_number)
 
     def base(self, window: LateWindow) -> np.ndarray:
         """The float vector of the model ``window``'s updates were trained from."""

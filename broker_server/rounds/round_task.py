@@ -64,7 +64,7 @@ def late_agents(engine: RoundEngine) -> list[str]:
     ``rounds.max_staleness`` versions, but for agents that joined the open buffer (they train for it instead)."""
     rs, windows = engine.round_state, engine.late.windows()
     assert rs is not None
-    if windows is None:
+    if not windows.folding:
         return []
     folded, async_ = set(rs.folded_late), engine.rules.is_async
     return sorted({a for w in windows.windows if async_ or w.round == rs.round - 1 for a in w.owed

@@ -1,0 +1,49 @@
+"""Asynchronous rounds: idle agents that come online join the open buffer on the server's word
+(``broker_server.rounds.async_rounds``). ``Aggregator.joins``; each join is written durably before the task naming
+the agents is issued again and their start models are sent."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from broker_server.agents.delivery import Delivery
+from broker_server.agents.registry import AgentRegistry
+from broker_server.rounds.disk import DiskWatch
+from broker_server.rounds.engine import RoundEngine
+
+log = logging.getLogger("skyfed.server")
+
+JOIN_INTERVAL_S = 1.0  # idle agents are asked to join at most this often: each join issues the task to every agent
+
+
+class BufferJoins:
+    """``key_id`` says the current group key's id (an agent holding an older one is not eligible); ``publish_task``
+    issues the open round's task again (``Aggregator``)."""
+
+    def __init__(self, engine: RoundEngine, *, disk: DiskWatch, registry: AgentRegistry, delivery: Delivery,
+                 key_id: Callable[[], str], publish_task: Callable[[], object]) -> None:  # fmt: skip
+        self.engine, self.disk, self.registry, self.delivery = engine, disk, registry, delivery
+        self.key_id, self.publish_task = key_id, publish_task
+        self.next_at = 0.0
+
+    def poll(self, now: float) -> None:
+        if now < self.next_at:
+            return
+        self.next_at = now + JOIN_INTERVAL_S
+        engine = self.engine
+        idle = engine.health.available(self.registry.eligible(self.key_id(), now), engine.next_round, now)
+        if engine.config.privacy.enabled:  # only agents with budget for one more update
+            idle = engine.ledger.affordable(idle)
+        joined: list[str] = []
+        with self.disk.writing(now, engine.state.durably("agents joining the buffer")):
+            joined = engine.buffer.join(idle, self.registry.busy(now))
+        if not joined:
+            return
+        self.publish_task()
+        for agent in joined:
+            self.delivery.send_start(agent)
+        rs = engine.round_state
+        assert rs is not None
+        log.info("agents joined round=%d joined=%s buffer=%d/%d", rs.round, ",".join(joined), len(rs.updates),
+                 engine.rules.buffer)  # fmt: skip
