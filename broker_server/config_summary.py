@@ -17,9 +17,18 @@ def server_summary(config: ServerConfig) -> str:
         f"federation={s.federation} model={s.model} rounds={s.rounds or 'forever'} broker={b.address_list} "
         f"tls={'yes' if b.tls else 'no'} state_dir={config.state_dir} eval_data={config.eval_path or 'none'}"
         + (f" pool={config.pool_path}" if config.pool.enabled else "")
+        + _async_summary(config)
         + (f" upstream={u.id}@{u.federation}" if (u := config.upstream) is not None else "")
         + config.metrics.summary()
     )
+
+
+def _async_summary(config: ServerConfig) -> str:
+    r = config.rounds
+    if not r.is_async:
+        return ""
+    return (f" mode=async buffer={r.buffer} staleness={r.staleness} max_staleness={r.max_staleness} "
+            f"max_concurrent={r.max_concurrent or 'all'} server_lr={r.server_lr:g}")
 
 
 def server_warnings(config: ServerConfig) -> list[str]:

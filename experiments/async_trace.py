@@ -24,14 +24,22 @@ from sim.run import run_sim
 
 COMMON = {"agents": 20, "agents_per_process": 5, "partition": "dirichlet:0.3", "rounds": 20}
 TRACES = {"trace": "flights:on=1m,off=3m,jitter=20s", "no trace": ""}  # online 25 % of the time
-ARMS = {
-    "sync": {},
-    "async K=5": {"asynchronous": True, "buffer": 5, "rounds": 40},  # 200 updates, as sync's 20 x ~10 at most
-    "async K=10": {"asynchronous": True, "buffer": 10, "rounds": 20},
-    "async K=5 constant": {"asynchronous": True, "buffer": 5, "rounds": 40, "staleness": "constant"},
-    "async K=5 hinge": {"asynchronous": True, "buffer": 5, "rounds": 40, "staleness": "hinge:2,1"},
-    "sync mnist1d": {"dataset": "mnist1d"},
-    "async K=5 mnist1d": {"dataset": "mnist1d", "asynchronous": True, "buffer": 5, "rounds": 40},
+BIG = {"agents": 100, "agents_per_process": 25}
+PRIVATE = {**BIG, "strategy": {"name": "fedavg", "weighting": "uniform"}, "rounds": 40,
+           "privacy": {"clip": 1.0, "noise_multiplier": 4.73, "target_epsilon": 3.0}}  # docs/results/privacy.md's best
+ASYNC = {"asynchronous": True, "buffer": 5, "rounds": 40}  # 200 updates: sync's 20 rounds take up to ~10 each
+ARMS = {  # name -> (settings, the synchronous arm it is compared with)
+    "sync": ({}, "sync"),
+    "async K=5": (ASYNC, "sync"),
+    "async K=10": ({**ASYNC, "buffer": 10, "rounds": 20}, "sync"),
+    "async K=5 constant": ({**ASYNC, "staleness": "constant"}, "sync"),
+    "async K=5 hinge": ({**ASYNC, "staleness": "hinge:2,1"}, "sync"),
+    "sync mnist1d": ({"dataset": "mnist1d"}, "sync mnist1d"),
+    "async K=5 mnist1d": ({**ASYNC, "dataset": "mnist1d"}, "sync mnist1d"),
+    "sync 100": (BIG, "sync 100"),
+    "async K=20 100": ({**BIG, **ASYNC, "buffer": 20}, "sync 100"),
+    "sync 100 DP": (PRIVATE, "sync 100 DP"),
+    "async K=25 100 DP": ({**PRIVATE, **ASYNC, "buffer": 25, "staleness": "constant"}, "sync 100 DP"),
 }
 HEADER = ("| arm | seeds | final accuracy | reaches sync's final in | x sync's wall time | MB to reach it | "
           "updates folded (late) | lost (late or stale) |")
@@ -39,7 +47,7 @@ TAIL = 3  # rounds whose mean accuracy is a run's final accuracy (one round's is
 
 
 def run_row(trace: str, arm: str, seed: int, out: Path) -> dict:
-    settings = SimSettings(**{**COMMON, "seed": seed, "availability": TRACES[trace], **ARMS[arm]})
+    settings = SimSettings(**{**COMMON, "seed": seed, "availability": TRACES[trace], **ARMS[arm][0]})
     result = run_sim(settings, out / "last", echo=lambda _line: None)
     name = f"{trace}-{arm}-{seed}".replace(" ", "_").replace("=", "").replace(":", "").replace(",", "")
     shutil.copy(out / "last" / "metrics.jsonl", out / "metrics" / f"{name}.jsonl")
@@ -70,35 +78,33 @@ def summarise(rows: list[dict]) -> str:
     time, bytes to reach it, updates lost."""
     lines = []
     for trace in TRACES:
-        for data in ("digits", "mnist1d"):
-            sync_arm = "sync" if data == "digits" else "sync mnist1d"
-            syncs = {r["seed"]: r for r in rows if r["trace"] == trace and r["arm"] == sync_arm}
+        for baseline in dict.fromkeys(base for _, base in ARMS.values()):
+            syncs = {r["seed"]: r for r in rows if r["trace"] == trace and r["arm"] == baseline}
             if not syncs:
                 continue
-            lines += [f"\n{trace}, {data}\n", HEADER, "|---" * (HEADER.count("|") - 1) + "|"]
-            for arm in ARMS:
-                if (arm.endswith("mnist1d")) != (data == "mnist1d"):
-                    continue
+            lines += [f"\n{trace}, against {baseline}\n", HEADER, "|---" * (HEADER.count("|") - 1) + "|"]
+            for arm in (a for a, (_, base) in ARMS.items() if base == baseline):
                 runs = [r for r in rows if r["trace"] == trace and r["arm"] == arm and r["seed"] in syncs]
-                if not runs:
-                    continue
-                times, ratios, mbytes = [], [], []
-                for r in runs:
-                    sync = syncs[r["seed"]]
-                    hit = reach(r["curve"], sync["final_accuracy"])
-                    if hit is not None:
-                        times.append(hit[0])
-                        ratios.append(hit[0] / sync["curve"][-1][0])
-                        mbytes.append(hit[1] / 1e6)
-                missed = len(runs) - len(times)
-                folded, late, lost = (sum(r[k] for r in runs) for k in ("folded", "late", "wasted"))
-                seeds, final = ",".join(str(r["seed"]) for r in runs), spread([r["final_accuracy"] * 100 for r in runs])
-                lines.append(
-                    f"| {arm} | {seeds} | {final} "
-                    f"% | {spread(times)} s{f' ({missed} never)' if missed else ''} | {spread(ratios, 2)} | "
-                    f"{spread(mbytes)} | {folded} ({late}) | {lost} ({100 * lost / max(1, folded + lost):.1f} %) |"
-                )
+                if runs:
+                    lines.append(arm_line(arm, runs, syncs))
     return "\n".join(lines)
+
+
+def arm_line(arm: str, runs: list[dict], syncs: dict[int, dict]) -> str:
+    times, ratios, mbytes = [], [], []
+    for r in runs:
+        sync = syncs[r["seed"]]
+        hit = reach(r["curve"], sync["final_accuracy"])
+        if hit is not None:
+            times.append(hit[0])
+            ratios.append(hit[0] / sync["curve"][-1][0])
+            mbytes.append(hit[1] / 1e6)
+    missed = len(runs) - len(times)
+    folded, late, lost = (sum(r[k] for r in runs) for k in ("folded", "late", "wasted"))
+    seeds, final = ",".join(str(r["seed"]) for r in runs), spread([r["final_accuracy"] * 100 for r in runs])
+    share = 100 * lost / max(1, folded + lost)
+    return (f"| {arm} | {seeds} | {final} % | {spread(times)} s{f' ({missed} never)' if missed else ''} | "
+            f"{spread(ratios, 2)} | {spread(mbytes)} | {folded} ({late}) | {lost} ({share:.1f} %) |")
 
 
 def spread(values: list[float], digits: int = 1) -> str:

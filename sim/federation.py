@@ -88,6 +88,9 @@ def create_federation(
     nodes' HOST:PORT) the server and the agents connect to its nodes in turn, each with the others as fallbacks."""
     server_data, agent_data, description = write_data(root, settings)
     description += describe(settings.availability, node_names(settings))
+    if settings.asynchronous:
+        description.append(f"rounds: asynchronous (FedBuff), a model version every {settings.buffer} updates, "
+                           f"staleness {settings.staleness}, at most {settings.max_staleness} versions behind")
     origin = time.time()  # the fleet's time zero for an availability trace
     pool_data = server_data.pop("pool", None)  # [pool] data: the server's shared pool, when the sim carved one
     trainer = "detector" if settings.task == "detect" else "classifier"

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from broker_server.config import async_problem, load_server_config
+from broker_server.config_summary import server_summary
 from broker_server.rounds.buffer_step import buffer_scale
 from broker_server.rounds.engine import RoundEngine
 from broker_server.watch.history import history_row
@@ -140,11 +141,15 @@ def test_an_update_beyond_max_staleness_is_refused_as_stale_and_counted(config):
         engine.accept(completed(engine, agent, seed=20 + i))
     metrics = engine.close(now=3.0, model_wire_bytes=0)
     assert metrics.wasted == {"stale": 1} and metrics.buffer["stale_refused"] == 1
-    assert engine.state.late == ()  # nobody owed: no window, no older model kept
+    assert not any(w.owed for w in engine.state.late)  # nobody owed: no older model kept for late updates
+    kept = sorted(p.name for p in engine.state.store.directory.glob("global-v*.safetensors"))
+    assert kept == ["global-v3.safetensors", "global-v4.safetensors"]  # the fallback and the model in force
 
 
 def test_joins_are_bounded_by_max_concurrent_and_one_update_per_agent_per_buffer(config):
     engine = async_engine(config, max_concurrent=2, buffer=3)
+    # two statuses that claim training hold no room: the server asked neither (a rogue cannot block the others)
+    assert engine.buffer.select(["agent-03"], busy={"agent-01", "agent-02"}, number=1) == ["agent-03"]
     rs = engine.begin_round(AGENTS, now=0.0, busy=set())
     assert len(rs.selected) == 2  # room for 2 training at once
     engine.announce(now=0.0)
@@ -181,6 +186,8 @@ def test_a_restart_mid_buffer_keeps_its_updates_and_the_older_models_late_ones_n
 def test_async_refuses_what_a_buffer_cannot_do_at_start(config):
     rules = RoundRules(mode="async")
     assert async_problem(dataclasses.replace(config, rounds=rules)) == ""
+    assert " mode=async buffer=10 staleness=polynomial:0.5 max_staleness=10 max_concurrent=all server_lr=1" in \
+        server_summary(dataclasses.replace(config, rounds=rules))  # skyfed server check  # fmt: skip
     for strategy, why in (({"name": "fedamp"}, "gives agents models of their own"),
                           ({"name": "fedavg", "threshold": 2}, "strategy.threshold")):  # fmt: skip
         assert why in async_problem(dataclasses.replace(config, rounds=rules, strategy=strategy))

@@ -24,10 +24,12 @@ class AsyncRounds:
         self.state, self.rules, self.seed = state, rules, seed
 
     def select(self, idle: list[str], busy: set[str], number: int, salt: int = 0) -> list[str]:
-        """Of the ``idle`` agents (eligible, not training), as many as ``rules.max_concurrent`` leaves room for
-        beside the ``busy`` ones (training still), drawn reproducibly for round ``number``."""
+        """Of the ``idle`` agents (eligible, not ``busy``: their status says they are training), as many as
+        ``rules.max_concurrent`` leaves room for beside the agents training on the server's word (busy and in
+        flight: an agent's claim alone holds no room), drawn reproducibly for round ``number``."""
         candidates = sorted(set(idle) - busy)
-        room = self.rules.max_concurrent - len(busy) if self.rules.max_concurrent else len(candidates)
+        training = busy & set(self.in_flight())
+        room = self.rules.max_concurrent - len(training) if self.rules.max_concurrent else len(candidates)
         take = max(0, min(room, len(candidates)))
         return sorted(random.Random(self.seed * 100_003 + number * 101 + salt).sample(candidates, take))
 
@@ -38,6 +40,7 @@ class AsyncRounds:
         assert rs is not None and self.rules.is_async
         taken = set(rs.selected) | {u.agent for u in rs.updates}
         joined = self.select([a for a in idle if a not in taken], busy | set(rs.pending), rs.round, len(rs.selected))
+        # (the open buffer's pending agents hold room whatever their status says: the server asked them)
         rs.selected.extend(joined)
         return joined
 

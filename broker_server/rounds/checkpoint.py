@@ -130,7 +130,7 @@ class CheckpointStore:
         rs = checkpoint.round_state
         best_file = best_name(checkpoint.best["version"]) if "version" in checkpoint.best else None
         fallback = checkpoint.fallback.get("version")
-        late = {f"global-v{w['version']}.safetensors" for w in checkpoint.late if isinstance(w, dict)}
+        late = {f"global-v{w['version']}.safetensors" for w in checkpoint.late if isinstance(w, dict) and w.get("owed")}
         keep = late | {
             STATE_FILE,
             model_file,

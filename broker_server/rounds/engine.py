@@ -286,12 +286,11 @@ class RoundEngine:
         entry = Rejection(agent=agent, reason=reason).to_dict()
         own = [e["reason"] for e in target if e["agent"] == agent]  # a rogue's own texts cannot crowd out others'
         kind = reason_kind(reason)
-        if kind in ("late", "stale"):  # a trained update lost: counted, every one (metrics.wasted)
-            wasted = self.round_state.wasted if self.round_state is not None else self.orphan_wasted
-            wasted[kind] = wasted.get(kind, 0) + 1
-        if len(target) < MAX_REJECTIONS_LISTED and len(own) < MAX_REJECTIONS_PER_AGENT and all(
-            reason_kind(r) != kind for r in own
-        ):
+        first = all(reason_kind(r) != kind for r in own)
+        if kind in ("late", "stale") and first:  # a trained update lost (metrics.wasted): once per agent and
+            wasted = self.round_state.wasted if self.round_state is not None else self.orphan_wasted  # round,
+            wasted[kind] = wasted.get(kind, 0) + 1  # as it trains one at a time: a rogue's flood counts once
+        if len(target) < MAX_REJECTIONS_LISTED and len(own) < MAX_REJECTIONS_PER_AGENT and first:
             target.append(entry)
 
     def close(self, now: float, *, model_wire_bytes: int, stuck: bool = False) -> RoundMetrics:

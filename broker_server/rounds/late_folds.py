@@ -35,7 +35,7 @@ class LateFolds:
     def windows(self) -> LateWindows:
         """The closed rounds whose late updates are folded into the open one (none, ``folding`` off, when
         synchronous rounds refuse them: ``late_weight`` = 0)."""
-        kept = tuple(w for w in self.state.late if self._has(w.version))  # a model gone: its late updates are lost
+        kept = tuple(w for w in self.state.late if not w.owed or self._has(w.version))  # a model gone: lost
         folding = self.rules.is_async or bool(self.strategy.late_weight)
         return LateWindows(kept, self.state.version, self.staleness, self.rules.max_staleness if self.rules.is_async
                            else 0, folding)  # fmt: skip
@@ -57,8 +57,8 @@ class LateFolds:
         if not self.rules.is_async:
             self.state.late = (closed,)
             return
-        oldest = self.state.version - self.rules.max_staleness
-        self.state.late = tuple(w for w in (*self.state.late, closed) if w.version >= oldest and w.owed)
+        oldest = self.state.version - self.rules.max_staleness  # kept owing nobody too: a copy of a counted
+        self.state.late = tuple(w for w in (*self.state.late, closed) if w.version >= oldest)  # update is not-owed
 
     def held_for_next_round(self, agent: str, round_number: int) -> bool:
         """Between two rounds: whether an update of ``agent`` for ``round_number`` is folded into the next round
