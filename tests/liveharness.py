@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -88,6 +89,25 @@ class SlowInRound(TrainerWrapper):
         if self.round_number in (None, task.round):
             time.sleep(self.delay_s)
         return self.inner.train(global_arrays, task)
+
+
+def checkpointed_round(server_state: Path) -> tuple[int, list[str]]:
+    """The open round's number and its accepted updates (``agent``, or ``agent@round`` for a late one) as the
+    server's checkpoint has them now; ``(0, [])`` between rounds or before the first checkpoint."""
+    try:
+        rs = json.loads((server_state / "checkpoint" / "state.json").read_text())["round_state"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return 0, []
+    if not rs:
+        return 0, []
+    return rs["round"], [f"{u['agent']}@{u['late_from']}" if u.get("late_from") else u["agent"] for u in rs["updates"]]
+
+
+def kill_9_and_restart(server: subprocess.Popen, config: Path, log: Path) -> subprocess.Popen:
+    """``kill -9`` the server process and start it again on the same config (the caller waits for it)."""
+    os.kill(server.pid, signal.SIGKILL)
+    server.wait(10)
+    return start_server_process(config, log)
 
 
 def start_server_process(config: Path, log: Path) -> subprocess.Popen:

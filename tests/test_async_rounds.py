@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import signal
 
 import numpy as np
 import pytest
@@ -33,7 +31,7 @@ from sim.launch import format_round
 from sim.report import write_report
 from tests.fedharness import Federation, override_toml, wait_until
 from tests.fixtures import completed, dp_completed, random_delta
-from tests.liveharness import SlowInRound, start_server_process
+from tests.liveharness import SlowInRound, checkpointed_round, kill_9_and_restart, start_server_process
 
 PLAIN = InfluencePolicy(clip="off", sample_multiple=0, change_multiple=0, collapse_ratio=0, screen_below=0)
 AGENTS = ["agent-01", "agent-02", "agent-03"]
@@ -229,22 +227,14 @@ def test_an_async_federation_survives_kill_9_mid_buffer_with_every_accepted_upda
     log = tmp_path / "server.log"
     server = start_server_process(fed.layout.server_config, log)
     fed.start_agents()
-    state_file = fed.server_state / "checkpoint" / "state.json"
 
-    def mid_buffer() -> list[str]:
-        try:
-            rs = json.loads(state_file.read_text())["round_state"]
-        except (FileNotFoundError, json.JSONDecodeError):
-            return []
-        return [f"{u['agent']}@{u['late_from']}" if u["late_from"] else u["agent"] for u in rs["updates"]] \
-            if rs and rs["round"] >= 2 else []  # fmt: skip
+    def mid_buffer() -> tuple[int, list[str]] | None:
+        number, accepted = checkpointed_round(fed.server_state)
+        return (number, accepted) if number >= 2 and accepted else None
 
     try:
-        before_kill = wait_until(mid_buffer, 120, "an update in the buffer of round 2 or later")
-        killed_in = json.loads(state_file.read_text())["round_state"]["round"]
-        os.kill(server.pid, signal.SIGKILL)
-        server.wait(10)
-        server = start_server_process(fed.layout.server_config, log)
+        killed_in, before_kill = wait_until(mid_buffer, 120, "an update in the buffer of round 2 or later")
+        server = kill_9_and_restart(server, fed.layout.server_config, log)
         assert server.wait(200) == 0, log.read_text()[-3000:]
     finally:
         if server.poll() is None:

@@ -8,8 +8,6 @@ both finishing the run with no accepted update lost.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -27,7 +25,15 @@ from participant.trainer import Trainer, TrainerWrapper
 from protocol.messages import RecipeRecord
 from sim.broker import start_broker
 from tests.fedharness import Federation, hosted_agent, round_task, wait_until
-from tests.liveharness import SlowInRound, Sniffer, float_windows, leaks, start_server_process
+from tests.liveharness import (
+    SlowInRound,
+    Sniffer,
+    checkpointed_round,
+    float_windows,
+    kill_9_and_restart,
+    leaks,
+    start_server_process,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -112,20 +118,13 @@ def test_server_kill_9_mid_round_resumes_with_no_accepted_update_lost(tmp_path, 
     server = start_server_process(fed.layout.server_config, log)
     fed.start_agents()
     try:
-        state_file = fed.server_state / "checkpoint" / "state.json"
-
         def accepted_in_round_2() -> list[str]:
-            try:
-                rs = json.loads(state_file.read_text())["round_state"]
-            except (FileNotFoundError, json.JSONDecodeError):
-                return []
-            return [u["agent"] for u in rs["updates"]] if rs and rs["round"] == 2 else []
+            number, accepted = checkpointed_round(fed.server_state)
+            return accepted if number == 2 else []
 
         before_kill = wait_until(accepted_in_round_2, 90, "an accepted update in round 2")
-        os.kill(server.pid, signal.SIGKILL)
-        server.wait(10)
+        server = kill_9_and_restart(server, fed.layout.server_config, log)
         assert slow.id not in before_kill
-        server = start_server_process(fed.layout.server_config, log)
         assert server.wait(150) == 0, log.read_text()[-3000:]
     finally:
         if server.poll() is None:
