@@ -231,10 +231,10 @@ class Aggregator(MqttDaemon):
                 return
             self.trust.rotate_on_schedule(self.engine.next_round)
             eligible = self.registry.eligible(self.group_keys.key.key_id, now)
-            busy = self.registry.busy(now) | set(self._held_late)  # a held late update joins the round: so not they
+            held = set(self._held_late)  # their late updates join the round: they do not train for it
             with self.disk.writing(now, self.engine.state.durably("round start")):
                 if self.engine.begin_round(eligible, now, enrolled=self.registry.keyring.names(),
-                                           busy=busy) is not None:  # fmt: skip
+                                           busy=self.joins.busy(now, held), held=bool(held)) is not None:  # fmt: skip
                     if self.regional is not None:
                         self.regional.begun()
                     self._announce(reannounce=False)

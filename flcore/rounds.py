@@ -139,7 +139,8 @@ class RoundState:
     revoked: list[str] = field(default_factory=list)  # agents revoked during the round: the task tells them
     probation: list[str] = field(default_factory=list)  # backed-off agents selected only to make up min_agents
     trained: list[str] = field(default_factory=list)  # a ``local`` round: agents whose status says they trained it
-    wasted: dict[str, int] = field(default_factory=dict)  # trained updates refused while it was open: late, stale
+    wasted: dict[str, list[str]] = field(default_factory=dict)  # kind (late, stale) -> agents whose trained
+    # update was refused for its age while it was open (each agent once: a rogue's flood counts once)
 
     @property
     def on_time(self) -> list[UpdateRecord]:

@@ -14,6 +14,7 @@ from broker_server.config import async_problem, load_server_config
 from broker_server.config_summary import server_summary
 from broker_server.rounds.buffer_step import buffer_scale
 from broker_server.rounds.engine import RoundEngine
+from broker_server.rounds.round_task import late_rounds as late_rounds_of
 from broker_server.watch.history import history_row
 from broker_server.watch.monitor_text import metrics_line, server_line
 from broker_server.watch.prometheus import ServerMetrics
@@ -108,6 +109,11 @@ def test_a_buffer_closes_at_k_and_a_late_update_joins_the_next_as_its_change_at_
     assert second.buffer["late"] == 1 and second.buffer["staleness"] == {"0": 1, "1": 1}
     assert second.aggregation["folded_late"] == ["agent-03@1"]
     assert second.aggregation["buffer_scale"] == pytest.approx((100 + 300 * 2**-0.5) / 400, abs=1e-6)
+    assert engine.late.windows().owed() == ["agent-02"]  # agent-03's folded once: owed no more
+    assert engine.begin_round(AGENTS, now=2.0, busy={"agent-01", "agent-02"}) is not None
+    engine.announce(now=2.0)
+    with pytest.raises(NotForThisRound, match="not-owed"):  # the same update again, in a later buffer
+        engine.accept(late)
 
 
 def test_server_lr_scales_the_buffers_step(config):
@@ -134,7 +140,8 @@ def test_an_update_beyond_max_staleness_is_refused_as_stale_and_counted(config):
     with pytest.raises(NotForThisRound, match=r"stale: round 1's model is more than 1 versions behind the current 3 "
                                               r"\(rounds.max_staleness = 1\)") as refused:  # fmt: skip
         engine.accept(old)
-    engine.reject("agent-03", refused.value.reason)  # what the daemon's refusals do with it
+    for reason in (refused.value.reason, "malformed: x", "bad-signature", "too-large", refused.value.reason):
+        engine.reject("agent-03", reason)  # what the daemon's refusals do with a flood: counted once
     for i, agent in enumerate(["agent-01", "agent-02"]):
         engine.accept(completed(engine, agent, seed=20 + i))
     metrics = engine.close(now=3.0, model_wire_bytes=0)
@@ -142,6 +149,24 @@ def test_an_update_beyond_max_staleness_is_refused_as_stale_and_counted(config):
     assert not any(w.owed for w in engine.state.late)  # nobody owed: no older model kept for late updates
     kept = sorted(p.name for p in engine.state.store.directory.glob("global-v*.safetensors"))
     assert kept == ["global-v3.safetensors", "global-v4.safetensors"]  # the fallback and the model in force
+
+
+def test_an_agent_owed_an_update_is_not_asked_again_until_its_status_says_it_saw_that_round(config):
+    engine = async_engine(config)
+    buffer_closes(engine, ["agent-01", "agent-02"])  # agent-03 selected in round 1, owed
+    assert engine.buffer.unsettled(lambda agent: 0) == {"agent-03"}  # its newest status is from before round 1
+    assert engine.buffer.unsettled(lambda agent: 1) == set()  # it holds round 1's task and says it is idle
+    assert engine.begin_round(AGENTS, now=1.0, busy={"agent-03"}) is not None and late_rounds_of(engine) == 1
+    engine.state.round_state.round = 5  # three buffers rolled back meanwhile: no version, but rounds went on
+    assert late_rounds_of(engine) == 4  # its update of round 1 is still welcome
+    engine.state.adopt(engine.global_arrays)  # a region takes its root's model: older updates fold in no more
+    assert engine.state.late == ()
+
+
+def test_a_buffer_opens_with_nobody_to_ask_when_late_updates_are_held_for_it(config):
+    engine = async_engine(config)
+    assert engine.begin_round(AGENTS, now=0.0, busy=set(AGENTS)) is None
+    assert engine.begin_round(AGENTS, now=0.0, busy=set(AGENTS), held=True).selected == []
 
 
 def test_joins_are_bounded_by_max_concurrent_and_one_update_per_agent_per_buffer(config):

@@ -27,6 +27,15 @@ class BufferJoins:
         self.key_id, self.publish_task = key_id, publish_task
         self.next_at = 0.0
 
+    def busy(self, now: float, held: set[str] | frozenset[str] = frozenset()) -> set[str]:
+        """Agents not to ask now: training or sending by their status, owed an update by the server's record and not
+        heard from since, or with a late update ``held`` for the next buffer."""
+        def status_round(agent: str) -> int:
+            status = self.registry.status(agent)
+            return -1 if status is None else status.round
+
+        return self.registry.busy(now) | self.engine.buffer.unsettled(status_round) | set(held)
+
     def poll(self, now: float) -> None:
         if now < self.next_at:
             return
@@ -37,7 +46,7 @@ class BufferJoins:
             idle = engine.ledger.affordable(idle)
         joined: list[str] = []
         with self.disk.writing(now, engine.state.durably("agents joining the buffer")):
-            joined = engine.buffer.join(idle, self.registry.busy(now))
+            joined = engine.buffer.join(idle, self.busy(now))
         if not joined:
             return
         self.publish_task()

@@ -127,8 +127,7 @@ class LateWindows:
             return late_refusal(round_number, current, folding=self.folding, owed=window is not None)
         if window is not None:
             return ""
-        oldest = min((w.round for w in self.windows), default=current)
-        if round_number < oldest:
+        if self.windows and round_number < min(w.round for w in self.windows):
             return (f"stale: round {round_number}'s model is more than {self.max_staleness} versions behind the "
                     f"current {self.version} (rounds.max_staleness = {self.max_staleness})")  # fmt: skip
         return f"late: round {round_number} is closed, current is {current}"

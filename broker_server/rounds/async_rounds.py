@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable
 
 from broker_server.rounds.engine_state import EngineState
 from flcore.rounds import RoundRules, RoundState
@@ -44,6 +45,11 @@ class AsyncRounds:
         rs.selected.extend(joined)
         return joined
 
+    def unsettled(self, status_round: Callable[[str], int]) -> set[str]:
+        """Agents a closed buffer still owes an update whose newest status (``status_round``: the round of the task
+        it holds, -1 for none) is older than that buffer: they may be training it, whatever the status says."""
+        return {a for w in self.state.late for a in w.owed if status_round(a) < w.round}
+
     def in_flight(self) -> list[str]:
         """Agents the open buffer, or a closed one within ``max_staleness``, still waits for an update from."""
         rs = self.state.round_state
@@ -72,5 +78,5 @@ def buffer_metrics(state: RoundState, rules: RoundRules) -> dict:
         "staleness_mean": round(sum(stalenesses) / len(stalenesses), 4) if stalenesses else 0.0,
         "staleness_max": max(stalenesses, default=0),
         "staleness": {str(s): counts[s] for s in sorted(counts)},
-        "stale_refused": state.wasted.get("stale", 0),
+        "stale_refused": len(state.wasted.get("stale", [])),
     }

@@ -100,7 +100,7 @@ class RoundEngine:
         config.privacy.configure(self.strategy)
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
         self.orphan_rejections: list[dict[str, str]] = []
-        self.orphan_wasted: dict[str, int] = {}  # updates lost between two rounds, counted in the next
+        self.orphan_wasted: dict[str, list[str]] = {}  # updates lost between two rounds, counted in the next
         self.state.open()
         if self.model_eval:  # the model in force, evaluated when it was published: agents start from it next
             self.start_scores.known(f"{GLOBAL}-v{self.version}", self.model_eval)
@@ -154,14 +154,15 @@ class RoundEngine:
 
     # rounds ------------------------------------------------------------------------------------------
     def begin_round(self, eligible: list[str], now: float, enrolled: list[str] | None = None,
-                    busy: set[str] | None = None) -> RoundState | None:  # fmt: skip
+                    busy: set[str] | None = None, held: bool = False) -> RoundState | None:  # fmt: skip
         """Open the next round if enough agents are eligible; the caller then announces it. Backed-off
         agents are left out while enough others are eligible; selected only to make up ``min_agents``,
         they are on probation: the round does not wait for them (backing off never stops a federation).
         Under privacy, agents without budget for a round are left out, and once fewer than
         ``rounds.min_agents`` of the ``enrolled`` (default: the eligible) have budget, the run ends. The
         shared pool (``broker_server.pool.shared``) joins, within its budget, every round its agents open. An
-        asynchronous round (``broker_server.rounds.async_rounds``) opens on one idle agent, ``busy`` ones left out."""
+        asynchronous round (``broker_server.rounds.async_rounds``) opens on one idle agent, ``busy`` ones left out,
+        or on none when late updates are ``held`` for it (they fill its buffer)."""
         if self.round_state is not None or self.finished:
             return None
         if self.config.privacy.enabled:
@@ -174,7 +175,7 @@ class RoundEngine:
         available = self.health.available(eligible, number, now)
         if self.rules.is_async:
             selected, probation = self.buffer.select(available, busy or set(), number), []
-            if not selected:
+            if not selected and not held:
                 return None
         elif len(eligible) < self.rules.min_agents:
             return None
@@ -197,7 +198,7 @@ class RoundEngine:
             probation=probation,
         )
         self.round_state.rejected.extend(self.orphan_rejections)
-        self.round_state.wasted.update(self.orphan_wasted)
+        self.round_state.wasted = {kind: list(agents) for kind, agents in self.orphan_wasted.items()}
         self.round_state.revoked.extend(self.fleet.take_revoked())
         self.orphan_rejections.clear()
         self.orphan_wasted.clear()
@@ -220,7 +221,8 @@ class RoundEngine:
         are not backed off stand in for them (``rounds.replace_missing``). Returns ``(excused, stand_ins)``."""
         rs = self.round_state
         assert rs is not None
-        self.health.back_off(rs.pending, rs.round, "missed the deadline", now)
+        if not self.rules.is_async:  # an asynchronous round's pending agents may still be training: not missed
+            self.health.back_off(rs.pending, rs.round, "missed the deadline", now)
         seed = self.config.server.seed * 100_003 + rs.round * 101 + rs.attempt
         candidates = self.ledger.affordable(self.health.available(eligible, rs.round, now))
         # under privacy, only agents with budget
@@ -286,11 +288,14 @@ class RoundEngine:
         entry = Rejection(agent=agent, reason=reason).to_dict()
         own = [e["reason"] for e in target if e["agent"] == agent]  # a rogue's own texts cannot crowd out others'
         kind = reason_kind(reason)
-        first = all(reason_kind(r) != kind for r in own)
-        if kind in ("late", "stale") and first:  # a trained update lost (metrics.wasted): once per agent and
-            wasted = self.round_state.wasted if self.round_state is not None else self.orphan_wasted  # round,
-            wasted[kind] = wasted.get(kind, 0) + 1  # as it trains one at a time: a rogue's flood counts once
-        if len(target) < MAX_REJECTIONS_LISTED and len(own) < MAX_REJECTIONS_PER_AGENT and first:
+        if kind in ("late", "stale"):  # a trained update lost (metrics.wasted), each agent once a round
+            wasted = (self.round_state.wasted if self.round_state is not None else self.orphan_wasted).setdefault(
+                kind, [])  # fmt: skip
+            if agent not in wasted:
+                wasted.append(agent)
+        if len(target) < MAX_REJECTIONS_LISTED and len(own) < MAX_REJECTIONS_PER_AGENT and all(
+            reason_kind(r) != kind for r in own
+        ):
             target.append(entry)
 
     def close(self, now: float, *, model_wire_bytes: int, stuck: bool = False) -> RoundMetrics:
@@ -367,7 +372,8 @@ class RoundEngine:
             self.best.note(self.version, rs.round, ctx.evaluation, self.global_arrays)
         self.state.round_state, self.state.next_round = None, rs.round + 1
         done = set(rs.accepted) | set(rs.failed) | set(rs.revoked) | {POOL}
-        self.late.after_close(LateWindow(rs.round, trained_from, tuple(a for a in rs.selected if a not in done)))
+        self.late.after_close(LateWindow(rs.round, trained_from, tuple(a for a in rs.selected if a not in done)),
+                              rs.folded_late)  # fmt: skip
         self.state.checkpoint(last_metrics=json.loads(metrics.to_json()))  # the commit: what follows is derived from it
         self.state.outputs_pending.update(("metrics", "model") if published else ("metrics",))
         with suppress(DiskError):  # tried again on the daemon's next ticks

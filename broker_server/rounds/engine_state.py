@@ -127,6 +127,7 @@ class EngineState:
         self.set_model(arrays)
         self.version += 1
         self.model_eval, self.fallback = {}, Fallback()  # the model before is not this region's to go back to
+        self.late = ()  # updates trained from this region's own models are not folded into the root's
         self.checkpoint()
         self.outputs_pending.add("model")
         with suppress(DiskError):  # tried again on the daemon's next ticks
@@ -223,6 +224,7 @@ class EngineState:
         self.version += 1
         self.model_eval, self.fallback = evaluation, Fallback()
         self.changes.norms = []  # the steps that led to the broken model measure nothing
+        self.late = ()  # nor do late updates trained from it: refused as late
         self.outputs_pending.add("model")
         return came_from
 

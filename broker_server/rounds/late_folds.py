@@ -12,6 +12,8 @@ its root's model), the window is left out and its late updates are refused as la
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from broker_server.rounds.accept import LateWindow, LateWindows, RoundInputs
@@ -23,6 +25,7 @@ from flcore.update import float_layout
 from models.weights import RUNNING_STATISTICS, ranges_of
 from protocol.codecs import Codec
 
+MAX_WINDOWS = 4  # closed rounds kept per version of rounds.max_staleness (a rolled-back buffer publishes none)
 CACHED_VERSIONS = 4  # older models' float vectors held in memory (each read from the checkpoint once)
 
 
@@ -52,13 +55,18 @@ class LateFolds:
                            staleness=state.version - version,
                            as_model=ranges_of(state.float_spec, RUNNING_STATISTICS) if self.rules.is_async else None)
 
-    def after_close(self, closed: LateWindow) -> None:
-        """Keep ``closed`` (the round just closed), and drop windows no late update can come from any more."""
+    def after_close(self, closed: LateWindow, folded: list[str]) -> None:
+        """Keep ``closed`` (the round just closed); the late updates it ``folded`` in (``agent@round``) are owed no
+        more (each counts once); drop windows no late update can come from any more."""
         if not self.rules.is_async:
             self.state.late = (closed,)
             return
+        done = set(folded)
         oldest = self.state.version - self.rules.max_staleness  # kept owing nobody too: a copy of a counted
-        self.state.late = tuple(w for w in (*self.state.late, closed) if w.version >= oldest)  # update is not-owed
+        windows = [replace(w, owed=tuple(a for a in w.owed if f"{a}@{w.round}" not in done))  # update is not-owed
+                   for w in (*self.state.late, closed) if w.version >= oldest]  # fmt: skip
+        self.state.late = tuple(windows[-MAX_WINDOWS * self.rules.max_staleness:])  # rolled-back buffers publish
+        # no version: their windows are bounded by count
 
     def held_for_next_round(self, agent: str, round_number: int) -> bool:
         """Between two rounds: whether an update of ``agent`` for ``round_number`` is folded into the next round

@@ -90,7 +90,7 @@ def round_metrics(
         missed=rs.missed,
         action=rs.action,
         personal=personal or {},
-        wasted=dict(rs.wasted),
+        wasted={kind: len(agents) for kind, agents in rs.wasted.items()},
         buffer=buffer or {},
     )
 

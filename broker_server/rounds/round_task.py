@@ -54,7 +54,7 @@ def round_task(
         codec=str(engine.codec),
         revoked=rs.revoked,
         late=late,
-        late_rounds=engine.rules.max_staleness if engine.rules.is_async else 1,
+        late_rounds=late_rounds(engine),
     )
 
 
@@ -69,3 +69,14 @@ def late_agents(engine: RoundEngine) -> list[str]:
     folded, async_ = set(rs.folded_late), engine.rules.is_async
     return sorted({a for w in windows.windows if async_ or w.round == rs.round - 1 for a in w.owed
                    if f"{a}@{w.round}" not in folded and not (async_ and a in rs.selected)})
+
+
+
+def late_rounds(engine: RoundEngine) -> int:
+    """How many rounds back an update in the task's ``late`` list may be from: 1, or in asynchronous rounds back to
+    the oldest closed round still owed an update (rolled-back buffers publish no version, so rounds outrun
+    versions)."""
+    rs = engine.round_state
+    assert rs is not None
+    owed = [w.round for w in engine.state.late if w.owed]
+    return max(1, rs.round - min(owed)) if engine.rules.is_async and owed else 1

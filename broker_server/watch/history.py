@@ -48,7 +48,7 @@ def history_row(metrics: RoundMetrics) -> dict:
         "rejected": len(metrics.rejected),
         "finished_at": round(metrics.finished_at, 1),
         "staleness": short(metrics.buffer.get("staleness_mean")),  # asynchronous rounds
-        "lost": sum(metrics.wasted.values()) or None,  # trained updates refused late or stale
+        "lost": sum(n for n in metrics.wasted.values() if isinstance(n, int)) or None,  # refused late or stale
     })  # fmt: skip
     return {k: v for k, v in row.items() if v is not None}
 
