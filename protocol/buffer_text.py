@@ -22,7 +22,7 @@ def _number(value: object) -> str:
 
 
 def wasted_text(wasted: dict) -> str:
-    """``lost 1 stale, 2 late``: trained updates refused for their age; "" when none was."""
+    """``lost 1 stale, 2 late``: trained updates refused for their timing; "" when none was."""
     if not isinstance(wasted, dict):
         return ""
     parts = [f"{count} {kind}" for kind, count in sorted(wasted.items()) if isinstance(count, int) and count]

@@ -355,7 +355,7 @@ class RoundMetrics(Message):
     privacy: dict = field(default_factory=dict)  # differential privacy: epsilon, delta, … spent so far (worst agent)
     personal: dict = field(default_factory=dict)  # C-SPE and C-GEN of the models agents trained from (personal.py)
     models: str = "global"  # what agents keep: the global model, or one per group or agent (Strategy.models)
-    wasted: dict = field(default_factory=dict)  # trained updates refused while it was open, by kind: late, stale
+    wasted: dict = field(default_factory=dict)  # trained updates refused for their timing, by kind (late, stale, …)
     buffer: dict = field(default_factory=dict)  # an asynchronous round: its buffer (size, updates, staleness)
     # The scores the round is judged by, lead first (protocol.scores). Always derived from the fields above,
     # never taken from a sender, so no surface can show a headline the numbers do not support.

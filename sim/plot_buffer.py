@@ -1,6 +1,6 @@
 """``buffer.png``: what each round's model was made of, for runs whose rounds fold late updates or lose some
 (asynchronous rounds' buffers, ``rounds.mode = "async"``; a synchronous run's late and stale refusals): the updates
-folded on time and late, the trained updates lost (refused late or stale), and the buffer's staleness."""
+folded on time and late, the trained updates lost (refused for their timing), and the buffer's staleness."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def draw_buffer(rows: list[dict]) -> Figure:
     fig, (counts, ages) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     counts.bar(rounds, fresh, label="on time", color="#2da44e")
     counts.bar(rounds, late, bottom=fresh, label="late (trained from an older model)", color="#bf8700")
-    counts.bar(rounds, [-n for n in lost], label="lost (refused late or stale)", color="#cf222e")
+    counts.bar(rounds, [-n for n in lost], label="lost (refused late, stale, one per buffer)", color="#cf222e")
     counts.axhline(0, color="black", linewidth=0.5)
     counts.set(ylabel="updates", title="Updates folded into each model version, and lost")
     counts.legend(fontsize="x-small")

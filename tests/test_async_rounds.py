@@ -163,6 +163,25 @@ def test_an_agent_owed_an_update_is_not_asked_again_until_its_status_says_it_saw
     assert engine.state.late == ()
 
 
+def test_a_second_update_of_one_agent_in_a_buffer_is_refused_and_counted_as_lost(config):
+    engine = async_engine(config, buffer=3)
+    assert engine.begin_round(AGENTS, now=0.0, busy=set()) is not None
+    engine.announce(now=0.0)
+    late = completed(engine, "agent-03", seed=3)
+    engine.accept(completed(engine, "agent-01", seed=1))
+    engine.accept(completed(engine, "agent-02", seed=2))
+    engine.close(now=1.0, model_wire_bytes=0)  # at its deadline, on the quorum: agent-03 still training
+    assert engine.begin_round(AGENTS, now=1.0, busy=set()).selected == AGENTS  # its status lagged: asked again
+    engine.announce(now=1.0)
+    engine.accept(late)
+    with pytest.raises(NotForThisRound, match="one-per-buffer") as refused:
+        engine.accept(completed(engine, "agent-03", seed=4))
+    engine.reject("agent-03", refused.value.reason)
+    for i, agent in enumerate(["agent-01", "agent-02"]):
+        engine.accept(completed(engine, agent, seed=5 + i))
+    assert engine.close(now=2.0, model_wire_bytes=0).wasted == {"one-per-buffer": 1}
+
+
 def test_a_buffer_opens_with_nobody_to_ask_when_late_updates_are_held_for_it(config):
     engine = async_engine(config)
     assert engine.begin_round(AGENTS, now=0.0, busy=set(AGENTS)) is None
@@ -184,7 +203,7 @@ def test_joins_are_bounded_by_max_concurrent_and_one_update_per_agent_per_buffer
     assert engine.buffer.join(AGENTS, busy=set()) == []
     engine.accept(completed(engine, other, seed=2))
     assert engine.buffer.status() == {"size": 3, "filled": 2, "in_flight": 1}
-    with pytest.raises(NotForThisRound, match="duplicate"):  # one update per agent per buffer
+    with pytest.raises(NotForThisRound, match="duplicate"):  # its own round's again
         engine.accept(completed(engine, first, seed=3))
 
 

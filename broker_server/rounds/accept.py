@@ -118,8 +118,8 @@ class LateWindows:
 
     def refusal(self, agent: str, round_number: int, current: int) -> str:
         """Why an update of ``agent`` for ``round_number``, before the ``current`` round, is refused ("": folded).
-        ``late`` and ``stale`` name a trained update lost (``metrics.wasted``); ``not-owed`` one its round had
-        counted already (a copy re-sent across a restart) or never asked for."""
+        ``late`` and ``stale`` name a trained update lost (``metrics.wasted``, as ``one-per-buffer`` does);
+        ``not-owed`` one its round had counted already (a copy re-sent across a restart) or never asked for."""
         window = next((w for w in self.windows if w.round == round_number), None)
         if window is not None and agent not in window.owed:
             return f"not-owed: round {round_number} closed having counted {agent}'s update, or without asking for one"
@@ -148,7 +148,7 @@ def check_gates(state: RoundState | None, agent: str, round_number: int, next_ro
         if f"{agent}@{round_number}" in (u.key for u in state.updates) or agent in state.revoked:
             raise NotForThisRound("duplicate" if agent not in state.revoked else "revoked: its enrolment was withdrawn")
         if late.max_staleness and any(u.agent == agent for u in state.updates):
-            raise NotForThisRound("duplicate: one update per agent in a buffer (its newer one is in already)")
+            raise NotForThisRound("one-per-buffer: one update per agent in a buffer (its newer one is in already)")
         return round_number
     if state is None:
         raise NotForThisRound("no-round-open")
@@ -163,7 +163,7 @@ def check_gates(state: RoundState | None, agent: str, round_number: int, next_ro
     if agent in state.accepted:
         raise NotForThisRound("duplicate")
     if late is not None and late.max_staleness and any(u.agent == agent for u in state.updates):
-        raise NotForThisRound("duplicate: one update per agent in a buffer (its late one is in already)")
+        raise NotForThisRound("one-per-buffer: one update per agent in a buffer (its late one is in already)")
     return 0
 
 

@@ -61,6 +61,7 @@ from security.replay import ReplayGuard
 log = logging.getLogger("skyfed.server")
 
 MAX_REJECTIONS_LISTED = 200
+WASTED = ("late", "stale", "one-per-buffer")  # refusals of a trained update for its timing, not its content
 MAX_REJECTIONS_PER_AGENT = 3  # distinct kinds of refusal listed per agent and round
 
 
@@ -288,7 +289,7 @@ class RoundEngine:
         entry = Rejection(agent=agent, reason=reason).to_dict()
         own = [e["reason"] for e in target if e["agent"] == agent]  # a rogue's own texts cannot crowd out others'
         kind = reason_kind(reason)
-        if kind in ("late", "stale"):  # a trained update lost (metrics.wasted), each agent once a round
+        if kind in WASTED:  # a trained update lost (metrics.wasted), each agent once a round
             wasted = (self.round_state.wasted if self.round_state is not None else self.orphan_wasted).setdefault(
                 kind, [])  # fmt: skip
             if agent not in wasted:

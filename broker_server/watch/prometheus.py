@@ -62,9 +62,9 @@ class ServerMetrics:
         self.staleness = Histogram("skyfed_server_update_staleness", "Model versions between the one an update was "
                                    "trained from and the one it was folded into", buckets=STALENESS_BUCKETS,
                                    registry=r)  # fmt: skip
-        self.wasted = Counter("skyfed_server_updates_wasted", "Trained updates refused for their age, by kind: late "
-                              "(its round closed) or stale (beyond rounds.max_staleness)", ["kind"],
-                              registry=r)  # fmt: skip
+        self.wasted = Counter("skyfed_server_updates_wasted", "Trained updates refused for their timing, by kind: "
+                              "late (its round closed), stale (beyond rounds.max_staleness) or one-per-buffer",
+                              ["kind"], registry=r)  # fmt: skip
         for outcome in ("committed", "rolled-back"):
             self.rounds.labels(outcome=outcome)  # both series exist from the start, at 0
         self.eval_score.set(math.nan)
