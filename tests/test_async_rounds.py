@@ -30,7 +30,7 @@ from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from sim.launch import format_round
 from sim.report import write_report
-from tests.fedharness import Federation, override_toml, wait_until
+from tests.fedharness import Federation, ServerHarness, override_toml, wait_until
 from tests.fixtures import completed, dp_completed, random_delta
 from tests.liveharness import SlowInRound, checkpointed_round, kill_9_and_restart, start_server_process
 
@@ -350,3 +350,42 @@ def test_report_draws_the_buffers_of_an_async_run(tmp_path):
 def test_sim_refuses_a_buffer_it_cannot_run_naming_the_flag(flags, message):
     with pytest.raises(ValueError, match=message):
         SimSettings(agents=4, **flags)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180)
+def test_over_the_broker_a_replayed_late_update_is_refused_as_a_replay_and_a_stale_one_as_stale(tmp_path, broker):
+    """Agents played by the test: agent-03's update of round 1 lands in round 2's buffer (late, staleness 1); the
+    same chunks again are a replay, a new transfer of it a duplicate; agent-02's update of round 2, sent once two
+    more versions are out (rounds.max_staleness = 1), is refused as stale and counted."""
+    rules = {"mode": "async", "buffer": 2, "max_staleness": 1, "quorum": 1, "min_agents": 1}
+    with ServerHarness(tmp_path, broker, agents=3, rounds=5, round_rules=rules) as h:
+        h.announce_agents()
+        wait_until(lambda: h.tasks and sorted(h.tasks[-1].selected) == AGENTS, what="round 1 asking all three")
+        late = h.sealed(h.agents["agent-03"], h.update_bytes(h.random_delta(3)))  # trained from version 1
+        for i, agent in enumerate(["agent-01", "agent-02"]):
+            h.send(agent, h.random_delta(i))
+        wait_until(lambda: h.tasks[-1].round == 2, what="round 2")
+        assert sorted(h.tasks[-1].selected) == ["agent-01", "agent-02"] and "agent-03" in h.tasks[-1].late
+        stale = h.update_bytes(h.random_delta(9), round_number=2)  # agent-02's, trained from version 2
+        h.publish_update("agent-03", late)
+        h.publish_update("agent-03", late)  # the same chunks again
+        h.wait_rejection("replay")
+        h.publish_update("agent-03", h.sealed(h.agents["agent-03"], h.update_bytes(h.random_delta(3))))
+        h.wait_rejection("duplicate")
+        h.send("agent-01", h.random_delta(4), round_number=2)
+        for number in (3, 4):  # two more versions without agent-02
+            wait_until(lambda n=number: h.tasks[-1].round == n, what=f"round {number}")
+            for agent in h.tasks[-1].selected:
+                h.send(agent, h.random_delta(10 + number), round_number=number)
+        wait_until(lambda: h.tasks[-1].round == 5, what="round 5")
+        h.publish_update("agent-02", h.sealed(h.agents["agent-02"], stale, round_number=2))
+        h.wait_rejection("stale")
+        for agent in h.tasks[-1].selected:
+            h.send(agent, h.random_delta(20), round_number=5)
+        metrics = h.wait_metrics(5)
+    second = h.metrics[1]
+    assert second.aggregation["folded_late"] == ["agent-03@1"] and second.buffer["staleness"] == {"0": 1, "1": 1}
+    assert {"replay", "duplicate"} <= {r.reason.split(":")[0] for r in second.rejected}
+    assert metrics.wasted == {"stale": 1} and metrics.buffer["stale_refused"] == 1
+    assert [m.model_version for m in h.metrics] == [2, 3, 4, 5, 6]
