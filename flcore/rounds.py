@@ -139,6 +139,7 @@ class RoundState:
     revoked: list[str] = field(default_factory=list)  # agents revoked during the round: the task tells them
     probation: list[str] = field(default_factory=list)  # backed-off agents selected only to make up min_agents
     trained: list[str] = field(default_factory=list)  # a ``local`` round: agents whose status says they trained it
+    asked_at: float = 0.0  # when an agent was last asked to train for it (asynchronous rounds: joins ask later)
     wasted: dict[str, list[str]] = field(default_factory=dict)  # kind (late, stale) -> agents whose trained
     # update was refused for its age while it was open (each agent once: a rogue's flood counts once)
 

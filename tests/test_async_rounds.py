@@ -151,11 +151,12 @@ def test_an_update_beyond_max_staleness_is_refused_as_stale_and_counted(config):
     assert kept == ["global-v3.safetensors", "global-v4.safetensors"]  # the fallback and the model in force
 
 
-def test_an_agent_owed_an_update_is_not_asked_again_until_its_status_says_it_saw_that_round(config):
+def test_an_agent_owed_an_update_is_not_asked_again_until_its_status_answers_that_round(config):
     engine = async_engine(config)
     buffer_closes(engine, ["agent-01", "agent-02"])  # agent-03 selected in round 1, owed
-    assert engine.buffer.unsettled(lambda agent: 0) == {"agent-03"}  # its newest status is from before round 1
-    assert engine.buffer.unsettled(lambda agent: 1) == set()  # it holds round 1's task and says it is idle
+    asked = engine.state.late[-1].asked_at
+    assert engine.buffer.unsettled(lambda agent, window: False) == {"agent-03"}  # no status since it was asked
+    assert engine.buffer.unsettled(lambda agent, window: window.asked_at == asked) == set()
     assert engine.begin_round(AGENTS, now=1.0, busy={"agent-03"}) is not None and late_rounds_of(engine) == 1
     engine.state.round_state.round = 5  # three buffers rolled back meanwhile: no version, but rounds went on
     assert late_rounds_of(engine) == 4  # its update of round 1 is still welcome
@@ -197,10 +198,10 @@ def test_joins_are_bounded_by_max_concurrent_and_one_update_per_agent_per_buffer
     engine.announce(now=0.0)
     first, other = rs.selected
     third = next(a for a in AGENTS if a not in rs.selected)
-    assert engine.buffer.join(AGENTS, busy={third}) == []  # training still (an older buffer's): no room
+    assert engine.buffer.join(AGENTS, busy={third}, now=1.0) == []  # training still (an older buffer's): no room
     engine.accept(completed(engine, first, seed=1))
-    assert engine.buffer.join(AGENTS, busy=set()) == [third]  # room for one; the agent in the buffer waits
-    assert engine.buffer.join(AGENTS, busy=set()) == []
+    assert engine.buffer.join(AGENTS, busy=set(), now=2.0) == [third]  # room for one; the agent in the buffer waits
+    assert engine.buffer.join(AGENTS, busy=set(), now=3.0) == [] and engine.round_state.asked_at == 2.0
     engine.accept(completed(engine, other, seed=2))
     assert engine.buffer.status() == {"size": 3, "filled": 2, "in_flight": 1}
     with pytest.raises(NotForThisRound, match="duplicate"):  # its own round's again

@@ -9,11 +9,13 @@ from collections.abc import Callable
 
 from broker_server.agents.delivery import Delivery
 from broker_server.agents.registry import AgentRegistry
+from broker_server.rounds.accept import LateWindow
 from broker_server.rounds.disk import DiskWatch
 from broker_server.rounds.engine import RoundEngine
 
 log = logging.getLogger("skyfed.server")
 
+SETTLE_S = 2.0  # a status heard this long after an agent was asked is taken to answer the task
 JOIN_INTERVAL_S = 1.0  # idle agents are asked to join at most this often: each join issues the task to every agent
 
 
@@ -30,11 +32,14 @@ class BufferJoins:
     def busy(self, now: float, held: set[str] | frozenset[str] = frozenset()) -> set[str]:
         """Agents not to ask now: training or sending by their status, owed an update by the server's record and not
         heard from since, or with a late update ``held`` for the next buffer."""
-        def status_round(agent: str) -> int:
-            status = self.registry.status(agent)
-            return -1 if status is None else status.round
+        return self.registry.busy(now) | self.engine.buffer.unsettled(self.settled) | set(held)
 
-        return self.registry.busy(now) | self.engine.buffer.unsettled(status_round) | set(held)
+    def settled(self, agent: str, window: LateWindow) -> bool:
+        """Whether ``agent``'s status answers ``window``'s round: it completed that round, or it was heard from
+        after the round last asked it (a status sent before the task arrived says nothing of it)."""
+        status, heard = self.registry.status(agent), self.registry.heard_at(agent)
+        return status is not None and (status.last_completed_round >= window.round or
+                                       heard >= window.asked_at + SETTLE_S)  # fmt: skip
 
     def poll(self, now: float) -> None:
         if now < self.next_at:
@@ -46,7 +51,7 @@ class BufferJoins:
             idle = engine.ledger.affordable(idle)
         joined: list[str] = []
         with self.disk.writing(now, engine.state.durably("agents joining the buffer")):
-            joined = engine.buffer.join(idle, self.busy(now))
+            joined = engine.buffer.join(idle, self.busy(now), now)
         if not joined:
             return
         self.publish_task()

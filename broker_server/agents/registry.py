@@ -88,6 +88,11 @@ class AgentRegistry:
         seen = self.seen.get(agent)
         return seen.status if seen is not None else None
 
+    def heard_at(self, agent: str) -> float:
+        """When ``agent``'s newest status in force arrived (server clock; 0 for none)."""
+        seen = self.seen.get(agent)
+        return seen.received_at if seen is not None else 0.0
+
     def update(self, agent: str, payload: bytes, now: float) -> tuple[AgentStatus | None, AgentStatus | None]:
         """Fold in one status message of an enrolled agent; return ``(previous, current)`` (current None
         when cleared). ``StatusRefused`` if it is not signed by the agent, malformed, or a replay."""

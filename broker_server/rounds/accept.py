@@ -77,17 +77,19 @@ class LateWindow:
     round: int = 0
     version: int = 0
     owed: tuple[str, ...] = ()
+    asked_at: float = 0.0  # when the round last asked an agent (a status heard since answers it)
 
     def welcomes(self, agent: str, round_number: int) -> bool:
         return round_number == self.round and agent in self.owed
 
     def to_dict(self) -> dict:
-        return {"round": self.round, "version": self.version, "owed": list(self.owed)}
+        return {"round": self.round, "version": self.version, "owed": list(self.owed), "asked_at": self.asked_at}
 
     @classmethod
     def from_dict(cls, data: dict | None) -> LateWindow:
         data = data or {}
-        return cls(int(data.get("round", 0)), int(data.get("version", 0)), tuple(data.get("owed", ())))
+        return cls(int(data.get("round", 0)), int(data.get("version", 0)), tuple(data.get("owed", ())),
+                   float(data.get("asked_at", 0.0)))  # fmt: skip
 
 
 @dataclass(frozen=True)

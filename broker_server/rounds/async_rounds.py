@@ -16,6 +16,7 @@ import random
 from collections import Counter
 from collections.abc import Callable
 
+from broker_server.rounds.accept import LateWindow
 from broker_server.rounds.engine_state import EngineState
 from flcore.rounds import RoundRules, RoundState
 
@@ -34,7 +35,7 @@ class AsyncRounds:
         take = max(0, min(room, len(candidates)))
         return sorted(random.Random(self.seed * 100_003 + number * 101 + salt).sample(candidates, take))
 
-    def join(self, idle: list[str], busy: set[str]) -> list[str]:
+    def join(self, idle: list[str], busy: set[str], now: float) -> list[str]:
         """Idle agents that join the open buffer now (none in it yet, none with an update in it), added to its
         selected agents; the caller publishes the task again."""
         rs = self.state.round_state
@@ -43,12 +44,14 @@ class AsyncRounds:
         joined = self.select([a for a in idle if a not in taken], busy | set(rs.pending), rs.round, len(rs.selected))
         # (the open buffer's pending agents hold room whatever their status says: the server asked them)
         rs.selected.extend(joined)
+        if joined:
+            rs.asked_at = now
         return joined
 
-    def unsettled(self, status_round: Callable[[str], int]) -> set[str]:
-        """Agents a closed buffer still owes an update whose newest status (``status_round``: the round of the task
-        it holds, -1 for none) is older than that buffer: they may be training it, whatever the status says."""
-        return {a for w in self.state.late for a in w.owed if status_round(a) < w.round}
+    def unsettled(self, settled: Callable[[str, LateWindow], bool]) -> set[str]:
+        """Agents a closed buffer still owes an update that may still be training it, whatever their last status
+        says: not ``settled`` (their status says they completed that round, or was heard after it last asked)."""
+        return {a for w in self.state.late for a in w.owed if not settled(a, w)}
 
     def in_flight(self) -> list[str]:
         """Agents the open buffer, or a closed one within ``max_staleness``, still waits for an update from."""

@@ -373,8 +373,8 @@ class RoundEngine:
             self.best.note(self.version, rs.round, ctx.evaluation, self.global_arrays)
         self.state.round_state, self.state.next_round = None, rs.round + 1
         done = set(rs.accepted) | set(rs.failed) | set(rs.revoked) | {POOL}
-        self.late.after_close(LateWindow(rs.round, trained_from, tuple(a for a in rs.selected if a not in done)),
-                              rs.folded_late)  # fmt: skip
+        owed = tuple(a for a in rs.selected if a not in done)
+        self.late.after_close(LateWindow(rs.round, trained_from, owed, rs.asked_at or rs.started_at), rs.folded_late)
         self.state.checkpoint(last_metrics=json.loads(metrics.to_json()))  # the commit: what follows is derived from it
         self.state.outputs_pending.update(("metrics", "model") if published else ("metrics",))
         with suppress(DiskError):  # tried again on the daemon's next ticks
