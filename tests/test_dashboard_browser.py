@@ -312,6 +312,24 @@ def test_hostile_fields_stay_bounded_text_and_the_server_count_is_shown_beside_t
     assert console_errors(browser) == []
 
 
+def test_an_async_servers_buffer_and_each_rounds_staleness_and_lost_updates_are_shown(browser, page, player):
+    topics = Topics("it")
+    assert browser.execute_script("return document.getElementById('buffer-card').hidden"), "hidden: a sync server"
+    status = ServerStatus(state="running", federation="it", round=7, phase="training", strategy="fedavg",
+                          model_version=8, agents_online=5, updated_at=time.time(),
+                          buffer={"size": 5, "filled": 2, "in_flight": "<b>3</b>"})  # fmt: skip
+    player.publish(topics.server_status, status.to_json(), retain=True)
+    wait_until(lambda: text(browser, "#buffer"), timeout_s=5, what="the buffer card")
+    assert text(browser, "#buffer") == "2/5 updates, <b>3</b> agents training, model v8", "claims shown as text"
+    metrics = round_metrics(round=7, accepted=["d1"], eval={"accuracy": 0.5})
+    document = {**json.loads(metrics.to_json()), "wasted": {"stale": 1, "late": "x"},
+                "buffer": {"size": 5, "updates": 5, "late": 2, "staleness_mean": 0.5, "staleness_max": 1}}
+    publish_json(player, topics.server_metrics, document)
+    wait_until(lambda: text(browser, "#updates tbody tr"), timeout_s=5, what="the round's row")
+    assert "staleness 0.50; lost 1 late or stale" in text(browser, "#updates tbody tr")
+    assert console_errors(browser) == []
+
+
 def test_a_peer_federation_shows_a_row_per_peer_and_the_model_most_peers_adopted(tmp_path, browser, page, player):
     topics = Topics("it")
     markup = '<img src=x onerror="window.pwned=1">'
