@@ -164,14 +164,21 @@ def test_an_agent_owed_an_update_is_not_asked_again_until_its_status_answers_tha
     assert engine.state.late == ()
 
 
-def test_a_second_update_of_one_agent_in_a_buffer_is_refused_and_counted_as_lost(config):
+def first_buffer_without_agent_03(config) -> tuple[RoundEngine, object]:
+    """Buffers of 3; the first closes on agent-01 and agent-02 (at its deadline, on the quorum) while agent-03 is
+    still training it: returns the engine and agent-03's update of round 1, trained from version 1."""
     engine = async_engine(config, buffer=3)
     assert engine.begin_round(AGENTS, now=0.0, busy=set()) is not None
     engine.announce(now=0.0)
     late = completed(engine, "agent-03", seed=3)
     engine.accept(completed(engine, "agent-01", seed=1))
     engine.accept(completed(engine, "agent-02", seed=2))
-    engine.close(now=1.0, model_wire_bytes=0)  # at its deadline, on the quorum: agent-03 still training
+    engine.close(now=1.0, model_wire_bytes=0)
+    return engine, late
+
+
+def test_a_second_update_of_one_agent_in_a_buffer_is_refused_and_counted_as_lost(config):
+    engine, late = first_buffer_without_agent_03(config)
     assert engine.begin_round(AGENTS, now=1.0, busy=set()).selected == AGENTS  # its status lagged: asked again
     engine.announce(now=1.0)
     engine.accept(late)
@@ -209,13 +216,7 @@ def test_joins_are_bounded_by_max_concurrent_and_one_update_per_agent_per_buffer
 
 
 def test_a_restart_mid_buffer_keeps_its_updates_and_the_older_models_late_ones_need(config):
-    engine = async_engine(config, buffer=3)
-    assert engine.begin_round(AGENTS, now=0.0, busy=set()) is not None
-    engine.announce(now=0.0)
-    late = completed(engine, "agent-03", seed=3)
-    engine.accept(completed(engine, "agent-01", seed=1))
-    engine.accept(completed(engine, "agent-02", seed=2))
-    engine.close(now=1.0, model_wire_bytes=0)  # without agent-03 (as at a deadline, on the quorum)
+    engine, late = first_buffer_without_agent_03(config)
     assert engine.begin_round(AGENTS, now=1.0, busy={"agent-03"}) is not None
     engine.announce(now=1.0)
     engine.accept(completed(engine, "agent-01", seed=4))
