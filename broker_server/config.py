@@ -280,15 +280,18 @@ def upstream_section(path: Path, data: dict[str, Any]) -> UpstreamSection | None
 
 def async_problem(config: ServerConfig) -> str:
     """Why ``rounds.mode = "async"`` does not fit the rest of the configuration, or ``""``."""
-    from flcore.strategies import build_strategy
-    from flcore.strategies.capabilities import averaging_choices
+    from flcore.strategies import STRATEGIES, build_strategy
 
     if not config.rounds.is_async:
         return ""
+
+    def own_models(kind: object) -> bool:  # kept per agent or group, swapped, or a personal part left on the agent
+        return bool(kind.keeps_models or kind.swaps or kind.personal_part)  # type: ignore[attr-defined]
+
     built = build_strategy(config.privacy.strategy_table(config.strategy)[0])
     why = (
         f"strategy {built.name!r} gives agents models of their own, and a buffer folds updates into one global model "
-        f"(choose {averaging_choices()})" if built.keeps_models or built.swaps or built.personal_part else
+        f"(choose {', '.join(STRATEGIES.where(lambda kind: not own_models(kind)))})" if own_models(built) else
         "strategy.threshold: a buffer closes at rounds.buffer updates (set that instead)" if built.threshold else
         "[upstream]: a region's rounds follow its root's (asynchronous regions are not built)"
         if config.upstream is not None else

@@ -232,9 +232,10 @@ class Aggregator(MqttDaemon):
             self.trust.rotate_on_schedule(self.engine.next_round)
             eligible = self.registry.eligible(self.group_keys.key.key_id, now)
             held = set(self._held_late)  # their late updates join the round: they do not train for it
+            busy = self.joins.busy(now, held) if self.config.rounds.is_async else None  # only a buffer asks
             with self.disk.writing(now, self.engine.state.durably("round start")):
                 if self.engine.begin_round(eligible, now, enrolled=self.registry.keyring.names(),
-                                           busy=self.joins.busy(now, held), held=bool(held)) is not None:  # fmt: skip
+                                           busy=busy, held=bool(held)) is not None:  # fmt: skip
                     if self.regional is not None:
                         self.regional.begun()
                     self._announce(reannounce=False)

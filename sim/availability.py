@@ -41,10 +41,10 @@ def round_sizes(spec: str, agents: list[str], selected: int) -> dict[str, int]:
     return {"min_agents": needed, "quorum": max(1, needed // 2)}
 
 
-def describe(spec: str, agents: list[str]) -> list[str]:
-    """The console's line about the trace at start."""
+def describe(spec: str, agents: list[str], asynchronous: bool = False) -> list[str]:
+    """The console's line about the trace at start (an asynchronous round opens on the first agent online)."""
     if not spec:
         return []
     share = parse_availability(spec).online_fraction(agents)
-    return [f"availability: {spec} (each agent online {share:.0%} of the time; rounds start on "
-            f"{round_sizes(spec, agents, len(agents))['min_agents']})"]
+    start = 1 if asynchronous else round_sizes(spec, agents, len(agents))["min_agents"]
+    return [f"availability: {spec} (each agent online {share:.0%} of the time; rounds start on {start})"]

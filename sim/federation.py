@@ -87,7 +87,7 @@ def create_federation(
     """Write everything a federation of ``settings.agents`` agents needs under ``root``; with a ``cluster`` (its
     nodes' HOST:PORT) the server and the agents connect to its nodes in turn, each with the others as fallbacks."""
     server_data, agent_data, description = write_data(root, settings)
-    description += describe(settings.availability, node_names(settings))
+    description += describe(settings.availability, node_names(settings), settings.asynchronous)
     if settings.asynchronous:
         description.append(f"rounds: asynchronous (FedBuff), a model version every {settings.buffer} updates, "
                            f"staleness {settings.staleness}, at most {settings.max_staleness} versions behind")

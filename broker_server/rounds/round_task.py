@@ -71,7 +71,6 @@ def late_agents(engine: RoundEngine) -> list[str]:
                    if f"{a}@{w.round}" not in folded and not (async_ and a in rs.selected)})
 
 
-
 def late_rounds(engine: RoundEngine) -> int:
     """How many rounds back an update in the task's ``late`` list may be from: 1, or in asynchronous rounds back to
     the oldest closed round still owed an update (rolled-back buffers publish no version, so rounds outrun
