@@ -36,7 +36,7 @@ def decision(name: str, views: list[Contribution]) -> object:
     if name == "demlearn":
         return cluster_paths(distance_matrix(gram, DemLearnOptions().distance), DemLearnOptions().levels)
     if name == "fedamn":
-        centered = gram_matrix(views, center=np.mean([v.delta for v in views], axis=0), dtype=np.float32)
+        centered = gram_matrix(views, center=np.mean([v.delta for v in views], axis=0))
         return clusters_within(principal_coordinates(centered), FedAMNOptions().max_peers, np.random.default_rng(1))
     return attention_weights(gram, FedAMPOptions())
 

@@ -34,8 +34,8 @@ https://arxiv.org/abs/2006.09365] and clips the group means: averaging shrinks h
 skewed data lie from each other, so clipping bites attackers more than honest outliers. The grouping is
 a seeded shuffle of the round's agents (the same after a restart).
 
-Memory: updates stay on disk and are read twice in column blocks (distances, then the sum): about
-32 MB of RAM plus two model-sized vectors (the reference and the result).
+Memory: updates stay on disk and are read twice in cache-sized column blocks (distances, then the sum):
+a few MB of RAM plus two model-sized vectors (the reference and the result).
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from flcore.bounds import lower_median
-from flcore.strategies.base import Contribution, NamedArrays, RoundResult, Strategy, column_blocks
+from flcore.order_statistics import column_median
+from flcore.strategies.base import Contribution, NamedArrays, RoundResult, Strategy, column_blocks, weighted_sum
 from flcore.strategies.fedavg import WEIGHTINGS
 from models.weights import RUNNING_STATISTICS, TensorRange, TensorSpec, ranges_of
 
@@ -107,16 +108,18 @@ class CenteredClip(Strategy):
             reference, shrunk = bounded_reference(self.reference, contributions)
         squared = np.zeros(len(groups))
         for start, stop, block in column_blocks(contributions):
-            squared += ((grouped(mixing, block) - reference[start:stop]) ** 2).sum(axis=1, dtype=np.float64)
+            values = grouped(mixing, block)
+            values -= reference[start:stop]
+            squared += np.einsum("ij,ij->i", values, values)
         distances = np.sqrt(squared)
         tau = self.options.tau_multiple * lower_median(distances)
         with np.errstate(divide="ignore", invalid="ignore"):
             clip = np.where(distances > tau, tau / distances, 1.0)
         group_weights = np.array([weights[g].sum() for g in groups])
-        coefficients = (group_weights * clip / group_weights.sum()).astype(np.float32)[:, None]
-        change = reference.copy()
-        for start, stop, block in column_blocks(contributions):
-            change[start:stop] += (coefficients * (grouped(mixing, block) - reference[start:stop])).sum(axis=0)
+        coefficients = group_weights * clip / group_weights.sum()
+        # v + Σ cᵢ(xᵢ − v) = Σ cᵢxᵢ + (1 − Σ cᵢ)·v: one weighted sum of the updates as they are stored
+        change = weighted_sum(contributions, coefficients if mixing is None else coefficients @ mixing)
+        change += np.float32(1 - coefficients.sum()) * reference
         clipped = sorted(contributions[i].agent for g, k in zip(groups, clip, strict=True) if k < 1 for i in g)
         detail = {"tau": float(tau), "centered_clipped": clipped, "center": center,
                   **({"reference_shrunk": shrunk} if shrunk < 1 else {})}  # fmt: skip
@@ -156,7 +159,7 @@ def median_of(contributions: list[Contribution], mixing: np.ndarray | None) -> n
     """The coordinate-wise median of the round's clipped updates (or of their bucket means)."""
     out = np.empty(contributions[0].delta.size, np.float32)
     for start, stop, block in column_blocks(contributions):
-        out[start:stop] = np.median(grouped(mixing, block), axis=0)
+        column_median(grouped(mixing, block), out[start:stop])
     return out
 
 

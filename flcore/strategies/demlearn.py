@@ -166,7 +166,7 @@ class DemLearn(Strategy):
         due = (models.round - 1) % self.options.tau == 0 or set(self.tree) != set(agents)
         if due:
             center = self.start_vector if self.options.distance == "euclidean" else None  # cosine: of the models
-            gram = gram_matrix(views, center=center, dtype=np.float32)
+            gram = gram_matrix(views, center=center)
             paths = cluster_paths(distance_matrix(gram, self.options.distance), self.options.levels)
             tree = self._pending = {a: list(p) for a, p in zip(agents, paths, strict=True)}
         else:  # and no clustering of a rolled-back round is left pending to be installed at the next commit

@@ -170,7 +170,7 @@ class FedAMN(Strategy):
         size = self.options.max_peers + 1
         labels = np.zeros(len(views), int)
         if len(views) > size:
-            gram = gram_matrix(views, center=self.start_vector, dtype=np.float32)
+            gram = gram_matrix(views, center=self.start_vector)
             labels = clusters_within(principal_coordinates(gram), size, rng)
         starts, clusters = {}, []
         for label in np.unique(labels):

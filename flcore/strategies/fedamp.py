@@ -128,7 +128,7 @@ class FedAMP(Strategy):
         assert models is not None  # keeps_models
         views = [Contribution(a, models.vector(models.kept[a]), 1.0, 1.0, 0.0) for a in models.agents]
         center = self.start_vector if self.options.attention == "distance" else None  # cosine: of the models
-        xi = attention_weights(gram_matrix(views, center=center, dtype=np.float32), self.options)
+        xi = attention_weights(gram_matrix(views, center=center), self.options)
         starts, own = {}, self.options.start == "own"
         for row, cloud in mixed_models(views, xi):
             agent = models.agents[row]

@@ -7,8 +7,8 @@ deltas. The guarantee needs n ≥ 2f + 3; with fewer updates f is lowered to (n 
 and the metrics say so (``f_used``). The kept agents are listed in ``metrics.aggregation.selected``.
 Under differential privacy the noise is calibrated to Multi-Krum's sensitivity (``flcore.dp_sensitivity``).
 
-Memory: updates stay on disk and are read twice in column blocks (once for the n x n Gram matrix, once
-to average the kept ones): about 32 MB of RAM plus 8·n² bytes.
+Memory: updates stay on disk and are read twice (in cache-sized column blocks for the n x n Gram matrix,
+then the kept ones added one by one): a few MB of RAM plus 8·n² bytes and the result.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.linalg.blas import ssyrk
 
 from flcore.dp_sensitivity import multi_krum_sensitivity
-from flcore.strategies.base import Contribution, RoundResult, Strategy, column_blocks
+from flcore.strategies.base import Contribution, RoundResult, Strategy, column_blocks, weighted_sum
 from flcore.strategies.choice import krum_f_used
 
 
@@ -42,19 +43,25 @@ def krum_scores(squared_distances: np.ndarray, f: int) -> np.ndarray:
     return others.sum(axis=1)
 
 
-def gram_matrix(
-    contributions: list[Contribution], *, center: np.ndarray | None = None, dtype: type = np.float64
-) -> np.ndarray:
+def gram_matrix(contributions: list[Contribution], *, center: np.ndarray | None = None) -> np.ndarray:
     """The n x n inner products of the clipped deltas (of ``delta − center`` when given), one pass over the
-    updates in column blocks. Products in ``dtype`` (float32 is about 6x faster on 540 models), summed in
-    float64 across blocks: whole models whose distances matter are centered first, so the float32 rounding
-    is relative to the distances, not to the models' norms."""
+    updates in column blocks. Each block is first shifted by its first update p, its float32 BLAS product
+    (summed in float64 across blocks) taken, and p's part added back: xᵢ·xⱼ = cᵢ·cⱼ + cᵢ·p + cⱼ·p + p·p with
+    cᵢ = xᵢ − p. The float32 rounding is then relative to how far the updates lie from each other, not to
+    their norms, so distances between updates that nearly agree come out as accurate as in float64 at a
+    fraction of the time."""
     n = len(contributions)
-    gram = np.zeros((n, n))
+    centred, cross, pivot_square = np.zeros((n, n)), np.zeros(n), 0.0
     for start, stop, block in column_blocks(contributions):
-        values = (block if center is None else block - center[start:stop]).astype(dtype, copy=False)
-        gram += values @ values.T
-    return gram
+        if center is not None:
+            block -= center[start:stop]
+        pivot = block[0].copy()
+        block -= pivot
+        centred += ssyrk(1.0, block.T, trans=1)
+        cross += block @ pivot
+        pivot_square += float(pivot @ pivot)
+    centred = np.triu(centred) + np.triu(centred, 1).T  # BLAS fills the upper triangle
+    return centred + cross[:, None] + cross[None, :] + pivot_square
 
 
 def squared_distances(gram: np.ndarray) -> np.ndarray:
@@ -86,8 +93,8 @@ class MultiKrum(Strategy):
         scores = krum_scores(squared_distances(gram), f)
         keep = self.kept(n)
         chosen = np.sort(np.argsort(scores, kind="stable")[:keep])
-        new = global_vector.copy()
-        for start, stop, block in column_blocks(contributions):
-            new[start:stop] += block[chosen].mean(axis=0, dtype=np.float32)
+        weights = np.zeros(n, np.float32)
+        weights[chosen] = 1 / keep
+        new = global_vector + weighted_sum(contributions, weights)
         selected = [contributions[i].agent for i in chosen]
         return RoundResult(new, {"selected": selected, "f_used": f})

@@ -7,7 +7,7 @@ trim (n - 2·floor(beta·n) < 1), as many as possible are trimmed while keeping 
 Under differential privacy its noise is n / (n − 2k) times FedAvg's (``flcore.dp_sensitivity``):
 1.67× at the default beta.
 
-Memory: as ``median``: updates stay on disk, read in column blocks (about 32 MB of RAM).
+Memory: as ``median``: updates stay on disk, read and sorted in cache-sized column blocks.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flcore.dp_sensitivity import trimmed_mean_sensitivity
+from flcore.order_statistics import column_trimmed_mean
 from flcore.strategies.base import Contribution, RoundResult, Strategy, column_blocks
 
 
@@ -41,11 +42,10 @@ class TrimmedMean(Strategy):
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
         n = len(contributions)
         k = trim_count(n, self.options.beta)
-        new = global_vector.copy()
+        mean = np.empty_like(global_vector, dtype=np.float32)
         for start, stop, block in column_blocks(contributions):
-            block.sort(axis=0)
-            new[start:stop] += block[k : n - k].mean(axis=0, dtype=np.float32)
-        return RoundResult(new, {"trimmed_per_side": k})
+            column_trimmed_mean(block, k, mean[start:stop])
+        return RoundResult(global_vector + mean, {"trimmed_per_side": k})
 
     def dp_sensitivity(self, updates: int, clip: float) -> float:
         return trimmed_mean_sensitivity(updates, trim_count(updates, self.options.beta), clip)
