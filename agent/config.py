@@ -12,8 +12,8 @@ from agent.device import check_device_spec
 from agent.peer.plan import FederationSection
 from agent.telemetry import GatePolicy, TelemetrySection, check_availability, check_gate_sources
 from participant.local_dp import LocalPrivacySection
+from protocol.broker_settings import BrokerSettings
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, refuse_unused, table
-from protocol.mqtt import BrokerSettings
 from protocol.prometheus import MetricsSection
 from protocol.topics import check_level
 

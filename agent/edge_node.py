@@ -26,7 +26,8 @@ from agent.echo import PublishEcho, dropped_text
 from agent.prometheus import AgentMetrics
 from agent.standing import Standing
 from agent.telemetry import Telemetry
-from protocol.daemon import MqttDaemon, Throttle
+from common.logs import Throttle
+from protocol.daemon import MqttDaemon
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from security.keys import Identity

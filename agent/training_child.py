@@ -24,12 +24,12 @@ from pathlib import Path
 
 from agent.config import load_agent_config
 from agent.runner import CONTEXT_FILE, as_reply, in_process_runner, write_result
+from common.logs import configure_logging
 from models.own import model_refusal
 from models.serialization import load_file
 from models.yolo import ultralytics_offline
 from participant.jobs import Declined, Trained, export_onnx, run_guarded, train_and_export
 from participant.trainer import PeerContext, Trainer
-from protocol.daemon import configure_logging
 from protocol.messages import RoundTask
 
 

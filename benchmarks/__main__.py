@@ -1,10 +1,11 @@
 """``make bench``: run every benchmark and print one JSON line per result (for docs/results/benchmarks.md)."""
 
-from benchmarks import agent_memory, aggregation, kept_models, swapping, transport
+from benchmarks import agent_memory, aggregation, config_check, kept_models, swapping, transport
 
 
 def main() -> None:
     aggregation.main()
+    config_check.main()
     transport.main()
     swapping.main()
     kept_models.main()

@@ -60,9 +60,11 @@ def end_of_round(name: str, bank: ModelBank, kept: dict[str, Holding]) -> tuple[
                         current={}, spec=SPEC, vector=bank.vector, put=put,
                         peers=lambda holdings: bank.peers(holdings, SPEC),
                         rng=lambda: np.random.default_rng(1))  # fmt: skip
+    start = np.zeros(PARAMS, np.float32)
+    strategy.begin(start, SPEC)
     tracemalloc.start()
     started = time.perf_counter()
-    strategy.aggregate(np.zeros(PARAMS, np.float32), views(bank, kept))
+    strategy.aggregate(start, views(bank, kept))
     strategy.plan_starts(models)
     seconds = time.perf_counter() - started
     peak = tracemalloc.get_traced_memory()[1]

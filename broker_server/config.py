@@ -13,10 +13,10 @@ from broker_server.privacy.policy import PrivacyPolicy
 from flcore.bounds import InfluencePolicy
 from flcore.rounds import RoundRules
 from flcore.strategies.base import Strategy
+from protocol.broker_settings import BrokerSettings
 from protocol.codecs import Codec, CodecError
 from protocol.config import ConfigError, broker_settings, check_tables, existing_path, read_toml, refuse_unused, table
 from protocol.messages import TrainSettings
-from protocol.mqtt import BrokerSettings
 from protocol.prometheus import MetricsSection
 from protocol.topics import check_level
 from protocol.transfer import MiB, TransferLimits

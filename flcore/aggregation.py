@@ -14,8 +14,8 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from scipy.linalg.blas import sdot
 
+from flcore import blas
 from flcore.bounds import Influence, InfluencePolicy, bound_influence
 from flcore.rounds import UpdateRecord
 from flcore.strategies.base import Contribution
@@ -56,7 +56,7 @@ def check_new_model(
     ``change-too-large``) when ``new`` must not replace ``current``. ``invariants=False`` checks only that
     it is finite (differential privacy: a verdict on the un-noised average would reveal something)."""
     change = new - current
-    norm = math.sqrt(float(sdot(change, change))) if change.size else 0.0
+    norm = math.sqrt(float(blas.sdot(change, change))) if change.size else 0.0
     if not math.isfinite(norm) or not np.isfinite(new).all():
         raise UpdateRejected("non-finite-model")
     if not invariants:

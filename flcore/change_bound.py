@@ -25,8 +25,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.linalg.blas import sdot
 
+from flcore import blas
 from protocol.messages import headline
 
 WINDOW = 8  # committed steps whose median sets the bound
@@ -65,7 +65,7 @@ def shrink_step(new: np.ndarray, current: np.ndarray, limit: float) -> tuple[np.
     """``(model, norm, factor)``: ``new`` moved back towards ``current`` so the step is at most ``limit``
     long (``factor`` < 1 when it was shortened), with the step's length after it."""
     step = new - current
-    norm = math.sqrt(float(sdot(step, step))) if step.size else 0.0
+    norm = math.sqrt(float(blas.sdot(step, step))) if step.size else 0.0
     if not math.isfinite(norm) or norm <= limit:
         return new, norm, 1.0
     factor = limit / norm

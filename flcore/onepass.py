@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg.blas import saxpy, sdot
+
+from flcore import blas
 
 BLOCK = 1 << 18  # float32 values per block: 1 MiB, which stays in L2 between the dot and the saxpy
 
@@ -41,7 +42,7 @@ class Scan:
 
 def axpy(x: np.ndarray, y: np.ndarray, a: float) -> None:
     """y += a * x in place (float32 BLAS saxpy)."""
-    out = saxpy(x, y, a=a)
+    out = blas.saxpy(x, y, a=a)
     if not np.shares_memory(out, y):  # pragma: no cover - scipy documents in-place for contiguous float32
         raise RuntimeError("saxpy did not update the accumulator in place")
 
@@ -63,7 +64,7 @@ def scan(delta: np.ndarray, fold: Fold | None = None) -> Scan:
     for start in range(0, delta.size, BLOCK):
         stop = min(start + BLOCK, delta.size)
         block = delta[start:stop]
-        block_squares = float(sdot(block, block))
+        block_squares = float(blas.sdot(block, block))
         if not math.isfinite(block_squares):
             if fold is not None:
                 _undo(delta, fold, folded_upto)

@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import numpy as np
-from scipy.spatial.distance import pdist, squareform
 
 RBF_SIGMA_FRACTION = 0.5
 CCA_KEPT_VARIANCE = 0.99  # SVCCA's cut (Raghu et al. 2017): the directions explaining 99 % of the variance
@@ -51,6 +50,8 @@ def weight_layers(models: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarra
 
 def osad(x: np.ndarray) -> np.ndarray:
     """Opposite sum of absolute differences between every pair of agents' layer (N × N)."""
+    from scipy.spatial.distance import pdist, squareform  # SciPy on first use (flcore.blas says why)
+
     return -squareform(pdist(x.reshape(len(x), -1).astype(np.float64), metric="cityblock"))
 
 

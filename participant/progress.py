@@ -75,20 +75,22 @@ class ProgressStore:
         path = self.update_path(round_number)
         return path.read_bytes() if path.exists() else None
 
-    def save_model(self, slot: str, arrays: NamedArrays, round_number: int) -> None:
+    def save_model(self, slot: str, arrays: NamedArrays, round_number: int, name: str = "") -> None:
         """Keep a start model durably: ``local`` (this agent's after its round), ``inbox`` (the server's),
-        ``peers`` (a bundle of models, FedAMN) or ``continued`` (trained in local rounds, never uploaded)."""
+        ``peers`` (a bundle of models, FedAMN, with the ``name`` the server gave it) or ``continued`` (trained in
+        local rounds, never uploaded)."""
         assert slot in MODEL_SLOTS
-        atomic_write(self.directory / f"{slot}.safetensors", dumps(arrays, {"round": str(round_number)}), mode=0o600)
+        metadata = {"round": str(round_number), **({"name": name} if name else {})}
+        atomic_write(self.directory / f"{slot}.safetensors", dumps(arrays, metadata), mode=0o600)
 
     def drop_model(self, slot: str) -> None:
         assert slot in MODEL_SLOTS
         (self.directory / f"{slot}.safetensors").unlink(missing_ok=True)
 
-    def load_model(self, slot: str) -> tuple[NamedArrays, int] | None:
-        """The model in ``slot`` and the round it was kept for."""
+    def load_model(self, slot: str) -> tuple[NamedArrays, int, str] | None:
+        """The model in ``slot``, the round it was kept for and its name ("": none was given)."""
         path = self.directory / f"{slot}.safetensors"
         if not path.exists():
             return None
         arrays, metadata = load_file(path)
-        return arrays, int(metadata.get("round", "0"))
+        return arrays, int(metadata.get("round", "0")), metadata.get("name", "")

@@ -6,11 +6,14 @@ the trainer to attend over (FedAMN), ``continued`` its model after its newest ``
 swapping: trained on, not uploaded; the next task that ``continues`` trains on from it). All are kept
 on disk (``participant.progress.ProgressStore``), so a restart needs none of them again, and the server's
 are found by ``models.weights.fingerprint``: the signed round task names the exact model to start from, and where it
-came from does not matter.
+came from does not matter. A ``peers`` bundle is found by the name the server sealed (and signed) into its
+metadata (``flcore.agent_models.bundle_name``: hashing each recipient's bundle would cost the server a hash
+of every model in it, for every recipient, every round).
 """
 
 from __future__ import annotations
 
+from flcore.agent_models import BUNDLE_NAME
 from models.serialization import SerializationError, loads
 from models.weights import NamedArrays, fingerprint
 from participant.progress import MODEL_SLOTS, ProgressStore
@@ -31,13 +34,14 @@ class StartModels:
         for slot in MODEL_SLOTS:
             loaded = store.load_model(slot)
             if loaded is not None:
-                self._held[slot] = (fingerprint(loaded[0]), *loaded)
+                arrays, round_number, name = loaded
+                self._held[slot] = (name or fingerprint(arrays), arrays, round_number)
 
-    def keep(self, slot: str, arrays: NamedArrays, round_number: int) -> str:
-        """Store ``arrays`` (for round ``round_number``) durably in ``slot``, replacing what it held;
-        returns their fingerprint."""
-        self.store.save_model(slot, arrays, round_number)
-        self._held[slot] = (fingerprint(arrays), arrays, round_number)
+    def keep(self, slot: str, arrays: NamedArrays, round_number: int, name: str = "") -> str:
+        """Store ``arrays`` (for round ``round_number``) durably in ``slot``, replacing what it held; returns
+        what finds them: ``name`` when the server gave one, else their fingerprint."""
+        self.store.save_model(slot, arrays, round_number, name)
+        self._held[slot] = (name or fingerprint(arrays), arrays, round_number)
         return self._held[slot][0]
 
     def receive(
@@ -49,10 +53,11 @@ class StartModels:
         if round_number < max(task_round, self.round_of(slot)):
             raise StartModelRefused("stale", "older-than-held")
         try:
-            arrays, _ = loads(data)
+            arrays, metadata = loads(data)
         except SerializationError as exc:
             raise StartModelRefused("malformed", str(exc)) from None
-        return self.keep(slot, {name: a.copy() for name, a in arrays.items()}, round_number)
+        name = metadata.get(BUNDLE_NAME, "") if slot == "peers" else ""
+        return self.keep(slot, {key: a.copy() for key, a in arrays.items()}, round_number, name)
 
     def new_run(self) -> None:
         """The server started a new run (its state was reset) at round 1: what it sealed to this agent before

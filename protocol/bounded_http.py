@@ -22,7 +22,7 @@ from collections.abc import Callable
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from protocol.daemon import Throttle
+from common.logs import Throttle
 
 MAX_CONNECTIONS = 32  # a few Prometheus servers and an operator's curl; a scrape is one short connection
 IDLE_TIMEOUT_S = 10.0  # Prometheus' default scrape_timeout: a scraper never waits longer on one step

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from common import toml
 from common.files import atomic_write
-from protocol.mqtt import BrokerSettings, TlsSettings
+from protocol.broker_settings import BrokerSettings, TlsSettings
 from protocol.typed import SchemaError, build
 
 T = TypeVar("T")

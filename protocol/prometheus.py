@@ -14,11 +14,12 @@ import re
 import socket
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-
-from protocol.bounded_http import BoundedWSGIServer
 from protocol.config import ConfigError
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("skyfed.metrics")
 
@@ -55,6 +56,10 @@ class Endpoint:
     """``registry`` served over HTTP at ``section``'s address until ``close``."""
 
     def __init__(self, section: MetricsSection, registry: CollectorRegistry) -> None:
+        from prometheus_client import make_wsgi_app  # here: a config check reads MetricsSection alone
+
+        from protocol.bounded_http import BoundedWSGIServer
+
         host, port = section.prometheus_host, section.prometheus_port
         try:
             family, *_, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]

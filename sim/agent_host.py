@@ -23,7 +23,8 @@ from agent.daemon import EdgeAgent
 from agent.peer.node import PeerNode
 from agent.runner import in_process_runner
 from common.lock import hold_state_dir
-from protocol.daemon import configure_logging, stop_on_signals
+from common.logs import configure_logging
+from protocol.daemon import stop_on_signals
 from sim.attacks import SCOPES, Attack, AttackingTrainer, SilentAgent
 from sim.scale import hosted_tick_s
 from sim.slow import SlowTrainer

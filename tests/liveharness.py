@@ -160,10 +160,10 @@ def record_slot(agent, slot: str) -> list[NamedArrays]:  # noqa: ANN001
     saved: list[NamedArrays] = []
     save = agent.client.store.save_model
 
-    def recording(name: str, arrays: NamedArrays, round_number: int) -> None:
+    def recording(name: str, arrays: NamedArrays, round_number: int, *named: str) -> None:
         if name == slot:
             saved.append({k: v.copy() for k, v in arrays.items()})
-        save(name, arrays, round_number)
+        save(name, arrays, round_number, *named)
 
     agent.client.store.save_model = recording
     return saved

@@ -15,7 +15,7 @@ import pytest
 
 from broker_server.config import load_server_config
 from broker_server.rounds.engine import RoundEngine
-from flcore.agent_models import DITHER
+from flcore.agent_models import BUNDLE_NAME, DITHER, bundle_name
 from flcore.strategies import build_strategy
 from flcore.strategies.fedamn import clusters_within, principal_coordinates
 from models.serialization import dumps, loads
@@ -24,6 +24,7 @@ from security.replay import ReplayGuard
 from sim.federation import SimSettings, create_federation
 from tests.fedharness import override_toml
 from tests.fixtures import update
+from tests.liveharness import identical
 
 AGENTS = [f"agent-{i:02d}" for i in range(1, 6)]
 
@@ -78,7 +79,8 @@ def test_fedavg_until_round_p_then_each_agent_gets_its_cluster_and_a_restart_kee
             assignment = engine.assignments[agent]
             assert assignment.source == "local" and assignment.model.owner == agent  # its own model
             bundle = engine.peer_bundle(agent)
-            assert fingerprint(bundle) == assignment.peers.sha256
+            peers = assignment.peers
+            assert bundle_name(peers.models, peers.salt, engine.float_spec) == peers.sha256  # no bundle hashed
             rows = [flatten({k: bundle[k][r] for k in bundle}, engine.float_spec) for r in range(len(cluster) - 1)]
             owners = [next(a for a in AGENTS if np.allclose(row, vectors[a], rtol=1.01 * DITHER, atol=0))
                       for row in rows]  # fmt: skip
@@ -87,7 +89,7 @@ def test_fedavg_until_round_p_then_each_agent_gets_its_cluster_and_a_restart_kee
 
     resumed = RoundEngine(config, replay=ReplayGuard(3600))  # a server restart keeps every bundle
     assert resumed.assignments == engine.assignments
-    assert all(fingerprint(resumed.peer_bundle(a)) == engine.assignments[a].peers.sha256 for a in AGENTS)
+    assert all(identical(resumed.peer_bundle(a), engine.peer_bundle(a)) for a in AGENTS)  # same rows, same dither
     resumed.begin_round(AGENTS, now=2.0)
     resumed.announce(now=2.0)
     assert all(resumed.needs_global(a) for a in AGENTS)  # the meta-network attends over the global model too
@@ -137,8 +139,8 @@ def test_no_bundle_row_can_be_named_from_the_round_task(tmp_path):
     assert {fingerprint(m).encode() for m in held.values()} <= public  # the task names every agent's start model
     orders = []
     for agent in AGENTS:
-        bundle = engine.peer_bundle(agent)
-        assert fingerprint(bundle) == task.start_of(agent).peers_sha256
+        bundle, peers = engine.peer_bundle(agent), engine.assignments[agent].peers
+        assert task.start_of(agent).peers_sha256 == peers.sha256
         assert not row_names(bundle, engine.global_arrays) & public
         rows = [{k: v[r] for k, v in bundle.items()} for r in range(len(AGENTS) - 1)]
         owners = [next(a for a in AGENTS if all(np.allclose(row[k], held[a][k], rtol=1.01 * DITHER, atol=0)
@@ -277,11 +279,12 @@ def test_an_agent_waiting_for_its_start_gets_its_own_model_its_bundle_and_the_gl
                     done = reassembler.feed(message[1], topic_sender="server",
                                             kinds=frozenset({"start", "peers", "model"}))  # fmt: skip
                     if done is not None and done.manifest.round == 2:
-                        received[done.manifest.kind] = loads(done.data)[0]
+                        received[done.manifest.kind] = loads(done.data)
         finally:
             watcher.stop()
     assert set(received) == {"start", "peers", "model"}, sorted(received)
-    assert fingerprint(received["start"]) == start.sha256 and fingerprint(received["peers"]) == start.peers_sha256
+    assert fingerprint(received["start"][0]) == start.sha256
+    assert received["peers"][1][BUNDLE_NAME] == start.peers_sha256  # the name the task gives it, sealed with it
 
 
 def test_an_agent_whose_update_did_not_count_keeps_its_bundle_with_its_own_model_on_its_inbox():

@@ -13,8 +13,8 @@ from rich.console import Console
 from broker_server.watch.monitor import monitor
 from broker_server.watch.monitor_tables import render
 from broker_server.watch.monitor_view import FederationView
+from common.logs import JournalFormatter
 from common.text import PrintableFormatter, printable
-from protocol.daemon import JournalFormatter
 from protocol.messages import AgentStatus
 from protocol.mqtt import BrokerSettings, TlsSettings
 from protocol.peer_messages import PeerMember, PeerRoundMetrics

@@ -254,7 +254,7 @@ def test_a_failed_notification_is_dropped_with_one_log_line(caplog):
 
 def test_logs_into_the_journal_carry_their_priority_on_every_line_and_no_timestamp(tmp_path):
     code = (
-        "import logging; from protocol.daemon import configure_logging; configure_logging('info'); "
+        "import logging; from common.logs import configure_logging; configure_logging('info'); "
         "logging.getLogger('skyfed.x').warning('first\\nsecond', exc_info=(ValueError, ValueError('why'), None))"
     )  # a message is one line (a newline in it is shown escaped); a traceback keeps its lines, each with its priority
     with open(tmp_path / "journal", "wb") as stream:

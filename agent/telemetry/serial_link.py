@@ -14,7 +14,7 @@ from collections.abc import Callable
 import serial
 
 from agent.telemetry.readings import SourceReading
-from protocol.daemon import Throttle
+from common.logs import Throttle
 
 log = logging.getLogger("skyfed.agent.telemetry")
 

@@ -13,6 +13,7 @@ from broker_server.agents.publisher import ModelPublisher
 from broker_server.agents.registry import AgentRegistry
 from broker_server.agents.task_publisher import TaskPublisher
 from broker_server.rounds.engine import RoundEngine
+from flcore.agent_models import BUNDLE_NAME
 from models.serialization import dumps
 from protocol.messages import AgentStatus
 from protocol.mqtt import MqttClient
@@ -70,12 +71,12 @@ class Delivery:
         if rs is None or public is None or assignment is None:
             return
         sent_start = resend or assignment.source == "inbox"
-        parts = [("start", lambda: self.engine.start_model(agent))] if sent_start else []
+        parts = [("start", lambda: self.engine.start_model(agent), None)] if sent_start else []
         if assignment.peers is not None:
-            parts.append(("peers", lambda: self.engine.peer_bundle(agent)))
-        for kind, arrays in parts:
-            _, chunks = seal(dumps(arrays()), sender=self.identity, federation=self.topics.federation, kind=kind,
-                             round=rs.round, recipient=public)  # fmt: skip
+            parts.append(("peers", lambda: self.engine.peer_bundle(agent), {BUNDLE_NAME: assignment.peers.sha256}))
+        for kind, arrays, metadata in parts:
+            _, chunks = seal(dumps(arrays(), metadata), sender=self.identity, federation=self.topics.federation,
+                             kind=kind, round=rs.round, recipient=public)  # fmt: skip
             self.send_inbox(agent, chunks)
             rs.inbox_bytes += sum(map(len, chunks))
             log.info("%s model%s sent round=%d agent=%s chunks=%d", kind, "s" if kind == "peers" else "", rs.round,

@@ -11,9 +11,9 @@ import logging
 from collections import Counter
 from pathlib import Path
 
+from common.logs import Throttle
 from common.text import printable
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
-from protocol.daemon import Throttle
 from protocol.messages import MAX_JSON_BYTES
 from security.keys import REVOKED, Keyring, revoked_names
 from security.signing import InvalidDocument, verify_document

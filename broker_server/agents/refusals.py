@@ -13,9 +13,9 @@ from broker_server.agents.registry import AgentRegistry
 from broker_server.pool import POOL
 from broker_server.rounds.engine import RoundEngine
 from broker_server.watch.prometheus import ServerMetrics
+from common.logs import Throttle
 from common.text import printable
 from flcore.validation import reason_kind
-from protocol.daemon import Throttle
 
 log = logging.getLogger("skyfed.server")
 

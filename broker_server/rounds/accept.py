@@ -18,9 +18,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg.blas import sdot
 
 from broker_server.rounds.update_store import UpdateStore
+from flcore import blas
 from flcore.bounds import InfluencePolicy, tentative
 from flcore.late import late_refusal
 from flcore.onepass import axpy
@@ -207,7 +207,7 @@ def accept_update(
             change = np.array(parsed.delta, np.float32)
             for r in inputs.as_model:
                 change[r.start:r.stop] += inputs.base_vector[r.start:r.stop] - inputs.current[r.start:r.stop]
-        stored, norm = dumps(unflatten(change, inputs.spec)), math.sqrt(float(sdot(change, change)))
+        stored, norm = dumps(unflatten(change, inputs.spec)), math.sqrt(float(blas.sdot(change, change)))
     record = UpdateRecord(
         agent=agent,
         samples=parsed.meta.weight,

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from scipy.linalg.blas import sdot
 
 from broker_server.privacy.gaussian import release
+from flcore import blas
 from flcore.agent_models import Assignment, Holding, ModelBank
 from flcore.aggregation import bounded_contributions, change_limit, check_new_model
 from flcore.bounds import Influence, InfluencePolicy, lower_median
@@ -162,7 +162,7 @@ class KeepAgentModels(Step):
         """Write ``agent``'s model to the bank; returns its distance from the global model."""
         ctx.kept[agent] = keep_model(self.bank, ctx, agent, model)
         drift = self.bank.vector(ctx.kept[agent]) - ctx.global_vector
-        return math.sqrt(float(sdot(drift, drift)))
+        return math.sqrt(float(blas.sdot(drift, drift)))
 
 
 def keep_model(bank: ModelBank, ctx: RoundContext, owner: str, model: NamedArrays) -> Holding:

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from flcore import blas
 from flcore.agent_models import Assignment, Holding, Peers
 from flcore.bounds import Tentative
 from flcore.onepass import Fold, axpy
@@ -274,12 +275,31 @@ def column_blocks(contributions: list[Contribution]) -> Iterator[tuple[int, int,
         yield start, stop, view
 
 
+def column_rows(contributions: list[Contribution]) -> Iterator[tuple[int, int, list[np.ndarray]]]:
+    """``(start, stop, rows)`` where ``rows[i]`` is contribution i's clipped delta[start:stop] (float32), as
+    ``column_blocks`` but read-only and without gathering: the stored values themselves where the clip scale
+    is 1 (no copy), scaled into a buffer where it is not. For kernels that read every update once per block."""
+    size = contributions[0].delta.size
+    width = max(BLOCK_MIN_COLUMNS, BLOCK_BYTES // (4 * len(contributions)))
+    scales = [np.float32(c.scale) for c in contributions]
+    scaled = {i: np.empty(min(width, size), np.float32) for i, s in enumerate(scales) if s != 1}
+    for start in range(0, size, width):
+        stop = min(start + width, size)
+        rows = []
+        for i, (c, scale) in enumerate(zip(contributions, scales, strict=True)):
+            values = c.delta[start:stop]
+            rows.append(values if scale == 1 else np.multiply(values, scale, out=scaled[i][: stop - start]))
+        yield start, stop, rows
+
+
 def weighted_sum(contributions: list[Contribution], weights: np.ndarray) -> np.ndarray:
-    """Σᵢ weightsᵢ·(clipped delta)ᵢ in float32: one BLAS product per column block."""
-    out = np.empty(contributions[0].delta.size, np.float32)
-    weights = np.asarray(weights, np.float32)
-    for start, stop, block in column_blocks(contributions):
-        np.matmul(weights, block, out=out[start:stop])
+    """Σᵢ weightsᵢ·(clipped delta)ᵢ in float32, a cache-sized block of the result at a time: each update's
+    values read once where they are stored (0.6x a copy of them, against 1.0x gathering a block first)."""
+    out = np.zeros(contributions[0].delta.size, np.float32)
+    for start, stop, rows in column_rows(contributions):
+        for row, weight in zip(rows, weights, strict=True):
+            if weight:
+                blas.saxpy(row, out[start:stop], a=float(weight))
     return out
 
 
@@ -337,7 +357,8 @@ def mixed_models(views: list[Contribution], mixing: np.ndarray) -> Iterator[tupl
     for first in range(0, len(mixing), batch):
         rows = mixing[first : first + batch].astype(np.float32)
         out = buffer[: len(rows)]
-        for start, stop, block in column_blocks(views):
-            np.matmul(rows, block, out=out[:, start:stop])
+        with blas.one_thread():
+            for start, stop, block in column_blocks(views):
+                np.matmul(rows, block, out=out[:, start:stop])
         for i in range(len(rows)):
             yield first + i, out[i]

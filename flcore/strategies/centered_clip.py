@@ -47,7 +47,15 @@ import numpy as np
 
 from flcore.bounds import lower_median
 from flcore.order_statistics import column_median
-from flcore.strategies.base import Contribution, NamedArrays, RoundResult, Strategy, column_blocks, weighted_sum
+from flcore.strategies.base import (
+    Contribution,
+    NamedArrays,
+    RoundResult,
+    Strategy,
+    column_blocks,
+    column_rows,
+    weighted_sum,
+)
 from flcore.strategies.fedavg import WEIGHTINGS
 from models.weights import RUNNING_STATISTICS, TensorRange, TensorSpec, ranges_of
 
@@ -158,8 +166,12 @@ def bounded_reference(reference: np.ndarray, contributions: list[Contribution]) 
 def median_of(contributions: list[Contribution], mixing: np.ndarray | None) -> np.ndarray:
     """The coordinate-wise median of the round's clipped updates (or of their bucket means)."""
     out = np.empty(contributions[0].delta.size, np.float32)
-    for start, stop, block in column_blocks(contributions):
-        column_median(grouped(mixing, block), out[start:stop])
+    if mixing is None:
+        for start, stop, rows in column_rows(contributions):
+            column_median(rows, out[start:stop])
+    else:
+        for start, stop, block in column_blocks(contributions):
+            column_median(mixing @ block, out[start:stop])
     return out
 
 

@@ -31,8 +31,6 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.cluster.hierarchy import linkage, to_tree
-from scipy.spatial.distance import squareform
 
 from flcore.agent_models import Assignment
 from flcore.strategies.base import (
@@ -102,6 +100,9 @@ def cluster_paths(distances: np.ndarray, levels: int) -> list[tuple[int, ...]]:
     n = len(distances)
     if n == 1:
         return [(0,) * levels]
+    from scipy.cluster.hierarchy import linkage, to_tree  # SciPy on first use (flcore.blas says why)
+    from scipy.spatial.distance import squareform
+
     root = to_tree(linkage(squareform(distances, checks=False), method="average"))
     paths: list[tuple[int, ...]] = [()] * n
     stack = [(root, ())]

@@ -36,7 +36,6 @@ import warnings
 from dataclasses import dataclass, replace
 
 import numpy as np
-from scipy.cluster.vq import kmeans2
 
 from flcore.strategies.base import (
     KEPT_MODELS_NOT_PEERS,
@@ -97,6 +96,8 @@ def clusters_within(points: np.ndarray, max_size: int, rng: np.random.Generator)
         return np.zeros(n, int)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "one of the clusters is empty": the others are split further
+        from scipy.cluster.vq import kmeans2  # SciPy on first use (flcore.blas says why)
+
         _, labels = kmeans2(points, k, minit="++", rng=rng)
     if len(np.unique(labels)) == 1:  # no two points differ in a way k-means sees
         labels = np.arange(n) % k

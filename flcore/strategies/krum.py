@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg.blas import ssyrk
 
+from flcore import blas
 from flcore.dp_sensitivity import multi_krum_sensitivity
 from flcore.strategies.base import Contribution, RoundResult, Strategy, column_blocks, weighted_sum
 from flcore.strategies.choice import krum_f_used
@@ -52,14 +52,15 @@ def gram_matrix(contributions: list[Contribution], *, center: np.ndarray | None 
     fraction of the time."""
     n = len(contributions)
     centred, cross, pivot_square = np.zeros((n, n)), np.zeros(n), 0.0
-    for start, stop, block in column_blocks(contributions):
-        if center is not None:
-            block -= center[start:stop]
-        pivot = block[0].copy()
-        block -= pivot
-        centred += ssyrk(1.0, block.T, trans=1)
-        cross += block @ pivot
-        pivot_square += float(pivot @ pivot)
+    with blas.one_thread():
+        for start, stop, block in column_blocks(contributions):
+            if center is not None:
+                block -= center[start:stop]
+            pivot = block[0].copy()
+            block -= pivot
+            centred += blas.ssyrk(1.0, block.T, trans=1)
+            cross += block @ pivot
+            pivot_square += float(pivot @ pivot)
     centred = np.triu(centred) + np.triu(centred, 1).T  # BLAS fills the upper triangle
     return centred + cross[:, None] + cross[None, :] + pivot_square
 

@@ -8,7 +8,7 @@ mean that keeps one value (two for even n), and its noise is n/2 to n times FedA
 (``flcore.dp_sensitivity``): of the order of the clip bound on every value, whatever the fleet.
 
 Memory: every update of the round stays in the on-disk update store; aggregation reads them in column
-blocks sized to the CPU's cache (``column_blocks``) and sorts every column of a block at once
+blocks sized to the CPU's cache (``column_rows``) and sorts every column of a block at once
 (``flcore.order_statistics``), so RAM holds one block and the result vector whatever the number of agents.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from flcore.dp_sensitivity import trimmed_mean_sensitivity
 from flcore.order_statistics import column_median
-from flcore.strategies.base import Contribution, RoundResult, Strategy, column_blocks
+from flcore.strategies.base import Contribution, RoundResult, Strategy, column_rows
 
 
 class FedMedian(Strategy):
@@ -26,8 +26,8 @@ class FedMedian(Strategy):
 
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
         median = np.empty_like(global_vector, dtype=np.float32)
-        for start, stop, block in column_blocks(contributions):
-            column_median(block, median[start:stop])
+        for start, stop, rows in column_rows(contributions):
+            column_median(rows, median[start:stop])
         return RoundResult(global_vector + median)
 
     def dp_sensitivity(self, updates: int, clip: float) -> float:

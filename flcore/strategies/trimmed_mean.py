@@ -18,7 +18,7 @@ import numpy as np
 
 from flcore.dp_sensitivity import trimmed_mean_sensitivity
 from flcore.order_statistics import column_trimmed_mean
-from flcore.strategies.base import Contribution, RoundResult, Strategy, column_blocks
+from flcore.strategies.base import Contribution, RoundResult, Strategy, column_rows
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ class TrimmedMean(Strategy):
         n = len(contributions)
         k = trim_count(n, self.options.beta)
         mean = np.empty_like(global_vector, dtype=np.float32)
-        for start, stop, block in column_blocks(contributions):
-            column_trimmed_mean(block, k, mean[start:stop])
+        for start, stop, rows in column_rows(contributions):
+            column_trimmed_mean(rows, k, mean[start:stop])
         return RoundResult(global_vector + mean, {"trimmed_per_side": k})
 
     def dp_sensitivity(self, updates: int, clip: float) -> float:

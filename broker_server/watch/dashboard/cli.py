@@ -8,8 +8,6 @@ import signal
 import sys
 import threading
 
-from broker_server.watch.dashboard.server import DashboardServer, PageConfig
-
 log = logging.getLogger("skyfed.dashboard")
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -28,6 +26,8 @@ def browser_host(broker_host: str) -> str:
 
 
 def run_dashboard(args: argparse.Namespace) -> int:
+    from broker_server.watch.dashboard.server import DashboardServer, PageConfig  # not for other commands' start
+
     broker_host, broker_port = args.broker
     try:
         page = PageConfig(federation=args.federation, ws_port=args.ws_port, ws_path=args.ws_path, tls=args.tls,
