@@ -5,6 +5,7 @@ against an offline evaluation of the same models, in every round of every strate
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -97,6 +98,27 @@ def test_score_start_bounds_the_start_models_scored_a_round_not_the_published_on
             _round(engine, seed, scale=1.0)
             got = engine.close(now=1.0, model_wire_bytes=1).personal
         assert got["scored"] == limit == sum("c_gen" in a for a in got["agents"].values())
+
+
+def test_trained_models_are_scored_as_their_uploads_are_accepted_and_the_close_scores_only_the_missing():
+    """The sample drawn from the selected agents is scored while the others still train; an agent of it whose upload
+    never counts gives its place to the next in the draw, scored at the close."""
+    calls: list[str] = []
+    scores = StartScores(lambda model: calls.append(model["agent"]) or {"accuracy": 0.5})
+    selected = [f"a{i}" for i in range(6)]
+    for agent in selected:
+        scores.early(4, selected, agent, lambda a: {"agent": a}, limit=2)
+    early = sorted(calls)
+    assert len(early) == 2
+    uploads = [SimpleNamespace(agent=a, trained_eval={}) for a in selected]
+    calls.clear()
+    assert scores.trained(4, uploads, lambda a: {"agent": a}, limit=2)["scored"] == 2 and calls == []  # all early
+    missing = [u for u in uploads if u.agent != early[0]]  # one of the sample never counted
+    got = scores.trained(4, missing, lambda a: {"agent": a}, limit=2)
+    assert got["scored"] == 2 and len(calls) == 1 and calls[0] not in early  # its place scored at the close
+    assert early[1] in got["agents"]
+    calls.clear()
+    assert scores.trained(5, uploads, lambda a: {"agent": a}, limit=2)["scored"] == 2 and len(calls) == 2  # new round
 
 
 def test_a_close_tried_again_scores_the_same_start_models():

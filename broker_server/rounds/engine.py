@@ -126,6 +126,10 @@ class RoundEngine:
         """The whole model ``agent`` starts from (what its inbox gets when it is not the global one)."""
         return with_floats(self.global_arrays, self.base_vector(agent), self.float_spec)
 
+    def _trained_limit(self) -> int:
+        """How many trained models a round scores (none under privacy: ``broker_server.rounds.personal``)."""
+        return 0 if self.config.privacy.enabled else self.config.server.score_trained
+
     def _trained_model(self, agent: str) -> NamedArrays:
         """``agent``'s model after this round's training: its start model plus the change it uploaded."""
         assert self.round_state is not None
@@ -276,6 +280,8 @@ class RoundEngine:
             return record
         if record.agent in self.round_state.failed:  # it sent a valid update after a refused one
             self.round_state.failed.remove(record.agent)
+        self.start_scores.early(self.round_state.round, self.round_state.selected, record.agent, self._trained_model,
+                                self._trained_limit())  # fmt: skip
         self.health.delivered(record.agent)
         self.state.pace.observe(record.agent, (time.time() if now is None else now) - self.round_state.started_at,
                                 work_share(self.train_of(record.agent)))  # fmt: skip
@@ -327,8 +333,7 @@ class RoundEngine:
         starts = {u.agent: self._start_key(u.agent) for u in rs.on_time}  # before the assignments move on
         personal = self.start_scores.personal(rs.round, rs.on_time, starts, self.start_model,
                                               self.config.server.score_start)  # fmt: skip
-        limit = 0 if self.config.privacy.enabled else self.config.server.score_trained  # see ``personal``
-        if trained := self.start_scores.trained(rs.round, rs.on_time, self._trained_model, limit):
+        if trained := self.start_scores.trained(rs.round, rs.on_time, self._trained_model, self._trained_limit()):
             personal = {**personal, "trained": trained}
         try:
             if stuck:
