@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
 
@@ -98,6 +97,8 @@ def list_images(source: Path) -> tuple[Path, ...]:
 def load_data_yaml(path: Path) -> DetectionData:
     """Read and check a ``data.yaml``; every error names the file, the key and what is expected."""
     try:
+        import yaml  # here: an agent's config check of a classifier does not read YAML
+
         document = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise DatasetError(f"cannot read dataset file {path}: {exc}") from None
@@ -130,6 +131,8 @@ def _names(path: Path, names: object) -> tuple[str, ...]:
 def write_data_yaml(root: Path, names: Sequence[str], train: str = "images/train", val: str = "images/val") -> Path:
     """Write ``root/data.yaml`` without ``path`` (the root is then the yaml's folder, for Ultralytics too, so
     the folder can be moved) and return its path."""
+    import yaml  # on use, as in load_data_yaml
+
     path = root / "data.yaml"
     document = {"train": train, "val": val, "names": list(names)}
     path.write_text(yaml.safe_dump(document, sort_keys=False))
@@ -138,6 +141,8 @@ def write_data_yaml(root: Path, names: Sequence[str], train: str = "images/train
 
 def resolved_yaml(data: DetectionData, out: Path) -> Path:
     """Write ``out`` (a data.yaml for Ultralytics) naming ``data``'s root and splits by absolute path."""
+    import yaml  # on use, as in load_data_yaml
+
     lists = {}
     for split, images in (("train", data.train), ("val", data.val)):
         listing = out.with_name(f"{out.stem}-{split}.txt")
