@@ -70,9 +70,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def first_command(argv: list[str]) -> str | None:
-    """The subcommand ``argv`` names (the first word that is not an option or --log-level's value)."""
+    """The subcommand ``argv`` names (the first word that is not an option or --log-level's value); None when help
+    is asked for before it, so the help lists every command."""
     words = iter(argv)
     for word in words:
+        if word in ("-h", "--help"):
+            return None
         if word == "--log-level":
             next(words, None)
         elif not word.startswith("-"):

@@ -137,3 +137,15 @@ def test_a_key_in_the_wrong_table_is_named_with_the_table_it_belongs_in(federati
     err = capsys.readouterr().err
     assert "agent.worker belongs in [training]: move `worker = …` there" in err
     assert "server.deadline_s belongs in [rounds]" in err
+
+
+def test_a_command_builds_only_its_part_of_the_parser_and_help_lists_every_command():
+    """``skyfed server check`` imports no other package's command line (the check's start-up time); help does."""
+    import skyfed
+
+    assert skyfed.first_command(["--log-level", "debug", "server", "check"]) == "server"
+    assert skyfed.first_command(["-h", "server"]) is None and skyfed.first_command([]) is None
+    built = skyfed.build_parser("server")._subparsers._group_actions[0].choices
+    assert "server" in built and "sim" not in built and "provision" not in built
+    everything = skyfed.build_parser()._subparsers._group_actions[0].choices
+    assert {"agent", "server", "monitor", "dashboard", "sim", "data", "keys", "certs", "provision"} <= set(everything)

@@ -146,3 +146,28 @@ def test_centered_clipping_equals_its_float64_formula(n, size, seed, tau) -> Non
     around_median = strategy.aggregate_around(start, contributions, "median").global_vector
     median = np.median(clipped_stack(contributions), axis=0).astype(np.float64)
     np.testing.assert_allclose(around_median, centered_clip_reference(contributions, median, tau), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_update_accepted_first_cannot_skew_the_distances_between_the_others(seed: int) -> None:
+    """Nine honest updates 1 % apart and a rogue at -2x sent first: Krum keeps float64's choice (a shift by the
+    first update made the float32 rounding the rogue's distance, and changed which honest updates were kept)."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal(40_000).astype(np.float32)
+    rows = [-2 * base] + [base + np.float32(0.01) * rng.standard_normal(base.size).astype(np.float32) for _ in range(9)]
+    contributions = [Contribution(f"a{i}", r, 1.0, 1.0, 0.0) for i, r in enumerate(rows)]
+    strategy = build_strategy({"name": "krum", "f": 3})
+    result = strategy.aggregate(np.zeros(base.size, np.float32), contributions)
+    exact = np.stack(rows).astype(np.float64)
+    distances = ((exact[:, None, :] - exact[None, :, :]) ** 2).sum(axis=2)
+    chosen = np.sort(np.argsort(krum_scores(distances, result.detail["f_used"]), kind="stable")[: strategy.kept(10)])
+    assert result.detail["selected"] == [contributions[i].agent for i in chosen]
+
+
+def test_values_near_float32s_range_keep_a_finite_gram_matrix() -> None:
+    """Two colluders at ±5e17 (finite, accepted with clipping off): float32 products overflow, float64 does not."""
+    rows = [np.full(1000, 5e17, np.float32), np.full(1000, -5e17, np.float32), np.ones(1000, np.float32)]
+    gram = gram_matrix([Contribution(f"a{i}", r, 1.0, 1.0, 0.0) for i, r in enumerate(rows)])
+    exact = np.stack(rows).astype(np.float64)
+    assert np.isfinite(gram).all()
+    np.testing.assert_allclose(gram, exact @ exact.T, rtol=1e-6)

@@ -121,6 +121,17 @@ def test_trained_models_are_scored_as_their_uploads_are_accepted_and_the_close_s
     assert scores.trained(5, uploads, lambda a: {"agent": a}, limit=2)["scored"] == 2 and len(calls) == 2  # new round
 
 
+def test_a_failed_evaluation_on_acceptance_keeps_the_update_and_the_close_scores_it(engine_config, caplog):
+    engine = _engine(engine_config, score_trained=3)
+    evaluator, failing = engine.start_scores.evaluator, [True]
+    engine.start_scores.evaluator = lambda model: (_ for _ in ()).throw(RuntimeError("cuda gone")) if failing[0] \
+        else evaluator(model)  # fmt: skip
+    _round(engine, 1, scale=1.0)
+    assert len(engine.round_state.updates) == 3 and "trained model not scored on acceptance" in caplog.text
+    failing[0] = False
+    assert engine.close(now=1.0, model_wire_bytes=1).personal["trained"]["scored"] == 3
+
+
 def test_a_close_tried_again_scores_the_same_start_models():
     """A close whose checkpoint could not be written runs again: the same draw, not ``limit`` more models."""
     calls: list[str] = []

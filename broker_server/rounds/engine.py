@@ -280,13 +280,22 @@ class RoundEngine:
             return record
         if record.agent in self.round_state.failed:  # it sent a valid update after a refused one
             self.round_state.failed.remove(record.agent)
-        self.start_scores.early(self.round_state.round, self.round_state.selected, record.agent, self._trained_model,
-                                self._trained_limit())  # fmt: skip
         self.health.delivered(record.agent)
         self.state.pace.observe(record.agent, (time.time() if now is None else now) - self.round_state.started_at,
                                 work_share(self.train_of(record.agent)))  # fmt: skip
         self.state.checkpoint()
+        self._score_early(record.agent)
         return record
+
+    def _score_early(self, agent: str) -> None:
+        """Score ``agent``'s trained model now if the round's sample holds it (``personal.StartScores.early``):
+        after the checkpoint, and a failure only logged, since the close scores whatever is missing."""
+        rs = self.round_state
+        assert rs is not None
+        try:
+            self.start_scores.early(rs.round, rs.selected, agent, self._trained_model, self._trained_limit())
+        except Exception as exc:  # noqa: BLE001 - an evaluation's failure must not undo an accepted update
+            log.warning("trained model not scored on acceptance round=%d agent=%s reason=%s", rs.round, agent, exc)
 
     def reject(self, agent: str, reason: str) -> None:
         """Record a refusal in the open round's metrics (or the next round's, outside a round); the same

@@ -45,24 +45,32 @@ def krum_scores(squared_distances: np.ndarray, f: int) -> np.ndarray:
 
 def gram_matrix(contributions: list[Contribution], *, center: np.ndarray | None = None) -> np.ndarray:
     """The n x n inner products of the clipped deltas (of ``delta − center`` when given), one pass over the
-    updates in column blocks. Each block is first shifted by its first update p, its float32 BLAS product
-    (summed in float64 across blocks) taken, and p's part added back: xᵢ·xⱼ = cᵢ·cⱼ + cᵢ·p + cⱼ·p + p·p with
-    cᵢ = xᵢ − p. The float32 rounding is then relative to how far the updates lie from each other, not to
-    their norms, so distances between updates that nearly agree come out as accurate as in float64 at a
-    fraction of the time."""
+    updates in column blocks. Each block is shifted by its own mean m before its float32 BLAS product (summed
+    in float64 across blocks), and m's part added back: xᵢ·xⱼ = cᵢ·cⱼ + cᵢ·m + cⱼ·m + m·m with cᵢ = xᵢ − m. The
+    float32 rounding is then relative to how far the updates lie from their mean, not to their norms, so
+    distances between updates that nearly agree keep float64's choices at a fraction of its time; the mean,
+    unlike any one update, is not an attacker's to place (one of n moves it by 1/n of its distance). A block
+    whose float32 product overflows (values near float32's range) is redone in float64."""
     n = len(contributions)
-    centred, cross, pivot_square = np.zeros((n, n)), np.zeros(n), 0.0
+    centred, cross, mean_square = np.zeros((n, n)), np.zeros(n), 0.0
     with blas.one_thread():
         for start, stop, block in column_blocks(contributions):
             if center is not None:
                 block -= center[start:stop]
-            pivot = block[0].copy()
-            block -= pivot
-            centred += blas.ssyrk(1.0, block.T, trans=1)
-            cross += block @ pivot
-            pivot_square += float(pivot @ pivot)
+            mean = block.mean(axis=0)
+            block -= mean
+            product = blas.ssyrk(1.0, block.T, trans=1)
+            if np.isfinite(product).all() and np.isfinite(mean).all():
+                centred += product
+                cross += block @ mean
+                mean_square += float(mean @ mean)
+            else:
+                wide = np.stack([np.asarray(c.delta[start:stop], np.float64) * c.scale for c in contributions])
+                if center is not None:
+                    wide -= center[start:stop]
+                centred += np.triu(wide @ wide.T)
     centred = np.triu(centred) + np.triu(centred, 1).T  # BLAS fills the upper triangle
-    return centred + cross[:, None] + cross[None, :] + pivot_square
+    return centred + cross[:, None] + cross[None, :] + mean_square
 
 
 def squared_distances(gram: np.ndarray) -> np.ndarray:
