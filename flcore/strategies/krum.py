@@ -53,11 +53,12 @@ def gram_matrix(contributions: list[Contribution], *, center: np.ndarray | None 
     whose float32 product overflows (values near float32's range) is redone in float64."""
     n = len(contributions)
     centred, cross, mean_square = np.zeros((n, n)), np.zeros(n), 0.0
+    average = np.full(n, 1 / n, np.float32)
     with blas.one_thread():
         for start, stop, block in column_blocks(contributions):
             if center is not None:
                 block -= center[start:stop]
-            mean = block.mean(axis=0)
+            mean = average @ block  # one BLAS pass (np.mean takes two)
             block -= mean
             product = blas.ssyrk(1.0, block.T, trans=1)
             if np.isfinite(product).all() and np.isfinite(mean).all():
