@@ -164,10 +164,12 @@ def test_an_update_accepted_first_cannot_skew_the_distances_between_the_others(s
     assert result.detail["selected"] == [contributions[i].agent for i in chosen]
 
 
-def test_values_near_float32s_range_keep_a_finite_gram_matrix() -> None:
-    """Two colluders at ±5e17 (finite, accepted with clipping off): float32 products overflow, float64 does not."""
-    rows = [np.full(1000, 5e17, np.float32), np.full(1000, -5e17, np.float32), np.ones(1000, np.float32)]
+@pytest.mark.parametrize("huge", [5e17, 2e19])
+def test_values_near_float32s_range_keep_a_finite_gram_matrix(huge: float) -> None:
+    """Two colluders at ±huge (finite, accepted with clipping off): at 2e19 the float32 products overflow and the
+    block is redone in float64; either way the matrix is finite and right to float32 rounding of its scale."""
+    rows = [np.full(1000, huge, np.float32), np.full(1000, -huge, np.float32), np.ones(1000, np.float32)]
     gram = gram_matrix([Contribution(f"a{i}", r, 1.0, 1.0, 0.0) for i, r in enumerate(rows)])
-    exact = np.stack(rows).astype(np.float64)
+    exact = np.stack(rows).astype(np.float64) @ np.stack(rows).astype(np.float64).T
     assert np.isfinite(gram).all()
-    np.testing.assert_allclose(gram, exact @ exact.T, rtol=1e-6)
+    np.testing.assert_allclose(gram, exact, rtol=1e-6, atol=1e-6 * np.abs(exact).max())
