@@ -9,6 +9,9 @@ PYTEST_ARGS ?=
 # Two workers on CI's two cores: most tests wait on brokers, daemons and deadlines, not the CPU. A test file
 # stays on one worker (its module fixtures, a browser or a federation, are made once).
 PYTEST_WORKERS ?= 2
+# Bytecode written once for every process the tests start: where the environment sets PYTHONDONTWRITEBYTECODE
+# (this VM does), each daemon would compile SkyFed's modules again, about 0.3 s a start.
+PACKAGES := agent broker_server common flcore models participant protocol provisioning region security sim skyfed
 
 .PHONY: install demo test test-fast bench lint clean
 
@@ -25,10 +28,12 @@ demo: $(STAMP)
 	$(PY) -m skyfed demo
 
 test: $(STAMP)
+	$(PY) -m compileall -q $(PACKAGES)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The in-process tier: no broker, daemon, browser or other process (tests/conftest.py marks those integration).
 test-fast: $(STAMP)
+	$(PY) -m compileall -q $(PACKAGES)
 	$(PY) -m pytest -q -m "not integration" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: $(STAMP)
