@@ -35,11 +35,13 @@ class BufferJoins:
         return self.registry.busy(now) | self.engine.buffer.unsettled(self.settled) | set(held)
 
     def settled(self, agent: str, window: LateWindow) -> bool:
-        """Whether ``agent``'s status answers ``window``'s round: it completed that round, or it was heard from
-        after the round last asked it (a status sent before the task arrived says nothing of it)."""
+        """Whether ``agent`` owes ``window``'s round nothing more: heard from after the round last asked it (a status
+        sent before the task arrived says nothing of it) without having completed that round. One that completed it
+        has its update on the way (its status can arrive first) or folded into the open buffer, which takes one
+        update an agent: asked again now, its next update would be refused, so it waits for the buffer to close."""
         status, heard = self.registry.status(agent), self.registry.heard_at(agent)
-        return status is not None and (status.last_completed_round >= window.round or
-                                       heard >= window.asked_at + SETTLE_S)  # fmt: skip
+        return status is not None and status.last_completed_round < window.round and \
+            heard >= window.asked_at + SETTLE_S  # fmt: skip
 
     def poll(self, now: float) -> None:
         if now < self.next_at:

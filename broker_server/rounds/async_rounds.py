@@ -49,8 +49,8 @@ class AsyncRounds:
         return joined
 
     def unsettled(self, settled: Callable[[str, LateWindow], bool]) -> set[str]:
-        """Agents a closed buffer still owes an update that may still be training it, whatever their last status
-        says: not ``settled`` (their status says they completed that round, or was heard after it last asked)."""
+        """Agents a closed buffer still owes an update that may still be training or sending it, or whose late update
+        is in the open buffer: not ``settled`` (``BufferJoins.settled``)."""
         return {a for w in self.state.late for a in w.owed if not settled(a, w)}
 
     def in_flight(self) -> list[str]:

@@ -69,15 +69,9 @@ class LateFolds:
         # no version: their windows are bounded by count
 
     def held_for_next_round(self, agent: str, round_number: int) -> bool:
-        """Whether an update of ``agent`` for ``round_number`` is folded into the next round once it opens (the daemon
-        holds it until then): between two rounds, or when the open buffer asked ``agent`` again and has nothing of
-        it yet. Folded now, it would cost the update ``agent`` is training for this buffer (one update per agent a
-        buffer): its status can say it completed the old round before the update itself has arrived."""
-        rs = self.state.round_state
-        if not self.windows().welcomes(agent, round_number):
-            return False
-        return rs is None or (self.rules.is_async and round_number < rs.round and agent in rs.selected
-                              and all(u.agent != agent for u in rs.updates))  # fmt: skip
+        """Between two rounds: whether an update of ``agent`` for ``round_number`` is folded into the next round
+        once it opens (the daemon holds it until then)."""
+        return self.state.round_state is None and self.windows().welcomes(agent, round_number)
 
     def base(self, window: LateWindow) -> np.ndarray:
         """The float vector of the model ``window``'s updates were trained from."""
