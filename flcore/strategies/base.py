@@ -253,6 +253,11 @@ class Strategy(ABC):
         """Resume from ``state()`` output after a restart."""
 
 
+def block_width(updates: int) -> int:
+    """Columns per block of ``updates`` updates: ``BLOCK_BYTES`` of them, at least ``BLOCK_MIN_COLUMNS``."""
+    return max(BLOCK_MIN_COLUMNS, BLOCK_BYTES // (4 * updates))
+
+
 def column_blocks(contributions: list[Contribution]) -> Iterator[tuple[int, int, np.ndarray]]:
     """``(start, stop, block)`` where ``block[i]`` is contribution i's clipped delta[start:stop] (float32).
 
@@ -260,8 +265,7 @@ def column_blocks(contributions: list[Contribution]) -> Iterator[tuple[int, int,
     agents (a few MB for a thousand), each update file is still read front to back, and a block is small
     enough for the kernels' several passes over it to run in cache. The block is the caller's to overwrite.
     """
-    size = contributions[0].delta.size
-    width = max(BLOCK_MIN_COLUMNS, BLOCK_BYTES // (4 * len(contributions)))
+    size, width = contributions[0].delta.size, block_width(len(contributions))
     scales = [np.float32(c.scale) for c in contributions]
     block = np.empty((len(contributions), min(width, size)), np.float32)
     for start in range(0, size, width):
@@ -279,8 +283,7 @@ def column_rows(contributions: list[Contribution]) -> Iterator[tuple[int, int, l
     """``(start, stop, rows)`` where ``rows[i]`` is contribution i's clipped delta[start:stop] (float32), as
     ``column_blocks`` but read-only and without gathering: the stored values themselves where the clip scale
     is 1 (no copy), scaled into a buffer where it is not. For kernels that read every update once per block."""
-    size = contributions[0].delta.size
-    width = max(BLOCK_MIN_COLUMNS, BLOCK_BYTES // (4 * len(contributions)))
+    size, width = contributions[0].delta.size, block_width(len(contributions))
     scales = [np.float32(c.scale) for c in contributions]
     scaled = {i: np.empty(min(width, size), np.float32) for i, s in enumerate(scales) if s != 1}
     for start in range(0, size, width):
