@@ -5,6 +5,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.skyfed-installed
+BENCH_STAMP := $(VENV)/.skyfed-bench-installed
 PYTEST_ARGS ?=
 # Two workers on CI's two cores: most tests wait on brokers, daemons and deadlines, not the CPU. A test file
 # stays on one worker (its module fixtures, a browser or a federation, are made once).
@@ -22,6 +23,12 @@ $(STAMP): setup.cfg pyproject.toml constraints.txt
 		| { grep -v "^WARNING: Location 'file:" || true; }
 	touch $(STAMP)
 
+# make bench also compares SkyFed with Flower (benchmarks.flower): the bench extra adds flwr, pinned like the rest.
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,broker,detect,bench]' 2>&1 \
+		| { grep -v "^WARNING: Location 'file:" || true; }
+	touch $(BENCH_STAMP)
+
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -36,7 +43,7 @@ test-fast: $(STAMP)
 	$(PY) -m compileall -q $(PACKAGES)
 	$(PY) -m pytest -q -m "not integration" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks
 
 lint: $(STAMP)

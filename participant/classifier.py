@@ -27,6 +27,12 @@ from participant.trainer import PeerContext
 from protocol.messages import RoundTask
 
 
+def round_seed(seed: int, agent_id: str, round_number: int) -> int:
+    """The seed of an agent's batch order and dropout in a round: its own in every round, repeatable from its
+    configured ``seed`` (benchmarks.flower trains Flower's clients with it, so both see the same batches)."""
+    return seed * 1_000_003 + zlib.crc32(agent_id.encode()) + round_number
+
+
 class ClassifierTrainer:
     """SGD with momentum (or AdamW) on this agent's dataset, with the round's epochs, batch size, learning rate
     and optimizer."""
@@ -49,7 +55,7 @@ class ClassifierTrainer:
         self.momentum = MomentumStore(work_dir)
         self.device = device
         self.agent_id = agent_id
-        self.seed_base = seed * 1_000_003 + zlib.crc32(agent_id.encode())
+        self.seed = seed
         self.budget = budget  # DP-SGD (participant.local_dp) when given
         self.work_dir = work_dir  # where recipes keep what lasts across rounds
 
@@ -59,8 +65,9 @@ class ClassifierTrainer:
         settings = task.train_of(self.agent_id)
         recipes = recipes_for(settings, "classifier")
         model = self._build(task, global_arrays)
+        seed = round_seed(self.seed, self.agent_id, task.round)
         run = LocalRun(model, global_arrays, self.data, self.test_data, settings, knobs_of(recipes), self.device,
-                       task.round, self.seed_base + task.round, self.work_dir, self.budget is not None, context)
+                       task.round, seed, self.work_dir, self.budget is not None, context)
         if self.test_data is not None:
             run.start_eval = evaluate(model, self.test_data, self.device)  # C-SPE
         seed_training(run.seed)
