@@ -44,6 +44,7 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not integration" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: $(BENCH_STAMP)
+	$(PY) -m compileall -q $(PACKAGES)
 	$(PY) -m benchmarks
 
 lint: $(STAMP)

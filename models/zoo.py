@@ -3,7 +3,7 @@
 ``build_model(name)`` is what configs and round tasks refer to; a ``package.module:function`` name is the
 operator's own classifier (``models.own``: resolve such a name only from the operator's own config). Each
 model has a ``task``: ``classify``
-(the PyTorch CNNs and MLPs here) or ``detect`` (Ultralytics YOLO, built from its ``.yaml`` by
+(the PyTorch CNNs and MLPs of ``models.networks``) or ``detect`` (Ultralytics YOLO, built from its ``.yaml`` by
 ``models.yolo``, imported only when such a model is built).
 """
 
@@ -14,126 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
-
 from models.own import build_own_model, is_reference, own_input_shape
 from models.tasks import YOLO_YAMLS, is_model_file
-from models.yolo import detection_model
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from models.weights import NamedArrays
-
-
-class FedAvgCNN(nn.Module):
-    """The CNN of McMahan et al. 2017 (arXiv:1602.05629, section 3) for 28x28x1 inputs.
-
-    Two 5x5 convolutions (32 then 64 channels, 'same' padding), each followed by ReLU and 2x2 max
-    pooling, a 512-unit ReLU layer and a softmax output: 1,663,370 parameters for 10 classes.
-    """
-
-    def __init__(self, num_classes: int = 10) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 5, padding=2)
-        self.conv2 = nn.Conv2d(32, 64, 5, padding=2)
-        self.fc1 = nn.Linear(7 * 7 * 64, 512)
-        self.fc2 = nn.Linear(512, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
-        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
-        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
-
-
-class DigitsCNN(nn.Module):
-    """A small CNN for scikit-learn's 8x8 digits, with BatchNorm so integer buffers are exercised."""
-
-    def __init__(self, num_classes: int = 10) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1),
-            nn.BatchNorm2d(16),
-            nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1),
-            nn.BatchNorm2d(32),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-        )
-        self.classifier = nn.Sequential(nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, num_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x).flatten(1))
-
-
-class Mnist1dCNN(nn.Module):
-    """The CNN of the MNIST-1D paper (Greydanus 2020, arXiv:2011.14439; its repository's ``ConvBase``) for
-    single-channel signals of 40 samples.
-
-    Three 1-D convolutions of 25 channels with stride 2 and padding 1 (kernel 5, then 3 and 3: 40 → 19 →
-    10 → 5 positions), each followed by ReLU, and a linear layer on the flattened 25·5 features: 5,210
-    parameters for 10 classes. Kept as the paper has it (no BatchNorm, no pooling) so results compare with
-    its ~94 % centralized accuracy, and so DP-SGD (Opacus) can train it.
-    """
-
-    def __init__(self, num_classes: int = 10, channels: int = 25) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv1d(1, channels, 5, stride=2, padding=1),
-            nn.ReLU(),
-            nn.Conv1d(channels, channels, 3, stride=2, padding=1),
-            nn.ReLU(),
-            nn.Conv1d(channels, channels, 3, stride=2, padding=1),
-            nn.ReLU(),
-        )
-        self.classifier = nn.Linear(channels * 5, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x).flatten(1))
-
-
-class MLP(nn.Module):
-    """A fully connected ReLU network on flattened inputs (784-200-200-10 is the FedAvg paper's 2NN)."""
-
-    def __init__(self, in_features: int = 784, hidden: tuple[int, ...] = (200, 200), num_classes: int = 10) -> None:
-        super().__init__()
-        layers: list[nn.Module] = [nn.Flatten()]
-        width = in_features
-        for units in hidden:
-            layers += [nn.Linear(width, units), nn.ReLU()]
-            width = units
-        layers.append(nn.Linear(width, num_classes))
-        self.net = nn.Sequential(*layers)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-class ThesisCNN(nn.Module):
-    """Seed 004's CNN (the SimFedSwap thesis, §5 "Conv"), no BatchNorm: conv 3 (32) → ReLU → max-pool 2 →
-    conv 3 (64) → ReLU → max-pool 2 → Linear(100) → ReLU → Linear(classes).
-
-    ``dims`` 2 is the thesis's network on 1x8x8 digits, ``dims`` 1 its 1-D analogue (Conv1d, pool 2) on
-    MNIST-1D's 1x40 signals. The thesis ran it on 28x28 MNIST and never states the padding; here every
-    convolution pads by 1 ("same"), so two 2x pools fit the 8x8 digits (8 → 4 → 2; unpadded, 8 → 6 → 3 → 1
-    would leave nothing for the second pool) and MNIST-1D keeps 40 → 20 → 10 positions. The thesis's softmax
-    layer is left to the loss (cross-entropy on logits), as in every classifier here.
-    """
-
-    def __init__(self, dims: int, length: int, num_classes: int = 10) -> None:
-        super().__init__()
-        conv, pool = (nn.Conv1d, nn.MaxPool1d) if dims == 1 else (nn.Conv2d, nn.MaxPool2d)
-        self.features = nn.Sequential(
-            conv(1, 32, 3, padding=1), nn.ReLU(), pool(2), conv(32, 64, 3, padding=1), nn.ReLU(), pool(2)
-        )
-        self.classifier = nn.Sequential(
-            nn.Linear(64 * (length // 4) ** dims, 100), nn.ReLU(), nn.Linear(100, num_classes)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.features(x).flatten(1))
-
-
-THESIS_MLP_HIDDEN = (256, 128, 64)  # seed 004's MLP: Flatten → 256 → 128 → 64 → classes, ReLU, no BatchNorm
 
 
 @dataclass(frozen=True)
@@ -144,24 +32,41 @@ class ModelSpec:
 
 
 DETECTOR_INPUT = (3, 640, 640)  # any multiple of 32 works (``TrainSettings.image_size``); ONNX exports take this
+THESIS_MLP_HIDDEN = (256, 128, 64)  # seed 004's MLP: Flatten → 256 → 128 → 64 → classes, ReLU, no BatchNorm
+
+
+def _network(name: str, *args: object) -> Callable[[int], nn.Module]:
+    """The factory of ``models.networks.<name>(*args, num_classes=…)``, importing PyTorch only when it builds."""
+
+    def build(num_classes: int) -> nn.Module:
+        from models import networks
+
+        return getattr(networks, name)(*args, num_classes=num_classes)
+
+    return build
 
 
 def _yolo(name: str) -> ModelSpec:
-    return ModelSpec(name, DETECTOR_INPUT, lambda n: detection_model(name, n))
+    def build(num_classes: int) -> nn.Module:
+        from models.yolo import detection_model
+
+        return detection_model(name, num_classes)
+
+    return ModelSpec(name, DETECTOR_INPUT, build)
 
 
 MODELS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
-        ModelSpec("fedavg_cnn", (1, 28, 28), FedAvgCNN),
-        ModelSpec("digits_cnn", (1, 8, 8), DigitsCNN),
-        ModelSpec("mlp_digits", (1, 8, 8), lambda n: MLP(64, (64,), n)),
-        ModelSpec("mlp_mnist", (1, 28, 28), lambda n: MLP(784, (200, 200), n)),
-        ModelSpec("mnist1d_cnn", (1, 40), Mnist1dCNN),
-        ModelSpec("thesis_mlp_digits", (1, 8, 8), lambda n: MLP(64, THESIS_MLP_HIDDEN, n)),
-        ModelSpec("thesis_cnn_digits", (1, 8, 8), lambda n: ThesisCNN(2, 8, n)),
-        ModelSpec("thesis_mlp_mnist1d", (1, 40), lambda n: MLP(40, THESIS_MLP_HIDDEN, n)),
-        ModelSpec("thesis_cnn_mnist1d", (1, 40), lambda n: ThesisCNN(1, 40, n)),
+        ModelSpec("fedavg_cnn", (1, 28, 28), _network("FedAvgCNN")),
+        ModelSpec("digits_cnn", (1, 8, 8), _network("DigitsCNN")),
+        ModelSpec("mlp_digits", (1, 8, 8), _network("MLP", 64, (64,))),
+        ModelSpec("mlp_mnist", (1, 28, 28), _network("MLP", 784, (200, 200))),
+        ModelSpec("mnist1d_cnn", (1, 40), _network("Mnist1dCNN")),
+        ModelSpec("thesis_mlp_digits", (1, 8, 8), _network("MLP", 64, THESIS_MLP_HIDDEN)),
+        ModelSpec("thesis_cnn_digits", (1, 8, 8), _network("ThesisCNN", 2, 8)),
+        ModelSpec("thesis_mlp_mnist1d", (1, 40), _network("MLP", 40, THESIS_MLP_HIDDEN)),
+        ModelSpec("thesis_cnn_mnist1d", (1, 40), _network("ThesisCNN", 1, 40)),
         *(_yolo(name) for name in YOLO_YAMLS),
     )
 }
@@ -176,6 +81,8 @@ def _spec(name: str) -> ModelSpec:
 
 def build_model(name: str, num_classes: int = 10) -> nn.Module:
     if is_model_file(name):  # the operator's own detector (models.tasks.is_model_file)
+        from models.yolo import detection_model
+
         return detection_model(name, num_classes)
     if is_reference(name):
         return build_own_model(name, num_classes)
@@ -185,6 +92,8 @@ def build_model(name: str, num_classes: int = 10) -> nn.Module:
 def initial_model(name: str, num_classes: int, seed: int, weights: Path | None = None) -> NamedArrays:
     """A run's first model, alike wherever it is built (the server's first global model, every peer's start):
     seeded, or loaded from the detector checkpoint ``weights``."""
+    import torch
+
     from models.weights import to_arrays
     from models.yolo import load_pt_weights
 
@@ -204,4 +113,6 @@ def input_shape(name: str) -> tuple[int, ...]:
 
 def pick_device() -> torch.device:
     """CUDA when present (Jetson, workstation), else the CPU."""
+    import torch
+
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

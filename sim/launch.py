@@ -25,7 +25,6 @@ from protocol.mqtt import BrokerSettings
 from protocol.scores import headline_text
 from sim.broker import start_broker
 from sim.federation import SimSettings
-from sim.plots import plot_curves
 
 
 @dataclass(frozen=True)
@@ -171,6 +170,8 @@ def collect_results(state: Path, out: Path, extra: dict, metrics: list[RoundMetr
         if (state / name).exists():
             shutil.copy(state / name, out / name)
     if metrics:
+        from sim.plots import plot_curves  # matplotlib: a second's import, paid once the run is over
+
         plot_curves(out / "metrics.jsonl", out / "curves.png")
     final_eval = model_evaluation(state / "checkpoint")
     return SimResult(out=out, metrics=metrics, seconds=time.monotonic() - started, final_eval=final_eval)
