@@ -1,6 +1,6 @@
 """``make bench``: run every benchmark and print one JSON line per result (for docs/results/benchmarks.md)."""
 
-from benchmarks import agent_memory, aggregation, config_check, flower, kept_models, swapping, transport
+from benchmarks import agent_memory, aggregation, config_check, flower, kept_models, scale, swapping, transport
 
 
 def main() -> None:
@@ -10,6 +10,7 @@ def main() -> None:
     swapping.main()
     kept_models.main()
     agent_memory.main()
+    scale.overhead_at_100()
     flower.main()
 
 
