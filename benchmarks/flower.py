@@ -10,19 +10,24 @@ is what the comparison measures.
 * **SkyFed** as ``skyfed sim --worker deployed`` runs it: mosquitto, the server and one agent daemon per client,
   each agent starting its training child as ``skyfed agent run`` does by default. The influence bounds are off
   (``[bounds]``: clip, sample cap, change bound, collapse rollback, screening) so that both compute plain FedAvg.
+  Its own defaults stay on, work Flower's arm does not do: each agent scores its start and trained models on its
+  local test split and exports the global model to ONNX, and the server scores agents' start and trained models.
 * **Flower** 1.42 as a deployment: ``flower-superlink`` and one ``flower-supernode`` per client on loopback,
   ``flwr run`` of the Flower App in ``benchmarks/flower_app`` (subprocess isolation, Flower's default), with no
-  federated evaluation round (SkyFed has none) and Flower's telemetry and runtime dependency installation off.
+  federated evaluation round (SkyFed has none) and Flower's telemetry, update check and runtime dependency
+  installation off.
 
 Reported, each as SkyFed / Flower: the median time between consecutive global models from round 2 on ("per
-round"), and launch to final model (from starting the first process, data layout included, to the last round's
-global model being scored). Setups: 4 agents IID and 10 agents with 2 label shards each, 5 rounds.
+round"), and launch to final model (from starting the first process, data layout in a fresh interpreter included,
+to the last round's global model being aggregated and scored). Setups: 4 agents IID and 10 agents with 2 label
+shards each, 5 rounds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -30,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,18 +53,20 @@ RUN_TIMEOUT_S = 1800.0
 
 @dataclass(frozen=True)
 class Arm:
-    """One federation's global models: when each round's was scored (wall clock) and its accuracy."""
+    """One federation: when it was launched, when each round's global model was made (wall clock), its accuracy,
+    and when the last one was ready (aggregated and scored)."""
 
     launched: float
     finished: list[float]
     accuracy: list[float]
+    final: float
 
     def per_round_s(self) -> float:
         """The median gap between consecutive global models, from round 2 on (round 1 carries the start-up)."""
         return statistics.median(b - a for a, b in zip(self.finished, self.finished[1:], strict=False))
 
     def launch_to_final_s(self) -> float:
-        return self.finished[-1] - self.launched
+        return self.final - self.launched
 
 
 def skyfed_arm(partition: str, agents: int, work: Path) -> Arm:
@@ -68,65 +76,93 @@ def skyfed_arm(partition: str, agents: int, work: Path) -> Arm:
                "--partition", partition, "--seed", str(SEED), "--strategy", "fedavg", *flags, *training,
                "--worker", "deployed", "--out", str(work / "skyfed")]  # fmt: skip
     launched = time.time()
-    with (work / "skyfed.log").open("w") as log:
-        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=RUN_TIMEOUT_S)
+    run_to_end(command, dict(os.environ), work / "skyfed.log")
     rounds = [json.loads(line) for line in (work / "skyfed" / "metrics.jsonl").read_text().splitlines()]
-    return Arm(launched, [r["finished_at"] for r in rounds], [r["eval"]["accuracy"] for r in rounds])
+    if [r["outcome"] for r in rounds] != ["committed"] * ROUNDS:
+        raise RuntimeError(f"SkyFed committed {sum(r['outcome'] == 'committed' for r in rounds)} of {ROUNDS} rounds: "
+                           f"see {work}")  # fmt: skip
+    # finished_at is taken as a round closes (the gaps between rounds are alike); its metrics line is written once
+    # the model is aggregated, scored and exported: that write is when the last one was ready, as Flower's scoring
+    final = (work / "skyfed" / "federation" / "server" / "state" / "metrics.jsonl").stat().st_mtime
+    return Arm(launched, [r["finished_at"] for r in rounds], [r["eval"]["accuracy"] for r in rounds], final)
+
+
+LAYOUT = ("import sys; from pathlib import Path; from sim.classify_layout import write_classify_data; "
+          "from sim.settings import agent_names; "
+          "write_classify_data(Path(sys.argv[1]), agent_names(int(sys.argv[2])), sys.argv[3], int(sys.argv[4]))")
 
 
 def flower_arm(partition: str, agents: int, work: Path) -> Arm:
     from sim.broker import free_port
-    from sim.classify_layout import write_classify_data
     from sim.settings import agent_names
 
-    names = agent_names(agents)
     env = flower_env(work)
-    launched = time.time()
+    logs = work / "flower-logs"
+    logs.mkdir()
     data = work / "flower-data"
-    write_classify_data(data, names, partition, SEED, "digits")
+    launched = time.time()  # the layout runs in a fresh interpreter, as skyfed sim's does in its own
+    run_to_end([sys.executable, "-c", LAYOUT, str(data), str(agents), partition, str(SEED)], env, logs / "layout.log")
     port = free_port()
     (Path(env["FLWR_HOME"]) / "config.toml").write_text(
         f'[superlink]\ndefault = "bench"\n\n[superlink.bench]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
     )
-    logs = work / "flower-logs"
-    logs.mkdir()
     processes = [spawn(["flower-superlink", "--insecure", "--port", str(port),
                         "--disable-runtime-dependency-installation"], env, logs / "superlink.log")]  # fmt: skip
+    out = work / "flower-rounds.jsonl"
     try:
         wait_for_port(port)
-        for name in names:
+        for name in agent_names(agents):
             node = ["--port", str(free_port()), "--node-config", f'agent="{name}" data="{data / name / "data.npz"}"']
             supernode = ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}", *node]
             processes.append(spawn(supernode, env, logs / f"{name}.log"))
-        out = work / "flower-rounds.jsonl"
         run_config = {"agents": agents, "rounds": ROUNDS, "seed": SEED, "model": "digits_cnn", **TRAINING,
                       "test-data": str(data / "server" / "test.npz"), "out": str(out)}  # fmt: skip
         overrides = " ".join(f"{key}={json.dumps(value)}" for key, value in run_config.items())
-        with (logs / "flwr-run.log").open("w") as log:
-            subprocess.run(["flwr", "run", str(APP), "bench", "--stream", "--run-config", overrides], env=env,
-                           stdout=log, stderr=subprocess.STDOUT, check=True, timeout=RUN_TIMEOUT_S)  # fmt: skip
+        run_to_end(["flwr", "run", str(APP), "bench", "--stream", "--run-config", overrides], env,
+                   logs / "flwr-run.log", watched=processes)  # fmt: skip
     finally:
         for process in reversed(processes):
             stop(process)
-    rounds = [json.loads(line) for line in out.read_text().splitlines()]
+    rounds = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     scored = [r for r in rounds if r["round"] > 0]  # round 0: the initial model, before any training
-    if len(scored) != ROUNDS:
+    if len(scored) != ROUNDS:  # `flwr run --stream` exits 0 even when the ServerApp failed
         raise RuntimeError(f"Flower scored {len(scored)} of {ROUNDS} rounds: see {logs}")
-    return Arm(launched, [r["at"] for r in scored], [r["accuracy"] for r in scored])
+    return Arm(launched, [r["at"] for r in scored], [r["accuracy"] for r in scored], scored[-1]["at"])
 
 
 def flower_env(work: Path) -> dict[str, str]:
     """Flower's processes: its own home (the SuperLink connection), this environment's commands first on PATH (the
-    SuperLink and SuperNodes start ``flwr-serverapp`` and ``flwr-clientapp`` by name), and nothing that would
-    reach the internet: no telemetry, no runtime installation of the app's dependencies."""
+    SuperLink and SuperNodes start ``flwr-serverapp`` and ``flwr-clientapp`` by name), one OpenMP thread as
+    ``skyfed sim`` gives its daemons, and nothing that would reach the internet: no telemetry, no update check, no
+    runtime installation of the app's dependencies."""
     home = work / "flower-home"
     home.mkdir()
-    return {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
+    return {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
+            "OMP_NUM_THREADS": "1",
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
 
 
+def run_to_end(command: list[str], env: dict[str, str], log: Path, watched: Sequence[subprocess.Popen] = ()) -> None:
+    """Run ``command`` to its end (a failure names its log), stopping it, and failing, when a process it needs
+    (``watched``) exits first or ``RUN_TIMEOUT_S`` passes: a SuperNode that died would leave FedAvg waiting."""
+    process = spawn(command, env, log)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    try:
+        while (code := process.poll()) is None:
+            if gone := [p for p in watched if p.poll() is not None]:
+                raise RuntimeError(f"{gone[0].args[0]} exited ({gone[0].returncode}) before {command[0]}: see "
+                                   f"{log.parent}")  # fmt: skip
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{' '.join(command[:4])} ran past {RUN_TIMEOUT_S:.0f} s: see {log}")
+            time.sleep(0.2)
+    finally:
+        stop(process)
+    if code != 0:
+        raise RuntimeError(f"{' '.join(command[:4])} exited with {code}: see {log}")
+
+
 def spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """A Flower process in its own session, so that ``stop`` also ends the app processes it starts."""
+    """A process in its own session, so that ``stop`` also ends what it starts (app processes, daemons)."""
     with log.open("w") as out:
         return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -157,9 +193,9 @@ def stop(process: subprocess.Popen) -> None:
 
 def compare(partition: str, agents: int) -> None:
     setup = f"{agents} agents, {partition}, {ROUNDS} rounds"
-    with tempfile.TemporaryDirectory(prefix="skyfed-flower-") as folder:
-        work = Path(folder)
-        skyfed, flower = skyfed_arm(partition, agents, work), flower_arm(partition, agents, work)
+    work = Path(tempfile.mkdtemp(prefix="skyfed-flower-"))  # kept when a run fails: the error names its logs
+    skyfed, flower = skyfed_arm(partition, agents, work), flower_arm(partition, agents, work)
+    shutil.rmtree(work, ignore_errors=True)
     gap = max(abs(a - b) for a, b in zip(skyfed.accuracy, flower.accuracy, strict=True)) * 100
     report("flower_accuracy_per_round", setup=setup, skyfed=str([round(a, 4) for a in skyfed.accuracy]),
            flower=str([round(a, 4) for a in flower.accuracy]), largest_gap_points=round(gap, 2),
