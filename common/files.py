@@ -13,15 +13,20 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+Buffer = bytes | bytearray | memoryview
 
-def atomic_write(path: Path, data: bytes | bytearray | memoryview, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` atomically and durably; the file gets ``mode`` (umask aside)."""
+
+def atomic_write(path: Path, data: Buffer | tuple[Buffer, ...], mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` (or its parts, one after another: a header and a large array written
+    where it lies, without joining them into one copy) atomically and durably; the file gets ``mode``
+    (umask aside)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            for part in data if isinstance(data, tuple) else (data,):
+                handle.write(part)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

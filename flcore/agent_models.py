@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from common.files import atomic_write
-from models.serialization import dumps, float32_region
+from models.serialization import float32_parts, float32_region
 from models.weights import NamedArrays, TensorSpec, unflatten
 
 DITHER = 2.0**-16  # a bundle's values are each scaled by a factor in [1 - DITHER, 1 + DITHER]
@@ -140,7 +140,7 @@ class ModelBank:
         return self.directory / f"r{holding.round}" / f"{holding.owner}.safetensors"
 
     def put(self, holding: Holding, vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> None:
-        atomic_write(self.path(holding), dumps(unflatten(vector, spec)), mode=0o600)
+        atomic_write(self.path(holding), float32_parts(vector, spec), mode=0o600)
 
     def vector(self, holding: Holding) -> np.ndarray:
         """The kept model's float vector (global model layout), a read-only view of its file."""

@@ -7,13 +7,23 @@ import struct
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors import safe_open
 
 from models.datasets import load_digits
-from models.serialization import SerializationError, dumps, float32_region, load_file, loads, save_file
+from models.serialization import (
+    SerializationError,
+    dumps,
+    float32_parts,
+    float32_region,
+    load_file,
+    loads,
+    save_file,
+)
 from models.tasks import CLASSIFIERS, YOLO_YAMLS, task_of
 from models.training import evaluate, proximal, train_sgd
-from models.weights import delta, flatten, float_part, load_arrays, spec_of, to_arrays, unflatten
+from models.weights import TensorSpec, delta, flatten, float_part, load_arrays, spec_of, to_arrays, unflatten
 from models.zoo import MODELS, build_model, input_shape
 
 
@@ -91,6 +101,25 @@ def test_loads_is_zero_copy_and_float32_region_is_one_flat_view():
     assert vector.size == 30_100 and np.shares_memory(vector, np.frombuffer(data, np.uint8))
     back = unflatten(vector, spec)
     assert np.array_equal(back["w"], arrays["w"])
+
+
+@given(st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=5, unique=True),
+       st.lists(st.integers(0, 5), min_size=5, max_size=5))  # fmt: skip
+@settings(max_examples=40, deadline=None)
+def test_a_kept_model_is_written_as_dumps_would_write_it_without_copying_the_vector(names, sizes):
+    """The server's model store writes a float32 vector with its own header and the vector's memory
+    (``float32_parts``): byte for byte what ``dumps`` makes of the same tensors, names in any script."""
+    spec = tuple(TensorSpec(n, "f4", (size, 2)) for n, size in zip(sorted(names), sizes[: len(names)], strict=True))
+    vector = np.random.default_rng(len(names)).standard_normal(sum(2 * s.shape[0] for s in spec)).astype(np.float32)
+    header, body = float32_parts(vector, spec)
+    assert vector.size == 0 or np.shares_memory(np.frombuffer(body, np.float32), vector)
+    assert header + bytes(body) == dumps(unflatten(vector, spec))
+
+
+def test_float32_parts_refuses_a_layout_safetensors_would_reorder():
+    spec = (TensorSpec("b", "f4", (2,)), TensorSpec("a", "f4", (2,)))
+    with pytest.raises(ValueError, match="by name"):
+        float32_parts(np.zeros(4, np.float32), spec)
 
 
 def test_float32_region_refuses_other_dtypes():

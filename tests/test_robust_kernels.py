@@ -5,13 +5,16 @@ mean must be bit-identical; the rest within float32 rounding of a float64 refere
 
 from __future__ import annotations
 
+import functools
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flcore import blas
 from flcore.bounds import lower_median
 from flcore.order_statistics import NETWORK_MAX, column_median, column_trimmed_mean, order_statistics, sorting_network
 from flcore.strategies import base, build_strategy
@@ -173,3 +176,33 @@ def test_values_near_float32s_range_keep_a_finite_gram_matrix(huge: float) -> No
     exact = np.stack(rows).astype(np.float64) @ np.stack(rows).astype(np.float64).T
     assert np.isfinite(gram).all()
     np.testing.assert_allclose(gram, exact, rtol=1e-6, atol=1e-6 * np.abs(exact).max())
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_parallel_kernels_give_the_same_bits_on_any_number_of_threads(
+    monkeypatch: pytest.MonkeyPatch, threads: int
+) -> None:
+    """The Gram matrix's per-part sums and the mixed models' columns do not depend on how many cores share them:
+    a server's choices (Krum's kept updates, DemLearn's clusters) are the same on a drone's 2 cores and on 4."""
+    contributions = round_of(7, 9, 1001)
+    center = np.random.default_rng(8).standard_normal(1001).astype(np.float32)
+    mixing = np.random.default_rng(9).random((5, 9))
+    gram = gram_matrix(contributions, center=center)
+    mixed = [m.copy() for _, m in base.mixed_models(contributions, mixing)]
+    monkeypatch.setattr(blas, "_pool", functools.cache(lambda: ThreadPoolExecutor(threads)))
+    np.testing.assert_array_equal(gram_matrix(contributions, center=center), gram)
+    for (_, got), want in zip(base.mixed_models(contributions, mixing), mixed, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_failing_part_of_a_parallel_kernel_raises_after_the_others_end() -> None:
+    ended = []
+
+    def work(part: int, parts: int) -> None:
+        if part == 1:
+            raise ValueError("part 1 failed")
+        ended.append(part)
+
+    with pytest.raises(ValueError, match="part 1 failed"):
+        blas.in_parallel(work)
+    assert sorted(ended) == [p for p in range(blas.PARTS) if p != 1]

@@ -32,7 +32,7 @@ import numpy as np
 from flcore import blas
 from flcore.agent_models import Assignment, Holding, Peers
 from flcore.bounds import Tentative
-from flcore.onepass import Fold, axpy
+from flcore.onepass import Fold
 from models.weights import TensorSpec
 from protocol.messages import RecipeRecord, TrainSettings
 from protocol.typed import SchemaError, build
@@ -258,17 +258,21 @@ def block_width(updates: int) -> int:
     return max(BLOCK_MIN_COLUMNS, BLOCK_BYTES // (4 * updates))
 
 
-def column_blocks(contributions: list[Contribution]) -> Iterator[tuple[int, int, np.ndarray]]:
+def column_blocks(
+    contributions: list[Contribution], part: int = 0, parts: int = 1
+) -> Iterator[tuple[int, int, np.ndarray]]:
     """``(start, stop, block)`` where ``block[i]`` is contribution i's clipped delta[start:stop] (float32).
 
     Reading all updates a column block at a time keeps RAM at ``BLOCK_BYTES`` whatever the number of
     agents (a few MB for a thousand), each update file is still read front to back, and a block is small
     enough for the kernels' several passes over it to run in cache. The block is the caller's to overwrite.
+    With ``parts`` > 1, only every parts-th block from the part-th (``blas.in_parallel``'s share): the same
+    blocks whatever the number of parts, so a kernel's results do not depend on it.
     """
     size, width = contributions[0].delta.size, block_width(len(contributions))
     scales = [np.float32(c.scale) for c in contributions]
     block = np.empty((len(contributions), min(width, size)), np.float32)
-    for start in range(0, size, width):
+    for start in range(part * width, size, parts * width):
         stop = min(start + width, size)
         view = block[:, : stop - start]
         for row, (c, scale) in enumerate(zip(contributions, scales, strict=True)):
@@ -307,13 +311,11 @@ def weighted_sum(contributions: list[Contribution], weights: np.ndarray) -> np.n
 
 
 def mean_of_models(global_vector: np.ndarray, contributions: list[Contribution], weights: np.ndarray) -> np.ndarray:
-    """Σ wₖ·modelₖ / Σ wₖ over the round's kept models (``Contribution.model``), accumulated in float32."""
-    total = float(weights.sum())
-    mean = np.zeros_like(global_vector, dtype=np.float32)
-    for c, w in zip(contributions, weights, strict=True):
-        assert c.model is not None  # keeps_models
-        axpy(c.model, mean, float(w / total))
-    return mean
+    """Σ wₖ·modelₖ / Σ wₖ over the round's kept models (``Contribution.model``), accumulated in float32 a
+    cache-sized block at a time (``weighted_sum``: the same sums, in the same order, as whole-model saxpys)."""
+    assert all(c.model is not None for c in contributions)  # keeps_models
+    models = [replace(c, delta=c.model, scale=1.0) for c in contributions]
+    return weighted_sum(models, np.asarray([float(w / weights.sum()) for w in weights]))
 
 
 class ModelDifference:
@@ -353,15 +355,19 @@ def mixed_models(views: list[Contribution], mixing: np.ndarray) -> Iterator[tupl
     """``(r, Σⱼ mixing[r, j]·modelⱼ)`` for every row r (float32), where ``views[j].delta`` is model j: a group's
     or an agent's personalized model built from the kept ones. Rows are computed a batch at a time, one pass
     over the models per batch, so RAM holds ``MIX_BYTES`` of results whatever the number of rows (100
-    agents × a 3.2M-value model would be 1.3 GB at once); each row is valid until the next is asked for."""
+    agents × a 3.2M-value model would be 1.3 GB at once), the column blocks shared among the cores
+    (``blas.in_parallel``); each row is valid until the next is asked for."""
     size = views[0].delta.size
     batch = max(1, MIX_BYTES // (4 * size))
     buffer = np.empty((min(batch, len(mixing)), size), np.float32)  # one, reused: a batch's rows, then the next's
     for first in range(0, len(mixing), batch):
         rows = mixing[first : first + batch].astype(np.float32)
         out = buffer[: len(rows)]
-        with blas.one_thread():
-            for start, stop, block in column_blocks(views):
+
+        def mix(part: int, parts: int, rows: np.ndarray = rows, out: np.ndarray = out) -> None:
+            for start, stop, block in column_blocks(views, part, parts):
                 np.matmul(rows, block, out=out[:, start:stop])
+
+        blas.in_parallel(mix)
         for i in range(len(rows)):
             yield first + i, out[i]

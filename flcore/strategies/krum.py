@@ -45,22 +45,26 @@ def krum_scores(squared_distances: np.ndarray, f: int) -> np.ndarray:
 
 def gram_matrix(contributions: list[Contribution], *, center: np.ndarray | None = None) -> np.ndarray:
     """The n x n inner products of the clipped deltas (of ``delta − center`` when given), one pass over the
-    updates in column blocks. Each block is shifted by its own mean m before its float32 BLAS product (summed
-    in float64 across blocks), and m's part added back: xᵢ·xⱼ = cᵢ·cⱼ + cᵢ·m + cⱼ·m + m·m with cᵢ = xᵢ − m. The
-    float32 rounding is then relative to how far the updates lie from their mean, not to their norms, so
-    distances between updates that nearly agree keep float64's choices at a fraction of its time; the mean,
-    unlike any one update, is not an attacker's to place (one of n moves it by 1/n of its distance). A block
-    whose float32 product overflows (values near float32's range) is redone in float64."""
+    updates in column blocks shared among the cores (``blas.in_parallel``: NumPy's products let the other
+    threads run, SciPy's ``ssyrk`` would not). Each block is shifted by its own mean m before its float32
+    product (summed in float64 across blocks), and m's part added back: xᵢ·xⱼ = cᵢ·cⱼ + cᵢ·m + cⱼ·m + m·m with
+    cᵢ = xᵢ − m. The float32 rounding is then relative to how far the updates lie from their mean, not to their
+    norms, so distances between updates that nearly agree keep float64's choices at a fraction of its time; the
+    mean, unlike any one update, is not an attacker's to place (one of n moves it by 1/n of its distance). A
+    block whose float32 product overflows (values near float32's range) is redone in float64."""
     n = len(contributions)
-    centred, cross, mean_square = np.zeros((n, n)), np.zeros(n), 0.0
-    average = np.full(n, 1 / n, np.float32)
-    with blas.one_thread():
-        for start, stop, block in column_blocks(contributions):
+    sums = [(np.zeros((n, n)), np.zeros(n), np.zeros(1)) for _ in range(blas.PARTS)]  # centred, cross, m·m
+
+    def add_blocks(part: int, parts: int) -> None:
+        centred, cross, mean_square = sums[part]
+        average = np.full(n, 1 / n, np.float32)
+        for start, stop, block in column_blocks(contributions, part, parts):
             if center is not None:
                 block -= center[start:stop]
-            mean = average @ block  # one BLAS pass (np.mean takes two)
-            block -= mean
-            product = blas.ssyrk(1.0, block.T, trans=1)
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is caught below and redone
+                mean = average @ block  # one BLAS pass (np.mean takes two)
+                block -= mean
+                product = block @ block.T
             if np.isfinite(product).all() and np.isfinite(mean).all():
                 centred += product
                 cross += block @ mean
@@ -69,9 +73,12 @@ def gram_matrix(contributions: list[Contribution], *, center: np.ndarray | None 
                 wide = np.stack([np.asarray(c.delta[start:stop], np.float64) * c.scale for c in contributions])
                 if center is not None:
                     wide -= center[start:stop]
-                centred += np.triu(wide @ wide.T)
-    centred = np.triu(centred) + np.triu(centred, 1).T  # BLAS fills the upper triangle
-    return centred + cross[:, None] + cross[None, :] + mean_square
+                centred += wide @ wide.T
+
+    blas.in_parallel(add_blocks)
+    centred, cross, mean_square = (sum(parts) for parts in zip(*sums, strict=True))
+    centred = np.triu(centred) + np.triu(centred, 1).T  # exactly symmetric
+    return centred + cross[:, None] + cross[None, :] + float(mean_square[0])
 
 
 def squared_distances(gram: np.ndarray) -> np.ndarray:
