@@ -11,9 +11,10 @@ about a second); then timed (``seconds``), what every round costs. The n x n Gra
 (all three) is n²·d/2 multiply-adds and FedAMP's n personalized mixes n²·d: 32 GFLOP at n = 100,
 d = 3.2M, spread over the cores (``flcore.blas.in_parallel``). FedAMP also writes its 100 new models
 (1.28 GB) to the model store, each fingerprinted first as the server does; the page cache of the
-development VM takes such writes at 0.4–1.2 GB/s. What is timed is the strategy alone: the server's
+development VM takes such writes at 0.4–1.2 GB/s. What is timed is the strategy alone; the server's
 keep step before it (each agent's trained model written and fingerprinted,
-``broker_server.rounds.pipeline.KeepAgentModels``) is not.
+``broker_server.rounds.keep_step``) has its own row: what it costs the close when every model is kept there,
+and now that each is kept as its update is accepted.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import report
+from broker_server.rounds.keep_step import KeepAgentModels
+from broker_server.rounds.pipeline import RoundContext
 from flcore.agent_models import Holding, ModelBank
+from flcore.bounds import InfluencePolicy
+from flcore.rounds import RoundState
 from flcore.strategies import build_strategy
 from flcore.strategies.base import Contribution, KeptModels, column_blocks
 from models.weights import TensorSpec, fingerprint, unflatten
@@ -92,6 +97,26 @@ def read_floor(bank: ModelBank, kept: dict[str, Holding]) -> float:
     return time.perf_counter() - started
 
 
+def keep_step(bank: ModelBank, kept: dict[str, Holding], early: bool) -> tuple[float, float]:
+    """Seconds the close spends in the server's keep step (``KeepAgentModels``) for every agent's update (a delta
+    from a zero start), after keeping each one as it was accepted (``early``) or not; and the seconds those
+    acceptances took."""
+    step = KeepAgentModels(bank, lambda agent: np.zeros(PARAMS, np.float32), InfluencePolicy(clip="off"))
+    state = RoundState(round=2, attempt=1 + early, selected=list(kept), deadline=0.0, started_at=0.0)
+    zero = unflatten(np.zeros(PARAMS, np.float32), SPEC)
+    contributions = [Contribution(agent, bank.vector(h), 1.0, 1.0, 0.0) for agent, h in kept.items()]
+    started = time.perf_counter()
+    if early:
+        for c in contributions:
+            step.keep_accepted(state, c.agent, c.delta, zero, np.zeros(PARAMS, np.float32), SPEC)
+    accepting = time.perf_counter() - started
+    ctx = RoundContext(state, zero, np.zeros(PARAMS, np.float32), SPEC, open_delta=bank.vector,
+                       contributions=contributions)  # fmt: skip
+    started = time.perf_counter()
+    step.run(ctx)
+    return time.perf_counter() - started, accepting
+
+
 def main() -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="skyfed-kept-") as folder:
@@ -108,6 +133,13 @@ def main() -> list[dict]:
                 agents=AGENTS, params=PARAMS, seconds=round(seconds, 2), read_once_s=round(floor, 2),
                 ratio_to_read_once=round(seconds / floor, 1), peak_mb=round(peak / 2**20, 1), models_written=written,
             ))  # fmt: skip
+        (at_close, _), (after_acceptance, accepting) = keep_step(bank, kept, False), keep_step(bank, kept, True)
+        rows.append(report(
+            "kept_models_keep_step", ok=True, agents=AGENTS, params=PARAMS,
+            target=f"the close's keep step for {AGENTS} agents x {PARAMS:,} values, models kept on acceptance",
+            all_at_close_s=round(at_close, 2), kept_on_acceptance_s=round(after_acceptance, 3),
+            per_acceptance_ms=round(1000 * accepting / AGENTS, 1),
+        ))  # fmt: skip
     return rows
 
 

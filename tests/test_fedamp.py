@@ -189,3 +189,28 @@ def test_over_a_real_broker_each_agent_trains_on_from_its_own_model_with_its_clo
         assert recorded.contexts[1] is None  # round 1: everyone from the global model, pulled toward it
         assert {len(stack) for stack in recorded.contexts[2].peers.values()} == {1}  # uᵢ beside the start
     assert len({fingerprint(a.runner.trainer.bases[2]) for a in fed.agents}) == 3  # three own start models
+
+
+def test_each_model_is_kept_as_its_update_is_accepted_and_a_clipped_one_again_at_the_close(tmp_path):
+    """The close's keep step (``broker_server.rounds.keep_step``) runs as each update is accepted: the agent's
+    model is on disk before the round closes, and the close takes it as it is (bit for bit the agent's own
+    model). An update the round's clip shrinks is kept again at the close, from its clipped step."""
+    agents = [*AGENTS, "agent-04"]
+    layout = create_federation(tmp_path, SimSettings(agents=4, rounds=2, federation="e"), ("127.0.0.1", 1))
+    override_toml(layout.server_config, rounds={"min_agents": 4, "quorum": 4},
+                  strategy={"name": "fedamp", "sigma": 10.0, "lam": 0.5})  # fmt: skip
+    engine = RoundEngine(load_server_config(layout.server_config), replay=ReplayGuard(3600))
+    engine.begin_round(agents, now=0.0)
+    engine.announce(now=0.0)
+    held, folder, start = {}, engine.state.store.agents.directory / "r1", engine.global_vector.copy()
+    for i, agent in enumerate(agents):
+        done, delta = update(engine, agent, seed=i, scale=30.0 if agent == "agent-04" else 1.0)
+        held[agent] = flatten(float_part(advanced(engine.start_model(agent), delta)), engine.float_spec)
+        engine.accept(done)
+        assert (folder / f"{agent}.safetensors").exists()  # kept before the round closes
+    metrics = engine.close(now=1.0, model_wire_bytes=1000)
+    assert metrics.outcome == "committed"
+    for agent in AGENTS:
+        np.testing.assert_array_equal(engine.base_vector(agent), held[agent])
+    kept_step = np.linalg.norm(engine.base_vector("agent-04") - start)
+    assert kept_step < 0.5 * np.linalg.norm(held["agent-04"] - start)  # not the whole update kept on acceptance

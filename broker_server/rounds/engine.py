@@ -35,6 +35,7 @@ from broker_server.rounds.disk import DiskError
 from broker_server.rounds.engine_fleet import FleetEvents
 from broker_server.rounds.engine_state import EngineState, StateField
 from broker_server.rounds.fallback import Fallback, broken_model, stuck_reason
+from broker_server.rounds.keep_step import KeepAgentModels
 from broker_server.rounds.late_folds import LateFolds
 from broker_server.rounds.local_rounds import LocalRounds
 from broker_server.rounds.metrics_log import round_metrics
@@ -98,6 +99,7 @@ class RoundEngine:
         self.steps = round_steps(config, self.strategy, self.policy, self.state.store.agents, self.base_vector,
                                  lambda: self.state.assignments, self._round_rng, evaluator,
                                  lambda: self.state.ledger.clip, self.changes, self._in_force_eval)  # fmt: skip
+        self.keeper = next((step for step in self.steps if isinstance(step, KeepAgentModels)), None)
         config.privacy.configure(self.strategy)
         self.budget_exhausted = False  # too few agents can afford another round (differential privacy)
         self.orphan_rejections: list[dict[str, str]] = []
@@ -284,18 +286,26 @@ class RoundEngine:
         self.state.pace.observe(record.agent, (time.time() if now is None else now) - self.round_state.started_at,
                                 work_share(self.train_of(record.agent)))  # fmt: skip
         self.state.checkpoint()
-        self._score_early(record.agent)
+        self._on_accepted(record.agent)
         return record
 
-    def _score_early(self, agent: str) -> None:
-        """Score ``agent``'s trained model now if the round's sample holds it (``personal.StartScores.early``):
-        after the checkpoint, and a failure only logged, since the close scores whatever is missing."""
+    def _on_accepted(self, agent: str) -> None:
+        """What the close would do with ``agent``'s update, done now while slower agents train: score its trained
+        model if the round's sample holds it (``personal.StartScores.early``) and keep its model for a
+        model-keeping strategy (``keep_step``). After the checkpoint, and a failure only logged, since the close
+        does whatever is missing."""
         rs = self.round_state
         assert rs is not None
         try:
             self.start_scores.early(rs.round, rs.selected, agent, self._trained_model, self._trained_limit())
         except Exception as exc:  # noqa: BLE001 - an evaluation's failure must not undo an accepted update
             log.warning("trained model not scored on acceptance round=%d agent=%s reason=%s", rs.round, agent, exc)
+        try:
+            if self.keeper is not None:
+                self.keeper.keep_accepted(rs, agent, self.state.store.updates.delta(rs.round, agent),
+                                          self.global_arrays, self.global_vector, self.float_spec)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the close keeps it instead
+            log.warning("model not kept on acceptance round=%d agent=%s reason=%s", rs.round, agent, exc)
 
     def reject(self, agent: str, reason: str) -> None:
         """Record a refusal in the open round's metrics (or the next round's, outside a round); the same

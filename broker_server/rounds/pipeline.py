@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from broker_server.privacy.gaussian import release
-from flcore import blas
 from flcore.agent_models import Assignment, Holding, ModelBank
 from flcore.aggregation import bounded_contributions, change_limit, check_new_model
 from flcore.bounds import Influence, InfluencePolicy, lower_median
@@ -34,11 +33,9 @@ from flcore.update import UpdateRejected
 from models.weights import (
     NamedArrays,
     TensorSpec,
-    advanced,
     fingerprint,
     flatten,
     float_part,
-    unflatten,
     with_floats,
 )
 
@@ -122,54 +119,12 @@ class BoundInfluence(Step):
         ctx.influence, ctx.contributions = bounded_contributions(policy, ctx.state.updates, ctx.open_delta)
 
 
-@dataclass
-class KeepAgentModels(Step):
-    """For model-keeping strategies: each agent's model after the round is its start model plus its
-    clipped delta (``models.weights.advanced``, as the agent computes it), kept in the bank; the
-    strategy then sees those models (``Contribution.model``, and in ``plan_starts``).
-
-    The clip bounds one round's step, not how far an agent's model drifts from the global one over the
-    rounds between averages, and a drifted model is handed to a swap partner and averaged. So, unless
-    ``bounds.clip = "off"``, a model further than ``clip_multiple`` × the lower median drift from the
-    global model is pulled back to that distance (the agent then gets the server's copy, not its own)."""
-
-    bank: ModelBank
-    base_of: Callable[[str], np.ndarray]
-    policy: InfluencePolicy
-    private: bool = False  # differential privacy: no drift bound (a pull-back decided on un-noised distances)
-    name: str = "keep-models"
-
-    def run(self, ctx: RoundContext) -> None:
-        drifts = []
-        for c in ctx.contributions:
-            start = with_floats(ctx.global_arrays, self.base_of(c.agent), ctx.float_spec)
-            step = c.delta if c.scale == 1 else c.delta * np.float32(c.scale)
-            drifts.append(self._keep(ctx, c.agent, advanced(start, unflatten(step, ctx.float_spec))))
-            if c.scale == 1:
-                ctx.exact.add(c.agent)
-        if self.policy.clip != "off" and drifts and not self.private:
-            bound = max(1.0, self.policy.clip_multiple) * lower_median(np.array(drifts))
-            capped = [(c.agent, d) for c, d in zip(ctx.contributions, drifts, strict=True) if d > bound]
-            for agent, drift in capped:
-                held = self.bank.vector(ctx.kept[agent])
-                pulled = ctx.global_vector + (held - ctx.global_vector) * np.float32(bound / drift)
-                self._keep(ctx, agent, with_floats(ctx.global_arrays, pulled, ctx.float_spec))
-                ctx.exact.discard(agent)
-            ctx.step_detail.update(drift_bound=round(bound, 6), drift_capped=[agent for agent, _ in capped])
-        ctx.contributions = [replace(c, model=self.bank.vector(ctx.kept[c.agent])) for c in ctx.contributions]
-
-    def _keep(self, ctx: RoundContext, agent: str, model: NamedArrays) -> float:
-        """Write ``agent``'s model to the bank; returns its distance from the global model."""
-        ctx.kept[agent] = keep_model(self.bank, ctx, agent, model)
-        drift = self.bank.vector(ctx.kept[agent]) - ctx.global_vector
-        return math.sqrt(float(blas.sdot(drift, drift)))
-
-
-def keep_model(bank: ModelBank, ctx: RoundContext, owner: str, model: NamedArrays) -> Holding:
-    """Write ``model``'s floats to the bank as ``owner``'s model after this round, named by the fingerprint
-    of the whole model (what the agent that gets it computes)."""
-    holding = Holding(ctx.state.round, owner, fingerprint(model))
-    bank.put(holding, flatten(float_part(model), ctx.float_spec), ctx.float_spec)
+def keep_model(bank: ModelBank, round_number: int, spec: tuple[TensorSpec, ...], owner: str,
+               model: NamedArrays) -> Holding:  # fmt: skip
+    """Write ``model``'s floats to the bank as ``owner``'s model after round ``round_number``, named by the
+    fingerprint of the whole model (what the agent that gets it computes)."""
+    holding = Holding(round_number, owner, fingerprint(model))
+    bank.put(holding, flatten(float_part(model), spec), spec)
     return holding
 
 
@@ -193,8 +148,8 @@ class PlanStarts(Step):
                 round=ctx.state.round, action=ctx.state.action, agents=[c.agent for c in ctx.contributions],
                 kept=ctx.kept, exact=ctx.exact, current=self.current(), spec=ctx.float_spec,
                 vector=self.bank.vector,
-                put=lambda name, vector: keep_model(self.bank, ctx, f"+{name}", with_floats(ctx.global_arrays, vector,
-                                                                                           ctx.float_spec)),
+                put=lambda name, vector: keep_model(self.bank, ctx.state.round, ctx.float_spec, f"+{name}",
+                                                    with_floats(ctx.global_arrays, vector, ctx.float_spec)),
                 peers=lambda holdings: self.bank.peers(holdings, ctx.float_spec),
                 rng=self.rng, evaluate=None if self.evaluator is None else (
                     lambda vector: self.evaluator(with_floats(ctx.global_arrays, vector, ctx.float_spec))),
@@ -215,8 +170,8 @@ class PlanStarts(Step):
         assert self.release_std is not None
         ctx.noise_std = self.release_std(ctx)
         vector = release(self.bank.vector(ctx.kept[agent]), ctx.noise_std, ctx.float_spec)
-        ctx.released[agent] = keep_model(self.bank, ctx, f"+dp-{agent}", with_floats(ctx.global_arrays, vector,
-                                                                                     ctx.float_spec))  # fmt: skip
+        ctx.released[agent] = keep_model(self.bank, ctx.state.round, ctx.float_spec, f"+dp-{agent}",
+                                         with_floats(ctx.global_arrays, vector, ctx.float_spec))  # fmt: skip
         return ctx.released[agent]
 
 

@@ -24,6 +24,7 @@ from broker_server.config import ServerConfig
 from broker_server.privacy.adaptive_clip import AdaptClip
 from broker_server.privacy.noise import NORM_SLACK, AddNoise
 from broker_server.rounds.buffer_step import ScaleBuffer
+from broker_server.rounds.keep_step import KeepAgentModels
 from broker_server.rounds.onnx_step import ExportOnnx
 from broker_server.rounds.pipeline import (
     AgentsEvaluation,
@@ -32,7 +33,6 @@ from broker_server.rounds.pipeline import (
     BoundInfluence,
     CheckModel,
     Evaluate,
-    KeepAgentModels,
     PlanStarts,
     RoundContext,
     ServerStep,
