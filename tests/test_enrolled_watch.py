@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from security.enrolled_watch import WATCH_INTERVAL_S, EnrolledWatch, EnrolmentChanges
+from security.enrolled_watch import WATCH_INTERVAL_S, EnrolledWatch, EnrolmentChanges, snapshot
 from security.keys import Identity, Keyring, enroll, revoke
 
 log = logging.getLogger("test.enrolled_watch")
@@ -91,3 +91,14 @@ def test_unparsable_or_misnamed_files_drop_the_key_and_are_refused_until_fixed(f
 def test_a_missing_folder_holds_no_keys(tmp_path):
     keyring = Keyring()
     assert not EnrolledWatch(tmp_path / "absent", keyring, role="peer", log=log).poll(0.0) and len(keyring) == 0
+
+
+def test_the_folder_snapshot_lists_the_pub_files_as_glob_would(tmp_path):
+    """The watch's look at the folder (``os.scandir``, for a server polling a thousand files every second) sees
+    what ``Path.glob("*.pub")`` sees: hidden ``.pub`` files and folders named so too, no temporary or other files."""
+    for name in ("a.pub", "b.c.pub", ".hidden.pub", "x.txt", ".a.pub.1234.tmp", "pub"):
+        (tmp_path / name).write_text("k")
+    (tmp_path / "folder.pub").mkdir()
+    stats = {p.stem: (p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.glob("*.pub")}
+    assert snapshot(tmp_path) == stats and set(stats) == {"a", "b.c", ".hidden", "folder"}
+    assert snapshot(tmp_path / "missing") == {}
