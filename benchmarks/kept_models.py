@@ -110,8 +110,8 @@ def keep_step(bank: ModelBank, kept: dict[str, Holding], early: bool) -> tuple[f
         for c in contributions:
             step.keep_accepted(state, c.agent, c.delta, zero, np.zeros(PARAMS, np.float32), SPEC)
     accepting = time.perf_counter() - started
-    ctx = RoundContext(state, zero, np.zeros(PARAMS, np.float32), SPEC, open_delta=bank.vector,
-                       contributions=contributions)  # fmt: skip
+    ctx = RoundContext(state, zero, np.zeros(PARAMS, np.float32), SPEC,
+                       open_delta=lambda agent: bank.vector(kept[agent]), contributions=contributions)  # fmt: skip
     started = time.perf_counter()
     step.run(ctx)
     return time.perf_counter() - started, accepting

@@ -29,7 +29,8 @@ def snapshot(directory: Path) -> Snapshot:
     server polls a thousand agents' files every second, and this is 2.6x less of its CPU (1.5 ms, not 4 ms)."""
     files: Snapshot = {}
     try:
-        entries = list(os.scandir(directory))
+        with os.scandir(directory) as listing:
+            entries = list(listing)
     except OSError:  # no folder (yet)
         return files
     for entry in entries:

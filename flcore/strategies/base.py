@@ -315,7 +315,7 @@ def mean_of_models(global_vector: np.ndarray, contributions: list[Contribution],
     cache-sized block at a time (``weighted_sum``: the same sums, in the same order, as whole-model saxpys)."""
     assert all(c.model is not None for c in contributions)  # keeps_models
     models = [replace(c, delta=c.model, scale=1.0) for c in contributions]
-    return weighted_sum(models, np.asarray([float(w / weights.sum()) for w in weights]))
+    return weighted_sum(models, weights / weights.sum())
 
 
 class ModelDifference:
