@@ -40,8 +40,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("skyfed.agent")
 
 
-def in_process_runner(config: AgentConfig) -> InProcessRunner:
-    """The agent's own trainer in this process (imports PyTorch): ``sim.agent_host`` and tests."""
+def in_process_runner(config: AgentConfig, cores: threading.Semaphore | None = None) -> InProcessRunner:
+    """The agent's own trainer in this process (imports PyTorch): ``sim.agent_host`` (its agents share ``cores``)
+    and tests."""
     import torch
 
     from agent.device import torch_device
@@ -49,7 +50,7 @@ def in_process_runner(config: AgentConfig) -> InProcessRunner:
 
     if config.training.threads > 0:
         torch.set_num_threads(config.training.threads)
-    return InProcessRunner(build_trainer(config, torch_device(config.training.device)))
+    return InProcessRunner(build_trainer(config, torch_device(config.training.device)), cores)
 
 
 # -- in a child process (the deployed agent) -----------------------------------------------------------

@@ -5,6 +5,7 @@ server's shared-pool trainer, tests). The deployed agent's runner, a child proce
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from typing import Protocol, Union
 from flcore.update import TrainResult
 from models.weights import NamedArrays
 from participant.declined import TrainingDeclined
-from participant.trainer import PeerContext, Trainer
+from participant.trainer import PeerContext, Trainer, TrainerWrapper
 from protocol.messages import RoundTask
 
 log = logging.getLogger("skyfed.participant")
@@ -111,9 +112,28 @@ class ThreadJob:
             self._cancelled = Cancelled(reason)
 
 
+class OnSharedCores(TrainerWrapper):
+    """Trains once one of ``cores`` is free: agents hosted in one process (``sim.agent_host``) share it, so that a
+    few train at a time near full speed instead of all of them at once on a share of the cores and of the
+    interpreter's lock (docs/results/scale.md). The wait counts as training time, as waiting for a core does
+    anywhere; a wrapper's own wait (``sim.slow``) happens outside it and holds no core."""
+
+    def __init__(self, inner: Trainer, cores: threading.Semaphore) -> None:
+        super().__init__(inner)
+        self.cores = cores
+
+    def train(self, global_arrays: NamedArrays, task: RoundTask, context: PeerContext | None = None) -> TrainResult:
+        with self.cores:
+            return self.inner.train(global_arrays, task, context)
+
+
 class InProcessRunner:
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
+    """``cores``: shared by the runners of agents hosted together, each training or export waiting for one of
+    them; None: every job starts at once."""
+
+    def __init__(self, trainer: Trainer, cores: threading.Semaphore | None = None) -> None:
+        self.trainer = trainer if cores is None else OnSharedCores(trainer, cores)
+        self.cores = cores
         self.notify: Callable[[], None] = no_one
 
     def train(
@@ -122,7 +142,11 @@ class InProcessRunner:
         return ThreadJob("train", lambda: train_and_export(self.trainer, base, task, export_to, context), self.notify)
 
     def export(self, arrays: NamedArrays, task: RoundTask, path: Path) -> Job:
-        return ThreadJob("export", lambda: export_onnx(arrays, task, path), self.notify)
+        def work() -> Outcome:
+            with self.cores or contextlib.nullcontext():
+                return export_onnx(arrays, task, path)
+
+        return ThreadJob("export", work, self.notify)
 
     def prepare(self, key: object) -> None:
         """The trainer is built already."""

@@ -4,7 +4,10 @@ For simulations: each agent is exactly the daemon ``skyfed agent run`` starts â€
 connection and client id, keys, state folder and durable progress â€” running its loop on a thread of
 its own, except that its training runs in this process (``agent.runner.InProcessRunner``) instead of
 a training child: the hosted agents share one process and its PyTorch (about 370 MB of private
-memory per process; ``skyfed sim --agents-per-process K``). Experiments change an agent's trainer and nothing else:
+memory per process; ``skyfed sim --agents-per-process K``). Their jobs take turns on the process's cores
+(``--jobs-at-once``, ``participant.jobs.OnSharedCores``): 100 agents training at once on 2 cores each got a
+hundredth of them and of the interpreter's lock, and a round took twice as long (docs/results/scale.md).
+Experiments change an agent's trainer and nothing else:
 ``--attacker CONFIG`` hosts an agent whose trainer attacks, or that never sends (``sim.attacks``), ``--slow CONFIG`` one
 whose training takes ``--slowdown`` times as long (``sim.slow``). SIGTERM stops every agent cleanly
 (each publishes its final status); log lines carry the agent id as the thread name. Deployments run
@@ -14,6 +17,7 @@ one agent per process (``skyfed agent run``). Not part of the ``skyfed`` command
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 from pathlib import Path
@@ -34,15 +38,16 @@ def build_agents(args: argparse.Namespace) -> list[EdgeAgent | PeerNode]:
     """The hosted agents, attackers' and slow agents' trainers wrapped."""
     attack = Attack.parse(args.attack) if args.attacker else None
     slow = {Path(path).resolve() for path in args.slow}
+    cores = threading.BoundedSemaphore(args.jobs_at_once) if args.jobs_at_once > 0 else None
     agents = []
     for path, attacking in [(p, False) for p in args.config] + [(p, True) for p in args.attacker]:
         config = load_agent_config(Path(path))
         hold_state_dir(config.state_dir, "agent.state_dir")  # one daemon per folder, as `skyfed agent run`
         silent = attacking and attack is not None and attack.kind == "silent"
         if config.peer_mode:  # a peer (agent.peer), trainer wrapped the same way
-            agent = PeerNode(config, runner=in_process_runner(config))
+            agent = PeerNode(config, runner=in_process_runner(config, cores))
         else:
-            agent = (SilentAgent if silent else EdgeAgent)(config, runner=in_process_runner(config))
+            agent = (SilentAgent if silent else EdgeAgent)(config, runner=in_process_runner(config, cores))
         if attacking and not silent:
             agent.runner.trainer = AttackingTrainer(agent.runner.trainer, attack, agent.id, args.scope)
         if Path(path).resolve() in slow:
@@ -61,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scope", default="parameters", choices=SCOPES)
     parser.add_argument("--slow", action="append", default=[], help="a hosted agent.toml whose agent is slow")
     parser.add_argument("--slowdown", type=float, default=1.0, help="how many times slower the slow agents train")
+    parser.add_argument("--jobs-at-once", type=int, default=len(os.sched_getaffinity(0)),
+                        help="how many hosted agents train (or export) at once, the others' jobs waiting their turn "
+                             "(default: this process's cores; 0: no bound)")  # fmt: skip
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     configure_logging(args.log_level, thread_names=True)

@@ -449,7 +449,7 @@ def test_a_process_hosting_many_agents_turns_their_idle_loops_at_most_100_times_
 
     layout = create_federation(tmp_path, SimSettings(agents=12, rounds=1), ("127.0.0.1", 1883))
     args = argparse.Namespace(config=[str(c) for c in layout.agent_configs.values()], attacker=[], attack="",
-                              scope="parameters", slow=[], slowdown=1.0)  # fmt: skip
+                              scope="parameters", slow=[], slowdown=1.0, jobs_at_once=2)  # fmt: skip
     agents = build_agents(args)
     assert [a.edge.tick_interval_s for a in agents] == [0.12] * 12
     assert hosted_tick_s(1) == hosted_tick_s(10) == 0.1 and hosted_tick_s(100) == 1.0
