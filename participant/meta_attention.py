@@ -40,6 +40,7 @@ from torch import nn
 
 from models.datasets import Dataset, to_loader
 from models.serialization import SerializationError, load_file, save_file
+from models.training import on_device
 from models.weights import NamedArrays, is_float
 
 log = logging.getLogger("skyfed.agent")
@@ -213,7 +214,7 @@ def _meta_train(
     """Adam on Θ through the base network's loss; returns (mean loss of the last epoch, steps)."""
     parameters = {name for name, _ in model.named_parameters()}
     counts = {name: torch.from_numpy(a).to(device) for name, a in own.items() if not is_float(a)}
-    model.to(device).train()
+    on_device(model, device).train()
     optimizer = torch.optim.Adam(list(theta.values()), lr=lr)
     loader = to_loader(data, batch_size=batch_size, shuffle=True, seed=seed)
     last_loss, steps = float("nan"), 0

@@ -22,6 +22,9 @@ class SchemaError(ValueError):
     """A value does not fit the expected type; the message names the key."""
 
 
+_AS_IS = (str, int)  # items of these exact types convert to themselves (a bool is not an int here)
+
+
 def _convert(where: str, value: Any, hint: Any, strict: bool) -> Any:
     origin = typing.get_origin(hint)
     if origin in (types.UnionType, typing.Union):
@@ -50,7 +53,10 @@ def _convert(where: str, value: Any, hint: Any, strict: bool) -> Any:
     elif origin in (list, tuple):
         if isinstance(value, (list, tuple)):  # a tuple: a message's own ``to_dict``, before JSON
             item = typing.get_args(hint)[0]
-            items = [_convert(f"{where}[{i}]", v, item, strict) for i, v in enumerate(value)]
+            if item in _AS_IS and all(type(v) is item for v in value):  # a round task's lists name every agent
+                items = list(value)
+            else:
+                items = [_convert(f"{where}[{i}]", v, item, strict) for i, v in enumerate(value)]
             return items if origin is list else tuple(items)
     elif origin is dict or hint is dict:
         if isinstance(value, dict):

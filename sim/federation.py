@@ -24,7 +24,7 @@ from security.keys import Identity, enroll
 from sim.availability import describe, gate_table, round_sizes
 from sim.classify_layout import POOL_FILE, Sharing, describe_partition, write_classify_data
 from sim.nats_cluster import spread_broker_table
-from sim.scale import agents_export_onnx, status_interval_s
+from sim.scale import agents_export_onnx, server_status_interval_s, status_interval_s
 from sim.settings import SimSettings, agent_names
 
 
@@ -111,7 +111,7 @@ def create_federation(
                 "rounds": settings.rounds,
                 **server_data,
                 "seed": settings.seed,
-                "status_interval_s": 2.0,
+                "status_interval_s": server_status_interval_s(len(node_names(settings))),
                 "codec": settings.codec,
                 **({} if settings.score_trained is None else {"score_trained": settings.score_trained}),
                 "score_start": settings.score_start,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from protocol.daemon import TICK_INTERVAL_S
 
 STATUS_RATE_PER_S = 25.0  # the agents' heartbeats the server checks a second, at most, up to 500 agents
+SERVER_STATUS_DELIVERIES_PER_S = 50.0  # the server's status as the agents receive it, in all, from 100 agents
 DEADLINE_S = 60.0  # a round's deadline up to DEADLINE_AGENTS agents
 DEADLINE_AGENTS = 120
 ONNX_AGENTS = 50  # past this many agents, sim agents keep no on-board ONNX model
@@ -23,6 +24,14 @@ def status_interval_s(agents: int) -> float:
     ``STATUS_RATE_PER_S`` signed statuses a second up to 500 agents; never slower than a third of
     ``rounds.status_timeout_s`` (60 s): a status that late makes an agent ineligible."""
     return min(20.0, max(2.0, agents / STATUS_RATE_PER_S))
+
+
+def server_status_interval_s(agents: int) -> float:
+    """The server's status: every 2 s, slower past 100 agents so that the agents receive at most
+    ``SERVER_STATUS_DELIVERIES_PER_S`` of them a second in all (every agent reads that topic: N deliveries a
+    publish; at 1,000 agents every 2 s they were 20 a round per agent, and their reading a tenth of the hosts'
+    CPU), never slower than 20 s. A round's start and close publish it at once whatever the interval."""
+    return min(20.0, max(2.0, agents / SERVER_STATUS_DELIVERIES_PER_S))
 
 
 def round_deadline_s(agents: int) -> float:

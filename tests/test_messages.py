@@ -1,11 +1,13 @@
 """JSON message schemas: round trips, versioning, and refusal of malformed input."""
 
+import dataclasses
 import json
 
 import pytest
 
 from protocol.messages import AgentStatus, MessageError, Rejection, RoundMetrics, RoundTask, TrainSettings
 from protocol.topics import Topics
+from protocol.typed import SchemaError, build
 from tests.fedharness import round_metrics, round_task
 
 
@@ -83,3 +85,28 @@ def test_topics_are_built_and_parsed_and_bad_names_refused():
     for bad in ("a/b", "+", "#", "", "x" * 65):
         with pytest.raises(ValueError, match="federation"):
             Topics(bad)
+
+
+@pytest.mark.parametrize(
+    "key, bad, where", [("selected", ["a", 7], "selected[1]"), ("pending", ["b", None], "pending[1]")]
+)
+def test_a_list_of_names_is_checked_item_by_item_when_one_is_not_a_string(key, bad, where):
+    """Lists of exact strings (or ints) pass as they are, a round task's thousand agent names in one check;
+    anything else is converted item by item, and a wrong item still names its index."""
+    data = json.loads(_task().to_json())
+    assert RoundTask.from_dict(data).selected == ["a", "b"]
+    data[key] = bad
+    with pytest.raises(MessageError, match=rf"{where.replace('[', '[[]')} has the wrong type"):
+        RoundTask.from_dict(data)
+
+
+def test_a_bool_is_not_an_int_in_a_list_and_ints_in_a_float_list_become_floats():
+    @dataclasses.dataclass
+    class Lists:
+        counts: list[int]
+        weights: tuple[float, ...] = ()
+
+    assert build(Lists, {"counts": [1, 2], "weights": [1, 2.5]}, where="t", strict=True) == Lists([1, 2], (1.0, 2.5))
+    assert type(build(Lists, {"counts": [1], "weights": [1]}, where="t", strict=True).weights[0]) is float
+    with pytest.raises(SchemaError, match=r"t.counts\[1\] has the wrong type"):
+        build(Lists, {"counts": [1, True]}, where="t", strict=True)

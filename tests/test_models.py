@@ -22,7 +22,7 @@ from models.serialization import (
     save_file,
 )
 from models.tasks import CLASSIFIERS, YOLO_YAMLS, task_of
-from models.training import evaluate, proximal, train_sgd
+from models.training import evaluate, on_device, proximal, train_sgd
 from models.weights import TensorSpec, delta, flatten, float_part, load_arrays, spec_of, to_arrays, unflatten
 from models.zoo import MODELS, build_model, input_shape
 
@@ -279,3 +279,12 @@ def test_the_thesis_models_have_its_layers_and_no_batchnorm(name, weights):
     assert [tuple(p.shape) for n, p in model.named_parameters() if n.endswith("weight")] == weights
     assert not list(model.buffers())  # no BatchNorm statistics (or any other buffer): plain weights only
     assert model(torch.zeros(3, *input_shape(name))).shape == (3, 10)
+
+
+def test_on_device_leaves_a_model_already_there_untouched_and_moves_one_that_is_not():
+    model = build_model("digits_cnn", num_classes=10)
+    before = [p.data_ptr() for p in model.parameters()]
+    assert on_device(model, torch.device("cpu")) is model
+    assert [p.data_ptr() for p in model.parameters()] == before
+    moved = on_device(model, torch.device("meta"))  # a device it is not on: moved, as model.to does
+    assert {p.device.type for p in moved.parameters()} == {"meta"}

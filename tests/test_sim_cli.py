@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import load_agent_config
+from broker_server.config import load_server_config
 from flcore.rounds import RoundRules
 from models.serialization import load_file
 from models.weights import load_arrays
@@ -17,7 +18,14 @@ from protocol.mqtt import MqttClient
 from sim import run as sim_run
 from sim.classify_layout import POOL_FILE, Sharing
 from sim.federation import SimSettings, create_federation
-from sim.scale import STATUS_RATE_PER_S, hosted_tick_s, round_deadline_s, status_interval_s
+from sim.scale import (
+    SERVER_STATUS_DELIVERIES_PER_S,
+    STATUS_RATE_PER_S,
+    hosted_tick_s,
+    round_deadline_s,
+    server_status_interval_s,
+    status_interval_s,
+)
 from skyfed import main
 from tests.liveharness import metrics_rows, skyfed
 
@@ -425,6 +433,14 @@ def test_a_large_sim_federation_beats_slower_so_the_server_checks_at_most_25_sta
     assert [status_interval_s(n) for n in (50, 300, 1000)] == [2.0, 12.0, 20.0]
     assert all(n / status_interval_s(n) <= STATUS_RATE_PER_S * 1.000001 for n in range(1, 501))
     assert status_interval_s(10_000) <= RoundRules().status_timeout_s / 3  # a status that late: not eligible
+
+
+def test_a_large_sim_federation_server_publishes_its_status_less_often_so_agents_read_at_most_50_a_second(tmp_path):
+    """Every agent reads the server's status: at 1,000 agents, every 2 s, 20 of them a round per agent."""
+    layout = create_federation(tmp_path, SimSettings(agents=2, rounds=1), ("127.0.0.1", 1883))
+    assert load_server_config(layout.server_config).server.status_interval_s == 2.0  # small: responsive
+    assert [server_status_interval_s(n) for n in (50, 100, 300, 1000, 10_000)] == [2.0, 2.0, 6.0, 20.0, 20.0]
+    assert all(n / server_status_interval_s(n) <= SERVER_STATUS_DELIVERIES_PER_S * 1.000001 for n in range(1, 1001))
 
 
 def test_a_large_sim_federation_gets_a_deadline_its_agents_can_meet_on_a_shared_machine():
