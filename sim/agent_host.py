@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(default: this process's cores; 0: no bound)")  # fmt: skip
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
+    if args.jobs_at_once < 0:
+        parser.error(f"--jobs-at-once must be 0 (no bound) or more, got {args.jobs_at_once}")
     configure_logging(args.log_level, thread_names=True)
     try:
         agents = build_agents(args)

@@ -8,6 +8,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from flcore.update import TrainResult
 from participant.jobs import InProcessRunner, OnSharedCores, Trained
@@ -88,3 +89,12 @@ def test_a_host_process_shares_one_bound_among_its_agents_and_zero_lifts_it(tmp_
     assert len({id(t.cores) for t in trainers}) == 1
     args.jobs_at_once = 0
     assert not any(isinstance(a.runner.trainer, OnSharedCores) for a in build_agents(args))
+
+
+def test_a_negative_bound_is_refused_at_start(capsys):
+    from sim.agent_host import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--jobs-at-once", "-1"])
+    assert stopped.value.code == 2
+    assert "--jobs-at-once must be 0 (no bound) or more, got -1" in capsys.readouterr().err
