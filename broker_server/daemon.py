@@ -27,6 +27,7 @@ from broker_server.agents.delivery import Delivery
 from broker_server.agents.fleet_changes import FleetChanges
 from broker_server.agents.groupkeys import GroupKeyDistributor
 from broker_server.agents.ignored import IgnoredAgents
+from broker_server.agents.intake import UpdateIntake
 from broker_server.agents.publisher import ModelPublisher
 from broker_server.agents.reconnects import Reconnects
 from broker_server.agents.refusals import Refusals
@@ -48,13 +49,13 @@ from broker_server.upstream.upstream_rounds import UpstreamRounds
 from broker_server.watch.history import RunHistory
 from broker_server.watch.prometheus import ServerMetrics
 from broker_server.watch.status_report import StatusReport
-from flcore.update import NotForThisRound, UpdateRejected
+from flcore.update import NotForThisRound
 from flcore.validation import reason_kind
 from protocol.daemon import MqttDaemon
 from protocol.messages import RoundTask, ServerStatus
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
-from protocol.transfer import Completed, Reassembler, TransferRejected
+from protocol.transfer import Reassembler, TransferRejected
 from security.envelope import Manifest, Opener
 from security.keys import GroupKey, Identity, Keyring
 
@@ -98,8 +99,6 @@ class Aggregator(MqttDaemon):
         self.publisher = ModelPublisher(self.mqtt, self.topics, self.identity, self.group_keys.key, config.server.model)
         self.rejections = Counter[str]()
         self.disk = DiskWatch(lambda: self.engine.state.settled_writes)
-        self._unsaved: dict[str, Completed] = {}  # authenticated updates whose acceptance could not be written
-        self._held_late: dict[str, Completed] = {}  # late updates that arrived between two rounds (flcore.late)
         self.phase = "starting"
         self.ignored = IgnoredAgents(config.enrolled_dir, keyring, fed, self.rejections)
         self.tasks = TaskPublisher(self.mqtt, self.topics.round, self.identity)
@@ -123,8 +122,6 @@ class Aggregator(MqttDaemon):
             rotate_every_rounds=config.keys.rotate_every_rounds,
             reserved={POOL: POOL_NAME_TAKEN} if self.pool is not None else None,  # as the start check refuses it
         )
-        self.pool_rounds = None if self.pool is None else PoolRounds(
-            self.pool, self.engine, accept=self._accept, round_change=self._round_change, clock=clock)  # fmt: skip
         self.regional = None if upstream is None else UpstreamRounds(upstream, self.engine, disk=self.disk,
                                                                      publisher=self.publisher)  # fmt: skip
         self.reconnects = Reconnects()
@@ -133,6 +130,11 @@ class Aggregator(MqttDaemon):
         self.prometheus = ServerMetrics(config.metrics)  # late: it listens on a port until ``on_stop``
         self.refusals = Refusals(self.engine, registry=self.registry, counts=self.rejections,
                                  prometheus=self.prometheus, pool=self.pool is not None)  # fmt: skip
+        self.intake = UpdateIntake(self.engine, disk=self.disk, refusals=self.refusals, prometheus=self.prometheus,
+                                   clock=clock, waiting=self.mqtt.waiting, close=self._close)  # fmt: skip
+        self.pool_rounds = None if self.pool is None else PoolRounds(self.pool, self.engine, accept=self.intake.accept,
+                                                                     round_change=self._round_change,
+                                                                     clock=clock)  # fmt: skip
         self.report = StatusReport(config, self.engine, registry=self.registry, group_keys=self.group_keys,
                                    disk=self.disk, rejections=self.rejections, mqtt=self.mqtt, topics=self.topics,
                                    prometheus=self.prometheus, clock=clock, phase=lambda: self.phase,
@@ -168,6 +170,9 @@ class Aggregator(MqttDaemon):
         return self.engine.finished and not self.keep_running and not self.engine.state.outputs_pending
 
     def handle(self, topic: str, payload: bytes) -> None:
+        agent = self.topics.agent_of(topic)
+        if agent is None or topic != self.topics.agent_update(agent):
+            self.intake.flush()  # a batch holds only updates that came one after another (broker_server.agents.intake)
         if topic == self.topics.round:
             self.tasks.received(payload, self.clock())
             return
@@ -177,7 +182,6 @@ class Aggregator(MqttDaemon):
         if (foreign := self.topics.foreign_status_of(topic)) is not None:
             self.ignored.foreign(*foreign, payload)
             return
-        agent = self.topics.agent_of(topic)
         if agent is None:
             return
         if topic == self.topics.agent_status(agent):
@@ -201,6 +205,7 @@ class Aggregator(MqttDaemon):
             self._on_update_chunk(agent, payload)
 
     def tick(self) -> None:
+        self.intake.flush()
         self._resume(self.reconnects.due())
         for rejection in self.reassembler.expire():
             self.refusals.refuse(rejection.sender, rejection.reason)
@@ -219,8 +224,7 @@ class Aggregator(MqttDaemon):
         if self.engine.state.outputs_pending:
             with self.disk.writing(now):
                 self.engine.state.flush_outputs()
-        for completed in list(self._unsaved.values()):
-            self._accept(completed)
+        self.intake.retry()
         if trained := self.engine.local.trained_news(self.registry.status):  # a local round (``local_rounds``)
             with self.disk.writing(now, self.engine.state.durably(f"{','.join(trained)} trained locally")):
                 self.engine.local.trained_locally(trained)
@@ -231,7 +235,7 @@ class Aggregator(MqttDaemon):
                 return
             self.trust.rotate_on_schedule(self.engine.next_round)
             eligible = self.registry.eligible(self.group_keys.key.key_id, now)
-            held = set(self._held_late)  # their late updates join the round: they do not train for it
+            held = set(self.intake.held_late)  # their late updates join the round: they do not train for it
             busy = self.joins.busy(now, held) if self.config.rounds.is_async else None  # only a buffer asks
             with self.disk.writing(now, self.engine.state.durably("round start")):
                 if self.engine.begin_round(eligible, now, enrolled=self.registry.keyring.names(),
@@ -244,9 +248,8 @@ class Aggregator(MqttDaemon):
                     self._publish_if_new()
                     self._log_finished()
             if self.engine.round_state is not None:  # late updates held between the rounds join it now
-                held, self._held_late = self._held_late, {}
-                for completed in held.values():
-                    self._accept(completed)
+                held, self.intake.held_late = self.intake.held_late, {}
+                self.intake.accept(*held.values())
         elif action == "close":
             self._close(now)
         elif action == "wait" and self.config.rounds.is_async:  # idle agents join the open buffer
@@ -303,7 +306,7 @@ class Aggregator(MqttDaemon):
                 self._round_change(f"{sender} excused", lambda: gave_up(sender, whole, why, self.clock()))
             return
         if completed is not None:
-            self._accept(completed)
+            self.intake.add(completed)
 
     def _expected_update(self, manifest: Manifest) -> None:
         """Memory for an update transfer only when the open round waits for it from its sender: an enrolled
@@ -316,34 +319,10 @@ class Aggregator(MqttDaemon):
         except NotForThisRound as exc:
             raise TransferRejected(manifest.sender, exc.reason) from None
 
-    def _accept(self, completed: Completed) -> None:
-        sender, record = completed.manifest.sender, None
-        self._unsaved.pop(sender, None)
-        if self.engine.late.held_for_next_round(sender, completed.manifest.round):  # folded once the next opens
-            self._held_late[sender] = completed
-            return
-        try:
-            with self.disk.writing(self.clock(), self.engine.state.durably(f"update of {sender}")):
-                record = self.engine.accept(completed, self.clock())
-        except UpdateRejected as exc:
-            self.refusals.refuse(sender, exc.reason)
-            return
-        if record is None:  # not written: kept (one per agent) and accepted again once the disk is back
-            self._unsaved[sender] = completed
-            return
-        rs = self.engine.round_state
-        assert rs is not None
-        log.info("update accepted round=%d agent=%s weight=%d loss=%.4f norm=%.4g folded=%s accepted=%d/%d", rs.round,
-                 record.agent, record.samples, record.loss, record.norm, bool(record.folded), len(rs.updates),
-                 len(rs.selected))  # fmt: skip
-        self.prometheus.update_accepted()  # the retained status waits for its interval: an accepted update
-        # changes none of its fields, and every agent subscribes to it (a publish per update was N² deliveries)
-        if self.engine.decide(self.clock()) == "close" and self.disk.due(self.clock()):  # at once: a threshold
-            self._close(self.clock())  # of K takes exactly K updates
-
     def _round_change(self, what: str, change: Callable[[], bool]) -> None:
         """An agent's news changes the open round (it gave up, ``FleetEvents.gave_up``): written durably, and
         the round closed at once if nobody is left to wait for."""
+        self.intake.flush()  # the updates that came before it count first
         changed = False
         with self.disk.writing(self.clock(), self.engine.state.durably(what)):
             changed = change()

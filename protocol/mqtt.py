@@ -204,6 +204,10 @@ class MqttClient:
         except queue.Empty:
             return None
 
+    def waiting(self) -> bool:
+        """Whether received messages (or a ``wake``) wait for ``poll``."""
+        return not self.inbox.empty()
+
     def wake(self) -> None:
         """Make a waiting ``poll`` return None now, as after its time-out, so a daemon's loop ticks at once:
         from a handler whose message completed what the next tick acts on, or from a job's thread that

@@ -150,5 +150,5 @@ def test_an_update_that_could_not_be_written_is_accepted_once_the_disk_is_back(t
         checkpoint_dir.unlink()
         aside.rename(checkpoint_dir)
         metrics = h.wait_metrics(1)  # the agent sent nothing again: the server kept the update it could not write
-        assert "agent-02" not in h.server._unsaved
+        assert "agent-02" not in h.server.intake.unsaved
         assert metrics.outcome == "committed" and metrics.accepted == ["agent-01", "agent-02"]

@@ -64,6 +64,7 @@ class EngineState:
         self.outputs_pending: set[str] = set()  # files that lag behind the checkpoint: "metrics", "model"
         # state writes that succeeded (``broker_server.rounds.disk.DiskWatch`` tells the disk is back by it)
         self.writes = 0
+        self._one_write: bool | None = None  # inside ``one_write``: whether a checkpoint was asked for; None: outside
         self.run_id, self.version, self.next_round = "", 0, 1
         self.round_state: RoundState | None = None
         self.best = BestModel(self.store, {})
@@ -153,8 +154,36 @@ class EngineState:
     def checkpoint(self, last_metrics: dict | None = None) -> None:
         if last_metrics is not None:
             self.last_metrics = last_metrics
+        if self._one_write is not None:  # written once, as ``one_write`` ends
+            self._one_write = True
+            return
         self.store.save(self.snapshot())
         self.writes += 1
+
+    @contextmanager
+    def one_write(self) -> Iterator[None]:
+        """The checkpoints asked for inside, written as one when it ends (none if none was asked for): several
+        updates accepted in a row, one write of the state (``broker_server.agents.intake``). Inside
+        ``durably``: a write that fails undoes them all. A failed disk write (``OSError``) writes nothing, for
+        ``durably`` to undo; any other error still writes what was accepted before it, then goes on."""
+        if self._one_write is not None:  # nested: the outer one writes
+            yield
+            return
+        self._one_write = False
+        try:
+            yield
+        except OSError:
+            self._one_write = None
+            raise
+        except BaseException:
+            self._write_asked()
+            raise
+        self._write_asked()
+
+    def _write_asked(self) -> None:
+        asked, self._one_write = self._one_write, None
+        if asked:
+            self.checkpoint()
 
     def snapshot(self, *, replay: bool = True) -> Checkpoint:
         """The state as the checkpoint holds it (the round's lists copied, so that changes to it leave this be)."""

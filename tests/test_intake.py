@@ -1,0 +1,142 @@
+"""Updates that come one after another are accepted with one write of the round's state (a group commit,
+``broker_server.agents.intake``); a write that fails undoes them all, and they are accepted once the disk is
+back; a refused update in a batch leaves the others accepted."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import pytest
+
+from broker_server.agents.intake import UpdateIntake
+from broker_server.agents.refusals import Refusals
+from broker_server.agents.registry import AgentRegistry
+from broker_server.config import load_server_config
+from broker_server.rounds.disk import DiskWatch
+from broker_server.rounds.engine import RoundEngine
+from broker_server.watch.prometheus import ServerMetrics
+from security.keys import Keyring
+from security.replay import ReplayGuard
+from tests.fedharness import override_toml
+from tests.fixtures import completed, open_round
+
+AGENTS = ["agent-01", "agent-02", "agent-03"]
+
+
+class Intake:
+    """An engine with an open round of three agents and the intake in front of it; ``queued`` says how many more
+    messages wait in the daemon's inbox after each update."""
+
+    def __init__(self, config, *, close_rounds: bool = True) -> None:  # noqa: ANN001
+        self.close_rounds = close_rounds  # False: a close is only noted, the round stays as it was
+        self.engine = RoundEngine(config, replay=ReplayGuard(3600))
+        open_round(self.engine)
+        self.queued = 0
+        self.closed: list[float] = []
+        self.metrics: list = []
+        self.rejections: Counter[str] = Counter()
+        metrics = ServerMetrics(config.metrics)
+        refusals = Refusals(self.engine, registry=AgentRegistry(Keyring(), 60.0), counts=self.rejections,
+                            prometheus=metrics, pool=False)  # fmt: skip
+        self.disk = DiskWatch(lambda: self.engine.state.settled_writes)
+        self.intake = UpdateIntake(self.engine, disk=self.disk, refusals=refusals, prometheus=metrics,
+                                   clock=lambda: 1.0, waiting=lambda: self.queued > 0,
+                                   close=self.close)  # fmt: skip
+
+    def close(self, now: float) -> None:
+        self.closed.append(now)
+        if self.close_rounds:
+            self.metrics.append(self.engine.close(now, model_wire_bytes=0))
+
+    def arrive(self, agent: str, seed: int, *, queued: int) -> None:
+        self.queued = queued
+        self.intake.add(completed(self.engine, agent, seed=seed))
+
+
+def test_updates_that_come_one_after_another_are_written_once_and_the_round_closes_after_them(config):
+    h = Intake(config, close_rounds=False)
+    writes = h.engine.state.writes
+    h.arrive("agent-01", 0, queued=2)
+    h.arrive("agent-02", 1, queued=1)
+    assert h.engine.round_state.accepted == [] and h.engine.state.writes == writes  # held while more wait
+    h.arrive("agent-03", 2, queued=0)
+    assert h.engine.round_state.accepted == AGENTS
+    assert h.engine.state.writes == writes + 1  # one write of the state for the three
+    resumed = RoundEngine(config, replay=ReplayGuard(3600))  # as after a kill -9: the checkpoint holds all three
+    assert resumed.round_state.accepted == AGENTS
+    assert h.closed == [1.0]  # nobody left to wait for
+
+
+def test_a_threshold_of_k_still_takes_exactly_k_updates_of_a_batch(config):
+    override_toml(config.path, strategy={"name": "fedavg", "threshold": 2})
+    h = Intake(load_server_config(config.path))
+    h.arrive("agent-01", 0, queued=2)
+    h.arrive("agent-02", 1, queued=1)
+    h.arrive("agent-03", 2, queued=0)
+    assert len(h.closed) == 1 and h.metrics[0].accepted == ["agent-01", "agent-02"]
+    assert "agent-03" not in (h.engine.round_state.accepted if h.engine.round_state else [])
+
+
+def test_a_lone_update_is_accepted_at_once_and_flush_accepts_a_held_one(config):
+    h = Intake(config)
+    h.arrive("agent-01", 0, queued=0)
+    assert h.engine.round_state.accepted == ["agent-01"]
+    h.arrive("agent-02", 1, queued=5)  # a status waits behind it: the daemon flushes before handling that
+    assert h.engine.round_state.accepted == ["agent-01"]
+    h.intake.flush()
+    assert h.engine.round_state.accepted == ["agent-01", "agent-02"] and h.closed == []
+
+
+def test_a_refused_update_in_a_batch_leaves_the_others_accepted_and_written(config):
+    h = Intake(config)
+    bad = completed(h.engine, "agent-02", seed=1)
+    bad = dataclasses.replace(bad, data=memoryview(b"not an update"))
+    h.queued = 2
+    h.intake.add(completed(h.engine, "agent-01", seed=0))
+    h.intake.add(bad)
+    h.arrive("agent-03", 2, queued=0)
+    assert h.engine.round_state.accepted == ["agent-01", "agent-03"]
+    assert h.engine.round_state.failed == ["agent-02"] and sum(h.rejections.values()) == 1
+    assert RoundEngine(config, replay=ReplayGuard(3600)).round_state.accepted == ["agent-01", "agent-03"]
+
+
+def test_a_batch_whose_write_fails_is_undone_whole_and_accepted_once_the_disk_is_back(config, monkeypatch):
+    h = Intake(config)
+    store = h.engine.state.store
+    real_save = store.save
+
+    def full_disk(checkpoint):  # noqa: ANN001, ANN202
+        raise OSError(28, "No space left on device", str(config.state_dir / "checkpoint" / "state.json"))
+
+    monkeypatch.setattr(store, "save", full_disk)
+    h.arrive("agent-01", 0, queued=1)
+    h.arrive("agent-02", 1, queued=0)
+    assert h.engine.round_state.accepted == []  # memory never ahead of the disk
+    assert sorted(h.intake.unsaved) == ["agent-01", "agent-02"] and h.disk.problem
+    monkeypatch.setattr(store, "save", real_save)
+    h.intake.retry()
+    assert h.engine.round_state.accepted == ["agent-01", "agent-02"] and not h.intake.unsaved
+    assert RoundEngine(config, replay=ReplayGuard(3600)).round_state.accepted == ["agent-01", "agent-02"]
+
+
+def test_one_write_writes_what_came_before_an_unexpected_error_and_nothing_after_a_disk_error(config):
+    engine = RoundEngine(config, replay=ReplayGuard(3600))
+    state = engine.state
+    writes = state.writes
+    with state.one_write():
+        state.checkpoint()
+        with state.one_write():  # nested: the outer one writes
+            state.checkpoint()
+        assert state.writes == writes
+    assert state.writes == writes + 1
+    with pytest.raises(ValueError), state.one_write():
+        state.checkpoint()
+        raise ValueError("a bug after an accepted update")
+    assert state.writes == writes + 2
+    with pytest.raises(OSError), state.one_write():
+        state.checkpoint()
+        raise OSError(5, "I/O error")
+    assert state.writes == writes + 2  # left for durably to undo
+    state.checkpoint()
+    assert state.writes == writes + 3  # outside, a checkpoint is written at once again
