@@ -172,7 +172,7 @@ class Aggregator(MqttDaemon):
     def handle(self, topic: str, payload: bytes) -> None:
         agent = self.topics.agent_of(topic)
         if agent is None or topic != self.topics.agent_update(agent):
-            self.intake.flush()  # a batch holds only updates that came one after another (broker_server.agents.intake)
+            self.guard("update intake", self.intake.flush)  # a batch: only updates that came one after another
         if topic == self.topics.round:
             self.tasks.received(payload, self.clock())
             return
@@ -205,7 +205,7 @@ class Aggregator(MqttDaemon):
             self._on_update_chunk(agent, payload)
 
     def tick(self) -> None:
-        self.intake.flush()
+        self.guard("update intake", self.intake.flush)
         self._resume(self.reconnects.due())
         for rejection in self.reassembler.expire():
             self.refusals.refuse(rejection.sender, rejection.reason)

@@ -140,3 +140,50 @@ def test_one_write_writes_what_came_before_an_unexpected_error_and_nothing_after
     assert state.writes == writes + 2  # left for durably to undo
     state.checkpoint()
     assert state.writes == writes + 3  # outside, a checkpoint is written at once again
+
+
+def test_a_refusal_in_a_batch_whose_write_fails_is_said_once_after_the_disk_is_back(config, monkeypatch):
+    h = Intake(config, close_rounds=False)
+    store, real_save = h.engine.state.store, h.engine.state.store.save
+    scored: list[str] = []
+    monkeypatch.setattr(h.engine, "on_accepted", scored.append)  # scoring and keeping: only once written
+
+    def full_disk(checkpoint):  # noqa: ANN001, ANN202
+        raise OSError(28, "No space left on device", "state.json")
+
+    monkeypatch.setattr(store, "save", full_disk)
+    bad = dataclasses.replace(completed(h.engine, "agent-01", seed=0), data=memoryview(b"not an update"))
+    h.queued = 1
+    h.intake.add(bad)
+    h.arrive("agent-02", 1, queued=0)
+    assert sum(h.rejections.values()) == 0 and scored == []  # undone: nothing said, nothing done
+    assert sorted(h.intake.unsaved) == ["agent-01", "agent-02"]
+    monkeypatch.setattr(store, "save", real_save)
+    h.intake.retry()
+    assert sum(h.rejections.values()) == 1 and h.engine.round_state.failed == ["agent-01"]
+    assert h.engine.round_state.accepted == ["agent-02"] and scored == ["agent-02"]
+
+
+def test_a_second_copy_from_one_sender_lets_the_batch_in_first_and_is_refused_once(config):
+    h = Intake(config, close_rounds=False)
+    h.arrive("agent-01", 0, queued=3)
+    h.arrive("agent-01", 0, queued=2)  # its first copy goes in before the second is looked at
+    assert h.engine.round_state.accepted == ["agent-01"]
+    h.arrive("agent-02", 1, queued=0)
+    assert h.engine.round_state.accepted == ["agent-01", "agent-02"] and sum(h.rejections.values()) == 1
+
+
+def test_an_internal_error_on_one_update_leaves_the_rest_of_its_batch_accepted(config, monkeypatch):
+    h = Intake(config, close_rounds=False)
+    accept = h.engine.accept
+
+    def buggy(done, now=None):  # noqa: ANN001, ANN202
+        if done.manifest.sender == "agent-02":
+            raise RuntimeError("a bug")
+        return accept(done, now)
+
+    monkeypatch.setattr(h.engine, "accept", buggy)
+    h.arrive("agent-01", 0, queued=2)
+    h.arrive("agent-02", 1, queued=1)
+    h.arrive("agent-03", 2, queued=0)
+    assert h.engine.round_state.accepted == ["agent-01", "agent-03"]

@@ -26,6 +26,7 @@ from protocol.transfer import Completed
 log = logging.getLogger("skyfed.server")
 
 BATCH_MAX = 64  # updates in one write: bounds what a failed write undoes and how long the first one waits
+BATCH_BYTES = 64 << 20  # and their plaintexts held at once, past the reassembler's own limit on transfers
 
 
 class UpdateIntake:
@@ -42,9 +43,14 @@ class UpdateIntake:
         self.batch: list[Completed] = []
 
     def add(self, completed: Completed) -> None:
-        """An update just reassembled: accepted now, with those before it, unless more messages wait."""
+        """An update just reassembled: accepted now, with those before it, unless more messages wait. A second
+        copy from a sender already in the batch first lets the batch in, so the round's gates refuse the next
+        copies at their first chunk, as before."""
+        if any(c.manifest.sender == completed.manifest.sender for c in self.batch):
+            self.flush()
         self.batch.append(completed)
-        if not self.waiting() or len(self.batch) >= BATCH_MAX:
+        full = len(self.batch) >= BATCH_MAX or sum(c.wire_bytes for c in self.batch) >= BATCH_BYTES
+        if full or not self.waiting():
             self.flush()
 
     def flush(self) -> None:
@@ -58,8 +64,16 @@ class UpdateIntake:
             self.accept(*self.unsaved.values())
 
     def accept(self, *updates: Completed) -> None:
-        """Accept ``updates`` into the open round with one write of its state, and close the round at once if
-        it waits for nobody else (a threshold of K takes exactly K updates)."""
+        """Accept ``updates`` into the open round, ``BATCH_MAX`` at a time with one write of its state each, and
+        close the round as soon as it waits for nobody else: a threshold of K takes exactly K updates, and the
+        ones after them meet the round that follows (held late, folded, or refused, as if they came after)."""
+        pending = list(updates)
+        while pending:
+            batch, pending = pending[:BATCH_MAX], pending[BATCH_MAX:]
+            pending = self._accept_batch(batch) + pending
+
+    def _accept_batch(self, updates: list[Completed]) -> list[Completed]:
+        """One write for ``updates`` (or for those up to the one that completes the round); returns the rest."""
         current = []
         for completed in updates:
             sender = completed.manifest.sender
@@ -69,10 +83,10 @@ class UpdateIntake:
             else:
                 current.append(completed)
         if not current:
-            return
+            return []
         records: list[UpdateRecord] = []
-        refused: set[int] = set()  # by object: one sender's second copy may be refused, its first accepted
-        rest: list[Completed] = []  # after the update that completed the round: for what comes after its close
+        refused: list[tuple[str, str]] = []  # refusals said once the batch is written: undone, they are not
+        rest: list[Completed] = []
         written = False
         senders = [c.manifest.sender for c in current]
         what = ",".join(senders[:3]) + (f" and {len(senders) - 3} more" if len(senders) > 3 else "")
@@ -82,23 +96,30 @@ class UpdateIntake:
                     try:
                         records.append(self.engine.accept(completed, self.clock()))
                     except UpdateRejected as exc:
-                        refused.add(id(completed))
-                        self.refusals.refuse(completed.manifest.sender, exc.reason)
+                        refused.append((completed.manifest.sender, exc.reason))
+                    except OSError:
+                        raise  # the disk: ``durably`` undoes the batch
+                    except Exception:  # noqa: BLE001 - one update's bug must not lose the rest of the batch
+                        log.exception("update not accepted round=%d agent=%s: internal error",
+                                      completed.manifest.round, completed.manifest.sender)  # fmt: skip
                     if self.engine.decide(self.clock()) == "close":  # a threshold of K takes exactly K updates
-                        rest = current[i + 1 :]
+                        current, rest = current[: i + 1], current[i + 1 :]
                         break
             written = True
         if not written:  # undone: kept (one per agent) and accepted again once the disk is back
-            self.unsaved.update({c.manifest.sender: c for c in current if id(c) not in refused})
-            return
+            for completed in current:
+                self.unsaved.setdefault(completed.manifest.sender, completed)
+            return []
+        for sender, reason in refused:
+            self.refusals.refuse(sender, reason)
         if records:
-            self._log_accepted(records)
+            self._accepted(records)
         if self.engine.decide(self.clock()) == "close" and self.disk.due(self.clock()):
             self.close(self.clock())
-        if rest:
-            self.accept(*rest)
+        return rest
 
-    def _log_accepted(self, records: list[UpdateRecord]) -> None:
+    def _accepted(self, records: list[UpdateRecord]) -> None:
+        """Say each accepted update, and do now what the close would do with it (``RoundEngine.on_accepted``)."""
         rs = self.engine.round_state
         assert rs is not None  # they were accepted into it
         before = len(rs.updates) - len(records)  # each line counts the updates accepted up to it
@@ -107,3 +128,6 @@ class UpdateIntake:
                      rs.round, record.agent, record.samples, record.loss, record.norm, bool(record.folded), count,
                      len(rs.selected))  # fmt: skip
             self.prometheus.update_accepted()  # the retained status waits for its interval: every agent reads it
+        for record in records:
+            if not record.late_from:
+                self.engine.on_accepted(record.agent)

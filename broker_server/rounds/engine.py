@@ -286,10 +286,11 @@ class RoundEngine:
         self.state.pace.observe(record.agent, (time.time() if now is None else now) - self.round_state.started_at,
                                 work_share(self.train_of(record.agent)))  # fmt: skip
         self.state.checkpoint()
-        self._on_accepted(record.agent)
+        if not self.state.writing_once:  # else once the batch is written (``broker_server.agents.intake``)
+            self.on_accepted(record.agent)
         return record
 
-    def _on_accepted(self, agent: str) -> None:
+    def on_accepted(self, agent: str) -> None:
         """What the close would do with ``agent``'s update, done now while slower agents train: score its trained
         model if the round's sample holds it (``personal.StartScores.early``) and keep its model for a
         model-keeping strategy (``keep_step``). After the checkpoint, and a failure only logged, since the close

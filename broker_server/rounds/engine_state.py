@@ -160,6 +160,11 @@ class EngineState:
         self.store.save(self.snapshot())
         self.writes += 1
 
+    @property
+    def writing_once(self) -> bool:
+        """Inside ``one_write``: a checkpoint asked for now is written when it ends."""
+        return self._one_write is not None
+
     @contextmanager
     def one_write(self) -> Iterator[None]:
         """The checkpoints asked for inside, written as one when it ends (none if none was asked for): several
