@@ -95,7 +95,10 @@ def test_a_broker_restart_while_agents_train_sends_each_update_once(tmp_path, fo
     finally:
         fed.close()
     assert [sorted(m.accepted) for m in fed.metrics()] == [["agent-01", "agent-02"]] * 2
-    assert [m.rejected for m in fed.metrics()] == [[], []] and server.rejections == {}
+    assert [m.rejected for m in fed.metrics()] == [[], []]  # no update refused, as a duplicate or otherwise
+    # a status an agent's MQTT client sends again after the broker came back may arrive after a newer one: refused
+    # as older, rightly, and nothing else (a CI run saw it once; the updates are what this test is about)
+    assert set(server.rejections) <= {"status-older"}
     assert "re-sending stored update" not in caplog.text
 
 
