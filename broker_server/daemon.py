@@ -1,7 +1,8 @@
 """The aggregator daemon: the I/O shell around the round engine.
 
 It owns the MQTT connection and the timers and nothing else: chunks go to the reassembler, complete
-updates to ``RoundEngine.accept``, status messages to the registry and the group-key distributor; on
+updates to ``intake`` (``broker_server.agents.intake``: ``RoundEngine.accept``, a burst of them with one write of
+the state), status messages to the registry and the group-key distributor; on
 each tick the engine says whether to open, re-announce or close a round, and the shell publishes what
 that produced (signed round task, sealed model, metrics, status). Every refusal ends in ``refusals``
 (``broker_server.agents.refusals``): a reason in the log, the counters in ``server/status`` and the round's
