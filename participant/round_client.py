@@ -235,12 +235,13 @@ class RoundClient:
 
     def send(self, mqtt: MqttClient, task: RoundTask, data: bytes, now: float) -> None:
         """Seal ``data`` at ``now`` (the receiver's time) and hand it to paho; it counts as sent once
-        ``check_upload`` says so."""
+        ``check_upload`` says so, which the owner's loop is woken for when its last chunk is acknowledged."""
         d = self.destination
         assert d is not None and self.identity is not None, "no destination: the owner sends its updates itself"
         self.upload = send_sealed(mqtt, d.topic, data, sender=self.identity, recipient=d.recipient,
                                   federation=self.federation, kind=d.kind, round=task.round,
                                   attempt=task.attempt, now=now)  # fmt: skip
+        mqtt.wake_when_acknowledged(self.upload.infos[-1])  # the owner's loop checks it as the broker took it
 
     def check_upload(self, mqtt: MqttClient, newest: RoundTask | None) -> str:
         """``acknowledged`` (recorded as sent), ``timed-out`` (no longer waited for: paho keeps re-sending, and a

@@ -36,11 +36,11 @@ class Upload:
     def check(self, mqtt: MqttClient) -> str:
         """``acknowledged``, ``timed-out`` (connected for ``PUBLISH_TIMEOUT_S`` without every acknowledgement:
         paho keeps re-sending, the caller stops waiting) or ``waiting``."""
-        if MqttClient.all_acknowledged(self.infos):
+        if mqtt.all_acknowledged(self.infos):
             return "acknowledged"
         if not mqtt.connected.is_set():
             self.started = time.monotonic()  # offline: paho holds the chunks; the timer counts connected time
-            self.broken = self.broken or any(MqttClient.all_acknowledged([info]) for info in self.infos)
+            self.broken = self.broken or any(mqtt.all_acknowledged([info]) for info in self.infos)
             return "waiting"
         return "timed-out" if time.monotonic() - self.started > PUBLISH_TIMEOUT_S else "waiting"
 

@@ -81,6 +81,10 @@ class MqttClient:
         self.problem: str | None = None  # why the broker is unreachable or refuses us, in words; None when fine
         self._stopping = False
         self._pending_subscribes: dict[int, str] = {}
+        # messages whose acknowledgement wakes ``poll``, by id; then those acknowledged, which paho marks as
+        # published only after its callback (``_handle_publish``) returned
+        self._wake_on_ack: dict[int, paho.MQTTMessageInfo] = {}
+        self._acknowledged: dict[int, paho.MQTTMessageInfo] = {}
         self.protocol_refused = False  # the broker's last CONNACK refused our MQTT version (NATS 2.9 and MQTT 5)
         self.taken_over = False  # the broker closed us because another client connected with our client id
         self._connected_at = 0.0
@@ -192,10 +196,9 @@ class MqttClient:
                 time.sleep(0.002)
         return True
 
-    @staticmethod
-    def all_acknowledged(infos: list[paho.MQTTMessageInfo]) -> bool:
+    def all_acknowledged(self, infos: list[paho.MQTTMessageInfo]) -> bool:
         """``wait_published`` without waiting: has the broker acknowledged every message yet?"""
-        return all(_acknowledged(info) for info in infos)
+        return all(_acknowledged(info) or self._acknowledged.get(info.mid) is info for info in infos)
 
     def poll(self, timeout_s: float) -> Received | None:
         """The next received ``(topic, payload)``, or None after ``timeout_s`` or a ``wake``."""
@@ -216,6 +219,16 @@ class MqttClient:
             self.inbox.put_nowait(None)
         except queue.Full:
             pass
+
+    def wake_when_acknowledged(self, info: paho.MQTTMessageInfo) -> None:
+        """``wake`` once the broker acknowledged ``info`` (at once if it has): what waits for it is done at once, not
+        at the next tick, which a process hosting many agents makes long."""
+        for mid, done in list(self._acknowledged.items()):  # paho has marked these by now; or an earlier id
+            if mid == info.mid or _acknowledged(done):
+                self._acknowledged.pop(mid, None)
+        self._wake_on_ack[info.mid] = info
+        if _acknowledged(info) and self._wake_on_ack.pop(info.mid, None) is not None:  # before it was asked for
+            self.wake()
 
     def report_problem(self, problem: str | None) -> None:
         """A problem the caller found on this connection (its messages never come back, say): logged once and
@@ -304,6 +317,9 @@ class MqttClient:
             self._report(f"subscription to {pattern} refused ({reasons}): check the broker's ACL for this id")
 
     def _handle_publish(self, client, userdata, mid, reason_code, properties) -> None:  # noqa: ANN001
+        if (info := self._wake_on_ack.pop(mid, None)) is not None:
+            self._acknowledged[mid] = info  # ``all_acknowledged`` knows it before paho marks it
+            self.wake()
         if reason_code.is_failure:  # MQTT 5 only: mosquitto says 0x87 "Not authorized" where 3.1.1 acks silently
             self._report(
                 f"the broker refused a message ({reason_code}): its ACL does not let {self.client_id!r} publish "

@@ -7,6 +7,8 @@ import time
 
 import numpy as np
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.reasoncodes import ReasonCode
 
 from flcore.update import TrainResult, UpdateMeta
 from models.serialization import loads
@@ -20,6 +22,7 @@ from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferLimits
 from security.envelope import Opener
 from security.keys import Identity, Keyring
+from sim.broker import free_port
 from tests.fedharness import round_task, wait_until
 
 NAME = "server-pool"
@@ -66,7 +69,10 @@ def test_a_round_client_trains_stores_sends_and_counts_the_acknowledged_update_w
         assert report.update == stored and pool.progress.last_completed_round == 1 and pool.progress.sent_round == 0
         assert pool.owes(task)  # trained and stored, never acknowledged
         pool.send(link, task, stored, time.time())
-        wait_until(lambda: pool.check_upload(link, task) == "acknowledged", 20, "the broker's acknowledgement")
+        # the acknowledgement of its last chunk wakes the owner's loop, which then finds it acknowledged (paho marks
+        # a message published only after its callback: the wake must not come first)
+        wait_until(link.waiting, 20, "the broker's acknowledgement to wake the link's poll")
+        assert link.poll(0) is None and pool.check_upload(link, task) == "acknowledged"
         assert (pool.progress.sent_round, pool.progress.sent_attempt) == (1, 1) and not pool.owes(task)
         opener = Opener(identity=receiver, federation="it", senders=Keyring([me.public]))
         reassembler, completed = Reassembler(opener, TransferLimits()), None
@@ -85,6 +91,18 @@ def test_a_round_client_trains_stores_sends_and_counts_the_acknowledged_update_w
     finally:
         link.stop(5)
         listener.stop(5)
+
+
+def test_the_acknowledgement_that_wakes_the_loop_is_known_before_paho_marks_the_message_published():
+    """paho calls back on an acknowledgement before it marks the message published: the loop it wakes finds it
+    acknowledged all the same, and no other message with it."""
+    link = MqttClient(NAME, BrokerSettings(host="127.0.0.1", port=free_port()), persistent=False)  # not connected
+    info = link.publish("skyfed/it/agent/x/update", b"chunk")  # queued: paho sends it once connected
+    link.wake_when_acknowledged(info)
+    assert not link.waiting() and not link.all_acknowledged([info])
+    link._handle_publish(None, None, info.mid, ReasonCode(PacketTypes.PUBACK, "Success"), None)  # as paho's thread
+    assert link.waiting() and link.all_acknowledged([info])
+    assert not link.all_acknowledged([link.publish("skyfed/it/agent/x/update", b"another")])
 
 
 def test_a_round_client_reports_what_its_job_did_and_keeps_nothing_of_a_refused_or_failed_one(tmp_path):
