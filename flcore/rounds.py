@@ -94,9 +94,10 @@ def select_with_probation(
     return sorted(selected + probation), probation
 
 
-@dataclass
+@dataclass(frozen=True)
 class UpdateRecord:
-    """An accepted update as the round remembers it (its bytes are in the update store)."""
+    """An accepted update as the round remembers it (its bytes are in the update store). Immutable: the checkpoint
+    keeps each record's text between writes (``broker_server.rounds.state_text``)."""
 
     agent: str
     samples: int  # the update's weight: training samples for classifiers, annotated objects for detectors

@@ -19,8 +19,9 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker_server.rounds.state_text import StateText
 from broker_server.rounds.update_store import UpdateStore
-from common.files import read_json, write_json
+from common.files import atomic_write, read_json, write_json
 from flcore.agent_models import Assignment, ModelBank
 from flcore.rounds import RoundState
 from flcore.strategies.base import NamedArrays
@@ -82,6 +83,7 @@ class CheckpointStore:
         self.agents = ModelBank(directory / "agents")
         self._named: tuple[str | None, str | None] = (None, None)  # model and strategy file state.json names
         self._side: dict[str, tuple[object, str]] = {}  # kind -> the value last written to its own file, and the file
+        self._text = StateText()  # state.json's growing parts, encoded once
 
     def save(self, checkpoint: Checkpoint) -> None:
         """Write the files ``state.json`` names, then it. A model file it does not name yet is always written
@@ -95,30 +97,25 @@ class CheckpointStore:
             save_file(self.directory / strategy_file, checkpoint.strategy_state)
         assignments_file = self._side_file("assignments", checkpoint.assignments)
         metrics_file = self._side_file("last_metrics", checkpoint.last_metrics)
-        rs = checkpoint.round_state
-        write_json(
-            self.directory / STATE_FILE,
-            {
-                "format": FORMAT,
-                "run_id": checkpoint.run_id,
-                "next_round": checkpoint.next_round,
-                "model_version": version,
-                "model_file": model_file,
-                "strategy_file": strategy_file,
-                "round_state": rs.to_dict() if rs is not None else None,
-                "last_metrics_file": metrics_file,
-                "replay": checkpoint.replay,
-                "health": checkpoint.health,
-                "pace": checkpoint.pace,
-                "privacy": checkpoint.privacy,
-                "assignments_file": assignments_file,
-                "best": checkpoint.best,
-                "model_eval": checkpoint.model_eval,
-                "changes": checkpoint.changes,
-                "fallback": checkpoint.fallback,
-                "late": checkpoint.late,
-            },
-        )
+        state = {
+            "format": FORMAT,
+            "run_id": checkpoint.run_id,
+            "next_round": checkpoint.next_round,
+            "model_version": version,
+            "model_file": model_file,
+            "strategy_file": strategy_file,
+            "last_metrics_file": metrics_file,
+            "health": checkpoint.health,
+            "pace": checkpoint.pace,
+            "privacy": checkpoint.privacy,
+            "assignments_file": assignments_file,
+            "best": checkpoint.best,
+            "model_eval": checkpoint.model_eval,
+            "changes": checkpoint.changes,
+            "fallback": checkpoint.fallback,
+            "late": checkpoint.late,
+        }
+        atomic_write(self.directory / STATE_FILE, self._text.encode(state, checkpoint.round_state, checkpoint.replay))
         self._named = (model_file, strategy_file)
         try:  # committed: a file left behind is deleted next time, and must not make the caller undo the save
             self._delete_unnamed(checkpoint, model_file, strategy_file)

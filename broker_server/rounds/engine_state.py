@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -266,8 +267,7 @@ class EngineState:
         """Drop the strategy's running sum of the open round: every stored update is re-read at the close."""
         assert self.round_state is not None
         self.strategy.begin(self.global_vector, self.float_spec)
-        for record in self.round_state.updates:
-            record.folded = 0.0
+        self.round_state.updates = [replace(record, folded=0.0) for record in self.round_state.updates]
 
     @contextmanager
     def durably(self, what: str) -> Iterator[None]:
