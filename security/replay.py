@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
@@ -50,13 +50,14 @@ class ReplayGuard:
         still inside the window, at most ``EXPORT_PER_SENDER`` of each sender (a node checkpoints this
         often; a flood must not make each write huge, nor crowd the other senders out)."""
         horizon = self.clock() - self.max_age_s
-        per_sender: Counter[str] = Counter()
+        per_sender: dict[str, int] = {}  # not a Counter: its Python ``__missing__`` ran for each new sender
         recent = []
         for tid, (created, sender) in itertools.islice(reversed(self._seen.items()), 16 * limit):  # bounded work
             if len(recent) == limit:
                 break
-            if created >= horizon and per_sender[sender] < EXPORT_PER_SENDER:
-                per_sender[sender] += 1
+            taken = per_sender.get(sender, 0)
+            if created >= horizon and taken < EXPORT_PER_SENDER:
+                per_sender[sender] = taken + 1
                 recent.append([tid.hex(), created, sender])
         return recent[::-1]
 
