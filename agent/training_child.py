@@ -6,9 +6,8 @@ Reads one JSON request per line on stdin (``{"kind": "train" | "export", "dir": 
 does it with PyTorch, and answers one JSON line: ``{"ok": true, "export": {…}}`` (a train job's result
 is in ``<dir>/result.safetensors``), ``{"exported": detail}``, ``{"declined": reason}`` or
 ``{"failed": reason}`` (``agent.runner.as_reply``).
-With ``--prepare`` (a child started as a round is announced, or before the first task, ahead of its job) it
-builds the trainer and a first optimizer at once: PyTorch's import, the data's load and the first optimizer's
-(``models.training.warm_up``) overlap the model's download. Exits when stdin closes. Only replies
+With ``--prepare`` (a child started as a round is announced, before its job) it builds the trainer at once:
+PyTorch's import and the data's load overlap the model's download. Exits when stdin closes. Only replies
 go to stdout: the file descriptor is moved aside at start and stdout points at stderr, so whatever a
 library prints ends up in the agent's log, not in the protocol.
 The request comes from the agent's own daemon, which checked and signed-off the task; it is trusted.
@@ -28,7 +27,6 @@ from agent.runner import CONTEXT_FILE, as_reply, in_process_runner, write_result
 from common.logs import configure_logging
 from models.own import model_refusal
 from models.serialization import load_file
-from models.training import warm_up
 from models.yolo import ultralytics_offline
 from participant.jobs import Declined, Trained, export_onnx, run_guarded, train_and_export
 from participant.trainer import PeerContext, Trainer
@@ -51,7 +49,6 @@ class Worker:
         self.trainer: Trainer | None = None  # built at the first train job: loading data and PyTorch is its cost
         if prepare:
             self.trainer = in_process_runner(self.config).trainer
-            warm_up()
 
     def perform(self, request: dict) -> dict:
         directory = Path(request["dir"])

@@ -41,12 +41,6 @@ def seed_training(seed: int) -> None:
         torch.cuda.manual_seed_all(seed)
 
 
-def warm_up() -> None:
-    """Build a throwaway optimizer now: PyTorch's first optimizer imports ``torch._dynamo`` (0.7 s of CPU here), which a
-    training child started ahead of its job (``agent.training_child --prepare``) does while it waits."""
-    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
-
-
 def on_device(model: nn.Module, device: torch.device) -> nn.Module:
     """``model.to(device)``, skipped when its first parameter is there already: ``to`` walks every module and
     tensor in Python, a tenth of a small model's training and two evaluations on an agent (py-spy)."""

@@ -61,9 +61,6 @@ class Job(Protocol):
         """Stop the job; its outcome becomes ``Cancelled(reason)`` and any result is dropped."""
 
 
-FIRST_ROUND = "first round"  # ``Runner.prepare``'s key before any task came
-
-
 def no_one() -> None:
     """The default ``Runner.notify``: no loop waits to be told."""
 
@@ -80,8 +77,7 @@ class Runner(Protocol):
     def export(self, arrays: NamedArrays, task: RoundTask, path: Path) -> Job: ...
 
     def prepare(self, key: object) -> None:
-        """A round that selects this agent (``key``: its run, round and attempt) was announced, or, before its first
-        task, none yet (``FIRST_ROUND``): get ready."""
+        """A round that selects this agent (``key``: its run, round and attempt) was announced: get ready."""
 
     def release_idle(self) -> None:
         """Give back what an idle runner holds, once it has been idle long enough."""

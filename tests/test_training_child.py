@@ -107,39 +107,6 @@ def test_an_adaptive_child_starts_when_a_round_is_announced_and_goes_after_its_i
         agent.runner.close()
 
 
-def test_an_adaptive_child_starts_ahead_of_the_first_round_only_while_the_gate_is_open(agent_config):
-    """Before any task, an adaptive agent starts its child, so its first round does not wait for PyTorch's start-up;
-    the announced round then uses it. With the gate closed (quiet hours all day) nothing heavy starts."""
-    override_toml(agent_config, training={"worker": "adaptive", "warm_idle_s": 60.0},
-                  gate={"quiet_hours": ["00:00-24:00"]})  # fmt: skip
-    gated = EdgeAgent(load_agent_config(agent_config))
-    try:
-        gated._step()
-        assert gated.state == "gated" and gated.runner.child is None
-    finally:
-        gated.runner.close()
-    override_toml(agent_config, gate={"quiet_hours": []})
-    agent = EdgeAgent(load_agent_config(agent_config))
-    try:
-        agent._step()
-        child = agent.runner.child
-        assert agent.task is None and agent.state == "idle" and child is not None and child.alive()
-        wait_until(lambda: holds_pytorch(child), 60, "the child started ahead of the first round to load PyTorch")
-        agent.task = digits_task()
-        agent._step()
-        assert agent.runner.child is child and agent.state == "waiting-model"  # the announced round takes it
-    finally:
-        agent.runner.close()
-
-
-def test_warm_up_builds_the_first_optimizer_and_what_it_imports():
-    """PyTorch's first optimizer imports torch._dynamo (0.7 s of CPU here): a child started ahead does it then."""
-    code = ("import sys; from models.training import warm_up; before = 'torch._dynamo' in sys.modules; warm_up(); "
-            "print(before, 'torch._dynamo' in sys.modules)")  # fmt: skip
-    printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert printed == "False True\n"
-
-
 def test_an_adaptive_child_serves_rounds_that_keep_coming_and_is_released_only_when_idle(agent_config):
     override_toml(agent_config, training={"worker": "adaptive", "warm_idle_s": 1.0})
     runner = ChildRunner(load_agent_config(agent_config))
