@@ -33,6 +33,8 @@ from protocol.topics import Topics
 from security.keys import Identity
 from security.signing import signed_payload
 
+STATUS_HOLD_S = 5.0  # how long a new connection's statuses wait for an older one paho re-sends (a round trip, normally)
+
 
 class EdgeRole(Protocol):
     """What a role gives the shell; everything else it asks of ``EdgeNode``."""
@@ -78,6 +80,9 @@ class EdgeNode(MqttDaemon):
         self.clock = ClockSkew()
         self.echo = PublishEcho()  # its own status coming back: the broker does not drop what it sends
         self.session = self._next_session = 0.0  # the connection's last will, by time (broker_server.agents.registry)
+        self._last: tuple[paho.MQTTMessageInfo, int] | None = None  # the newest status handed to paho, and on which
+        # connection (``MqttClient.connections``)
+        self._held = False  # a status was held back (``_behind``): the role says again where it stands once free
         self._warnings = Throttle(10.0)
         super().__init__(MqttClient(self.id, config.broker, will=self._next_will, on_connect=self._on_connect), log)
         self.metrics = AgentMetrics(config.metrics)  # last: a port that cannot be bound fails the start
@@ -97,6 +102,9 @@ class EdgeNode(MqttDaemon):
         self.role.handle(topic, payload)
 
     def tick(self) -> None:
+        if self._held and not self._behind():
+            self._held = False
+            self.role.connected()  # what was held back goes out now, newer than what paho re-sent
         self.role.tick()
         self.metrics.observe(self.role.standing())
         if self.echo.overdue(self.mqtt.connected.is_set()):
@@ -121,11 +129,32 @@ class EdgeNode(MqttDaemon):
         return self.role.finished()
 
     # what roles use ----------------------------------------------------------------------------------
-    def publish_status(self, body: dict) -> paho.MQTTMessageInfo:
-        """The role's signed, retained status; it must come back (``agent.echo``)."""
+    def publish_status(self, body: dict) -> paho.MQTTMessageInfo | None:
+        """The role's signed, retained status; it must come back (``agent.echo``). None, held back, while an older
+        one waits to be re-sent (``_behind``)."""
+        if self._behind():
+            self._held = True
+            return None
         payload = signed_payload(body, self.identity)
         self.echo.sent(payload)
-        return self.mqtt.publish(self.role.status_topic, payload, retain=True)
+        info = self.mqtt.publish(self.role.status_topic, payload, retain=True)
+        self._last = (info, self.mqtt.connections)
+        return info
+
+    def _behind(self) -> bool:
+        """Whether the newest status handed to paho is unacknowledged and went out on a connection that is gone:
+        paho re-sends it once connected again, after the new connection's ``on_connect`` and from the moment its
+        socket is up a newer status would go out first. The broker would then retain the older one, and the server
+        refuse it as older. Held for at most ``STATUS_HOLD_S`` of the new connection."""
+        if self._last is None or self.mqtt.all_acknowledged([self._last[0]]):
+            return False
+        info, connection = self._last
+        if self.mqtt.connected.is_set() and self.mqtt.connections == connection:
+            return False  # in flight on this connection: the next follows it in order
+        if self.mqtt.connected.is_set() and time.monotonic() - self.mqtt.connected_since >= STATUS_HOLD_S:
+            return False
+        self.mqtt.wake_when_acknowledged(info)  # the loop says where it stands as soon as it is through
+        return True
 
     def publish_signed(self, topic: str, body: dict) -> paho.MQTTMessageInfo:
         return self.mqtt.publish(topic, signed_payload(body, self.identity), retain=True)

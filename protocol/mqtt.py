@@ -87,6 +87,7 @@ class MqttClient:
         self._acknowledged: dict[int, paho.MQTTMessageInfo] = {}
         self.protocol_refused = False  # the broker's last CONNACK refused our MQTT version (NATS 2.9 and MQTT 5)
         self.taken_over = False  # the broker closed us because another client connected with our client id
+        self.connections = 0  # connections the broker accepted so far: which one a message was handed to paho on
         self._connected_at = 0.0
         self._quick_drops: set[tuple[str, int]] = set()  # nodes of a streak of connections lost right after accept
         self._addresses = settings.addresses
@@ -220,6 +221,11 @@ class MqttClient:
         except queue.Full:
             pass
 
+    @property
+    def connected_since(self) -> float:
+        """When (``time.monotonic``) the broker last accepted this connection: set before ``connected`` is."""
+        return self._connected_at
+
     def wake_when_acknowledged(self, info: paho.MQTTMessageInfo) -> None:
         """``wake`` once the broker acknowledged ``info`` (at once if it has): what waits for it is done at once, not
         at the next tick, which a process hosting many agents makes long."""
@@ -263,6 +269,7 @@ class MqttClient:
             return
         self._report(None)
         self._connected_at = time.monotonic()
+        self.connections += 1  # before ``connected`` is set: who sees it set sees the new number
         self._pending_subscribes.clear()  # acknowledgements lost with the previous connection never come
         for pattern, qos in self._subscriptions.items():
             self._subscribe(client, pattern, qos)
