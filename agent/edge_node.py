@@ -27,7 +27,7 @@ from agent.prometheus import AgentMetrics
 from agent.standing import Standing
 from agent.telemetry import Telemetry
 from common.logs import Throttle
-from protocol.daemon import MqttDaemon
+from protocol.daemon import FINAL_STATUS_WAIT_S, MqttDaemon
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from security.keys import Identity
@@ -83,6 +83,7 @@ class EdgeNode(MqttDaemon):
         self._last: tuple[paho.MQTTMessageInfo, int] | None = None  # the newest status handed to paho, and on which
         # connection (``MqttClient.connections``)
         self._held = False  # a status was held back (``_behind``): the role says again where it stands once free
+        self._stopping = False  # the final status goes out whatever is behind
         self._warnings = Throttle(10.0)
         super().__init__(MqttClient(self.id, config.broker, will=self._next_will, on_connect=self._on_connect), log)
         self.metrics = AgentMetrics(config.metrics)  # last: a port that cannot be bound fails the start
@@ -111,7 +112,11 @@ class EdgeNode(MqttDaemon):
             self.mqtt.report_problem(dropped_text(self.id, self.echo.timeout_s))  # its log line and systemd status
 
     def publish_final_status(self) -> paho.MQTTMessageInfo | None:
+        """The role's last status is never held back: an older one paho re-sends gets a moment to go first."""
         try:
+            if self._last is not None and self.mqtt.connected.is_set() and self._behind():
+                MqttClient.wait_published([self._last[0]], FINAL_STATUS_WAIT_S)
+            self._stopping = True
             return self.role.final_status()
         finally:
             self.telemetry.stop()
@@ -137,16 +142,16 @@ class EdgeNode(MqttDaemon):
             return None
         payload = signed_payload(body, self.identity)
         self.echo.sent(payload)
-        info = self.mqtt.publish(self.role.status_topic, payload, retain=True)
-        self._last = (info, self.mqtt.connections)
-        return info
+        connection = self.mqtt.connections  # before: a reconnect in between must not make a queued one look sent
+        self._last = (self.mqtt.publish(self.role.status_topic, payload, retain=True), connection)
+        return self._last[0]
 
     def _behind(self) -> bool:
         """Whether the newest status handed to paho is unacknowledged and went out on a connection that is gone:
         paho re-sends it once connected again, after the new connection's ``on_connect`` and from the moment its
         socket is up a newer status would go out first. The broker would then retain the older one, and the server
         refuse it as older. Held for at most ``STATUS_HOLD_S`` of the new connection."""
-        if self._last is None or self.mqtt.all_acknowledged([self._last[0]]):
+        if self._stopping or self._last is None or self.mqtt.all_acknowledged([self._last[0]]):
             return False
         info, connection = self._last
         if self.mqtt.connected.is_set() and self.mqtt.connections == connection:

@@ -228,9 +228,10 @@ class MqttClient:
 
     def wake_when_acknowledged(self, info: paho.MQTTMessageInfo) -> None:
         """``wake`` once the broker acknowledged ``info`` (at once if it has): what waits for it is done at once, not
-        at the next tick, which a process hosting many agents makes long."""
-        for mid, done in list(self._acknowledged.items()):  # paho has marked these by now; or an earlier id
-            if mid == info.mid or _acknowledged(done):
+        at the next tick, which a process hosting many agents makes long. An acknowledgement handled by paho's thread
+        while this registers, before paho marks the message, wakes nobody: the next tick sees it."""
+        for mid, done in list(self._acknowledged.items()):  # paho has marked these by now; or an earlier id's
+            if (mid == info.mid and done is not info) or _acknowledged(done):
                 self._acknowledged.pop(mid, None)
         self._wake_on_ack[info.mid] = info
         if _acknowledged(info) and self._wake_on_ack.pop(info.mid, None) is not None:  # before it was asked for

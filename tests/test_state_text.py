@@ -35,6 +35,8 @@ def test_the_text_is_the_state_write_after_write_as_records_come_change_and_go()
     replay = [*replay[1:], ["77ff", 1796423930.5, "agent-02"], ["0ea4", 1796423931.25, "agent-03"]]
     state = {**state, "pace": {"agent-01": 0.1, "agent-02": 0.2}}
     assert json.loads(text.encode(state, rs, replay)) == expected(state, rs, replay)
+    replay = [["77ff", 1796423990.0, "agent-02"], *replay[1:]]  # an id remembered again, later: its own text
+    assert json.loads(text.encode(state, rs, replay)) == expected(state, rs, replay)
     rs.updates = [u for u in rs.updates if u.agent != "agent-01"]  # revoked mid-round
     assert json.loads(text.encode(state, rs, [])) == expected(state, rs, [])
     assert json.loads(text.encode(state, None, replay)) == expected(state, None, replay)  # between rounds

@@ -14,6 +14,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from agent.config import load_agent_config
 from agent.daemon import EdgeAgent
+from agent.edge_node import STATUS_HOLD_S
 from sim.federation import SimSettings, create_federation
 
 
@@ -55,3 +56,19 @@ def test_a_status_in_flight_on_the_same_connection_holds_nothing_back(agent):
     first = agent.report.publish(force=True)
     second = agent.report.publish(force=True)  # the first still unacknowledged, on this connection: order is kept
     assert first is not None and second is not None and second is not first
+
+
+def test_the_hold_ends_after_a_while_on_the_new_connection_and_never_holds_the_final_status(agent):
+    """An older status paho never gets acknowledged holds the new connection's for ``STATUS_HOLD_S`` at most; the
+    final status of a clean stop is never held (an older one gets a moment to go first)."""
+    edge, mqtt = agent.edge, agent.edge.mqtt
+    older = agent.report.publish(force=True)
+    connect(mqtt)
+    assert agent.report.publish(force=True) is None
+    mqtt._connected_at -= STATUS_HOLD_S  # as if connected that long, the older one still unacknowledged
+    fresh = agent.report.publish(force=True)
+    assert fresh is not None and fresh is not older
+    connect(mqtt)  # a newer connection, the fresh one unacknowledged in turn: held again, but not the final status
+    assert agent.report.publish(force=True) is None
+    final = edge.publish_final_status()
+    assert final is not None and agent.state == "offline" and edge._last is not None and edge._last[0] is final

@@ -149,7 +149,7 @@ class PeerNode:
         """Current trusted members, this peer included once it is one."""
         return self.roster.current()
 
-    def publish_member(self, state: str, round_number: int) -> paho.MQTTMessageInfo:
+    def publish_member(self, state: str, round_number: int) -> paho.MQTTMessageInfo | None:
         """Its signed membership, with the reasons its gate keeps it out of the rounds (``PeerRounds.gated``)."""
         gated = self.work.gated
         member = PeerMember(self.topics.federation, self.id, state, round_number, self.edge.session, time.time(),

@@ -33,13 +33,16 @@ class StateText:
 
     def __init__(self) -> None:
         self._records: dict[int, tuple[UpdateRecord, str]] = {}  # id -> the record (kept alive) and its JSON
-        self._replay: dict[str, str] = {}  # transfer id (hex) -> its entry's JSON
+        self._replay: dict[tuple, str] = {}  # an entry (transfer id, created, sender) -> its JSON
 
     def encode(self, state: dict, round_state: RoundState | None, replay: list[list]) -> bytes:
         """``state`` with ``round_state`` (``RoundState.to_dict``'s content) and ``replay`` added."""
         records = {id(r): (r, self._record(r)) for r in round_state.updates} if round_state is not None else {}
         self._records = records
-        entries = {str(e[0]): self._replay.get(str(e[0])) or dumps(e) for e in replay}
+        entries: dict[tuple, str] = {}
+        for entry in replay:
+            key = tuple(entry)  # the whole entry: a rogue's transfer id remembered again is another entry
+            entries[key] = self._replay.get(key) or dumps(entry)
         self._replay = entries
         rs = "null"
         if round_state is not None:
