@@ -114,7 +114,7 @@ class EdgeNode(MqttDaemon):
     def publish_final_status(self) -> paho.MQTTMessageInfo | None:
         """The role's last status is never held back: an older one paho re-sends gets a moment to go first."""
         try:
-            if self._last is not None and self.mqtt.connected.is_set() and self._behind():
+            if self.mqtt.connected.is_set() and self._behind():
                 MqttClient.wait_published([self._last[0]], FINAL_STATUS_WAIT_S)
             self._stopping = True
             return self.role.final_status()
@@ -150,7 +150,8 @@ class EdgeNode(MqttDaemon):
         """Whether the newest status handed to paho is unacknowledged and went out on a connection that is gone:
         paho re-sends it once connected again, after the new connection's ``on_connect`` and from the moment its
         socket is up a newer status would go out first. The broker would then retain the older one, and the server
-        refuse it as older. Held for at most ``STATUS_HOLD_S`` of the new connection."""
+        refuse it as older. Held for at most ``STATUS_HOLD_S`` of the new connection. While it is, the loop is to be
+        woken by its acknowledgement."""
         if self._stopping or self._last is None or self.mqtt.all_acknowledged([self._last[0]]):
             return False
         info, connection = self._last

@@ -40,10 +40,14 @@ def atomic_write(path: Path, data: Buffer | tuple[Buffer, ...], mode: int = 0o64
         os.close(dir_fd)
 
 
-def write_json(path: Path, value: Any, mode: int = 0o644) -> None:
-    """Compact, so the C encoder runs: the checkpoint is rewritten after every accepted update, and an
+def json_text(value: Any) -> str:
+    """Compact, sorted keys, so the C encoder runs: the checkpoint is rewritten after every accepted update, and an
     indented dump (pure-Python encoder) took most of a 1,000-agent round (``jq`` reads it for people)."""
-    atomic_write(path, json.dumps(value, sort_keys=True, separators=(",", ":")).encode(), mode)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def write_json(path: Path, value: Any, mode: int = 0o644) -> None:
+    atomic_write(path, json_text(value).encode(), mode)
 
 
 def read_json(path: Path) -> Any:

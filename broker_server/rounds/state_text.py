@@ -4,27 +4,20 @@ The state is written at every accepted update (or burst of them), and two of its
 the round's update records and the replay window. Encoding the whole state again took 6.5 ms at 1,000 agents,
 most of a write and O(N) for each of N updates a round (docs/results/scale.md). Each record's and each replay
 entry's JSON is kept here from the write before and only new ones are encoded; the text is the same JSON
-``common.files.write_json`` would write, read back by ``read_json`` (only the key order of two objects differs).
+``common.files.json_text`` writes, read back by ``read_json`` (only the key order of two objects differs).
 A record is immutable (``flcore.rounds.UpdateRecord`` is frozen), so one is known by identity.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
+from common.files import json_text
 from flcore.rounds import RoundState, UpdateRecord
-
-
-def dumps(value: Any) -> str:  # noqa: ANN401 - any JSON value
-    """As ``common.files.write_json`` encodes (compact, sorted keys: the C encoder runs)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def join_object(head: dict, encoded: dict[str, str]) -> str:
     """``head`` as a JSON object, with the keys of ``encoded`` after its own, each with its value's JSON text."""
-    text = dumps(head)
-    extra = ",".join(f"{dumps(key)}:{value}" for key, value in encoded.items())
+    text = json_text(head)
+    extra = ",".join(f"{json_text(key)}:{value}" for key, value in encoded.items())
     return f"{text[:-1]}{',' if head and extra else ''}{extra}}}"
 
 
@@ -42,7 +35,7 @@ class StateText:
         entries: dict[tuple, str] = {}
         for entry in replay:
             key = tuple(entry)  # the whole entry: a rogue's transfer id remembered again is another entry
-            entries[key] = self._replay.get(key) or dumps(entry)
+            entries[key] = self._replay.get(key) or json_text(entry)
         self._replay = entries
         rs = "null"
         if round_state is not None:
@@ -52,4 +45,4 @@ class StateText:
 
     def _record(self, record: UpdateRecord) -> str:
         kept = self._records.get(id(record))
-        return kept[1] if kept is not None and kept[0] is record else dumps(vars(record))
+        return kept[1] if kept is not None and kept[0] is record else json_text(vars(record))
