@@ -1,8 +1,8 @@
 """Local training and evaluation loops for classifiers (shared by the agent's trainer and the server).
 
-Plain PyTorch: SGD with momentum (or AdamW, ``optimizer = "adamw"``: seed 002 compares the two) over
-mini-batches, cross-entropy loss, plus FedProx's proximal term
-(μ/2)·‖w − w_start‖² over the trainable parameters when ``prox_mu`` > 0 (Li et al. 2020, "Federated
+Plain PyTorch: SGD with momentum (``models.sgd``: ``torch.optim.SGD``'s update without its compiler import; or
+AdamW, ``optimizer = "adamw"``: seed 002 compares the two) over mini-batches, cross-entropy loss, plus FedProx's
+proximal term (μ/2)·‖w − w_start‖² over the trainable parameters when ``prox_mu`` > 0 (Li et al. 2020, "Federated
 Optimization in Heterogeneous Networks", https://arxiv.org/abs/1812.06127). Runs on CUDA when present
 and on the CPU otherwise. The YOLO trainer (Ultralytics) will be a separate plug-in with its own loop.
 """
@@ -18,11 +18,13 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from models.datasets import Dataset, to_loader
+from models.sgd import MomentumSGD
 from models.weights import NamedArrays, load_arrays
 from models.zoo import build_model
 
 # wraps the model, optimizer and loader before the first step (DP-SGD: participant.local_dp.dp_sgd)
 Prepare = Callable[[nn.Module, torch.optim.Optimizer, DataLoader], tuple[nn.Module, torch.optim.Optimizer, DataLoader]]
+Stepper = torch.optim.Optimizer | MomentumSGD  # what holds the momentum buffers (``state[param]``)
 
 
 @dataclass(frozen=True)
@@ -76,11 +78,12 @@ def train_sgd(
     on_device(model, device).train()
     start = proximal_anchor(model, anchor, device) if prox_mu > 0 else []
     unwrapped = model  # ``prepare`` may wrap the model and optimizer; parameters and momentum state stay these
-    chosen: torch.optim.Optimizer
+    chosen: Stepper
     if optimizer == "adamw":
         chosen = torch.optim.AdamW(model.parameters(), lr=lr)
-    elif optimizer == "sgd":
-        chosen = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    elif optimizer == "sgd":  # Opacus (``prepare``) wraps a torch.optim.Optimizer; else the same update, lighter
+        chosen = (torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum) if prepare is not None
+                  else MomentumSGD(model.parameters(), lr=lr, momentum=momentum))  # fmt: skip
         restore_momentum(chosen, unwrapped, momentum_start or {})
     else:  # protocol.messages.TrainSettings refuses other names first
         raise ValueError(f"optimizer must be sgd or adamw, got {optimizer!r}")
@@ -112,7 +115,7 @@ def train_sgd(
     return TrainOutcome(samples=len(data), loss=last_loss, momentum=collect_momentum(chosen, unwrapped))
 
 
-def restore_momentum(optimizer: torch.optim.Optimizer, model: nn.Module, buffers: NamedArrays) -> int:
+def restore_momentum(optimizer: Stepper, model: nn.Module, buffers: NamedArrays) -> int:
     """Put ``buffers`` (parameter name -> SGD momentum buffer) into ``optimizer``'s state for ``model``'s
     parameters of the same name and shape; how many were put (the others start from zero)."""
     restored = 0
@@ -124,7 +127,7 @@ def restore_momentum(optimizer: torch.optim.Optimizer, model: nn.Module, buffers
     return restored
 
 
-def collect_momentum(optimizer: torch.optim.Optimizer, model: nn.Module) -> NamedArrays:
+def collect_momentum(optimizer: Stepper, model: nn.Module) -> NamedArrays:
     """``model``'s parameters' momentum buffers in ``optimizer`` (a parameter it never stepped has none)."""
     buffers = {}
     for name, param in model.named_parameters():
