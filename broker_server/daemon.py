@@ -194,7 +194,8 @@ class Aggregator(MqttDaemon):
             except StatusRefused as exc:
                 self.ignored.status_refused(agent, exc.reason)
                 return
-            self.group_keys.on_status(agent, previous, status)
+            if self.group_keys.on_status(agent, previous, status) and self.engine.round_state is None:
+                self.mqtt.wake()  # the agents sent the key hold it: a round may open now, not a tick later
             self.delivery.note_model_wait(agent, status)
             held = self.engine.state.held_round
             if status is not None and status.run_id == self.engine.run_id and status.round > held:
@@ -366,6 +367,7 @@ class Aggregator(MqttDaemon):
         if self.engine.finished:
             self._log_finished()
         self.report.publish(force=True)
+        self.mqtt.wake()  # the next round opens at once, not a tick later
 
     def _log_finished(self) -> None:
         e = self.engine

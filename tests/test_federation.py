@@ -317,3 +317,15 @@ def test_the_server_publishes_its_status_on_changes_of_phase_not_on_each_accepte
     training = [(s.round, s.phase) for s in statuses if s.phase == "training"]
     assert training == [(1, "training"), (2, "training")]  # one as each round opened; none per update
     assert statuses[-1].phase == "finished"
+
+
+@pytest.mark.timeout(120)
+def test_the_server_opens_rounds_at_once_not_on_its_next_tick(tmp_path, broker):
+    """The first round opens once the agents sent the group key confirm it, and each next one once the round
+    before closed (``MqttClient.wake``), not at the server's next tick: with its ticks 10 minutes apart two rounds
+    still run; on a tree without these wake-ups the first round waits for that tick and the run does not finish."""
+    fed = Federation(tmp_path, broker, rounds=2, agents=2)
+    server = Aggregator(load_server_config(fed.layout.server_config))
+    server.tick_interval_s = 600.0
+    fed.run(server, timeout_s=60)
+    assert [sorted(m.accepted) for m in fed.metrics()] == [["agent-01", "agent-02"]] * 2

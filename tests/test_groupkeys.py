@@ -108,3 +108,22 @@ def test_a_restart_soon_after_a_send_waits_the_shortest_time_not_the_grown_one(f
         fleet.now += 1
         fleet.status()
     assert len(fleet.sends) == 3 and fleet.sends[2] - fleet.sends[1] == RESEND_S
+
+
+def test_the_last_confirmation_of_a_sent_key_says_so(tmp_path):
+    """``on_status`` is True once every agent the key was sent to holds it (the server may open a round then),
+    and only then: not for the first of two, nor for a status holding a key nobody waited for."""
+    server, agents = Identity.generate("server"), [Identity.generate(f"agent-0{i}") for i in (1, 2)]
+    keys = GroupKeyDistributor(tmp_path / "group.key", identity=server, federation="it",
+                               keyring=Keyring([a.public for a in agents]), send=lambda *_: None)  # fmt: skip
+
+    def status(name: str, key_id: str = "") -> AgentStatus:
+        return AgentStatus(agent=name, state="idle", round=0, samples=10, version=0, updated_at=1.0,
+                           group_key_id=key_id)  # fmt: skip
+
+    assert not keys.on_status("agent-01", None, status("agent-01"))  # both are sent the key
+    assert not keys.on_status("agent-02", None, status("agent-02"))
+    held = keys.key.key_id
+    assert not keys.on_status("agent-01", status("agent-01"), status("agent-01", held))  # agent-02's is out
+    assert keys.on_status("agent-02", status("agent-02"), status("agent-02", held))
+    assert not keys.on_status("agent-02", status("agent-02", held), status("agent-02", held))  # none awaited

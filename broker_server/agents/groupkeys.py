@@ -73,19 +73,20 @@ class GroupKeyDistributor:
         self.clock = clock
         self._sent: dict[str, Sent] = {}  # agents sent the current key whose statuses do not show it yet
 
-    def on_status(self, agent: str, previous: AgentStatus | None, status: AgentStatus | None) -> None:
+    def on_status(self, agent: str, previous: AgentStatus | None, status: AgentStatus | None) -> bool:
         """Send the key if this agent lacks it: at once if it just (re)started or just lost it, else once its
-        statuses went on without it for longer than the last send's wait (``Sent.wait_s``)."""
+        statuses went on without it for longer than the last send's wait (``Sent.wait_s``). True when this status
+        confirmed the last key sent: every agent it went to holds it now, so a round may open at once."""
         if status is None or status.state == "offline":
-            return
-        if status.group_key_id == self.key.key_id:
-            self._sent.pop(agent, None)  # it holds the key: a later loss starts again at once
-            return
+            return False
+        if status.group_key_id == self.key.key_id:  # it holds the key: a later loss starts again at once
+            return self._sent.pop(agent, None) is not None and not self._sent
         sent = self._sent.get(agent)
         if sent is not None and (previous is None or previous.state == "offline"):  # a new connection, maybe a
             sent = self._sent[agent] = Sent(at=sent.at, sends=1)  # new process without the key: shortest wait
         if sent is None or self.clock() - sent.at >= sent.wait_s():
             self.send_to(agent)
+        return False
 
     def rotate(self, online: list[str]) -> GroupKey:
         """Replace the key (in ``path``) and send the new one to the ``online`` agents still enrolled."""
