@@ -172,8 +172,8 @@ class Aggregator(MqttDaemon):
 
     def handle(self, topic: str, payload: bytes) -> None:
         agent = self.topics.agent_of(topic)
-        if agent is None or topic != self.topics.agent_update(agent):
-            self.guard("update intake", self.intake.flush)  # a batch: only updates that came one after another
+        if agent is None or topic not in (self.topics.agent_update(agent), self.topics.agent_status(agent)):
+            self.guard("update intake", self.intake.flush)  # a batch: updates, and the statuses between them
         if topic == self.topics.round:
             self.tasks.received(payload, self.clock())
             return
@@ -186,23 +186,7 @@ class Aggregator(MqttDaemon):
         if agent is None:
             return
         if topic == self.topics.agent_status(agent):
-            if payload and agent not in self.registry.keyring:
-                self.ignored.not_enrolled(agent)
-                return
-            try:
-                previous, status = self.registry.update(agent, payload, self.clock())
-            except StatusRefused as exc:
-                self.ignored.status_refused(agent, exc.reason)
-                return
-            if self.group_keys.on_status(agent, previous, status) and self.engine.round_state is None:
-                self.mqtt.wake()  # the agents sent the key hold it: a round may open now, not a tick later
-            self.delivery.note_model_wait(agent, status)
-            held = self.engine.state.held_round
-            if status is not None and status.run_id == self.engine.run_id and status.round > held:
-                self.fleet_changes.catch_up()
-            if status is not None and status != previous and status.state in ("failed", "declined"):
-                self._round_change(f"{agent} excused", lambda: self.engine.fleet.gave_up(
-                    agent, status.round, f"reported its training {status.state}", self.clock()))  # fmt: skip
+            self._on_status(agent, payload)
         elif topic == self.topics.agent_update(agent):
             self._on_update_chunk(agent, payload)
 
@@ -263,6 +247,32 @@ class Aggregator(MqttDaemon):
                     self._announce(reannounce=True)
             if self.engine.round_state is not None and not self.engine.round_state.pending:  # nobody to ask
                 self._close(now, stuck=True)
+
+    def _on_status(self, agent: str, payload: bytes) -> None:
+        """An agent's signed status. One that may change the round (a training given up, or a round past the one
+        held) first lets in the updates of the open batch; others do not close it (``UpdateIntake``): at 1,000
+        agents the statuses between uploads made nearly every update a write of its own."""
+        if payload and agent not in self.registry.keyring:
+            self.ignored.not_enrolled(agent)
+            return
+        try:
+            previous, status = self.registry.update(agent, payload, self.clock())
+        except StatusRefused as exc:
+            self.ignored.status_refused(agent, exc.reason)
+            return
+        if self.group_keys.on_status(agent, previous, status) and self.engine.round_state is None:
+            self.mqtt.wake()  # the agents sent the key hold it: a round may open now, not a tick later
+        self.delivery.note_model_wait(agent, status)
+        if status is None:
+            return
+        excused = status != previous and status.state in ("failed", "declined")
+        if excused or (status.run_id == self.engine.run_id and status.round > self.engine.state.held_round):
+            self.guard("update intake", self.intake.flush)
+        if status.run_id == self.engine.run_id and status.round > self.engine.state.held_round:
+            self.fleet_changes.catch_up()
+        if excused:
+            self._round_change(f"{agent} excused", lambda: self.engine.fleet.gave_up(
+                agent, status.round, f"reported its training {status.state}", self.clock()))  # fmt: skip
 
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool, keep_deadline: bool = False) -> None:

@@ -3,8 +3,9 @@ batch whose round state is written once (a group commit).
 
 Every update is still written and synced before the state that lists it (``broker_server.rounds.update_store``),
 and nothing that depends on the round happens while a batch is open: the daemon accepts it before a message of
-any other kind, before each tick, and as soon as the inbox is empty, so a batch only ever holds updates that
-arrived one after another. At the end of a round, when the agents' uploads come in a burst, the state was
+any other kind than an update or a status that changes nothing of the round (``Aggregator._on_status``), before
+each tick, and as soon as the inbox is empty, so a batch only ever holds updates that arrived one after another,
+with agents' statuses between them. At the end of a round, when the agents' uploads come in a burst, the state was
 rewritten and synced once per update (docs/results/scale.md); now once per burst of up to ``BATCH_MAX``. A
 write that fails undoes the whole batch (``EngineState.durably``), and its updates are accepted again once the
 disk is back, as a single one's are.
