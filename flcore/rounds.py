@@ -212,21 +212,24 @@ def replace_missing(
     return excused, stand_ins
 
 
-def decide(state: RoundState, rules: RoundRules, now: float, threshold: int = 0) -> str:
-    """``"wait"``, ``"close"`` or ``"reannounce"`` for the round in progress: close as soon as nobody is
-    waited for with the quorum met (a backed-off agent on probation is not), as soon as ``threshold``
-    updates are in (SmartFed's static threshold, 0 = off), or at the deadline with the quorum met;
-    otherwise re-announce then. An asynchronous round is a buffer: it closes once ``rules.buffer`` updates are
-    in, late ones included, and at its deadline on the quorum (agents still training go on into the next)."""
+def complete(state: RoundState, rules: RoundRules, threshold: int = 0, arriving: frozenset[str] = frozenset()) -> bool:
+    """Whether the round in progress has what it waits for, with the updates of ``arriving`` senders counted as in:
+    nobody waited for with the quorum met (a backed-off agent on probation is not), or ``threshold`` updates in
+    (SmartFed's static threshold, 0 = off); an asynchronous round, ``rules.buffer`` updates, late ones included."""
     if rules.is_async:
-        if len(state.updates) >= rules.buffer:
-            return "close"
-        if now < state.deadline:
-            return "wait"
-        return "close" if len(state.updates) >= rules.quorum else "reannounce"
-    quorate = state.delivered >= rules.quorum
-    if (not state.waited_for and quorate) or (threshold > 0 and state.delivered >= threshold):
+        return len(state.updates) + len(arriving) >= rules.buffer
+    delivered = state.delivered + len(arriving)
+    waited = [agent for agent in state.waited_for if agent not in arriving]
+    return (not waited and delivered >= rules.quorum) or (threshold > 0 and delivered >= threshold)
+
+
+def decide(state: RoundState, rules: RoundRules, now: float, threshold: int = 0) -> str:
+    """``"wait"``, ``"close"`` or ``"reannounce"`` for the round in progress: close as soon as it is ``complete``,
+    or at the deadline with the quorum met; otherwise re-announce then. An asynchronous round is a buffer: at its
+    deadline it closes on the quorum (agents still training go on into the next)."""
+    if complete(state, rules, threshold):
         return "close"
     if now < state.deadline:
         return "wait"
-    return "close" if quorate else "reannounce"
+    done = len(state.updates) if rules.is_async else state.delivered
+    return "close" if done >= rules.quorum else "reannounce"

@@ -72,11 +72,26 @@ def test_updates_that_come_one_after_another_are_written_once_and_the_round_clos
 def test_a_threshold_of_k_still_takes_exactly_k_updates_of_a_batch(config):
     override_toml(config.path, strategy={"name": "fedavg", "threshold": 2})
     h = Intake(load_server_config(config.path))
-    h.arrive("agent-01", 0, queued=2)
-    h.arrive("agent-02", 1, queued=1)
-    h.arrive("agent-03", 2, queued=0)
+    updates = [completed(h.engine, agent, seed=i) for i, agent in enumerate(AGENTS)]
+    h.intake.accept(*updates)  # a batch of three (updates written before a failed write, accepted again)
     assert len(h.closed) == 1 and h.metrics[0].accepted == ["agent-01", "agent-02"]
     assert "agent-03" not in (h.engine.round_state.accepted if h.engine.round_state else [])
+
+
+def test_the_update_that_completes_the_round_is_accepted_at_once_though_more_messages_wait(config):
+    """The agents' statuses keep the daemon's inbox busy at the end of a round: the batch that holds what the round
+    waits for goes in at once, and the round closes, not at the next tick (by the round's rule: all, or K)."""
+    h = Intake(config)
+    h.arrive("agent-01", 0, queued=3)
+    h.arrive("agent-02", 1, queued=3)
+    assert h.closed == []  # held: agent-03 is waited for
+    h.arrive("agent-03", 2, queued=3)
+    assert len(h.closed) == 1 and sorted(h.metrics[0].accepted) == AGENTS
+    override_toml(config.path, strategy={"name": "fedavg", "threshold": 2})
+    h = Intake(load_server_config(config.path))
+    h.arrive("agent-01", 0, queued=3)
+    h.arrive("agent-02", 1, queued=3)
+    assert len(h.closed) == 1 and h.metrics[0].accepted == ["agent-01", "agent-02"]
 
 
 def test_a_lone_update_is_accepted_at_once_and_flush_accepts_a_held_one(config):

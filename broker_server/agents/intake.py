@@ -44,15 +44,16 @@ class UpdateIntake:
         self.batch: list[Completed] = []
 
     def add(self, completed: Completed) -> None:
-        """An update just reassembled: accepted now, with those before it, unless more messages wait. A second
+        """An update just reassembled: accepted now, with those before it, unless more messages wait and the round
+        still waits for others than the batch's senders (``RoundEngine.complete_with``). A second
         copy from a sender already in the batch first lets the batch in, so the round's gates refuse the next
         copies at their first chunk, as before."""
         if any(c.manifest.sender == completed.manifest.sender for c in self.batch):
             self.flush()
         self.batch.append(completed)
         full = len(self.batch) >= BATCH_MAX or sum(c.wire_bytes for c in self.batch) >= BATCH_BYTES
-        if full or not self.waiting():
-            self.flush()
+        if full or not self.waiting() or self.engine.complete_with(frozenset(c.manifest.sender for c in self.batch)):
+            self.flush()  # the last: the round closes now, not at the next tick (statuses keep the inbox busy)
 
     def flush(self) -> None:
         batch, self.batch = self.batch, []

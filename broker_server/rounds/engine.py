@@ -45,7 +45,7 @@ from broker_server.rounds.pipeline import RoundContext, RoundRejected, run_pipel
 from broker_server.rounds.round_steps import round_steps
 from flcore.agent_models import Assignment, settle
 from flcore.change_bound import ChangeHistory
-from flcore.rounds import RoundState, UpdateRecord, decide, replace_missing, select_with_probation
+from flcore.rounds import RoundState, UpdateRecord, complete, decide, replace_missing, select_with_probation
 from flcore.strategies import build_strategy
 from flcore.strategies.choice import strategy_notes
 from flcore.update import NotForThisRound, UpdateRejected
@@ -242,6 +242,10 @@ class RoundEngine:
         if self.round_state is None:
             return "idle"
         return decide(self.round_state, self.rules, now, self.strategy.threshold)
+
+    def complete_with(self, senders: frozenset[str]) -> bool:
+        """Whether the open round has what it waits for once the updates of ``senders`` are in."""
+        return self.round_state is not None and complete(self.round_state, self.rules, self.strategy.threshold, senders)
 
     def train_of(self, agent: str) -> TrainSettings:
         """The settings ``agent`` was asked to train with in the open round."""
