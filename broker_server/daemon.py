@@ -273,6 +273,8 @@ class Aggregator(MqttDaemon):
         if excused:
             self._round_change(f"{agent} excused", lambda: self.engine.fleet.gave_up(
                 agent, status.round, f"reported its training {status.state}", self.clock()))  # fmt: skip
+        elif not self.mqtt.waiting():
+            self.guard("update intake", self.intake.flush)  # nothing more to batch them with
 
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool, keep_deadline: bool = False) -> None:

@@ -132,6 +132,9 @@ class TrainSettings(Message):
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"training.optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        for key, value in (("lr", self.lr), ("momentum", self.momentum)):  # what torch.optim.SGD refused itself
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"training.{key} must be a finite number >= 0, got {value!r}")
         if self.optimizer != "sgd" and self.keep_momentum:
             raise ValueError("training.keep_momentum carries SGD's momentum across rounds: it needs training.optimizer "
                              f"= \"sgd\", got {self.optimizer!r}")  # fmt: skip

@@ -112,7 +112,8 @@ def test_a_restart_soon_after_a_send_waits_the_shortest_time_not_the_grown_one(f
 
 def test_the_last_confirmation_of_a_sent_key_says_so(tmp_path):
     """``on_status`` is True once every agent the key was sent to holds it (the server may open a round then),
-    and only then: not for the first of two, nor for a status holding a key nobody waited for."""
+    and only then: not for the first of two, nor for a status holding a key nobody waited for, nor again for the
+    same key."""
     server, agents = Identity.generate("server"), [Identity.generate(f"agent-0{i}") for i in (1, 2)]
     keys = GroupKeyDistributor(tmp_path / "group.key", identity=server, federation="it",
                                keyring=Keyring([a.public for a in agents]), send=lambda *_: None)  # fmt: skip
@@ -127,3 +128,8 @@ def test_the_last_confirmation_of_a_sent_key_says_so(tmp_path):
     assert not keys.on_status("agent-01", status("agent-01"), status("agent-01", held))  # agent-02's is out
     assert keys.on_status("agent-02", status("agent-02"), status("agent-02", held))
     assert not keys.on_status("agent-02", status("agent-02", held), status("agent-02", held))  # none awaited
+    for _ in range(3):  # a rogue that drops the key and takes it again gets it again, but wakes nobody
+        assert not keys.on_status("agent-02", status("agent-02", held), status("agent-02"))
+        assert not keys.on_status("agent-02", status("agent-02"), status("agent-02", held))
+    keys.rotate(["agent-01"])  # a new key: its last confirmation says so again
+    assert keys.on_status("agent-01", status("agent-01"), status("agent-01", keys.key.key_id))

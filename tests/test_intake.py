@@ -207,18 +207,19 @@ def test_an_internal_error_on_one_update_leaves_the_rest_of_its_batch_accepted(c
 
 def test_a_status_between_updates_keeps_their_batch_open_and_one_that_changes_the_round_lets_it_in(tmp_path):
     """At 1,000 agents the statuses between uploads made nearly every update a write of its own (2,267 writes in
-    a 3-round run of 3,000 updates). A status that changes nothing of the round leaves the batch open; a training
-    given up closes it first, so the round sees the updates that came before it."""
+    a 3-round run of 3,000 updates). A status that changes nothing of the round leaves the batch open while more
+    messages wait; a training given up closes it first, so the round sees the updates that came before it; and
+    with nothing more waiting, a status lets the batch in (nothing to batch it with)."""
     from broker_server.daemon import Aggregator
     from protocol.messages import AgentStatus
     from security.keys import Identity
     from security.signing import signed_payload
     from sim.federation import SimSettings, create_federation
 
-    layout = create_federation(tmp_path, SimSettings(agents=4, rounds=2, federation="it"), ("127.0.0.1", 1))
-    override_toml(layout.server_config, rounds={"min_agents": 4, "quorum": 4})
+    layout = create_federation(tmp_path, SimSettings(agents=5, rounds=2, federation="it"), ("127.0.0.1", 1))
+    override_toml(layout.server_config, rounds={"min_agents": 5, "quorum": 5})
     server = Aggregator(load_server_config(layout.server_config))
-    server.engine.begin_round(list(layout.agent_configs), now=0.0)  # four: the round stays open throughout
+    server.engine.begin_round(list(layout.agent_configs), now=0.0)  # five: the round stays open throughout
     server.engine.announce(now=0.0)
     rs = server.engine.round_state
 
@@ -235,5 +236,10 @@ def test_a_status_between_updates_keeps_their_batch_open_and_one_that_changes_th
     assert server.engine.state.writes == writes and rs.accepted == []  # still one batch
     server.intake.add(completed(server.engine, "agent-02", seed=2))
     server.handle(server.topics.agent_status("agent-03"), status("agent-03", "failed"))
-    assert sorted(rs.accepted) == ["agent-01", "agent-02"] and rs.pending == ["agent-04"]
+    assert sorted(rs.accepted) == ["agent-01", "agent-02"] and rs.pending == ["agent-04", "agent-05"]
     assert server.engine.state.writes - writes == 2  # the batch of two, then the excuse
+    server.intake.add(completed(server.engine, "agent-04", seed=4))
+    assert "agent-04" not in rs.accepted  # held: messages still wait
+    server.mqtt.inbox.get_nowait()
+    server.handle(server.topics.agent_status("agent-05"), status("agent-05", "training"))
+    assert "agent-04" in rs.accepted  # the inbox is empty: in at once, not at the next tick

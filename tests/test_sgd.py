@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+import models.training
 from models.datasets import load_digits, to_loader
 from models.sgd import MomentumSGD
 from models.training import collect_momentum, restore_momentum, seed_training, train_sgd
 from models.weights import to_arrays
 from models.zoo import build_model
+from protocol.messages import TrainSettings
 
 
 def trained(make, momentum: float, start: dict | None = None, steps: int = 12) -> tuple[dict, dict]:
@@ -76,9 +78,27 @@ def test_training_does_not_import_the_compiler():
     assert out.stdout.strip() == "False", out.stderr
 
 
-def test_train_sgd_uses_it_unless_opacus_wraps_the_optimizer():
+def test_train_sgd_builds_it_and_opacus_gets_torch_optims(monkeypatch):
+    built: list[str] = []
+    for module, name in ((models.training, "MomentumSGD"), (torch.optim, "SGD")):
+        cls = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _cls=cls, **k: built.append(_cls.__name__) or _cls(*a, **k))
     train, _ = load_digits()
-    seed_training(0)
-    outcome = train_sgd(build_model("digits_cnn", num_classes=10), train, epochs=1, batch_size=64, lr=0.05,
-                        momentum=0.9, seed=0, device=torch.device("cpu"))  # fmt: skip
-    assert outcome.samples == len(train) and np.isfinite(outcome.loss) and outcome.momentum
+
+    def prepare(model, optimizer, loader):  # noqa: ANN001, ANN202 - as Opacus' make_private is called
+        assert isinstance(optimizer, torch.optim.Optimizer)
+        return model, optimizer, loader
+
+    for hook in (None, prepare):
+        outcome = train_sgd(build_model("digits_cnn", num_classes=10), train, epochs=1, batch_size=64, lr=0.05,
+                            momentum=0.9, seed=0, device=torch.device("cpu"), prepare=hook)  # fmt: skip
+        assert outcome.samples == len(train) and np.isfinite(outcome.loss) and outcome.momentum
+    assert built == ["MomentumSGD", "SGD"]
+
+
+@pytest.mark.parametrize("key, value", [("lr", -0.1), ("lr", float("nan")), ("momentum", -0.5),
+                                        ("momentum", float("inf"))])
+def test_a_negative_or_non_finite_lr_or_momentum_is_refused_in_the_settings(key, value):
+    """torch.optim.SGD refused a negative one itself; the settings now do, for every optimizer (and NaN too)."""
+    with pytest.raises(ValueError, match=f"training.{key} must be a finite number >= 0"):
+        TrainSettings(**{key: value})

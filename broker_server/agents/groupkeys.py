@@ -72,15 +72,20 @@ class GroupKeyDistributor:
         self.send = send
         self.clock = clock
         self._sent: dict[str, Sent] = {}  # agents sent the current key whose statuses do not show it yet
+        self._all_held = False  # every agent sent the current key has held it once (``on_status`` said so)
 
     def on_status(self, agent: str, previous: AgentStatus | None, status: AgentStatus | None) -> bool:
         """Send the key if this agent lacks it: at once if it just (re)started or just lost it, else once its
         statuses went on without it for longer than the last send's wait (``Sent.wait_s``). True when this status
-        confirmed the last key sent: every agent it went to holds it now, so a round may open at once."""
+        confirmed the last key sent, the first time for this key: every agent it went to holds it now, so a round
+        may open at once."""
         if status is None or status.state == "offline":
             return False
         if status.group_key_id == self.key.key_id:  # it holds the key: a later loss starts again at once
-            return self._sent.pop(agent, None) is not None and not self._sent
+            if self._sent.pop(agent, None) is None or self._sent or self._all_held:
+                return False
+            self._all_held = True  # once a key: an agent that drops and regains it again and again wakes nobody
+            return True
         sent = self._sent.get(agent)
         if sent is not None and (previous is None or previous.state == "offline"):  # a new connection, maybe a
             sent = self._sent[agent] = Sent(at=sent.at, sends=1)  # new process without the key: shortest wait
@@ -92,6 +97,7 @@ class GroupKeyDistributor:
         """Replace the key (in ``path``) and send the new one to the ``online`` agents still enrolled."""
         self.key = create(self.path)
         self._sent.clear()
+        self._all_held = False
         for agent in online:
             self.send_to(agent)
         return self.key
