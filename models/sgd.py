@@ -6,10 +6,11 @@ training child that needs 2.5 CPU-s in all for a 5-round digits run (2-core Xeon
 round, for models that are never compiled. ``MomentumSGD`` makes PyTorch's documented update for dampening 0, no
 Nesterov and no weight decay (https://pytorch.org/docs/stable/generated/torch.optim.SGD.html): ``b ← μ·b + g`` (the
 first ``b`` is ``g``), ``w ← w − lr·b``, in the tensor operations of ``torch.optim.SGD``'s single-tensor path, its
-default on the CPU, where a trained model is bit-identical to it (``tests/test_sgd.py``; on CUDA its default
-multi-tensor kernels make the same operations per element). Its momentum buffers are kept where
-``torch.optim.SGD`` keeps them (``state[param]["momentum_buffer"]``), so ``models.training``'s restore and collect
-read either. DP-SGD keeps ``torch.optim.SGD``: Opacus wraps a ``torch.optim.Optimizer``.
+default on the CPU, where a trained model is bit-identical to it (``tests/test_sgd.py``). On CUDA ``torch.optim.SGD``
+defaults to multi-tensor kernels: the same operations per element (not tested here: no GPU in CI), in fewer kernel
+launches than this loop's three per parameter, which a small classifier's step on a GPU may notice. Its momentum
+buffers are kept where ``torch.optim.SGD`` keeps them (``state[param]["momentum_buffer"]``), so ``models.training``'s
+restore and collect read either. DP-SGD keeps ``torch.optim.SGD``: Opacus wraps a ``torch.optim.Optimizer``.
 """
 
 from __future__ import annotations
