@@ -1,8 +1,10 @@
 """The round engine's decisions: selection, quorum, deadline, re-announcement."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from flcore.rounds import RoundRules, RoundState, UpdateRecord, decide, select_agents
+from flcore.rounds import RoundRules, RoundState, UpdateRecord, complete, decide, select_agents
 
 
 def _accepted(*agents):
@@ -61,3 +63,40 @@ def test_deadline_without_quorum_reannounces_to_pending_agents():
 def test_bad_round_rules_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
         RoundRules(**kwargs)
+
+
+def _complete_as_defined(state, rules, threshold, arriving):  # noqa: ANN001, ANN202
+    """``complete`` as its docstring defines it, the lists computed in full."""
+    if rules.is_async:
+        return len(state.updates) + len(arriving) >= rules.buffer
+    delivered = state.delivered + len(arriving)
+    waited = [agent for agent in state.waited_for if agent not in arriving]
+    return (not waited and delivered >= rules.quorum) or (threshold > 0 and delivered >= threshold)
+
+
+@settings(max_examples=600, deadline=None)
+@given(data=st.data())
+def test_complete_with_its_shortcut_says_what_the_full_lists_say(data):
+    """``complete`` answers most calls from the lists' lengths alone (a bound on who is still waited for); any mix
+    of accepted, late, failed, missed, locally trained and probation agents gets the answer of the full lists: each
+    agent in one of them, and then, maybe, in others too."""
+    names = [f"a{i}" for i in range(data.draw(st.integers(1, 8)))]
+    roles = ("accepted", "failed", "missed", "trained", "probation", "waited")
+    role = {name: data.draw(st.sampled_from(roles)) for name in names}
+    extra = data.draw(st.booleans())  # overlaps: an agent in two lists, late updates
+
+    def of(kind: str) -> list[str]:
+        more = data.draw(st.lists(st.sampled_from(names), unique=True)) if extra else []
+        return sorted({name for name in names if role[name] == kind} | set(more))
+
+    state = RoundState(round=2, attempt=1, selected=names, deadline=100.0, started_at=0.0)
+    state.updates = [UpdateRecord(agent=a, samples=1, loss=0.1, norm=1.0, wire_bytes=1) for a in of("accepted")]
+    state.updates += [UpdateRecord(agent=a, samples=1, loss=0.1, norm=1.0, wire_bytes=1, late_from=1)
+                      for a in (of("late") if extra else [])]  # fmt: skip
+    state.failed, state.missed, state.trained, state.probation = of("failed"), of("missed"), of("trained"), of(
+        "probation")
+    quorum = data.draw(st.integers(1, 8))
+    rules = RoundRules(min_agents=quorum, quorum=quorum)
+    threshold = data.draw(st.integers(0, 8))
+    arriving = frozenset(name for name in names if role[name] in ("waited", "probation") and data.draw(st.booleans()))
+    assert complete(state, rules, threshold, arriving) == _complete_as_defined(state, rules, threshold, arriving)
