@@ -53,7 +53,7 @@ from broker_server.watch.status_report import StatusReport
 from flcore.update import NotForThisRound
 from flcore.validation import reason_kind
 from protocol.daemon import MqttDaemon
-from protocol.messages import RoundTask, ServerStatus
+from protocol.messages import AgentStatus, RoundTask, ServerStatus
 from protocol.mqtt import MqttClient, Will
 from protocol.topics import Topics
 from protocol.transfer import Reassembler, TransferRejected
@@ -250,8 +250,8 @@ class Aggregator(MqttDaemon):
 
     def _on_status(self, agent: str, payload: bytes) -> None:
         """An agent's signed status. One that may change the round (a training given up, or a round past the one
-        held) first lets in the updates of the open batch; others do not close it (``UpdateIntake``): at 1,000
-        agents the statuses between uploads made nearly every update a write of its own."""
+        held) first lets in the updates of the open batch; others leave it open while more messages wait
+        (``UpdateIntake``): at 1,000 agents the statuses between uploads made nearly every update a write of its own."""
         if payload and agent not in self.registry.keyring:
             self.ignored.not_enrolled(agent)
             return
@@ -266,15 +266,17 @@ class Aggregator(MqttDaemon):
         if status is None:
             return
         excused = status != previous and status.state in ("failed", "declined")
-        if excused or (status.run_id == self.engine.run_id and status.round > self.engine.state.held_round):
+        if excused or self._ahead(status) or not self.mqtt.waiting():  # the last: nothing more to batch them with
             self.guard("update intake", self.intake.flush)
-        if status.run_id == self.engine.run_id and status.round > self.engine.state.held_round:
+        if self._ahead(status):  # still, after the batch's updates (checking the fleet's receipts is O(N))
             self.fleet_changes.catch_up()
         if excused:
             self._round_change(f"{agent} excused", lambda: self.engine.fleet.gave_up(
                 agent, status.round, f"reported its training {status.state}", self.clock()))  # fmt: skip
-        elif not self.mqtt.waiting():
-            self.guard("update intake", self.intake.flush)  # nothing more to batch them with
+
+    def _ahead(self, status: AgentStatus) -> bool:
+        """The status names a round of this run past the one the server holds (its state went back in time)."""
+        return status.run_id == self.engine.run_id and status.round > self.engine.state.held_round
 
     # rounds ------------------------------------------------------------------------------------------
     def _announce(self, *, reannounce: bool, keep_deadline: bool = False) -> None:
