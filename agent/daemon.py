@@ -41,7 +41,7 @@ from agent.task_check import TaskRefused, checked_task
 from agent.waiting import StuckNotice
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from models.weights import NamedArrays
-from participant.jobs import Cancelled, Declined, Failed, Runner, Trained
+from participant.jobs import JOINING, Cancelled, Declined, Failed, Runner, Trained
 from participant.progress import ProgressStore
 from participant.round_client import Destination, RoundClient
 from protocol.messages import MAX_JSON_BYTES, AgentStatus, RoundTask
@@ -231,6 +231,8 @@ class EdgeAgent:
         gated = self.edge.telemetry.reasons()
         if gated:
             return self._gated(gated)
+        if task is None:
+            self.runner.prepare(JOINING)  # a round usually follows: PyTorch's start-up overlaps the server's
         if task is None or self.id not in task.selected or task.expired(self.server_time()) or self.refusal:
             return self._idle()
         done = self.client.progress.last_completed_round

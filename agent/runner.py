@@ -1,16 +1,16 @@
 """Where the agent's heavy work runs: training a round and exporting the newest global model to ONNX.
 
-The daemon holds MQTT, keys and state; PyTorch (and Ultralytics) live in a **training child**
-(``python -m agent.training_child``). ``training.worker`` says when it lives: ``"adaptive"`` (the default)
-starts it as soon as a round that selects this agent is announced, so PyTorch's start-up overlaps the model's
-download, keeps it while rounds keep coming and gives its memory back after ``training.warm_idle_s``
-without a job; ``"per-round"`` starts it for each job (nothing of PyTorch stays between rounds, a start-up
-every round); ``"warm"`` keeps it for good (its memory stays taken). One job at a time. A job is polled
-from the daemon's loop, so MQTT keep-alives, status and the systemd watchdog go on while it runs; it can
-be cancelled (the child is killed: a gate that closes mid-round, a stop, an expired task) and is
-killed when it passes ``training.time_limit_s``. A child that crashes is a failed job, never a dead
-daemon. Simulation hosts and tests run a trainer in their own process instead (``participant.jobs``),
-so agents hosted together share one process and one PyTorch.
+The daemon holds MQTT, keys and state; PyTorch (and Ultralytics) live in a **training child** (``python -m
+agent.training_child``). ``training.worker`` says when it lives: ``"adaptive"`` (the default) starts it as the
+agent joins (its gate open, no task yet: a round usually follows) and as soon as a round that selects this
+agent is announced, so PyTorch's start-up overlaps the server's and the model's download, keeps it while
+rounds keep coming and gives its memory back after ``training.warm_idle_s`` without a job; ``"per-round"``
+starts it for each job (nothing of PyTorch stays between rounds, a start-up every round); ``"warm"`` keeps it
+for good (its memory stays taken). One job at a time. A job is polled from the daemon's loop, so MQTT
+keep-alives, status and the systemd watchdog go on while it runs; it can be cancelled (the child is killed: a
+gate that closes mid-round, a stop, an expired task) and is killed when it passes ``training.time_limit_s``. A
+child that crashes is a failed job, never a dead daemon. Simulation hosts and tests run a trainer in their own
+process instead (``participant.jobs``), so agents hosted together share one process and one PyTorch.
 """
 
 from __future__ import annotations
@@ -30,7 +30,18 @@ from typing import TYPE_CHECKING
 from flcore.update import TrainResult
 from models.serialization import load_file, save_file
 from models.weights import NamedArrays
-from participant.jobs import Cancelled, Declined, Exported, Failed, InProcessRunner, Job, Outcome, Trained, no_one
+from participant.jobs import (
+    JOINING,
+    Cancelled,
+    Declined,
+    Exported,
+    Failed,
+    InProcessRunner,
+    Job,
+    Outcome,
+    Trained,
+    no_one,
+)
 from participant.trainer import PeerContext
 from protocol.messages import RoundTask
 
@@ -154,20 +165,20 @@ class TrainingChild:
     """One ``python -m agent.training_child`` process: JSON requests on stdin, JSON replies on stdout."""
 
     def __init__(
-        self, config_path: Path, worker: str, *, prepare: bool = False, notify: Callable[[], None] = no_one
+        self, config_path: Path, worker: str, *, prepared_for: str = "", notify: Callable[[], None] = no_one
     ) -> None:
+        """``prepared_for``: why it starts ahead of a job (it builds its trainer at once: ``--prepare``)."""
         self.warm = worker != "per-round"  # kept between jobs
         self._notify = notify  # a reply came, or the child ended: the daemon's loop looks at once
         self.started_at = time.monotonic()
         command = [sys.executable, "-m", "agent.training_child", "--config", str(config_path)]
-        command += ["--prepare"] if prepare else []
+        command += ["--prepare"] if prepared_for else []
         # stderr is the daemon's (journald): the child's log lines land next to the daemon's.
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._replies: queue.Queue[dict] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name="training-child-reader", daemon=True)
         self._reader.start()
-        log.info("training child started pid=%d worker=%s for=%s", self.process.pid, worker,
-                 "announced-round" if prepare else "job")  # fmt: skip
+        log.info("training child started pid=%d worker=%s for=%s", self.process.pid, worker, prepared_for or "job")
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -233,13 +244,15 @@ class ChildRunner:
         return self.job
 
     def prepare(self, key: object) -> None:
-        """A kept child (adaptive, warm) starts now, once per announced round: it imports PyTorch and loads the
-        data while the model downloads. A child released during the round is not started again for it."""
+        """A kept child (adaptive, warm) starts now, once per key (``JOINING``, or an announced round): it imports
+        PyTorch and loads the data while the server starts or the model downloads. A child released meanwhile
+        is not started again for the same key."""
         if self.worker == "per-round" or key == self.prepared_for:
             return
         self.prepared_for = key
         if self.child is None or not self.child.alive():
-            self.child = TrainingChild(self.config_path, self.worker, prepare=True, notify=self.notify)
+            why = JOINING if key == JOINING else "announced-round"
+            self.child = TrainingChild(self.config_path, self.worker, prepared_for=why, notify=self.notify)
 
     def release_idle(self) -> None:
         """An adaptive child without a job for ``training.warm_idle_s`` exits: the idle agent is the daemon alone."""

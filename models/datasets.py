@@ -8,6 +8,7 @@ channel, read as ``(N, 1, L)``), uint8 (scaled by 1/255) or float — and ``y`` 
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,13 +17,21 @@ import numpy as np
 
 from models.classify_data import ClassifyData
 from models.dataset import Dataset
+from models.dataset_cache import cached_split
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
 
 def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dataset]:
-    """scikit-learn's 1,797 8x8 digits (shipped in the wheel), scaled to [0, 1], stratified split."""
+    """scikit-learn's 1,797 8x8 digits (shipped in the wheel), scaled to [0, 1], stratified split; kept in the
+    dataset cache (``models.dataset_cache``), so only the first run imports scikit-learn."""
+    version = importlib.metadata.version("scikit-learn")
+    return cached_split(f"digits-sklearn{version}-test{test_fraction!r}-seed{seed}",
+                        lambda: _split_digits(test_fraction, seed))  # fmt: skip
+
+
+def _split_digits(test_fraction: float, seed: int) -> tuple[Dataset, Dataset]:
     from sklearn.datasets import load_digits as sklearn_digits
     from sklearn.model_selection import train_test_split
 

@@ -48,6 +48,7 @@ class Cancelled:
     reason: str  # the daemon stopped it: a gate closed, the round moved on, the agent stops
 
 
+JOINING = "joining"  # ``Runner.prepare``'s key for an agent that started and waits for its first task
 Outcome = Union[Trained, Exported, Declined, Failed, Cancelled]  # noqa: UP007 - Python 3.10 agents evaluate it at import
 
 
@@ -77,7 +78,8 @@ class Runner(Protocol):
     def export(self, arrays: NamedArrays, task: RoundTask, path: Path) -> Job: ...
 
     def prepare(self, key: object) -> None:
-        """A round that selects this agent (``key``: its run, round and attempt) was announced: get ready."""
+        """A round is near: one that selects this agent was announced (``key``: its run, round and attempt), or
+        the agent is joining (``JOINING``: started, gate open, no task yet). Get ready."""
 
     def release_idle(self) -> None:
         """Give back what an idle runner holds, once it has been idle long enough."""

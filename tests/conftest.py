@@ -23,6 +23,8 @@ if str(ROOT) not in sys.path:
 # before PyTorch is first imported; a value already in the environment wins.
 for pool in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(pool, "1")
+# Derived datasets (models.dataset_cache) in the temp folder, not the user's cache; the daemons inherit it.
+os.environ.setdefault("SKYFED_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"skyfed-test-cache-{os.getuid()}"))
 
 from models.yolo import ultralytics_offline  # noqa: E402
 from sim.broker import mosquitto_path, start_broker  # noqa: E402

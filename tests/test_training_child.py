@@ -107,6 +107,37 @@ def test_an_adaptive_child_starts_when_a_round_is_announced_and_goes_after_its_i
         agent.runner.close()
 
 
+def test_an_adaptive_child_starts_as_the_agent_joins_unless_its_gate_is_closed(agent_config):
+    """Started, gate open, no task yet: a round usually follows, so the child loads PyTorch while the server
+    starts; it goes after its idle time like any other and is not started again until a round is announced.
+    With the gate closed (quiet hours all day) nothing starts."""
+    override_toml(agent_config, training={"worker": "adaptive", "warm_idle_s": 1.0},
+                  gate={"quiet_hours": ["00:00-12:00", "12:00-00:00"]})  # fmt: skip
+    gated = EdgeAgent(load_agent_config(agent_config))
+    try:
+        gated._step()
+        assert gated.runner.child is None and gated.state == "gated"
+    finally:
+        gated.runner.close()
+    override_toml(agent_config, gate={"quiet_hours": []})
+    agent = EdgeAgent(load_agent_config(agent_config))
+    try:
+        agent._step()
+        child = agent.runner.child
+        assert child is not None and child.alive() and agent.task is None
+        wait_until(lambda: holds_pytorch(child), 60, "the joining agent's child to load PyTorch")
+        time.sleep(1.0)
+        agent._step()
+        assert not child.alive()
+        agent._step()
+        assert agent.runner.child is child  # released while waiting: not started again before a round
+        agent.task = digits_task()
+        agent._step()
+        assert agent.runner.child is not child and agent.runner.child.alive()
+    finally:
+        agent.runner.close()
+
+
 def test_an_adaptive_child_serves_rounds_that_keep_coming_and_is_released_only_when_idle(agent_config):
     override_toml(agent_config, training={"worker": "adaptive", "warm_idle_s": 1.0})
     runner = ChildRunner(load_agent_config(agent_config))

@@ -45,7 +45,7 @@ from flcore.validation import reason_kind
 from models.serialization import SerializationError, dumps, loads
 from models.weights import NamedArrays, fingerprint
 from models.zoo import initial_model
-from participant.jobs import Cancelled, Runner, Trained
+from participant.jobs import JOINING, Cancelled, Runner, Trained
 from participant.progress import ProgressStore
 from participant.recipes import checked_settings
 from participant.round_client import RoundClient
@@ -112,6 +112,7 @@ class PeerRounds:
         if self.phase in GATED and self._gate(now):
             return
         if self.phase == "gathering":
+            self.client.runner.prepare(JOINING)  # its first round follows: PyTorch's start-up overlaps the wait
             if connected and self.connected_at is None:
                 self.connected_at = now
             if self.connected_at is not None and now - self.connected_at >= self.plan.join_wait_s:
