@@ -210,6 +210,7 @@ class EdgeAgent:
         starts ahead as soon as a round selects this agent), poll it, hand an update to paho, or check that
         the broker acknowledged it."""
         self.runner.release_idle()
+        self.onboard.hold(max(self.models, default=0))
         if self.revoked:
             self.client.forget_upload()  # whatever is still in flight, the server refuses (unknown-sender)
         if self.client.upload is not None:
