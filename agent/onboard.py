@@ -1,6 +1,6 @@
 """The agent's copy of the newest global model as ONNX, for its on-board detector (``skyfed agent infer``).
 
-Each new global model version the agent holds is exported once to ``<state_dir>/global_model.onnx``
+The newest global model version the agent holds is exported once to ``<state_dir>/global_model.onnx``
 (``models.onnx_export``, in the training child: written only after onnxruntime reproduced PyTorch; a failed
 export keeps the previous file and is logged). The export needs the round task (model name, classes, image
 size), so it runs once a task and a newer model are here, whichever came last, and only while no training runs
