@@ -265,6 +265,7 @@ class EdgeAgent:
     def _gated(self, reasons: list[str]) -> None:
         if self.state != "gated":
             log.info("gate closed: %s", "; ".join(reasons))
+        self.runner.release_idle(gate_closed=True)
         self._set_state("gated")
 
     def _idle(self, state: str = "idle") -> None:

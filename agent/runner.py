@@ -233,7 +233,7 @@ class ChildRunner:
         self.jobs = config.state_dir / "jobs"
         self.child: TrainingChild | None = None
         self.job: ChildJob | None = None  # the newest job
-        self.prepared_for: object = None  # the announced round a child was last started ahead for
+        self.prepared_for: object = None  # what a child was last started ahead for: JOINING, or an announced round
         self.notify: Callable[[], None] = no_one
 
     def _start(self, kind: str, request: dict) -> ChildJob:
@@ -254,8 +254,10 @@ class ChildRunner:
             why = JOINING if key == JOINING else "announced-round"
             self.child = TrainingChild(self.config_path, self.worker, prepared_for=why, notify=self.notify)
 
-    def release_idle(self) -> None:
-        """An adaptive child without a job for ``training.warm_idle_s`` exits: the idle agent is the daemon alone."""
+    def release_idle(self, gate_closed: bool = False) -> None:
+        """An adaptive child without a job for ``training.warm_idle_s`` exits: the idle agent is the daemon alone.
+        A closed gate lets it go at once: a child started ahead (still importing PyTorch, perhaps) must not hold
+        the device's cores and memory while it flies."""
         child, job = self.child, self.job
         if self.worker != "adaptive" or child is None or not child.alive():
             return
@@ -263,7 +265,9 @@ class ChildRunner:
             return  # a job runs
         last_job = job.finished_at if job is not None and job.child is child else None
         idle_s = time.monotonic() - (last_job or child.started_at)
-        if idle_s >= self.idle_s:
+        if gate_closed:
+            child.kill(f"reason=gate-closed idle_s={idle_s:.0f}")
+        elif idle_s >= self.idle_s:
             child.kill(f"reason=idle idle_s={idle_s:.0f} warm_idle_s={self.idle_s:g}")
 
     def _fresh_dir(self, kind: str) -> Path:

@@ -28,7 +28,13 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dat
     dataset cache (``models.dataset_cache``), so only the first run imports scikit-learn."""
     version = importlib.metadata.version("scikit-learn")
     return cached_split(f"digits-sklearn{version}-test{test_fraction!r}-seed{seed}",
-                        lambda: _split_digits(test_fraction, seed))  # fmt: skip
+                        lambda: _split_digits(test_fraction, seed), _digits_fit)  # fmt: skip
+
+
+def _digits_fit(train: Dataset, test: Dataset) -> bool:
+    """What ``_split_digits`` makes: 1,797 8x8 images in [0, 1], labels 0-9."""
+    return all(d.x.shape[1:] == (1, 8, 8) and d.x.min(initial=0) >= 0 and d.x.max(initial=0) <= 1
+               and d.y.max(initial=0) <= 9 for d in (train, test)) and len(train) + len(test) == 1797  # fmt: skip
 
 
 def _split_digits(test_fraction: float, seed: int) -> tuple[Dataset, Dataset]:

@@ -81,8 +81,8 @@ class Runner(Protocol):
         """A round is near: one that selects this agent was announced (``key``: its run, round and attempt), or
         the agent is joining (``JOINING``: started, gate open, no task yet). Get ready."""
 
-    def release_idle(self) -> None:
-        """Give back what an idle runner holds, once it has been idle long enough."""
+    def release_idle(self, gate_closed: bool = False) -> None:
+        """Give back what an idle runner holds, once it has been idle long enough (a closed gate: at once)."""
 
     def close(self) -> None: ...
 
@@ -153,7 +153,7 @@ class InProcessRunner:
     def prepare(self, key: object) -> None:
         """The trainer is built already."""
 
-    def release_idle(self) -> None:
+    def release_idle(self, gate_closed: bool = False) -> None:
         """The trainer belongs to the hosting process."""
 
     def close(self) -> None:

@@ -7,7 +7,9 @@ Tests that start a broker, a daemon, a browser or another process are marked ``i
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,8 +25,11 @@ if str(ROOT) not in sys.path:
 # before PyTorch is first imported; a value already in the environment wins.
 for pool in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(pool, "1")
-# Derived datasets (models.dataset_cache) in the temp folder, not the user's cache; the daemons inherit it.
-os.environ.setdefault("SKYFED_CACHE_DIR", str(Path(tempfile.gettempdir()) / f"skyfed-test-cache-{os.getuid()}"))
+# Derived datasets (models.dataset_cache) in a folder of this run's own, not the user's cache: the pytest-xdist
+# workers and the daemons tests start inherit it; the process that made it removes it.
+if "SKYFED_CACHE_DIR" not in os.environ:
+    os.environ["SKYFED_CACHE_DIR"] = tempfile.mkdtemp(prefix="skyfed-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["SKYFED_CACHE_DIR"], ignore_errors=True)
 
 from models.yolo import ultralytics_offline  # noqa: E402
 from sim.broker import mosquitto_path, start_broker  # noqa: E402

@@ -40,3 +40,20 @@ def test_a_damaged_cache_file_is_made_again_and_an_unwritable_cache_only_costs_t
     blocker.write_text("")
     monkeypatch.setenv("SKYFED_CACHE_DIR", str(blocker / "cache"))  # a folder that cannot be made
     assert same(load_digits(0.2, 1), expected) and cache_dir() == blocker / "cache"
+
+
+def test_a_cache_file_that_does_not_hold_a_digits_split_is_made_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("SKYFED_CACHE_DIR", str(tmp_path))
+    expected = load_digits(0.2, 2)
+    (cached,) = tmp_path.iterdir()
+    np.savez(cached.with_suffix(""), x_train=np.zeros((10, 8, 8), np.float32), y_train=np.zeros(10, np.int64),
+             x_test=np.zeros((5, 8, 8), np.float32), y_test=np.full(5, 99, np.int64))  # fmt: skip
+    assert same(load_digits(0.2, 2), expected)
+    np.save(cached.with_suffix(""), np.zeros(3))  # a plain .npy where the archive was
+    cached.with_suffix(".npy").replace(cached)
+    assert same(load_digits(0.2, 2), expected)
+    monkeypatch.delenv("SKYFED_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HOME")
+    monkeypatch.setattr("pathlib.Path.home", lambda: (_ for _ in ()).throw(RuntimeError("no home directory")))
+    assert same(load_digits(0.2, 2), expected)

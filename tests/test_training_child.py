@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -110,7 +111,7 @@ def test_an_adaptive_child_starts_when_a_round_is_announced_and_goes_after_its_i
 def test_an_adaptive_child_starts_as_the_agent_joins_unless_its_gate_is_closed(agent_config):
     """Started, gate open, no task yet: a round usually follows, so the child loads PyTorch while the server
     starts; it goes after its idle time like any other and is not started again until a round is announced.
-    With the gate closed (quiet hours all day) nothing starts."""
+    With the gate closed (quiet hours all day) nothing starts, and a gate that closes lets the child go at once."""
     override_toml(agent_config, training={"worker": "adaptive", "warm_idle_s": 1.0},
                   gate={"quiet_hours": ["00:00-12:00", "12:00-00:00"]})  # fmt: skip
     gated = EdgeAgent(load_agent_config(agent_config))
@@ -133,7 +134,11 @@ def test_an_adaptive_child_starts_as_the_agent_joins_unless_its_gate_is_closed(a
         assert agent.runner.child is child  # released while waiting: not started again before a round
         agent.task = digits_task()
         agent._step()
-        assert agent.runner.child is not child and agent.runner.child.alive()
+        prepared = agent.runner.child
+        assert prepared is not child and prepared.alive()
+        agent.edge.telemetry.policy = replace(agent.edge.telemetry.policy, quiet_hours=("00:00-12:00", "12:00-00:00"))
+        agent._step()
+        assert agent.state == "gated" and not prepared.alive()  # armed, say: its start-up must not take the cores
     finally:
         agent.runner.close()
 

@@ -264,6 +264,7 @@ class PeerRounds:
             log.info("gate closed round=%d: %s; the other peers do not wait for this one until it opens", self.round,
                      "; ".join(reasons))  # fmt: skip
         self.gated, self.phase = reasons, "gated"
+        self.client.runner.release_idle(gate_closed=True)  # a running job is cancelled by ``_gate``
         self.node.publish_member("member", self.round)
 
     def _resume(self, now: float) -> None:
