@@ -7,9 +7,9 @@ does it with PyTorch, and answers one JSON line: ``{"ok": true, "export": {…}}
 is in ``<dir>/result.safetensors``), ``{"exported": detail}``, ``{"declined": reason}`` or
 ``{"failed": reason}`` (``agent.runner.as_reply``).
 With ``--prepare`` (a child started ahead of its job: as the agent joins, or as a round is announced) it builds
-the trainer at once: PyTorch's import and the data's load overlap the server's start or the model's download. Exits when stdin closes. Only replies
-go to stdout: the file descriptor is moved aside at start and stdout points at stderr, so whatever a
-library prints ends up in the agent's log, not in the protocol.
+the trainer at once: PyTorch's import and the data's load overlap the server's start or the model's download.
+Exits when stdin closes. Only replies go to stdout: the file descriptor is moved aside at start and stdout
+points at stderr, so whatever a library prints ends up in the agent's log, not in the protocol.
 The request comes from the agent's own daemon, which checked and signed-off the task; it is trusted.
 """
 
