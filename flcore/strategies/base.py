@@ -40,7 +40,6 @@ from protocol.typed import SchemaError, build
 NamedArrays = dict[str, np.ndarray]
 BLOCK_BYTES = 3 << 19  # one column block of all updates: within a core's L2 cache, so a kernel's passes stay there
 BLOCK_MIN_COLUMNS = 4096  # many agents: wider than the cache, so per-block overhead stays small
-MIX_BYTES = 256 << 20  # RAM for the models ``mixed_models`` builds in one pass over the kept ones
 KEPT_MODELS_NOT_PEERS = "it keeps every agent's model on a server and sends each agent its own start model"
 
 
@@ -97,7 +96,8 @@ class KeptModels:
     current: dict[str, Assignment]  # what every agent started this round from
     spec: tuple[TensorSpec, ...]  # layout of the float vectors
     vector: Callable[[Holding], np.ndarray]  # a kept model's float vector (read-only, memory-mapped)
-    put: Callable[[str, np.ndarray], Holding]  # keep a new model (a group's, say): owner "+name", never an agent id
+    # keep a new model (a group's, say): owner "+name", never an agent id; called from several threads at once
+    put: Callable[[str, np.ndarray], Holding]
     peers: Callable[[tuple[Holding, ...]], Peers]  # kept models as a bundle an agent attends over (FedAMN)
     rng: Callable[[], np.random.Generator]  # seeded per round: the same after a restart
     evaluate: Callable[[np.ndarray], dict[str, float]] | None = None  # a float vector on the server's eval set
@@ -349,25 +349,3 @@ def model_differences(global_vector: np.ndarray, contributions: list[Contributio
 def _blocks(difference: ModelDifference, width: int = 1 << 20) -> Iterator[np.ndarray]:
     for start in range(0, difference.size, width):
         yield difference[start : start + width]
-
-
-def mixed_models(views: list[Contribution], mixing: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-    """``(r, Σⱼ mixing[r, j]·modelⱼ)`` for every row r (float32), where ``views[j].delta`` is model j: a group's
-    or an agent's personalized model built from the kept ones. Rows are computed a batch at a time, one pass
-    over the models per batch, so RAM holds ``MIX_BYTES`` of results whatever the number of rows (100
-    agents × a 3.2M-value model would be 1.3 GB at once), the column blocks shared among the cores
-    (``blas.in_parallel``); each row is valid until the next is asked for."""
-    size = views[0].delta.size
-    batch = max(1, MIX_BYTES // (4 * size))
-    buffer = np.empty((min(batch, len(mixing)), size), np.float32)  # one, reused: a batch's rows, then the next's
-    for first in range(0, len(mixing), batch):
-        rows = mixing[first : first + batch].astype(np.float32)
-        out = buffer[: len(rows)]
-
-        def mix(part: int, parts: int, rows: np.ndarray = rows, out: np.ndarray = out) -> None:
-            for start, stop, block in column_blocks(views, part, parts):
-                np.matmul(rows, block, out=out[:, start:stop])
-
-        blas.in_parallel(mix)
-        for i in range(len(rows)):
-            yield first + i, out[i]

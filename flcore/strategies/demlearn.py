@@ -13,7 +13,7 @@ published as the global model.
 
 Unrolled, a level-1 group model is Σₖ cₖ·mₖ over its ancestors' member means mₖ (c = (1 − α)·αᵏ⁻¹ for the
 group levels, α^levels for the root), so ``group_mixing`` gives it as one weight per agent and the models
-are read in column blocks from the server's model store (``mixed_models``: 256 MB of results at a time).
+are read in column blocks from the server's model store (``mixing.mixed_models``: 256 MB of results at a time).
 
 Choices where the thesis leaves room (docs/strategies.md): distances between whole models are average
 linkage (UPGMA) on the pairwise distance matrix (the thesis calls its rule "average linkage" but defines
@@ -44,9 +44,9 @@ from flcore.strategies.base import (
     TrainPlan,
     asking,
     mean_of_models,
-    mixed_models,
 )
 from flcore.strategies.krum import gram_matrix
+from flcore.strategies.mixing import mixed_models
 from models.weights import RUNNING_STATISTICS, ranges_of
 from protocol.messages import TrainSettings, headline
 

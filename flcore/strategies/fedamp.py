@@ -25,7 +25,7 @@ Choices where the paper leaves room: if the distance weights of the others sum p
 stays an average of models and keeps at least ``self_weight`` of the agent's own (the first version
 scaled them to 1: every agent then started from the mean of the others', never its own). The proximal term
 is the paper's squared norm (PFLlib adds the norm itself, unsquared). Memory: the Gram matrix (8·n² bytes)
-and 256 MB of cloud models at a time (``mixed_models``); the models stay on disk.
+and 256 MB of cloud models at a time (``mixing.keep_mixed``); the models stay on disk.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ from flcore.strategies.base import (
     TrainPlan,
     asking,
     mean_of_models,
-    mixed_models,
 )
 from flcore.strategies.demlearn import distance_matrix
 from flcore.strategies.krum import gram_matrix, squared_distances
+from flcore.strategies.mixing import keep_mixed
 from protocol.messages import TrainSettings
 
 ATTENTIONS = ("distance", "cosine")
@@ -130,9 +130,8 @@ class FedAMP(Strategy):
         center = self.start_vector if self.options.attention == "distance" else None  # cosine: of the models
         xi = attention_weights(gram_matrix(views, center=center), self.options)
         starts, own = {}, self.options.start == "own"
-        for row, cloud in mixed_models(views, xi):
-            agent = models.agents[row]
-            cloud_model = models.put(f"cloud-{agent}", cloud)
+        clouds = keep_mixed(models.put, [f"cloud-{agent}" for agent in models.agents], views, xi)
+        for agent, cloud_model in zip(models.agents, clouds, strict=True):
             if own:  # wᵢ, with uᵢ beside it for the proximal pull
                 starts[agent] = replace(models.own(agent), peers=models.peers((cloud_model,)))
             else:
