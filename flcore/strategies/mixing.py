@@ -52,8 +52,8 @@ def mixed_models(views: list[Contribution], mixing: np.ndarray) -> Iterator[tupl
 def keep_mixed(
     put: Callable[[str, np.ndarray], Holding], names: list[str], views: list[Contribution], mixing: np.ndarray
 ) -> list[Holding]:
-    """``put(names[r], Σⱼ mixing[r, j]·modelⱼ)`` for every row r (``KeptModels.put``, which must allow two calls at
-    once), in row order."""
+    """``put(names[r], Σⱼ mixing[r, j]·modelⱼ)`` for every row r (``KeptModels.put``, called ``KEEP_THREADS``
+    at a time), in row order."""
     kept: list[Holding] = []
     with ThreadPoolExecutor(KEEP_THREADS, thread_name_prefix="keep") as pool:
         for first, rows in mixed_batches(views, mixing):
