@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from models.batches import Batches
 from models.datasets import Dataset, to_loader
 from models.sgd import MomentumSGD
 from models.weights import NamedArrays, load_arrays
@@ -89,9 +90,12 @@ def train_sgd(
         raise ValueError(f"optimizer must be sgd or adamw, got {optimizer!r}")
     stepper = chosen
     loss_fn = nn.CrossEntropyLoss()
-    loader = to_loader(data, batch_size=batch_size, shuffle=True, seed=seed)
-    if prepare is not None:
+    loader: DataLoader | Batches
+    if prepare is not None:  # Opacus replaces a DataLoader's sampler with its Poisson sampling
+        loader = to_loader(data, batch_size=batch_size, shuffle=True, seed=seed)
         model, stepper, loader = prepare(model, stepper, loader)
+    else:
+        loader = Batches(data, batch_size=batch_size, shuffle=True, seed=seed)
     last_loss = float("nan")
     steps_left = max(1, math.ceil(work * epochs * len(loader)))
     for _ in range(epochs):
@@ -155,7 +159,7 @@ def evaluate(model: nn.Module, data: Dataset, device: torch.device, batch_size: 
     on_device(model, device).eval()
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     correct, total_loss = 0, 0.0
-    for x, y in to_loader(data, batch_size=batch_size, shuffle=False, seed=0):
+    for x, y in Batches(data, batch_size=batch_size, shuffle=False, seed=0):
         x, y = x.to(device), y.to(device)
         logits = model(x)
         total_loss += float(loss_fn(logits, y))

@@ -38,7 +38,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.datasets import Dataset, to_loader
+from models.batches import Batches
+from models.datasets import Dataset
 from models.serialization import SerializationError, load_file, save_file
 from models.training import on_device
 from models.weights import NamedArrays, is_float
@@ -216,7 +217,7 @@ def _meta_train(
     counts = {name: torch.from_numpy(a).to(device) for name, a in own.items() if not is_float(a)}
     on_device(model, device).train()
     optimizer = torch.optim.Adam(list(theta.values()), lr=lr)
-    loader = to_loader(data, batch_size=batch_size, shuffle=True, seed=seed)
+    loader = Batches(data, batch_size=batch_size, shuffle=True, seed=seed)
     last_loss, steps = float("nan"), 0
     for _ in range(epochs):
         total, seen = 0.0, 0
