@@ -19,16 +19,25 @@ Buffer = bytes | bytearray | memoryview
 def atomic_write(path: Path, data: Buffer | tuple[Buffer, ...], mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` (or its parts, one after another: a header and a large array written
     where it lies, without joining them into one copy) atomically and durably; the file gets ``mode``
-    (umask aside)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    (umask aside). Plain descriptor calls, the folder made only when the first open finds none: each system
+    call lets other threads take the interpreter, and a process hosting 100 agents waited its turn back after
+    every one of them (``sim.agent_host``)."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
-        with os.fdopen(fd, "wb") as handle:
+        fd = os.open(tmp, flags, mode)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, flags, mode)
+    try:
+        try:
             for part in data if isinstance(data, tuple) else (data,):
-                handle.write(part)
-            handle.flush()
-            os.fsync(handle.fileno())
+                view = memoryview(part).cast("B")
+                while view:
+                    view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -15,6 +15,7 @@ over (FedAMN), named by fingerprint the same way.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -63,10 +64,11 @@ class ProgressStore:
 
     def store_update(self, round_number: int, data: bytes) -> None:
         """Keep this round's update (and only it) on disk before it is sent."""
-        atomic_write(self.update_path(round_number), data, mode=0o600)
-        for old in self.directory.glob("update-r*.safetensors"):
-            if old.name != self.update_path(round_number).name:
-                old.unlink(missing_ok=True)
+        kept = self.update_path(round_number)
+        atomic_write(kept, data, mode=0o600)
+        for name in os.listdir(self.directory):  # one call: a Path.glob per round cost more than the write's Python
+            if name.startswith("update-r") and name.endswith(".safetensors") and name != kept.name:
+                (self.directory / name).unlink(missing_ok=True)
 
     def drop_update(self, round_number: int) -> None:
         self.update_path(round_number).unlink(missing_ok=True)
