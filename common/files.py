@@ -32,7 +32,8 @@ def atomic_write(path: Path, data: Buffer | tuple[Buffer, ...], mode: int = 0o64
     try:
         try:
             for part in data if isinstance(data, tuple) else (data,):
-                view = memoryview(part).cast("B")
+                view = memoryview(part)
+                view = view.cast("B") if view.nbytes else view[:0]  # no byte cast of an empty (0, 4) array
                 while view:
                     view = view[os.write(fd, view) :]
             os.fsync(fd)

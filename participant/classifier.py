@@ -15,7 +15,7 @@ import torch
 
 from flcore.update import TrainResult
 from models.datasets import Dataset
-from models.own import model_refusal
+from models.own import is_reference, model_refusal
 from models.training import evaluate, seed_training, train_sgd
 from models.weights import NamedArrays, load_arrays, spec_mismatch, state_spec, to_arrays
 from models.zoo import build_model
@@ -106,9 +106,9 @@ class ClassifierTrainer:
 
     def _keep(self, task: RoundTask, model: torch.nn.Module) -> None:
         """Keep the trained module for the next round to load its start into: building one was a sixth of a small
-        model's round on an agent (cProfile). Not after DP-SGD (Opacus hooks the module), nor for a model with
-        state outside its state_dict (a non-persistent buffer would carry over)."""
-        if self.budget is None and {n for n, _ in model.named_buffers()} <= model.state_dict().keys():
+        model's round on an agent (cProfile). Not after DP-SGD (Opacus hooks the module), nor an operator's own model
+        (``models.own``: what it keeps outside its state_dict would carry over into the next round)."""
+        if self.budget is None and not is_reference(task.model):
             model.zero_grad(set_to_none=True)
             self._spare[(task.model, task.num_classes)] = model
 

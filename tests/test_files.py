@@ -29,6 +29,8 @@ def test_a_large_buffer_and_an_empty_one(tmp_path):
     assert (tmp_path / "big").read_bytes() == big.tobytes()
     atomic_write(tmp_path / "big", b"")
     assert (tmp_path / "big").read_bytes() == b""
+    atomic_write(tmp_path / "big", (memoryview(np.zeros((0, 4), np.float32)), b"end"))
+    assert (tmp_path / "big").read_bytes() == b"end"
 
 
 def test_a_failed_write_keeps_the_old_file_and_leaves_nothing(tmp_path):

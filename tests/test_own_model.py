@@ -218,3 +218,14 @@ def test_sim_model_flag_names_the_flag_when_the_builder_is_bad(own_code):
     with pytest.raises(ValueError, match="--model = 'ownfed_model:not_a_module': returned a dict"):
         SimSettings(agents=1, rounds=1, model="ownfed_model:not_a_module")
     assert SimSettings(agents=1, rounds=1, model="ownfed_model:build").model == "ownfed_model:build"
+
+
+def test_a_trainer_builds_the_operators_own_model_afresh_each_round(tmp_path, own_code):
+    """Only zoo models are kept between rounds: an own model may hold state outside its state_dict."""
+    from ownfed_model import build
+
+    train = Dataset(np.random.default_rng(0).random((8, 1, 8, 8), dtype=np.float32), np.arange(8) % 10)
+    trainer = ClassifierTrainer(train, device="cpu", agent_id="agent-01", work_dir=tmp_path, model="ownfed_model:build")
+    start = {name: t.detach().numpy().copy() for name, t in build(10).state_dict().items()}
+    trainer.train(start, round_task(model="ownfed_model:build"))
+    assert trainer._spare == {}
