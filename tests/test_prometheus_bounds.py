@@ -82,7 +82,8 @@ def test_1100_idle_connections_to_the_metrics_port_leave_the_rounds_of_a_1024_de
     def edit(layout):  # noqa: ANN001
         override_toml(layout.server_config, metrics={"prometheus_port": port}, rounds={"quorum": 2})
 
-    fed = Federation(tmp_path, broker, rounds=50, agents=2, edit=edit)  # stopped once the test has seen enough
+    fed = Federation(tmp_path, broker, rounds=1_000, agents=2, edit=edit)  # stopped once the test has seen enough:
+    # its last scrape comes 10 s (the idle timeout) after five rounds, which 50 rounds of 0.2 s no longer outlast
     log = tmp_path / "server.log"
     with log.open("wb") as out:
         server = subprocess.Popen([sys.executable, "-m", "skyfed", "server", "run", "--config",
