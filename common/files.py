@@ -33,7 +33,9 @@ def atomic_write(path: Path, data: Buffer | tuple[Buffer, ...], mode: int = 0o64
         try:
             for part in data if isinstance(data, tuple) else (data,):
                 view = memoryview(part)
-                view = view.cast("B") if view.nbytes else view[:0]  # no byte cast of an empty (0, 4) array
+                if not view.nbytes:  # nothing to write (and an empty (0, 4) array has no byte cast)
+                    continue
+                view = view.cast("B")
                 while view:
                     view = view[os.write(fd, view) :]
             os.fsync(fd)
