@@ -115,6 +115,11 @@ def player(ws_broker):
     client.stop()
 
 
+def rounds_done(driver) -> int:  # noqa: ANN001
+    shown = text(driver, "#rounds-done")
+    return int(shown) if shown.isdigit() else 0
+
+
 def points(driver) -> int:  # noqa: ANN001
     return int(driver.find_element("id", "score-chart").get_attribute("data-points"))
 
@@ -143,8 +148,10 @@ def test_page_follows_a_live_federation_and_reads_no_model_or_update_topic(tmp_p
         for _ in range(3):  # each metrics publish: the round counter, its row and the lead curve follow within 2 s
             message = wait_until(lambda: watcher.poll(0.05), timeout_s=90, what="round metrics")
             published_at, metrics = time.monotonic(), RoundMetrics.from_json(message[1])
-            wait_until(lambda m=metrics: text(browser, "#rounds-done") == str(m.round) and points(browser) == m.round
-                       and text(browser, "#updates tbody tr td") == str(m.round),
+            # at least round m: rounds take well under a second, so the next one may already be on the page
+            wait_until(lambda m=metrics: rounds_done(browser) >= m.round
+                       and points(browser) >= m.round
+                       and str(m.round) in texts(browser, "#updates tbody tr td:first-child"),
                        timeout_s=2.0, what=f"round {metrics.round} on the page within 2 s")  # fmt: skip
             lags.append(time.monotonic() - published_at)
         print(f"page lag after each metrics publish: {', '.join(f'{lag:.2f} s' for lag in lags)}")
