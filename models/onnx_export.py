@@ -156,7 +156,7 @@ def max_abs_diff(
     float32 rounding alone exceeds 1e-4 once boxes reach ~100 px (1.2e-4 seen on a trained YOLO11n at 160)."""
     from models.onnx_runtime import cpu_session
 
-    session = cpu_session(file)
+    session = cpu_session(file, quiet=True)
     generator = torch.Generator().manual_seed(SEED)
     worst = 0.0
     for _ in range(CHECK_SAMPLES):

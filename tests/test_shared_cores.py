@@ -98,3 +98,29 @@ def test_a_negative_bound_is_refused_at_start(capsys):
         main(["--jobs-at-once", "-1"])
     assert stopped.value.code == 2
     assert "--jobs-at-once must be 0 (no bound) or more, got -1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("cores", "hosts", "each"), [(2, 1, 2), (2, 2, 1), (2, 10, 1), (16, 3, 5), (1, 0, 1)])
+def test_the_sims_host_processes_split_the_machines_cores(monkeypatch, cores, hosts, each):
+    from sim import launch
+
+    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _pid: set(range(cores)))
+    assert launch.jobs_per_host(hosts) == each
+
+
+def test_each_host_process_is_started_with_its_share_of_the_cores(tmp_path, monkeypatch):
+    from sim import launch
+    from sim.federation import SimSettings
+
+    started = []
+    monkeypatch.setattr(launch, "spawn", lambda args, log, module="skyfed": started.append((module, args)))
+    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda _pid: {0, 1})
+    configs = {f"agent-{i:02d}": tmp_path / f"agent-{i:02d}.toml" for i in range(1, 6)}
+    launch.spawn_agents(configs, SimSettings(agents=5, rounds=1, agents_per_process=2), tmp_path)
+    hosts = [args for module, args in started if module == "sim.agent_host"]
+    assert len(hosts) == 2 and all(args[args.index("--jobs-at-once") + 1] == "1" for args in hosts)
+    assert [args[:2] for module, args in started if module == "skyfed"] == [["agent", "run"]], "the fifth, alone"
+    started.clear()
+    launch.spawn_agents(configs, SimSettings(agents=5, rounds=1, agents_per_process=5), tmp_path)
+    (host,) = [args for module, args in started if module == "sim.agent_host"]
+    assert host[host.index("--jobs-at-once") + 1] == "2"
