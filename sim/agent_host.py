@@ -5,7 +5,8 @@ connection and client id, keys, state folder and durable progress — running it
 its own, except that its training runs in this process (``agent.runner.InProcessRunner``) instead of
 a training child: the hosted agents share one process and its PyTorch (about 370 MB of private
 memory per process; ``skyfed sim --agents-per-process K``). Their jobs take turns on the process's cores
-(``--jobs-at-once``, ``participant.jobs.OnSharedCores``): 100 agents training at once on 2 cores each got a
+(``--jobs-at-once``, ``participant.jobs.OnSharedCores``; ``skyfed sim`` gives each host its share of the machine's,
+``sim.launch.jobs_per_host``): 100 agents training at once on 2 cores each got a
 hundredth of them and of the interpreter's lock, and a round took twice as long (docs/results/scale.md).
 Experiments change an agent's trainer and nothing else:
 ``--attacker CONFIG`` hosts an agent whose trainer attacks, or that never sends (``sim.attacks``), ``--slow CONFIG`` one
