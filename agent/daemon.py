@@ -242,7 +242,7 @@ class EdgeAgent:
         if task.round == done:
             if self.id in task.pending and self.client.owes(task):
                 self._resend(task)
-            return self._idle("done")
+            return self._idle("uploading" if self.client.upload is not None else "done")  # done: once acknowledged
         if self.client.failed_on(task):
             return None  # failed or declined on this attempt; the server's re-announcement is the next try
         self.runner.prepare((task.run_id, task.round, task.attempt))  # its start-up overlaps the model's download
@@ -322,20 +322,17 @@ class EdgeAgent:
 
     def _send(self, task: RoundTask, data: bytes) -> None:
         """Hand the sealed update to paho; it counts as sent once the broker acknowledged every chunk
-        (``_check_upload``, from the loop: the daemon never blocks on the network). The status says "uploading"
-        only once a step finds that acknowledgement missing: on a good link "done" follows within milliseconds,
-        and a status replaced that soon tells no one anything but costs the agent, the broker and the server a
-        signed message each (a third of an agent's statuses a round; docs/results/scale.md)."""
+        (``_check_upload``, from the loop: the daemon never blocks on the network). The state becomes "uploading"
+        only at a step that finds that acknowledgement missing (``_step``): on a good link "done" follows within
+        milliseconds, and a status replaced that soon tells no one anything but costs the agent, the broker and
+        the server a signed message each (a third of an agent's statuses a round; docs/results/scale.md)."""
         self.client.send(self.edge.mqtt, task, data, self.server_time())  # signed on the server's clock (agent.clock)
-        self.state = "uploading"
 
     def _check_upload(self) -> None:
         upload = self.client.upload
         if self.client.check_upload(self.edge.mqtt, self.task) == "acknowledged":
             self.edge.metrics.update_sent(upload.size)
             self._set_state("done", publish=True)
-        elif self.report.said != self.state:  # still uploading (or given up on): the status says so now
-            self.report.publish(force=True)
 
     # transfers ---------------------------------------------------------------------------------------
     def _on_transfer_chunk(self, payload: bytes, kinds: frozenset[str], topic_round: int | None = None) -> None:

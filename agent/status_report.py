@@ -57,7 +57,6 @@ class StatusReport:
         self.agent = agent
         self.interval_s = agent.config.agent.status_interval_s
         self.last = 0.0  # when the last status went out (0: the next one goes out whatever the interval)
-        self.said = ""  # the agent's state as the last status published said it
 
     def describe(self) -> str:
         """``round 3: training``, ``round 3: gated (armed: …)``, ``no round yet: idle`` (what systemctl shows)."""
@@ -109,7 +108,4 @@ class StatusReport:
         if not force and now - self.last < self.interval_s:
             return None
         self.last = now
-        info = self.agent.edge.publish_status(self.status().to_dict())  # the server selects on signed status only
-        if info is not None:
-            self.said = self.agent.state
-        return info
+        return self.agent.edge.publish_status(self.status().to_dict())  # the server selects on signed status only

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from models.datasets import load_dataset
+from models.own import is_reference
 from models.tasks import task_of
 from models.training import evaluate
 from models.weights import NamedArrays, load_arrays
@@ -25,9 +26,11 @@ class ClassifierEvaluator:
     """Accuracy and loss of named arrays for one model architecture; builds the model once."""
 
     def __init__(self, model_name: str, num_classes: int, data_path: Path) -> None:
-        # channels-last convolutions: the digits CNN scores the 360-sample test set in 3.8 instead of 6-8 ms on
-        # one core, and a server scores up to ``server.score_trained`` + 2 models a round (docs/results/scale.md)
-        self.model = build_model(model_name, num_classes=num_classes).to(memory_format=torch.channels_last)
+        self.model = build_model(model_name, num_classes=num_classes)
+        if not is_reference(model_name):  # an operator's own model may ``view`` its activations: their layout stays
+            # channels-last convolutions: the digits CNN scores the 360-sample test set in 3.8 instead of 6-8 ms on
+            # one core, and a server scores up to ``server.score_trained`` + 2 models a round (docs/results/scale.md)
+            self.model.to(memory_format=torch.channels_last)
         self.data = load_dataset(data_path)
         self.device = pick_device()
 

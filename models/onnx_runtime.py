@@ -20,12 +20,11 @@ if hasattr(onnxruntime, "disable_telemetry_events"):  # the run-time switch too 
 
 
 def cpu_session(path: Path, *, quiet: bool = False) -> onnxruntime.InferenceSession:
-    """An inference session for the ONNX file at ``path`` on onnxruntime's CPU provider. ``quiet``: on the calling
-    thread alone, for a check of a few runs inside a busy daemon: by default onnxruntime starts a thread per core
-    that spins after each run, and on 2 cores shared with training that made a 3-run check of the digits CNN take
-    7-8 ms instead of 2 (docs/results/scale.md)."""
+    """An inference session for the ONNX file at ``path`` on onnxruntime's CPU provider. ``quiet``: its worker
+    threads sleep between runs, for a check of a few runs inside a busy daemon. By default they spin after each run,
+    and on 2 cores shared with training that made a 3-run check of the digits CNN take 5-8 ms instead of 2-3
+    (docs/results/scale.md)."""
     options = onnxruntime.SessionOptions()
     if quiet:
-        options.intra_op_num_threads = options.inter_op_num_threads = 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

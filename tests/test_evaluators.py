@@ -1,8 +1,11 @@
 """The server's classifier evaluator (``models.evaluators``) scores named arrays as ``evaluate`` scores a
-plain model, though its own copy runs its convolutions channels-last (the loss to float32 rounding: sums taken in
-another order)."""
+plain model, though its own copy of a zoo model runs its convolutions channels-last (the loss to float32 rounding:
+sums taken in another order). An operator's own model keeps its layout: its code may ``view`` its activations."""
 
 from __future__ import annotations
+
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -36,3 +39,39 @@ def test_the_evaluator_scores_as_a_plain_model_does(tmp_path, model_name):
     convs = [p for p in evaluator.model.parameters() if p.dim() == 4]
     assert all(p.is_contiguous(memory_format=torch.channels_last) for p in convs), "loading keeps the layout"
     assert bool(convs) == (model_name == "digits_cnn")
+
+
+OWN_CNN = """
+from torch import nn
+
+INPUT_SHAPE = (1, 8, 8)
+
+
+class Net(nn.Module):
+    def __init__(self, num_classes):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 8 * 8, num_classes)
+
+    def forward(self, x):
+        x = self.conv(x)
+        return self.fc(x.view(x.size(0), -1))  # needs the default layout
+
+
+def build(num_classes):
+    return Net(num_classes)
+"""
+
+
+def test_an_operators_own_model_is_evaluated_in_its_own_layout(tmp_path, monkeypatch):
+    (tmp_path / "evalown_model.py").write_text(textwrap.dedent(OWN_CNN))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "evalown_model", raising=False)
+    _, test = load_digits()
+    save_npz(tmp_path / "eval.npz", test)
+    evaluator = ClassifierEvaluator("evalown_model:build", 10, tmp_path / "eval.npz")
+    arrays = to_arrays(build_model("evalown_model:build", num_classes=10))
+    scores = evaluator(arrays)
+    assert set(scores) == {"accuracy", "loss"} and 0 <= scores["accuracy"] <= 1
+    assert not any(p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+                   for p in evaluator.model.parameters())  # fmt: skip
