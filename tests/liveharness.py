@@ -15,6 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -79,15 +80,20 @@ def leaks(payload: bytes, windows: set[bytes], width: int = 16) -> bool:
 
 class SlowInRound(TrainerWrapper):
     """A real trainer that starts late in one round (every round for None), so the test can act while that
-    round is open, whatever the training itself takes."""
+    round is open, whatever the training itself takes: ``delay_s`` later, or once ``until`` holds (at most 120 s),
+    for a lateness counted in the server's rounds, which take 0.1 s or 1 s as the machine goes."""
 
-    def __init__(self, inner: Trainer, round_number: int | None, delay_s: float) -> None:
+    def __init__(self, inner: Trainer, round_number: int | None, delay_s: float = 0.0,
+                 until: Callable[[], bool] | None = None) -> None:  # fmt: skip
         super().__init__(inner)
-        self.round_number, self.delay_s = round_number, delay_s
+        self.round_number, self.delay_s, self.until = round_number, delay_s, until
 
     def train(self, global_arrays, task, context=None):  # noqa: ANN001, ANN201
         if self.round_number in (None, task.round):
             time.sleep(self.delay_s)
+            deadline = time.monotonic() + 120
+            while self.until is not None and not self.until() and time.monotonic() < deadline:
+                time.sleep(0.05)
         return self.inner.train(global_arrays, task)
 
 

@@ -268,8 +268,8 @@ def test_an_async_federation_survives_kill_9_mid_buffer_with_every_accepted_upda
     is killed once a buffer holds an update, restarted, and the run ends with every update it accepted in the
     metrics, the late one folded with its staleness and nothing refused for its age."""
     fed = Federation(tmp_path, broker, rounds=10, asynchronous=True, buffer=2)
-    slow = fed.agents[0]  # late by several buffers of the other two (0.3-1 s each, the restart's 1.5 s), fewer than
-    slow.runner.trainer = SlowInRound(slow.runner.trainer, round_number=1, delay_s=4.0)  # the 9 after round 1
+    slow = fed.agents[0]  # late by several buffers of the other two (0.1-1 s each), fewer than the 9 after round 1
+    slow.runner.trainer = SlowInRound(slow.runner.trainer, round_number=1, until=lambda: len(fed.metrics()) >= 4)
     log = tmp_path / "server.log"
     server = start_server_process(fed.layout.server_config, log)
     fed.start_agents()
