@@ -27,9 +27,10 @@ class ClassifierEvaluator:
 
     def __init__(self, model_name: str, num_classes: int, data_path: Path) -> None:
         self.model = build_model(model_name, num_classes=num_classes)
-        if not is_reference(model_name):  # an operator's own model may ``view`` its activations: their layout stays
-            # channels-last convolutions: the digits CNN scores the 360-sample test set in 3.8 instead of 6-8 ms on
-            # one core, and a server scores up to ``server.score_trained`` + 2 models a round (docs/results/scale.md)
+        # channels-last convolutions: the digits CNN scores the 360-sample test set in 3.8 instead of 6-8 ms on one
+        # core, and a server scores up to ``server.score_trained`` + 2 models a round (docs/results/scale.md); an
+        # operator's own model keeps its layout, since its code may ``view`` its activations
+        if not is_reference(model_name):
             self.model.to(memory_format=torch.channels_last)
         self.data = load_dataset(data_path)
         self.device = pick_device()

@@ -84,11 +84,11 @@ def spawn_agents(configs: dict[str, Path], settings: SimSettings, logs: Path) ->
     options = ["--attack", settings.attack, "--scope", settings.attack_scope, "--slowdown", str(settings.slowdown)]
     names, k = list(configs), settings.agents_per_process
     groups = [names[i : i + k] for i in range(0, len(names), k)]
-    hosted = [g for g in groups if len(g) > 1 or g[0] in attackers or g[0] in slow]
-    options += ["--jobs-at-once", str(jobs_per_host(len(hosted)))]
+    hosted = [len(g) > 1 or g[0] in attackers or g[0] in slow for g in groups]
+    options += ["--jobs-at-once", str(jobs_per_host(sum(hosted)))]
     processes = []
-    for group in groups:
-        if group not in hosted:
+    for group, in_host in zip(groups, hosted, strict=True):
+        if not in_host:
             processes.append(spawn(["agent", "run", "--config", str(configs[group[0]])], logs / f"{group[0]}.log"))
             continue
         args = [a for name in group for a in ("--attacker" if name in attackers else "--config", str(configs[name]))]
