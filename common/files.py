@@ -3,53 +3,132 @@
 Write to a fresh temporary file (``O_EXCL``, random name, the final mode from the first byte, so a
 private key is never readable by others even for an instant), fsync it, ``os.replace`` it over the
 target, then fsync the directory. This is the only place SkyFed writes state; never write in place.
+
+Stores that write many large files a round (the server's updates and kept models) may hand ``AtomicFile`` a
+file they no longer need (``reuse``, from ``common.spare_files``): it is renamed to the temporary name and
+written over, so the file system allocates no new blocks. Nothing reads a spare, so the target still gets the
+old bytes or the new ones.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 Buffer = bytes | bytearray | memoryview
+SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
 
 
-def atomic_write(path: Path, data: Buffer | tuple[Buffer, ...], mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` (or its parts, one after another: a header and a large array written
-    where it lies, without joining them into one copy) atomically and durably; the file gets ``mode``
-    (umask aside). Plain descriptor calls, the folder made only when the first open finds none: each system
-    call lets other threads take the interpreter, and a process hosting 100 agents waited its turn back after
-    every one of them (``sim.agent_host``)."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-    try:
-        fd = os.open(tmp, flags, mode)
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, flags, mode)
-    try:
+class AtomicFile:
+    """A file written a piece at a time (``write``) that replaces ``path`` only at ``commit``, durably; until
+    then, and if the writer fails, ``path`` keeps its old bytes and the temporary file goes (``discard``).
+
+    ``mode``: the new file's (umask aside). ``reuse``: a spare file of the same file system to write over
+    instead of a new one (a new one when it is gone); its mode is narrowed to ``mode``. Plain descriptor calls,
+    the folder made only when the first open finds none: each system call lets other threads take the
+    interpreter, and a process hosting 100 agents waited its turn back after every one of them
+    (``sim.agent_host``)."""
+
+    def __init__(self, path: Path, mode: int = 0o644, reuse: Path | None = None, write_behind: bool = False) -> None:
+        self.path, self.reused, self.size, self.write_behind = path, reuse is not None, 0, write_behind
+        self._tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
         try:
-            for part in data if isinstance(data, tuple) else (data,):
-                view = memoryview(part)
-                if not view.nbytes:  # nothing to write (and an empty (0, 4) array has no byte cast)
-                    continue
-                view = view.cast("B")
-                while view:
-                    view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            self._fd = self._open(mode, reuse)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = self._open(mode, reuse)
+
+    def _open(self, mode: int, reuse: Path | None) -> int:
+        if reuse is not None:
+            try:
+                os.replace(reuse, self._tmp)
+            except FileNotFoundError:
+                if not self._tmp.parent.is_dir():
+                    raise  # the folder is made and the open tried again
+            else:
+                fd = os.open(self._tmp, os.O_WRONLY)
+                os.fchmod(fd, os.fstat(fd).st_mode & mode & 0o7777)
+                return fd
+        return os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+
+    def write(self, data: Buffer) -> None:
+        """Append ``data``'s bytes (any buffer: an array is written where it lies); with ``write_behind``, the
+        kernel starts putting them on disk at once (``start_writeback``)."""
+        view = memoryview(data)
+        if not view.nbytes:  # nothing to write (and an empty (0, 4) array has no byte cast)
+            return
+        view, start = view.cast("B"), self.size
+        self.size += view.nbytes
+        while view:
+            view = view[os.write(self._fd, view) :]
+        if self.write_behind:
+            start_writeback(self._fd, start, self.size - start)
+
+    def commit(self) -> None:
+        """fsync, rename over ``path``, fsync the folder; discarded instead if any of it fails."""
+        try:
+            if self.reused:
+                os.ftruncate(self._fd, self.size)  # a longer spare's tail goes
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+            os.replace(self._tmp, self.path)
+        except BaseException:
+            self.discard()
+            raise
+        dir_fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
         finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+            os.close(dir_fd)
+
+    def discard(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._tmp.unlink(missing_ok=True)
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Have the kernel start writing the file's bytes [offset, offset + length) to disk, without waiting
+    (Linux's ``sync_file_range`` with ``SYNC_FILE_RANGE_WRITE``; elsewhere nothing): a file written piece by
+    piece while other work goes on is then mostly on disk when its fsync comes, where the page cache would
+    otherwise hold it all until then (the kernel starts on its own only past ``dirty_background_ratio``, 10 %
+    of RAM). PostgreSQL's ``checkpoint_flush_after`` does the same for its checkpoints. A hint: errors are
+    left to the fsync."""
+    call = _sync_file_range()
+    if call is not None:
+        call(fd, offset, length, SYNC_FILE_RANGE_WRITE)
+
+
+@functools.cache
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    import ctypes
+
+    routine = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None)  # glibc and musl on Linux
+    if routine is not None:
+        routine.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    return routine
+
+
+def atomic_write(
+    path: Path, data: Buffer | tuple[Buffer, ...], mode: int = 0o644, reuse: Path | None = None
+) -> None:
+    """Replace ``path`` with ``data`` (or its parts, one after another: a header and a large array written
+    where it lies, without joining them into one copy) atomically and durably (``AtomicFile``)."""
+    file = AtomicFile(path, mode, reuse)
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        for part in data if isinstance(data, tuple) else (data,):
+            file.write(part)
+    except BaseException:
+        file.discard()
+        raise
+    file.commit()
 
 
 def json_text(value: Any) -> str:

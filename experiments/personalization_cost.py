@@ -54,17 +54,11 @@ def end_of_round_seconds(name: str, agents: int, params: int) -> tuple[float, fl
             kept[f"agent-{i:03d}"] = Holding(1, f"agent-{i:03d}", f"{i:064x}")
             bank.put(kept[f"agent-{i:03d}"], kinds[i % 4] + 0.1 * rng.standard_normal(params, dtype=np.float32), spec)
         views = [Contribution(a, bank.vector(h), 1.0, 1.0, 0.0, model=bank.vector(h)) for a, h in kept.items()]
-        written = iter(range(10**9))
-
-        def put(owner: str, vector: np.ndarray) -> Holding:
-            holding = Holding(1, f"+{owner}", f"{next(written) + agents:064x}")
-            bank.put(holding, vector, spec)
-            return holding
-
         def one_round() -> None:
             strategy = build_strategy({"name": name, **({"after": 1} if name == "fedamn" else {})})
             models = KeptModels(round=1, action=strategy.action(1), agents=list(kept), kept=kept, exact=set(kept),
-                                current={}, spec=spec, vector=bank.vector, put=put,
+                                current={}, spec=spec, vector=bank.vector,
+                                writer=lambda owner: bank.writer(1, f"+{owner}", spec, {}),
                                 peers=lambda holdings: bank.peers(holdings, spec),
                                 rng=lambda: np.random.default_rng(1))  # fmt: skip
             strategy.aggregate(np.zeros(params, np.float32), views)

@@ -21,7 +21,8 @@ its rows' fingerprints, which the server has already, where hashing every recipi
 100 agents x 10 models x 12.8 MB a round; the name travels in the sealed (signed) bundle's metadata
 (``BUNDLE_NAME``), and the salt, secret, keeps it from saying anything about the rows. The strategy's
 ``plan_starts`` says who gets what (``strategies.base``). Disk: one model per assignment, plus the models of
-the round being closed; files nothing refers to are deleted at the next checkpoint.
+the round being closed; files nothing refers to are released at the next checkpoint, to be written over by the
+next round's models (``common.spare_files``), and deleted at the one after if none took them.
 """
 
 from __future__ import annotations
@@ -31,17 +32,20 @@ import mmap
 import random
 import secrets
 import shutil
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from common.files import atomic_write
-from models.serialization import float32_parts, float32_region
-from models.weights import NamedArrays, TensorSpec, unflatten
+from common.files import AtomicFile, atomic_write
+from common.spare_files import SpareFiles
+from models.serialization import float32_header, float32_parts, float32_region
+from models.weights import Fingerprinter, NamedArrays, TensorSpec, unflatten
 
 DITHER = 2.0**-16  # a bundle's values are each scaled by a factor in [1 - DITHER, 1 + DITHER]
 BUNDLE_NAME = "bundle"  # the sealed bundle's metadata key for its name
+SPARE_FOLDER = ".spare"  # released models, written over by the next ones
 
 
 @dataclass(frozen=True)
@@ -131,16 +135,59 @@ def settle(
     return out
 
 
+class ModelWriter:
+    """A model kept front to back as its float32 values are computed (``write``, in ``flatten`` order): written
+    to the bank and fingerprinted on the way, so it is never read back to be named; ``close`` makes it durable."""
+
+    def __init__(self, file: AtomicFile, fingerprinter: Fingerprinter, round_number: int, owner: str) -> None:
+        self._file, self._fingerprinter = file, fingerprinter
+        self.round, self.owner = round_number, owner
+
+    def write(self, values: np.ndarray) -> None:
+        self._fingerprinter.update(values)
+        self._file.write(values)
+
+    def close(self) -> Holding:
+        """The model, fsynced and in place (``AtomicFile.commit``); discarded if its values fell short."""
+        try:
+            holding = Holding(self.round, self.owner, self._fingerprinter.hexdigest())
+        except ValueError:
+            self._file.discard()
+            raise
+        self._file.commit()
+        return holding
+
+    def discard(self) -> None:
+        self._file.discard()
+
+
 class ModelBank:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
+        self.spares = SpareFiles(directory / SPARE_FOLDER)
 
     def path(self, holding: Holding) -> Path:
-        return self.directory / f"r{holding.round}" / f"{holding.owner}.safetensors"
+        return self._path(holding.round, holding.owner)
+
+    def _path(self, round_number: int, owner: str) -> Path:
+        return self.directory / f"r{round_number}" / f"{owner}.safetensors"
 
     def put(self, holding: Holding, vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> None:
-        atomic_write(self.path(holding), float32_parts(vector, spec), mode=0o600)
+        atomic_write(self.path(holding), float32_parts(vector, spec), mode=0o600, reuse=self.spares.take())
+
+    def writer(
+        self, round_number: int, owner: str, spec: tuple[TensorSpec, ...], arrays: Mapping[str, np.ndarray]
+    ) -> ModelWriter:
+        """``owner``'s model after round ``round_number``, kept as its floats are computed (``ModelWriter``);
+        ``arrays``: the model's other entries, which its fingerprint covers and the bank does not keep."""
+        file = AtomicFile(self._path(round_number, owner), 0o600, self.spares.take(), write_behind=True)
+        try:
+            file.write(float32_header(spec))
+            return ModelWriter(file, Fingerprinter(arrays, spec), round_number, owner)
+        except BaseException:
+            file.discard()
+            raise
 
     def vector(self, holding: Holding) -> np.ndarray:
         """The kept model's float vector (global model layout), a read-only view of its file."""
@@ -159,14 +206,13 @@ class ModelBank:
         return peer_bundle([self.vector(h) for h in peers.models], spec, peers.salt)
 
     def keep_only(self, holdings: set[Holding]) -> None:
-        """Delete every kept model but ``holdings`` (and rounds' folders left empty)."""
+        """Release every kept model but ``holdings`` to the spares (``common.spare_files``) and delete rounds'
+        folders left empty."""
         wanted = {self.path(h) for h in holdings}
-        for folder in self.directory.iterdir():
+        folders = [f for f in self.directory.iterdir() if f != self.spares.directory]
+        self.spares.release(p for f in folders if f.is_dir() for p in f.iterdir() if p not in wanted)
+        for folder in folders:
             if not folder.is_dir():
                 folder.unlink(missing_ok=True)
-                continue
-            for path in folder.iterdir():
-                if path not in wanted:
-                    path.unlink(missing_ok=True)
-            if not any(folder.iterdir()):
+            elif not any(folder.iterdir()):
                 shutil.rmtree(folder, ignore_errors=True)

@@ -59,8 +59,17 @@ def dumps(arrays: NamedArrays, metadata: dict[str, str] | None = None) -> bytes:
 
 def float32_parts(vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> tuple[bytes, memoryview]:
     """``dumps(unflatten(vector, spec))``, the same bytes, as its header and the vector's own memory: a model
-    the server keeps is written where it lies, not copied twice into one buffer first. ``spec`` is all
-    float32 in the order safetensors stores it, by name (``float32_region``'s and the server's layout)."""
+    the server keeps is written where it lies, not copied twice into one buffer first."""
+    header = float32_header(spec)
+    if 4 * vector.size != sum(4 * math.prod(s.shape) for s in spec) or vector.dtype != np.float32:
+        raise ValueError(f"vector of {vector.size} {vector.dtype} values does not fill the spec's tensors")
+    return header, memoryview(np.ascontiguousarray(vector)).cast("B")
+
+
+def float32_header(spec: tuple[TensorSpec, ...]) -> bytes:
+    """The header ``dumps`` writes for ``spec``'s tensors, whose float32 values follow it in ``flatten`` order
+    (a file written as its values are computed). ``spec`` is all float32 in the order safetensors stores it, by
+    name (``float32_region``'s and the server's layout)."""
     names = [s.name for s in spec]
     if any(np.dtype(s.dtype) != np.float32 for s in spec) or names != sorted(names):
         raise ValueError("float32_parts needs float32 tensors in safetensors' order (by name)")
@@ -69,11 +78,9 @@ def float32_parts(vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> tuple[byt
         size = 4 * math.prod(s.shape)
         entries[s.name] = {"data_offsets": [offset, offset + size], "dtype": "F32", "shape": list(s.shape)}
         offset += size
-    if offset != 4 * vector.size or vector.dtype != np.float32:
-        raise ValueError(f"vector of {vector.size} {vector.dtype} values does not fill the spec's {offset} bytes")
     header = json.dumps(entries, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     header += b" " * (-len(header) % 8)
-    return struct.pack("<Q", len(header)) + header, memoryview(np.ascontiguousarray(vector)).cast("B")
+    return struct.pack("<Q", len(header)) + header
 
 
 def _parse_header(data: bytes | bytearray | memoryview, max_tensors: int) -> tuple[dict, dict[str, str], int]:

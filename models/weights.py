@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -73,12 +74,61 @@ def advanced(base: Mapping[str, np.ndarray], change: Mapping[str, np.ndarray]) -
 
 def fingerprint(arrays: Mapping[str, np.ndarray]) -> str:
     """SHA-256 (hex) over every entry's name, dtype, shape and bytes, in name order: which model this is."""
-    digest = hashlib.sha256()
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        digest.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
-        digest.update(a)  # the array's own buffer: no copy, and hashlib lets other threads run meanwhile
-    return digest.hexdigest()
+    return Fingerprinter(arrays).hexdigest()
+
+
+class Fingerprinter:
+    """``fingerprint`` of a model whose floats (``spec``, in ``flatten`` order) arrive a piece at a time
+    (``update``) and whose other entries are ``arrays``': a model the server computes is hashed as it is
+    written, not read back. The streamed floats are float32 and come in name order, as safetensors stores them."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], spec: tuple[TensorSpec, ...] = ()) -> None:
+        self._floats = {s.name: s for s in spec}
+        names = sorted(set(arrays) | set(self._floats))
+        if [n for n in names if n in self._floats] != [s.name for s in spec]:
+            raise ValueError("a fingerprint's streamed tensors must come in name order")
+        if any(np.dtype(s.dtype) != np.float32 for s in spec):
+            raise ValueError("a fingerprint's streamed tensors must be float32")
+        self._arrays, self._names = arrays, iter(names)
+        self._digest = hashlib.sha256()
+        self._left = 0  # values of the streamed entry under way still to come
+        self._next_streamed()
+
+    def _entry(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        self._digest.update(f"{name}\0{dtype.str}\0{shape}\0".encode())
+
+    def _next_streamed(self) -> None:
+        """Hash the entries up to the next streamed one's name (all that are left, after the last)."""
+        for name in self._names:
+            if name in self._floats:
+                shape = tuple(self._floats[name].shape)
+                self._entry(name, np.dtype(np.float32), shape)
+                self._left = math.prod(shape)
+                if self._left:
+                    return
+            else:
+                a = np.ascontiguousarray(self._arrays[name])
+                self._entry(name, a.dtype, a.shape)
+                self._digest.update(a)  # the array's own buffer: no copy, and hashlib lets other threads run
+
+    def update(self, values: np.ndarray) -> None:
+        """The next float32 values of the streamed tensors."""
+        if values.dtype != np.float32:
+            raise ValueError(f"a fingerprint streams float32 values, not {values.dtype}")
+        while values.size:
+            if not self._left:
+                raise ValueError("more values than the fingerprint's tensors hold")
+            piece = values[: self._left]
+            self._digest.update(np.ascontiguousarray(piece))
+            self._left -= piece.size
+            values = values[piece.size :]
+            if not self._left:
+                self._next_streamed()
+
+    def hexdigest(self) -> str:
+        if self._left:
+            raise ValueError(f"{self._left} values of the fingerprint's tensors never came")
+        return self._digest.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -52,3 +52,22 @@ def test_the_progress_store_keeps_only_the_newest_update(tmp_path):
         "update-notes.txt",
         "update-r5.safetensors",
     ]
+
+
+def test_a_reused_spare_is_written_over_in_place_and_takes_the_new_bytes_mode_and_length(tmp_path):
+    spare = tmp_path / "spare"
+    spare.write_bytes(b"old bytes of a released model, longer than the new ones")
+    spare.chmod(0o600)
+    inode = spare.stat().st_ino
+    target = tmp_path / "new-folder" / "model.bin"
+    atomic_write(target, (b"new", b"!"), mode=0o644, reuse=spare)
+    assert target.read_bytes() == b"new!" and not spare.exists()
+    assert target.stat().st_ino == inode  # the spare's blocks, not a new file's
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600  # never wider than the spare was
+    short = tmp_path / "short"
+    short.write_bytes(b"x")
+    atomic_write(target, b"longer than the spare", mode=0o600, reuse=short)
+    assert target.read_bytes() == b"longer than the spare"
+    atomic_write(target, b"spare gone", mode=0o600, reuse=tmp_path / "taken-by-another-writer")
+    assert target.read_bytes() == b"spare gone"
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["model.bin", "new-folder"]

@@ -1,33 +1,75 @@
 """Models mixed from the kept ones (``flcore.strategies.mixing``): ``keep_mixed`` keeps, in row order and under
-the names given, exactly the rows ``mixed_models`` computes, over batches that reuse one buffer, two puts at once."""
+the names given, the rows ``mixed_models`` computes, written and fingerprinted chunk by chunk as they are mixed,
+over row groups and chunks that reuse two buffers; a failed write keeps none of them."""
 
 from __future__ import annotations
 
 import time
 
 import numpy as np
+import pytest
 
-from flcore.agent_models import Holding
+from flcore.agent_models import ModelBank, ModelWriter
 from flcore.strategies import mixing
 from flcore.strategies.base import Contribution
+from models.weights import TensorSpec, fingerprint, unflatten
+
+SPEC = (TensorSpec("a.weight", "float32", (300,)), TensorSpec("b.weight", "float32", (700,)))
 
 
-def test_keep_mixed_keeps_every_row_under_its_name_while_its_batch_is_current(monkeypatch):
+@pytest.fixture
+def small_passes(monkeypatch):
+    monkeypatch.setattr(mixing, "CHUNK", 128)  # eight chunks a row, the last one short
+    monkeypatch.setattr(mixing, "ROWS_AT_ONCE", 3)  # rows in groups of 3, 3 and 1
+
+
+def views_and_weights() -> tuple[list[Contribution], np.ndarray]:
     rng = np.random.default_rng(3)
     views = [Contribution(f"a{i}", rng.standard_normal(1000).astype(np.float32), 1.0, 1.0, 0.0) for i in range(6)]
-    weights = rng.random((7, 6))
-    monkeypatch.setattr(mixing, "MIX_BYTES", 3 * 4 * 1000)  # three rows a batch: batches of 3, 3 and 1
-    want = [row.copy() for _, row in mixing.mixed_models(views, weights)]
-    kept = {}
+    return views, rng.random((7, 6))
 
-    def put(name: str, vector: np.ndarray) -> Holding:
-        time.sleep(0.01)  # the buffer must still hold this row when it is read
-        kept[name] = vector.copy()
-        return Holding(1, f"+{name}", name)
+
+def test_keep_mixed_keeps_every_row_under_its_name_and_fingerprint(tmp_path, small_passes):
+    views, weights = views_and_weights()
+    bank = ModelBank(tmp_path)
+    counts = np.array([7], np.int64)  # an entry the fingerprint covers and the bank does not keep
+
+    def slow_writer(owner: str) -> ModelWriter:
+        writer = bank.writer(1, f"+{owner}", SPEC, {"count": counts})
+        write = writer.write
+        writer.write = lambda values: (time.sleep(0.001), write(values))  # the buffer must hold a chunk this long
+        return writer
 
     names = [f"m{r}" for r in range(7)]
-    holdings = mixing.keep_mixed(put, names, views, weights)
-    assert [h.sha256 for h in holdings] == names
-    for r, name in enumerate(names):
-        np.testing.assert_array_equal(kept[name], want[r])
-    np.testing.assert_allclose(want[4], weights[4].astype(np.float32) @ np.stack([v.delta for v in views]), rtol=1e-5)
+    holdings = mixing.keep_mixed(slow_writer, names, views, weights)
+    assert [h.owner for h in holdings] == [f"+{n}" for n in names]
+    want = [row.copy() for _, row in mixing.mixed_models(views, weights)]
+    for holding, row in zip(holdings, want, strict=True):
+        kept = bank.vector(holding)
+        np.testing.assert_allclose(kept, row, rtol=1e-5, atol=1e-6)
+        assert holding.sha256 == fingerprint({**unflatten(np.array(kept), SPEC), "count": counts})
+    np.testing.assert_allclose(bank.vector(holdings[4]), weights[4] @ np.stack([v.delta for v in views]),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_failed_write_keeps_no_model_and_says_why(tmp_path, small_passes):
+    views, weights = views_and_weights()
+    bank = ModelBank(tmp_path)
+    opened = []
+
+    def failing_writer(owner: str) -> ModelWriter:
+        writer = bank.writer(1, f"+{owner}", SPEC, {})
+        opened.append(writer)
+        if len(opened) == 5:  # the second group's second model: the disk is full
+            def full(values: np.ndarray) -> None:
+                raise OSError(28, "No space left on device")
+
+            writer.write = full
+        return writer
+
+    with pytest.raises(OSError, match="No space left"):
+        mixing.keep_mixed(failing_writer, [f"m{r}" for r in range(7)], views, weights)
+    assert len(opened) == 6  # the third group was never started
+    leftover = [p for p in (tmp_path / "r1").iterdir() if p.name.startswith(".")]
+    assert leftover == []  # the failed group's temporary files are gone; the first group's models were kept
+    assert sorted(p.name for p in (tmp_path / "r1").iterdir()) == [f"+m{r}.safetensors" for r in range(3)]

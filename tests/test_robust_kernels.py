@@ -105,8 +105,12 @@ def test_gram_matrix_matches_float64_even_for_updates_far_from_zero(n, size, see
     differences = exact[:, None, :] - exact[None, :, :]
     np.testing.assert_allclose(squared_distances(gram), (differences**2).sum(axis=2), rtol=1e-4, atol=1e-3)
     center = exact[0].astype(np.float32)
-    np.testing.assert_allclose(gram_matrix(contributions, center=center), (exact - center) @ (exact - center).T,
-                               rtol=1e-4, atol=1e-3)  # fmt: skip
+    means = np.empty(size, np.float32)
+    np.testing.assert_allclose(gram_matrix(contributions, center=center, means=means),
+                               (exact - center) @ (exact - center).T, rtol=1e-4, atol=1e-3)  # fmt: skip
+    np.testing.assert_allclose(means, exact.mean(axis=0), rtol=1e-5, atol=1e-5 * (1 + offset))
+    gram_matrix(contributions, means=means)
+    np.testing.assert_allclose(means, exact.mean(axis=0), rtol=1e-5, atol=1e-5 * (1 + offset))
 
 
 @settings(max_examples=25, deadline=None)
@@ -173,9 +177,11 @@ def test_values_near_float32s_range_keep_a_finite_gram_matrix(huge: float) -> No
     """Two colluders at ±huge (finite, accepted with clipping off): at 2e19 the float32 products overflow and the
     block is redone in float64; either way the matrix is finite and right to float32 rounding of its scale."""
     rows = [np.full(1000, huge, np.float32), np.full(1000, -huge, np.float32), np.ones(1000, np.float32)]
-    gram = gram_matrix([Contribution(f"a{i}", r, 1.0, 1.0, 0.0) for i, r in enumerate(rows)])
+    means = np.empty(1000, np.float32)
+    gram = gram_matrix([Contribution(f"a{i}", r, 1.0, 1.0, 0.0) for i, r in enumerate(rows)], means=means)
     exact = np.stack(rows).astype(np.float64) @ np.stack(rows).astype(np.float64).T
     assert np.isfinite(gram).all()
+    np.testing.assert_allclose(means, 1 / 3, atol=1e-6 * huge)  # within float32 rounding of the values' scale
     np.testing.assert_allclose(gram, exact, rtol=1e-6, atol=1e-6 * np.abs(exact).max())
 
 
@@ -190,9 +196,12 @@ def test_the_parallel_kernels_give_the_same_bits_on_any_number_of_threads(
     mixing = np.random.default_rng(9).random((5, 9))
     gram = gram_matrix(contributions, center=center)
     mixed = [m.copy() for _, m in mixing_module.mixed_models(contributions, mixing)]
+    chunks = [rows.copy() for rows in mixing_module.mixed_chunks(contributions, mixing)]
     monkeypatch.setattr(blas, "_pool", functools.cache(lambda: ThreadPoolExecutor(threads)))
     np.testing.assert_array_equal(gram_matrix(contributions, center=center), gram)
     for (_, got), want in zip(mixing_module.mixed_models(contributions, mixing), mixed, strict=True):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(mixing_module.mixed_chunks(contributions, mixing), chunks, strict=True):
         np.testing.assert_array_equal(got, want)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from broker_server.config import load_server_config
 from broker_server.rounds.engine import RoundEngine
-from flcore.agent_models import Assignment, Holding, Peers, settle
+from flcore.agent_models import Assignment, Holding, ModelWriter, Peers, settle
 from flcore.bounds import InfluencePolicy
 from flcore.strategies import build_strategy
 from flcore.strategies.base import KeptModels
@@ -74,7 +74,8 @@ def test_swap_round_keeps_models_pairs_them_and_the_next_round_checks_each_agent
         ) / sum(weights.values())
         np.testing.assert_allclose(value, expected, rtol=1e-5, atol=1e-6, err_msg=name)
     assert resumed.assignments == {}  # after an average everyone starts from the global model
-    assert not any((config.state_dir / "checkpoint" / "agents").iterdir())  # kept models no one needs: deleted
+    bank = config.state_dir / "checkpoint" / "agents"  # kept models no one needs: released, written over next
+    assert [p.name for p in bank.iterdir()] == [".spare"]
 
 
 def test_fedswap_plans_starts_by_action_and_settle_keeps_the_rest():
@@ -85,10 +86,13 @@ def test_fedswap_plans_starts_by_action_and_settle_keeps_the_rest():
     asked = [*"abc", "e"]  # e was asked to train but its update did not count (refused, late or excused)
     spec = (TensorSpec("w", "float32", (2,)),)
 
+    def keeps_nothing(owner: str) -> ModelWriter:
+        raise AssertionError(f"FedSwap kept a new model, {owner}")
+
     def models(action: str, exact: set[str]) -> KeptModels:
         return KeptModels(round=4, action=action, agents=list("abc"), kept=kept, exact=exact, current=current,
                           spec=spec, vector=lambda h: np.full(2, ord(h.owner), np.float32),
-                          put=lambda owner, vector: Holding(4, owner, "x"), peers=lambda models: Peers(models, "p"),
+                          writer=keeps_nothing, peers=lambda models: Peers(models, "p"),
                           rng=lambda: np.random.default_rng(7))  # fmt: skip
 
     strategy = build_strategy({"name": "fedswap"})

@@ -3,8 +3,9 @@
 An update is written (fsync, atomic rename) before the round state that lists it, so after a
 ``kill -9`` at any instant every update the checkpoint names is on disk. Strategies read them back
 through read-only memory maps: the page cache, not the server's heap, holds them, and a strategy that
-needs every update of the round (median, Krum) costs disk, not RAM. Files of other rounds are removed
-when a round is committed or rolled back.
+needs every update of the round (median, Krum) costs disk, not RAM. Files of other rounds are released
+when a round is committed or rolled back, to be written over by the next round's updates
+(``common.spare_files``).
 """
 
 from __future__ import annotations
@@ -16,19 +17,23 @@ from pathlib import Path
 import numpy as np
 
 from common.files import atomic_write
+from common.spare_files import SpareFiles
 from models.serialization import float32_region
+
+SPARE_FOLDER = ".spare"  # released updates, written over by the next ones
 
 
 class UpdateStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
+        self.spares = SpareFiles(directory / SPARE_FOLDER)
 
     def path(self, round_number: int, agent: str) -> Path:
         return self.directory / f"round-{round_number}" / f"{agent}.safetensors"
 
     def put(self, round_number: int, agent: str, data: bytes | bytearray | memoryview) -> None:
-        atomic_write(self.path(round_number, agent), data, mode=0o600)
+        atomic_write(self.path(round_number, agent), data, mode=0o600, reuse=self.spares.take())
 
     def delta(self, round_number: int, agent: str) -> np.ndarray:
         """The stored update's float32 delta as a read-only view of the file (validated when accepted)."""
@@ -38,12 +43,13 @@ class UpdateStore:
         return vector
 
     def keep_only(self, round_number: int | None) -> None:
-        """Delete every round's files but ``round_number``'s."""
-        keep = None if round_number is None else f"round-{round_number}"
+        """Release every other round's files to the spares (``common.spare_files``) and delete their folders."""
+        keep = {None if round_number is None else f"round-{round_number}", self.spares.directory.name}
         for path in self.directory.iterdir():
-            if path.name == keep:
+            if path.name in keep:
                 continue
             if path.is_dir():
+                self.spares.release(path.iterdir())
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from flcore import blas
-from flcore.agent_models import Assignment, Holding, Peers
+from flcore.agent_models import Assignment, Holding, ModelWriter, Peers
 from flcore.bounds import Tentative
 from flcore.onepass import Fold
 from models.weights import TensorSpec
@@ -96,14 +96,25 @@ class KeptModels:
     current: dict[str, Assignment]  # what every agent started this round from
     spec: tuple[TensorSpec, ...]  # layout of the float vectors
     vector: Callable[[Holding], np.ndarray]  # a kept model's float vector (read-only, memory-mapped)
-    # keep a new model (a group's, say): owner "+name", never an agent id; called from several threads at once
-    put: Callable[[str, np.ndarray], Holding]
+    # a new model to keep (a group's, say), written as it is computed: owner "+name", never an agent id; called
+    # from several threads at once
+    writer: Callable[[str], ModelWriter]
     peers: Callable[[tuple[Holding, ...]], Peers]  # kept models as a bundle an agent attends over (FedAMN)
     rng: Callable[[], np.random.Generator]  # seeded per round: the same after a restart
     evaluate: Callable[[np.ndarray], dict[str, float]] | None = None  # a float vector on the server's eval set
     # Differential privacy: ``agent``'s kept model as it may leave the server (a Gaussian mechanism over its
     # clipped change, ``broker_server.privacy.gaussian.release``), kept as a new model; None without privacy.
     release: Callable[[str], Holding] | None = None
+
+    def put(self, owner: str, vector: np.ndarray) -> Holding:
+        """Keep ``vector`` as a new model (``writer``)."""
+        writer = self.writer(owner)
+        try:
+            writer.write(vector)
+        except BaseException:
+            writer.discard()
+            raise
+        return writer.close()
 
     def own(self, agent: str) -> Assignment:
         """``agent`` goes on from its own kept model: no download if the server's copy is its own, bit for bit."""

@@ -44,7 +44,6 @@ from flcore.strategies.base import (
     Strategy,
     TrainPlan,
     asking,
-    mean_of_models,
 )
 from flcore.strategies.demlearn import distance_matrix
 from flcore.strategies.krum import gram_matrix, squared_distances
@@ -117,20 +116,28 @@ class FedAMP(Strategy):
 
     def __init__(self, options: FedAMPOptions | None = None) -> None:
         super().__init__(options)
-        self.start_vector = np.zeros(0, np.float32)
+        self.gram: tuple[list[str], np.ndarray] = ([], np.zeros((0, 0)))  # this round's, from ``aggregate``
 
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
-        """The mean of the agents' models, published for the global curve (FedAMP itself needs none)."""
-        self.start_vector = global_vector  # distances are taken between models centered on it
-        return RoundResult(mean_of_models(global_vector, contributions, np.ones(len(contributions))))
+        """The mean of the agents' models, published for the global curve (FedAMP itself needs none), from the
+        same pass over them as their Gram matrix (``plan_starts``' attention): distances are taken between
+        models centered on the global one, cosines between the models themselves."""
+        models = [replace(c, delta=c.model, scale=1.0) for c in contributions]
+        center = global_vector if self.options.attention == "distance" else None
+        mean = np.empty(global_vector.size, np.float32)
+        self.gram = ([c.agent for c in contributions], gram_matrix(models, center=center, means=mean))
+        return RoundResult(mean)
 
     def plan_starts(self, models: KeptModels | None) -> StartPlan:
         assert models is not None  # keeps_models
+        agents, gram = self.gram
+        if agents != models.agents:
+            raise RuntimeError("FedAMP plans the starts of the agents it aggregated, in their order")
+        self.gram = ([], np.zeros((0, 0)))
         views = [Contribution(a, models.vector(models.kept[a]), 1.0, 1.0, 0.0) for a in models.agents]
-        center = self.start_vector if self.options.attention == "distance" else None  # cosine: of the models
-        xi = attention_weights(gram_matrix(views, center=center), self.options)
+        xi = attention_weights(gram, self.options)
         starts, own = {}, self.options.start == "own"
-        clouds = keep_mixed(models.put, [f"cloud-{agent}" for agent in models.agents], views, xi)
+        clouds = keep_mixed(models.writer, [f"cloud-{agent}" for agent in models.agents], views, xi)
         for agent, cloud_model in zip(models.agents, clouds, strict=True):
             if own:  # wᵢ, with uᵢ beside it for the proximal pull
                 starts[agent] = replace(models.own(agent), peers=models.peers((cloud_model,)))

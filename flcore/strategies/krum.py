@@ -43,10 +43,13 @@ def krum_scores(squared_distances: np.ndarray, f: int) -> np.ndarray:
     return others.sum(axis=1)
 
 
-def gram_matrix(contributions: list[Contribution], *, center: np.ndarray | None = None) -> np.ndarray:
+def gram_matrix(
+    contributions: list[Contribution], *, center: np.ndarray | None = None, means: np.ndarray | None = None
+) -> np.ndarray:
     """The n x n inner products of the clipped deltas (of ``delta − center`` when given), one pass over the
     updates in column blocks shared among the cores (``blas.in_parallel``: NumPy's products let the other
-    threads run, SciPy's ``ssyrk`` would not). Each block is shifted by its own mean m before its float32
+    threads run, SciPy's ``ssyrk`` would not); ``means``, when given, receives the deltas' mean from the same
+    pass (float32, within its rounding of a sum in order). Each block is shifted by its own mean m before its float32
     product (summed in float64 across blocks), and m's part added back: xᵢ·xⱼ = cᵢ·cⱼ + cᵢ·m + cⱼ·m + m·m with
     cᵢ = xᵢ − m. The float32 rounding is then relative to how far the updates lie from their mean, not to their
     norms, so distances between updates that nearly agree keep float64's choices at a fraction of its time; the
@@ -74,6 +77,9 @@ def gram_matrix(contributions: list[Contribution], *, center: np.ndarray | None 
                 if center is not None:
                     wide -= center[start:stop]
                 centred += wide @ wide.T
+                mean = wide.mean(axis=0)
+            if means is not None:
+                np.add(mean, 0 if center is None else center[start:stop], out=means[start:stop], casting="unsafe")
 
     blas.in_parallel(add_blocks)
     centred, cross, mean_square = (sum(parts) for parts in zip(*sums, strict=True))

@@ -1,27 +1,31 @@
 """Models mixed from the kept ones: ``Σⱼ mixing[r, j]·modelⱼ`` for every row r, a group's model (DemLearn) or an
-agent's cloud model (FedAMP), read from the server's model store in column blocks.
+agent's cloud model (FedAMP), read from the server's model store in column blocks, the blocks shared among the
+cores (``blas.in_parallel``).
 
-Rows are computed a batch at a time, one pass over the models per batch, so RAM holds ``MIX_BYTES`` of results
-whatever the number of rows (100 agents × a 3.2M-value model would be 1.3 GB at once), the column blocks shared
-among the cores (``blas.in_parallel``). ``keep_mixed`` keeps every row as a new model: each batch's rows are
-fingerprinted and written ``KEEP_THREADS`` at a time (SHA-256 and the writes let other threads run), so one
-model's hashing overlaps another's write and their fsyncs wait together; the next batch is mixed once the batch's
-rows are kept, so the results never take more than ``MIX_BYTES``.
+``mixed_models`` computes the rows a batch at a time, one pass over the models per batch, so RAM holds
+``MIX_BYTES`` of results whatever the number of rows (100 agents × a 3.2M-value model would be 1.3 GB at once).
+``keep_mixed`` keeps every row as a new model without holding it: ``ROWS_AT_ONCE`` rows in one pass, computed a
+column chunk at a time and handed chunk by chunk to each row's ``ModelWriter``, which hashes and writes it while
+the next chunk is mixed. At 100 agents × 3.2M values that is one pass over the 1.28 GB of kept models instead of
+five, and no model read back to be fingerprinted (docs/architecture.md, "The server's files").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import replace
 
 import numpy as np
 
 from flcore import blas
-from flcore.agent_models import Holding
+from flcore.agent_models import Holding, ModelWriter
 from flcore.strategies.base import Contribution, column_blocks
 
 MIX_BYTES = 256 << 20  # RAM for the models mixed in one pass over the kept ones
-KEEP_THREADS = 4  # hashing takes the cores while the other writes' fsyncs wait for the disk
+ROWS_AT_ONCE = 128  # models kept in one pass over the kept ones, each with a file open meanwhile
+CHUNK = 1 << 16  # values of each row mixed before they are written: 256 KB a write and a hash update
+EMIT_THREADS = 2  # hashing and writing one chunk while the kernel threads mix the next
 
 
 def mixed_batches(views: list[Contribution], mixing: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
@@ -50,12 +54,43 @@ def mixed_models(views: list[Contribution], mixing: np.ndarray) -> Iterator[tupl
 
 
 def keep_mixed(
-    put: Callable[[str, np.ndarray], Holding], names: list[str], views: list[Contribution], mixing: np.ndarray
+    writer: Callable[[str], ModelWriter], names: list[str], views: list[Contribution], mixing: np.ndarray
 ) -> list[Holding]:
-    """``put(names[r], Σⱼ mixing[r, j]·modelⱼ)`` for every row r (``KeptModels.put``, called ``KEEP_THREADS``
-    at a time), in row order."""
+    """Keep ``Σⱼ mixing[r, j]·modelⱼ`` as the new model ``writer(names[r])`` for every row r, in row order."""
     kept: list[Holding] = []
-    with ThreadPoolExecutor(KEEP_THREADS, thread_name_prefix="keep") as pool:
-        for first, rows in mixed_batches(views, mixing):
-            kept += pool.map(put, names[first : first + len(rows)], rows)  # all kept before the buffer is reused
+    with ThreadPoolExecutor(EMIT_THREADS, thread_name_prefix="keep") as pool:
+        for first in range(0, len(mixing), ROWS_AT_ONCE):
+            writers: list[ModelWriter] = []
+            pending: list[Future] = []
+            try:
+                writers += [writer(name) for name in names[first : first + ROWS_AT_ONCE]]
+                for rows in mixed_chunks(views, mixing[first : first + ROWS_AT_ONCE]):  # the next chunk is mixed
+                    for done in pending:  # while this loop's writes run; once they are done, their buffer is
+                        done.result()  # the next chunk's
+                    pending = [pool.submit(w.write, row) for w, row in zip(writers, rows, strict=True)]
+                for done in pending:
+                    done.result()
+                kept += pool.map(ModelWriter.close, writers)
+            except BaseException:
+                wait(pending)  # no write may still use a descriptor a discard closes
+                for w in writers:
+                    w.discard()
+                raise
     return kept
+
+
+def mixed_chunks(views: list[Contribution], mixing: np.ndarray) -> Iterator[np.ndarray]:
+    """``rows`` where ``rows[r]`` is the next ``CHUNK`` values of ``Σⱼ mixing[r, j]·modelⱼ`` (float32), chunk
+    after chunk; ``rows`` stay valid until the next but one chunk is asked for."""
+    size, weights = views[0].delta.size, mixing.astype(np.float32)
+    buffers = [np.empty((len(weights), min(CHUNK, size)), np.float32) for _ in range(2)]
+    for number, start in enumerate(range(0, size, CHUNK)):
+        stop = min(start + CHUNK, size)
+        out, chunk = buffers[number % 2][:, : stop - start], [replace(v, delta=v.delta[start:stop]) for v in views]
+
+        def mix(part: int, parts: int, out: np.ndarray = out, chunk: list[Contribution] = chunk) -> None:
+            for first, last, block in column_blocks(chunk, part, parts):
+                np.matmul(weights, block, out=out[:, first:last])
+
+        blas.in_parallel(mix)
+        yield out
