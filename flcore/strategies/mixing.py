@@ -24,7 +24,7 @@ from flcore.strategies.base import Contribution, column_blocks
 
 MIX_BYTES = 256 << 20  # RAM for the models mixed in one pass over the kept ones
 ROWS_AT_ONCE = 128  # models kept in one pass over the kept ones, each with a file open meanwhile
-CHUNK = 1 << 16  # values of each row mixed before they are written: 256 KB a write and a hash update
+CHUNK = 1 << 17  # values of each row mixed before they are written: 512 KB a write and a hash update
 EMIT_THREADS = 2  # hashing and writing one chunk while the kernel threads mix the next
 
 
