@@ -25,7 +25,8 @@ Choices where the paper leaves room: if the distance weights of the others sum p
 stays an average of models and keeps at least ``self_weight`` of the agent's own (the first version
 scaled them to 1: every agent then started from the mean of the others', never its own). The proximal term
 is the paper's squared norm (PFLlib adds the norm itself, unsquared). Memory: the Gram matrix (8·n² bytes)
-and 256 MB of cloud models at a time (``mixing.keep_mixed``); the models stay on disk.
+and two column chunks of the cloud models as they are written (``mixing.keep_mixed``, 128 MB at most); the
+models stay on disk.
 """
 
 from __future__ import annotations
