@@ -6,8 +6,9 @@ target, then fsync the directory. This is the only place SkyFed writes state; ne
 
 Stores that write many large files a round (the server's updates and kept models) may hand ``AtomicFile`` a
 file they no longer need (``reuse``, from ``common.spare_files``): it is renamed to the temporary name and
-written over, so the file system allocates no new blocks. Nothing reads a spare, so the target still gets the
-old bytes or the new ones.
+written over, so the file system allocates no new blocks. That is the one write in place, into a file no name
+but the temporary one reaches (a spare with another link is not reused), so the target still gets the old bytes
+or the new ones, and its mode is the spare's narrowed to ``mode``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import functools
 import json
 import os
 import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,9 +31,10 @@ class AtomicFile:
     then, and if the writer fails, ``path`` keeps its old bytes and the temporary file goes (``discard``).
 
     ``mode``: the new file's (umask aside). ``reuse``: a spare file of the same file system to write over
-    instead of a new one (a new one when it is gone); its mode is narrowed to ``mode``. Plain descriptor calls,
-    the folder made only when the first open finds none: each system call lets other threads take the
-    interpreter, and a process hosting 100 agents waited its turn back after every one of them
+    instead of a new one (a new one when it is gone or has another link); its mode is narrowed to ``mode``.
+    ``write_behind``: each piece starts on its way to disk as it is written (``start_writeback``). Plain
+    descriptor calls, the folder made only when the first open finds none: each system call lets other threads
+    take the interpreter, and a process hosting 100 agents waited its turn back after every one of them
     (``sim.agent_host``)."""
 
     def __init__(self, path: Path, mode: int = 0o644, reuse: Path | None = None, write_behind: bool = False) -> None:
@@ -51,14 +54,21 @@ class AtomicFile:
                 if not self._tmp.parent.is_dir():
                     raise  # the folder is made and the open tried again
             else:
-                fd = os.open(self._tmp, os.O_WRONLY)
-                os.fchmod(fd, os.fstat(fd).st_mode & mode & 0o7777)
-                return fd
+                fd = os.open(self._tmp, os.O_WRONLY | os.O_NOFOLLOW)
+                try:
+                    found = os.fstat(fd)
+                    if stat.S_ISREG(found.st_mode) and found.st_nlink == 1:  # no other name sees what is written
+                        os.fchmod(fd, found.st_mode & mode & 0o7777)  # never wider than the spare or ``mode``
+                        return fd
+                except BaseException:
+                    os.close(fd)
+                    raise
+                os.close(fd)
+                self._tmp.unlink()  # a hard link (a backup made with cp -al, say): a new file instead
         return os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
 
     def write(self, data: Buffer) -> None:
-        """Append ``data``'s bytes (any buffer: an array is written where it lies); with ``write_behind``, the
-        kernel starts putting them on disk at once (``start_writeback``)."""
+        """Append ``data``'s bytes (any buffer: an array is written where it lies)."""
         view = memoryview(data)
         if not view.nbytes:  # nothing to write (and an empty (0, 4) array has no byte cast)
             return

@@ -8,9 +8,11 @@ server's files"). PostgreSQL recycles its write-ahead-log segments for the same 
 an old segment "avoids the need to create new ones"); on copy-on-write file systems it gains nothing, and costs
 nothing but the disk it holds.
 
-The spares are the files released at the last commit: ``release`` deletes those nobody wrote over since and keeps
-the new ones, so a store never holds more than at its fullest (the old round's files and the new round's together,
-just before a commit). A spare is only ever renamed to a temporary name and written over, never read.
+The spares are the files released at the last commit that released any (a save that releases none keeps them):
+``release`` deletes those nobody wrote over since and keeps the new ones, so a store never holds more than at its
+fullest (the old round's files and the new round's together, just before a commit). A spare is only ever renamed
+to a temporary name and written over, never read; a view of a store's file (a memory map) is therefore good only
+until the file is released.
 """
 
 from __future__ import annotations
@@ -18,27 +20,31 @@ from __future__ import annotations
 import os
 import secrets
 import threading
-from collections.abc import Iterable
 from pathlib import Path
 
 
 class SpareFiles:
-    def __init__(self, directory: Path) -> None:
-        """``directory``: a folder of the store's own, on the store's file system; spares found there (from
-        before a restart) are used first."""
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()  # stores write from several threads at once (FedAMP's cloud models)
-        self._free = sorted(directory.iterdir())
+    FOLDER = ".spare"
+
+    def __init__(self, store: Path) -> None:
+        """Spares of the store whose folder is ``store``, kept in its ``FOLDER``; those found there (from before a
+        restart) are used first."""
+        self.directory = store / self.FOLDER
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()  # a store's writes may come from several threads
+        self._free = sorted(self.directory.iterdir())
 
     def take(self) -> Path | None:
         """A spare to write over (``atomic_write(..., reuse=)``), or None: write a new file."""
         with self._lock:
             return self._free.pop() if self._free else None
 
-    def release(self, paths: Iterable[Path]) -> None:
+    def release(self, paths: list[Path]) -> None:
         """Keep ``paths`` (files of the store that nothing names any more) as the spares, and delete the spares
-        nobody wrote over since the last release (a writer that took one meanwhile writes a new file)."""
+        nobody wrote over since the last release (a writer that took one meanwhile writes a new file). Nothing
+        to release keeps the spares there are."""
+        if not paths:
+            return
         with self._lock:
             self._free = []
         for path in self.directory.iterdir():

@@ -45,7 +45,6 @@ from models.weights import Fingerprinter, NamedArrays, TensorSpec, unflatten
 
 DITHER = 2.0**-16  # a bundle's values are each scaled by a factor in [1 - DITHER, 1 + DITHER]
 BUNDLE_NAME = "bundle"  # the sealed bundle's metadata key for its name
-SPARE_FOLDER = ".spare"  # released models, written over by the next ones
 
 
 @dataclass(frozen=True)
@@ -144,8 +143,8 @@ class ModelWriter:
         self.round, self.owner = round_number, owner
 
     def write(self, values: np.ndarray) -> None:
-        self._fingerprinter.update(values)
-        self._file.write(values)
+        for held in self._fingerprinter.update(values):
+            self._file.write(held)
 
     def close(self) -> Holding:
         """The model, fsynced and in place (``AtomicFile.commit``); discarded if its values fell short."""
@@ -160,12 +159,21 @@ class ModelWriter:
     def discard(self) -> None:
         self._file.discard()
 
+    def keep(self, vector: np.ndarray) -> Holding:
+        """The whole model at once: written and closed, or discarded if that fails."""
+        try:
+            self.write(vector)
+        except BaseException:
+            self.discard()
+            raise
+        return self.close()
+
 
 class ModelBank:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
-        self.spares = SpareFiles(directory / SPARE_FOLDER)
+        self.spares = SpareFiles(directory)
 
     def path(self, holding: Holding) -> Path:
         return self._path(holding.round, holding.owner)
@@ -190,7 +198,8 @@ class ModelBank:
             raise
 
     def vector(self, holding: Holding) -> np.ndarray:
-        """The kept model's float vector (global model layout), a read-only view of its file."""
+        """The kept model's float vector (global model layout), a read-only view of its file: good until a
+        commit no longer names the model (its file is then released, to be written over)."""
         with open(self.path(holding), "rb") as handle:
             mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         return float32_region(mapped)[0]
@@ -210,7 +219,7 @@ class ModelBank:
         folders left empty."""
         wanted = {self.path(h) for h in holdings}
         folders = [f for f in self.directory.iterdir() if f != self.spares.directory]
-        self.spares.release(p for f in folders if f.is_dir() for p in f.iterdir() if p not in wanted)
+        self.spares.release([p for f in folders if f.is_dir() for p in f.iterdir() if p not in wanted])
         for folder in folders:
             if not folder.is_dir():
                 folder.unlink(missing_ok=True)

@@ -72,7 +72,7 @@ def float32_header(spec: tuple[TensorSpec, ...]) -> bytes:
     name (``float32_region``'s and the server's layout)."""
     names = [s.name for s in spec]
     if any(np.dtype(s.dtype) != np.float32 for s in spec) or names != sorted(names):
-        raise ValueError("float32_parts needs float32 tensors in safetensors' order (by name)")
+        raise ValueError("a kept model's file holds float32 tensors in safetensors' order (by name)")
     entries, offset = {}, 0
     for s in spec:
         size = 4 * math.prod(s.shape)

@@ -80,7 +80,9 @@ def fingerprint(arrays: Mapping[str, np.ndarray]) -> str:
 class Fingerprinter:
     """``fingerprint`` of a model whose floats (``spec``, in ``flatten`` order) arrive a piece at a time
     (``update``) and whose other entries are ``arrays``': a model the server computes is hashed as it is
-    written, not read back. The streamed floats are float32 and come in name order, as safetensors stores them."""
+    written, not read back. The streamed floats are float32 and come in name order, as safetensors stores them;
+    each is hashed as the model holds it (``with_floats``): in its entry's dtype in ``arrays`` (a float16 model's
+    floats travel as float32 and are held rounded), and a 0-d entry as ``fingerprint`` sees it, of shape (1,)."""
 
     def __init__(self, arrays: Mapping[str, np.ndarray], spec: tuple[TensorSpec, ...] = ()) -> None:
         self._floats = {s.name: s for s in spec}
@@ -91,7 +93,7 @@ class Fingerprinter:
             raise ValueError("a fingerprint's streamed tensors must be float32")
         self._arrays, self._names = arrays, iter(names)
         self._digest = hashlib.sha256()
-        self._left = 0  # values of the streamed entry under way still to come
+        self._left, self._held = 0, np.dtype(np.float32)  # the streamed entry under way: values to come, its dtype
         self._next_streamed()
 
     def _entry(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
@@ -101,8 +103,10 @@ class Fingerprinter:
         """Hash the entries up to the next streamed one's name (all that are left, after the last)."""
         for name in self._names:
             if name in self._floats:
-                shape = tuple(self._floats[name].shape)
-                self._entry(name, np.dtype(np.float32), shape)
+                held = self._arrays.get(name)
+                self._held = np.dtype(np.float32) if held is None else held.dtype
+                shape = tuple(self._floats[name].shape if held is None else held.shape) or (1,)
+                self._entry(name, self._held, shape)
                 self._left = math.prod(shape)
                 if self._left:
                     return
@@ -111,19 +115,24 @@ class Fingerprinter:
                 self._entry(name, a.dtype, a.shape)
                 self._digest.update(a)  # the array's own buffer: no copy, and hashlib lets other threads run
 
-    def update(self, values: np.ndarray) -> None:
-        """The next float32 values of the streamed tensors."""
+    def update(self, values: np.ndarray) -> list[np.ndarray]:
+        """Hash the next float32 values of the streamed tensors; returns them as the model holds them, in float32
+        pieces (rounded where an entry is narrower), which is what a file of its floats keeps."""
         if values.dtype != np.float32:
             raise ValueError(f"a fingerprint streams float32 values, not {values.dtype}")
+        held = []
         while values.size:
             if not self._left:
                 raise ValueError("more values than the fingerprint's tensors hold")
             piece = values[: self._left]
-            self._digest.update(np.ascontiguousarray(piece))
+            as_held = np.ascontiguousarray(piece, dtype=self._held)  # float32: the piece itself
+            self._digest.update(as_held)
+            held.append(piece if self._held.itemsize >= 4 else as_held.astype(np.float32))
             self._left -= piece.size
             values = values[piece.size :]
             if not self._left:
                 self._next_streamed()
+        return held
 
     def hexdigest(self) -> str:
         if self._left:

@@ -42,3 +42,16 @@ def test_a_stream_that_does_not_fit_the_spec_is_refused():
         Fingerprinter({}, spec).update(np.ones(3))
     with pytest.raises(ValueError, match="name order"):
         Fingerprinter({}, (TensorSpec("b", "float32", (1,)), TensorSpec("a", "float32", (1,))))
+
+
+def test_streamed_floats_are_hashed_and_kept_as_the_model_holds_them():
+    """A float16 or float64 entry travels as float32 in the stream: hashed in its own dtype (a float16 one rounded,
+    and kept rounded), a 0-d entry as ``fingerprint`` sees it, so the agent that gets the model names it alike."""
+    model = {"half": np.zeros(4, np.float16), "scale": np.array(2.0, np.float32), "wide": np.zeros(3, np.float64)}
+    spec = spec_of({name: np.asarray(a, np.float32) for name, a in model.items()})
+    vector = np.array([0.1, 0.2, 1e-5, 7.0, 3.5, 0.3, 0.6, 0.9], np.float32)
+    streamed = Fingerprinter(model, spec)
+    held = np.concatenate(streamed.update(vector[:3]) + streamed.update(vector[3:]))
+    assert streamed.hexdigest() == fingerprint(with_floats(model, vector, spec))
+    np.testing.assert_array_equal(held[:4], vector[:4].astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(held[4:], vector[4:])

@@ -73,3 +73,22 @@ def test_a_failed_write_keeps_no_model_and_says_why(tmp_path, small_passes):
     leftover = [p for p in (tmp_path / "r1").iterdir() if p.name.startswith(".")]
     assert leftover == []  # the failed group's temporary files are gone; the first group's models were kept
     assert sorted(p.name for p in (tmp_path / "r1").iterdir()) == [f"+m{r}.safetensors" for r in range(3)]
+
+
+def test_a_failed_close_keeps_no_model_of_its_group(tmp_path, small_passes):
+    views, weights = views_and_weights()
+    bank = ModelBank(tmp_path)
+
+    def writer(owner: str) -> ModelWriter:
+        made = bank.writer(1, f"+{owner}", SPEC, {})
+        if owner == "m1":
+            def close() -> None:
+                made.discard()
+                raise OSError(5, "Input/output error")
+
+            made.close = close
+        return made
+
+    with pytest.raises(OSError, match="Input/output"):
+        mixing.keep_mixed(writer, [f"m{r}" for r in range(7)], views, weights)
+    assert not [p for p in (tmp_path / "r1").iterdir() if p.name.startswith(".")]  # no temporary file left

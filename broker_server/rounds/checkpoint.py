@@ -9,7 +9,8 @@ progress, the replay guard) names the model file
 metrics, each written anew only when it changes (a round's end: rewriting thousands of agents' entries at every
 accepted update cost more than the round's training, and the metrics were 104 kB of a 260 kB state at 1,000 agents).
 ``state.json`` is replaced last and atomically, so after a ``kill -9`` at any instant the server
-resumes from a consistent state and no accepted update is lost. Files no longer named are deleted.
+resumes from a consistent state and no accepted update is lost. Files no longer named are deleted, or released to
+be written over by the next round's (``common.spare_files``).
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ from flcore.update import UpdateRejected
 from models.weights import (
     NamedArrays,
     TensorSpec,
-    fingerprint,
     flatten,
     float_part,
     with_floats,
@@ -123,9 +122,7 @@ def keep_model(bank: ModelBank, round_number: int, spec: tuple[TensorSpec, ...],
                model: NamedArrays) -> Holding:  # fmt: skip
     """Write ``model``'s floats to the bank as ``owner``'s model after round ``round_number``, named by the
     fingerprint of the whole model (what the agent that gets it computes)."""
-    holding = Holding(round_number, owner, fingerprint(model))
-    bank.put(holding, flatten(float_part(model), spec), spec)
-    return holding
+    return bank.writer(round_number, owner, spec, model).keep(flatten(float_part(model), spec))
 
 
 @dataclass

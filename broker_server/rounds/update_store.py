@@ -20,14 +20,12 @@ from common.files import atomic_write
 from common.spare_files import SpareFiles
 from models.serialization import float32_region
 
-SPARE_FOLDER = ".spare"  # released updates, written over by the next ones
-
 
 class UpdateStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
-        self.spares = SpareFiles(directory / SPARE_FOLDER)
+        self.spares = SpareFiles(directory)
 
     def path(self, round_number: int, agent: str) -> Path:
         return self.directory / f"round-{round_number}" / f"{agent}.safetensors"
@@ -36,7 +34,8 @@ class UpdateStore:
         atomic_write(self.path(round_number, agent), data, mode=0o600, reuse=self.spares.take())
 
     def delta(self, round_number: int, agent: str) -> np.ndarray:
-        """The stored update's float32 delta as a read-only view of the file (validated when accepted)."""
+        """The stored update's float32 delta as a read-only view of the file (validated when accepted), good until
+        its round's files are released."""
         with open(self.path(round_number, agent), "rb") as handle:
             mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         vector, _, _ = float32_region(mapped)
@@ -45,11 +44,10 @@ class UpdateStore:
     def keep_only(self, round_number: int | None) -> None:
         """Release every other round's files to the spares (``common.spare_files``) and delete their folders."""
         keep = {None if round_number is None else f"round-{round_number}", self.spares.directory.name}
-        for path in self.directory.iterdir():
-            if path.name in keep:
-                continue
+        old = [path for path in self.directory.iterdir() if path.name not in keep]
+        self.spares.release([file for path in old if path.is_dir() for file in path.iterdir()])
+        for path in old:
             if path.is_dir():
-                self.spares.release(path.iterdir())
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)

@@ -96,8 +96,8 @@ class KeptModels:
     current: dict[str, Assignment]  # what every agent started this round from
     spec: tuple[TensorSpec, ...]  # layout of the float vectors
     vector: Callable[[Holding], np.ndarray]  # a kept model's float vector (read-only, memory-mapped)
-    # a new model to keep (a group's, say), written as it is computed: owner "+name", never an agent id; called
-    # from several threads at once
+    # a new model to keep (a group's, say), written as it is computed: owner "+name", never an agent id; each
+    # writer's pieces may be written from another thread, one at a time and in order
     writer: Callable[[str], ModelWriter]
     peers: Callable[[tuple[Holding, ...]], Peers]  # kept models as a bundle an agent attends over (FedAMN)
     rng: Callable[[], np.random.Generator]  # seeded per round: the same after a restart
@@ -108,13 +108,7 @@ class KeptModels:
 
     def put(self, owner: str, vector: np.ndarray) -> Holding:
         """Keep ``vector`` as a new model (``writer``)."""
-        writer = self.writer(owner)
-        try:
-            writer.write(vector)
-        except BaseException:
-            writer.discard()
-            raise
-        return writer.close()
+        return self.writer(owner).keep(vector)
 
     def own(self, agent: str) -> Assignment:
         """``agent`` goes on from its own kept model: no download if the server's copy is its own, bit for bit."""

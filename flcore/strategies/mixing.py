@@ -63,16 +63,18 @@ def keep_mixed(
             writers: list[ModelWriter] = []
             pending: list[Future] = []
             try:
-                writers += [writer(name) for name in names[first : first + ROWS_AT_ONCE]]
+                for name in names[first : first + ROWS_AT_ONCE]:
+                    writers.append(writer(name))
                 for rows in mixed_chunks(views, mixing[first : first + ROWS_AT_ONCE]):  # the next chunk is mixed
                     for done in pending:  # while this loop's writes run; once they are done, their buffer is
                         done.result()  # the next chunk's
                     pending = [pool.submit(w.write, row) for w, row in zip(writers, rows, strict=True)]
                 for done in pending:
                     done.result()
-                kept += pool.map(ModelWriter.close, writers)
+                pending = [pool.submit(w.close) for w in writers]
+                kept += [done.result() for done in pending]
             except BaseException:
-                wait(pending)  # no write may still use a descriptor a discard closes
+                wait(pending)  # no write or close may still use a descriptor a discard closes
                 for w in writers:
                     w.discard()
                 raise
