@@ -42,7 +42,9 @@ def _split_digits(test_fraction: float, seed: int) -> tuple[Dataset, Dataset]:
     from sklearn.model_selection import train_test_split
 
     bunch = sklearn_digits()
-    x = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]
+    # reshape, not [:, None]: a new axis has stride 0 and the split's copy then strides it like channels-last, which
+    # PyTorch's convolutions follow, so a fresh split trained unlike the same split read back from the cache
+    x = (bunch.images / 16.0).astype(np.float32).reshape(-1, 1, *bunch.images.shape[1:])
     y = bunch.target.astype(np.int64)
     x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
     return Dataset(x_train, y_train), Dataset(x_test, y_test)
