@@ -53,8 +53,8 @@ def kept_models(bank: ModelBank) -> dict[str, Holding]:
     kept = {}
     for i in range(AGENTS):
         agent = f"agent-{i:03d}"
-        kept[agent] = Holding(1, agent, f"{i:064x}")
-        bank.put(kept[agent], kinds[i % 4] + 0.1 * rng.standard_normal(PARAMS, dtype=np.float32), SPEC)
+        vector = kinds[i % 4] + 0.1 * rng.standard_normal(PARAMS, dtype=np.float32)
+        kept[agent] = bank.writer(1, agent, SPEC, {}).keep(vector)
     return kept
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import median_seconds, report
-from flcore.agent_models import Holding, ModelBank
+from flcore.agent_models import ModelBank
 from flcore.strategies import build_strategy
 from flcore.strategies.base import Contribution, KeptModels
 from flcore.strategies.demlearn import DemLearnOptions, cluster_paths, distance_matrix
@@ -51,8 +51,8 @@ def end_of_round_seconds(name: str, agents: int, params: int) -> tuple[float, fl
         bank = ModelBank(Path(folder))
         kept = {}
         for i in range(agents):
-            kept[f"agent-{i:03d}"] = Holding(1, f"agent-{i:03d}", f"{i:064x}")
-            bank.put(kept[f"agent-{i:03d}"], kinds[i % 4] + 0.1 * rng.standard_normal(params, dtype=np.float32), spec)
+            vector = kinds[i % 4] + 0.1 * rng.standard_normal(params, dtype=np.float32)
+            kept[f"agent-{i:03d}"] = bank.writer(1, f"agent-{i:03d}", spec, {}).keep(vector)
         views = [Contribution(a, bank.vector(h), 1.0, 1.0, 0.0, model=bank.vector(h)) for a, h in kept.items()]
         def one_round() -> None:
             strategy = build_strategy({"name": name, **({"after": 1} if name == "fedamn" else {})})

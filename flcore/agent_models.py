@@ -38,9 +38,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common.files import AtomicFile, atomic_write
+from common.files import AtomicFile
 from common.spare_files import SpareFiles
-from models.serialization import float32_header, float32_parts, float32_region
+from models.serialization import float32_header, float32_region
 from models.weights import Fingerprinter, NamedArrays, TensorSpec, unflatten
 
 DITHER = 2.0**-16  # a bundle's values are each scaled by a factor in [1 - DITHER, 1 + DITHER]
@@ -180,9 +180,6 @@ class ModelBank:
 
     def _path(self, round_number: int, owner: str) -> Path:
         return self.directory / f"r{round_number}" / f"{owner}.safetensors"
-
-    def put(self, holding: Holding, vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> None:
-        atomic_write(self.path(holding), float32_parts(vector, spec), mode=0o600, reuse=self.spares.take())
 
     def writer(
         self, round_number: int, owner: str, spec: tuple[TensorSpec, ...], arrays: Mapping[str, np.ndarray]

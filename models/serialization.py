@@ -57,15 +57,6 @@ def dumps(arrays: NamedArrays, metadata: dict[str, str] | None = None) -> bytes:
     return b"".join((struct.pack("<Q", len(header)), header, raw[8 + length :]))
 
 
-def float32_parts(vector: np.ndarray, spec: tuple[TensorSpec, ...]) -> tuple[bytes, memoryview]:
-    """``dumps(unflatten(vector, spec))``, the same bytes, as its header and the vector's own memory: a model
-    the server keeps is written where it lies, not copied twice into one buffer first."""
-    header = float32_header(spec)
-    if 4 * vector.size != sum(4 * math.prod(s.shape) for s in spec) or vector.dtype != np.float32:
-        raise ValueError(f"vector of {vector.size} {vector.dtype} values does not fill the spec's tensors")
-    return header, memoryview(np.ascontiguousarray(vector)).cast("B")
-
-
 def float32_header(spec: tuple[TensorSpec, ...]) -> bytes:
     """The header ``dumps`` writes for ``spec``'s tensors, whose float32 values follow it in ``flatten`` order
     (a file written as its values are computed). ``spec`` is all float32 in the order safetensors stores it, by

@@ -11,7 +11,7 @@ import numpy as np
 from broker_server.rounds.update_store import UpdateStore
 from common.files import atomic_write
 from common.spare_files import SpareFiles
-from flcore.agent_models import Holding, ModelBank
+from flcore.agent_models import ModelBank
 from models.weights import TensorSpec
 
 SPEC = (TensorSpec("w", "float32", (1000,)),)
@@ -40,17 +40,13 @@ def test_each_spare_goes_to_one_writer_and_untaken_ones_go_at_the_next_release(t
 def test_the_model_bank_writes_the_next_round_over_the_models_it_released(tmp_path):
     bank = ModelBank(tmp_path)
     rng = np.random.default_rng(0)
-    old = [Holding(1, f"agent-{i}", f"{i:064x}") for i in range(3)]
-    for holding in old:
-        bank.put(holding, rng.standard_normal(1000, dtype=np.float32), SPEC)
+    old = [bank.writer(1, f"agent-{i}", SPEC, {}).keep(rng.standard_normal(1000, dtype=np.float32)) for i in range(3)]
     kept_vector = np.array(bank.vector(old[0]))
     inodes = {bank.path(h).stat().st_ino for h in old}
     bank.keep_only({old[0]})
     assert sorted(p.name for p in tmp_path.iterdir()) == [".spare", "r1"]
-    new = [Holding(2, f"agent-{i}", f"{9 + i:064x}") for i in range(3)]
-    vectors = [rng.standard_normal(1000, dtype=np.float32) for _ in new]
-    for holding, vector in zip(new, vectors, strict=True):
-        bank.put(holding, vector, SPEC)
+    vectors = [rng.standard_normal(1000, dtype=np.float32) for _ in range(3)]
+    new = [bank.writer(2, f"agent-{i}", SPEC, {}).keep(vector) for i, vector in enumerate(vectors)]
     for holding, vector in zip(new, vectors, strict=True):
         np.testing.assert_array_equal(bank.vector(holding), vector)
     assert len({bank.path(h).stat().st_ino for h in new} & inodes) == 2  # the two released files, then a new one
