@@ -43,7 +43,10 @@ PARAMS = 3_200_000
 SPEC = (TensorSpec("backbone.weight", "float32", (2_400_000,)), TensorSpec("head.weight", "float32", (800_000,)))
 LIMIT_BYTES = 400 << 20
 LIMIT_S = 2.0
-STRATEGIES = {"demlearn": {}, "fedamp": {}, "fedamn": {"after": 1}}  # FedAMN's clusters from round 1 on
+# FedAMN's clusters from round 1 on. FedAMP's σ at these models' distance scale (σ = αₖ = 67,000; the defaults, σ = 1,
+# make every weight but an agent's own 0): an agent's 24 of its kind share half its cloud model, and each of the
+# others weighs about e^-99, which is subnormal in float32 (``mixing.float32_weights``)
+STRATEGIES = {"demlearn": {}, "fedamp": {"sigma": 67_000.0, "alpha_k": 67_000.0}, "fedamn": {"after": 1}}
 
 
 def kept_models(bank: ModelBank) -> dict[str, Holding]:

@@ -92,3 +92,28 @@ def test_a_failed_close_keeps_no_model_of_its_group(tmp_path, small_passes):
     with pytest.raises(OSError, match="Input/output"):
         mixing.keep_mixed(writer, [f"m{r}" for r in range(7)], views, weights)
     assert not [p for p in (tmp_path / "r1").iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_subnormal_weights_reach_the_kernels_as_zero_and_the_mix_stays_within_rounding(tmp_path, small_passes,
+                                                                                        monkeypatch):  # fmt: skip
+    """FedAMP's e^(−d²/σ) at d²/σ ≈ 92 is subnormal in float32, which x86 cores multiply on their slow path."""
+    views, weights = views_and_weights()
+    weights[:, ::2] = 1e-40
+    seen: list[np.ndarray] = []
+    matmul = np.matmul
+
+    def spy(a, b, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202 - np.matmul's own signature
+        seen.append(np.asarray(a).copy())
+        return matmul(a, b, *args, **kwargs)
+
+    monkeypatch.setattr(mixing.np, "matmul", spy)
+    mixed = np.stack([row.copy() for _, row in mixing.mixed_models(views, weights)])
+    mixing.keep_mixed(lambda owner: ModelBank(tmp_path).writer(1, f"+{owner}", SPEC, {}),
+                      [f"m{r}" for r in range(len(weights))], views, weights)  # fmt: skip
+    monkeypatch.undo()
+    kernel_weights = np.concatenate([a.ravel() for a in seen])
+    assert len(seen) > 2 and kernel_weights.dtype == np.float32
+    assert not ((kernel_weights != 0) & (np.abs(kernel_weights) < np.finfo(np.float32).tiny)).any()
+    reference = weights @ np.stack([v.delta for v in views]).astype(np.float64)
+    np.testing.assert_allclose(mixed, reference, rtol=1e-5, atol=1e-5)
+    assert (mixing.float32_weights(weights)[:, 1::2] == weights[:, 1::2].astype(np.float32)).all()
