@@ -28,6 +28,20 @@ def reason_kind(reason: str) -> str:
     return reason.split(":", 1)[0]
 
 
+MAX_REJECTIONS_LISTED = 200  # refusals one round's metrics list
+MAX_REJECTIONS_PER_SENDER = 3  # of them, distinct kinds per sender
+
+
+def worth_listing(reason: str, sender_reasons: list[str], listed: int) -> bool:
+    """Whether a refusal goes into its round's metrics, which list ``listed`` already, ``sender_reasons`` of them
+    its sender's: each kind once per sender, ``MAX_REJECTIONS_PER_SENDER`` per sender and ``MAX_REJECTIONS_LISTED``
+    in all, so that a rogue's stream of refusals neither grows the metrics past what their readers take nor
+    crowds out the others' (the refusals are still logged and counted)."""
+    kind = reason_kind(reason)
+    return (listed < MAX_REJECTIONS_LISTED and len(sender_reasons) < MAX_REJECTIONS_PER_SENDER
+            and all(reason_kind(r) != kind for r in sender_reasons))  # fmt: skip
+
+
 def positive_ranges(spec: tuple[TensorSpec, ...]) -> tuple[TensorRange, ...]:
     """The BatchNorm running variances of a model (they must not go negative), by state_dict name."""
     return ranges_of(spec, ("running_var",))

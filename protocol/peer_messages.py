@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from protocol.messages import Gate, Message
 
 MEMBER_STATES = ("member", "joining", "left")
+MAX_ROUND = 2**31  # no federation runs more rounds; a member's claimed round stays a number the others compute with
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class PeerMember(Message):
     def __post_init__(self) -> None:
         if self.state not in MEMBER_STATES:
             raise ValueError(f"state must be one of {', '.join(MEMBER_STATES)}, got {self.state!r}")
+        if not 0 <= self.round <= MAX_ROUND:  # JSON has integers of any size; the lower median takes them as floats
+            raise ValueError(f"round must be in [0, {MAX_ROUND}], got a {len(str(self.round))}-digit number")
 
 
 def older(member: PeerMember, held: PeerMember) -> bool:

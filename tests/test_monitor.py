@@ -182,9 +182,12 @@ def test_hostile_numbers_names_and_floods_stay_bounded():
     for i in range(150):
         name = f"p{i:03d}"
         gate = Gate(ok=False, reasons=["[/x]\x1b]52;c;x\x07"] * 99)
-        member = PeerMember("fleet", name, "member", huge, 1.0, 1.0, gate)
+        member = PeerMember("fleet", name, "member", 2**31, 1.0, 1.0, gate)
         view.apply(f"skyfed/fleet/peer/{name}/member", _signed(member, name))
+    rogue = {**PeerMember("fleet", "p-huge", "member", 1, 1.0, 1.0).to_dict(), "round": huge}
+    view.apply("skyfed/fleet/peer/p-huge/member", signed_payload(rogue, Identity.generate("p-huge")))
     shown = _render(view)
+    assert "p-huge" not in shown  # refused, as peers refuse a round past any federation's (it would sort first)
     assert "(too large)" in shown and "1e+300" in shown
     assert "50 more peers not shown" in shown and "p149" not in shown
     assert "\x1b" not in shown and "[/x]" in shown

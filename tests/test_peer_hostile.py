@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from agent.config import load_agent_config
 from agent.peer.collect import RoundCollector, RoundGuards
@@ -101,6 +102,62 @@ def test_a_catch_up_model_that_is_not_finite_or_names_an_impossible_round_is_ref
     assert node.work.catchup == {}
     assert f"model refused peer={ROGUE} reason=non-finite-model" in caplog.text
     assert f"model refused peer={ROGUE} reason=bad-round: 1000000000" in caplog.text
+
+
+def test_a_catch_up_model_that_breaks_the_models_invariants_or_overflows_its_norm_is_refused(tmp_path, broker,
+                                                                                               caplog):  # fmt: skip
+    """On main a joiner adopted such a model whole (only finite values were asked for): a negative running
+    variance, or weights of 1e30, after which every honest update to it was refused (its norm overflowed)."""
+    configs = peer_configs(tmp_path, broker, rounds=3)
+    node = idle_node(configs)
+    rogue = rogue_identity(configs)
+    node.handle(TOPICS.peer_member(ROGUE), membership(rogue, round_number=2))
+    node.work.phase = "joining"
+    model = node.work.model
+    negative = {k: np.full_like(v, -10) if k.endswith("running_var") else v for k, v in model.items()}
+    huge = {k: np.full_like(v, 1e30) if k.endswith(".weight") else v for k, v in model.items()}
+    caplog.set_level(logging.INFO)
+    feed(node, sealed_to(node, rogue, "peer-model", 2, dumps(negative)))
+    feed(node, sealed_to(node, rogue, "peer-model", 2, dumps(huge)))
+    assert node.work.catchup == {}
+    assert f"model refused peer={ROGUE} reason=invalid-running-var: features.1.running_var" in caplog.text
+    assert f"model refused peer={ROGUE} reason=non-finite-model" in caplog.text
+    feed(node, sealed_to(node, rogue, "peer-model", 2, dumps(nudged(model, 1))))  # a usable one is taken
+    assert list(node.work.catchup) == [ROGUE]
+
+
+def test_a_membership_claiming_a_round_past_any_federations_is_refused_and_the_peer_goes_on(tmp_path, broker,
+                                                                                            caplog):  # fmt: skip
+    """JSON integers have any size: a round of 310 digits failed every tick of a peer (the lower median of the
+    members' rounds takes them as floats), which then never left ``gathering`` with that member alone."""
+    configs = peer_configs(tmp_path, broker, threshold=2)
+    node = idle_node(configs)
+    rogue = rogue_identity(configs)
+    document = {**PeerMember("sim", ROGUE, "member", 1, time.time(), time.time()).to_dict(), "round": 10**309}
+    caplog.set_level(logging.INFO)
+    node.handle(TOPICS.peer_member(ROGUE), signed_payload(document, rogue))
+    assert ROGUE not in node.roster.members
+    assert f"membership refused peer={ROGUE} reason=malformed: PeerMember: round must be in [0, {2**31}]" in caplog.text
+    node.work.connected_at = time.monotonic() - 100  # join_wait_s has passed: it starts round 1 on its own
+    node.edge.guard("tick", node.edge.tick)
+    assert node.edge.errors == 0 and node.work.phase == "training" and node.work.round == 1
+    node.work.close()
+
+
+def test_a_rogues_stream_of_refused_updates_is_counted_but_listed_once_and_others_still_are(tmp_path, broker):
+    """On main every refusal was listed in the round's metrics: 3,000 small refused transfers made a 357 kB line,
+    past what any reader of the signed, retained metrics takes (``MAX_JSON_BYTES``)."""
+    configs = peer_configs(tmp_path, broker)
+    node = idle_node(configs)
+    collector = RoundCollector(1, node.work.model, InfluencePolicy(), "agent-01")
+    for n in range(500):
+        with pytest.raises(UpdateRejected):
+            collector.accept(ROGUE, b"not-an-update-%d" % n, 100)
+    with pytest.raises(UpdateRejected):
+        collector.accept("agent-02", b"not-an-update", 100)
+    assert collector.refused == 501
+    assert [r["peer"] for r in collector.rejected] == [ROGUE, "agent-02"]
+    node.work.close()
 
 
 def test_a_lone_catch_up_answer_starts_the_joiner_at_the_members_median_round_not_at_the_senders(tmp_path, broker):
@@ -347,4 +404,5 @@ def test_which_start_models_an_update_may_name(tmp_path):
     assert offer(three, "agent-02", nudged(elsewhere, 8), elsewhere, 8).startswith(
         f"stale-base: agent-02 named start model {fingerprint(elsewhere)[:12]} in round 2 already")
     assert offer(three, ROGUE, nudged(m2, 9), m2, 9) == ""  # the receiver's own model is the round's
-    assert [r["reason"].split(":")[0] for r in two.rejected + three.rejected] == ["stale-base"] * 4
+    assert [r["reason"].split(":")[0] for r in two.rejected + three.rejected] == ["stale-base"] * 2  # a kind once
+    assert (two.refused, three.refused) == (3, 1)

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import math
+import sys
 import threading
 import time
 from pathlib import Path
@@ -220,6 +222,16 @@ def test_a_regions_weight_counts_each_claim_as_its_bounds_did() -> None:
     capped = RegionResult.of_round(1, model, records, {}, sample_cap=200.0)
     assert capped.weight == 420 and capped.loss == pytest.approx((100 * 1.0 + 120 * 2.0 + 200 * 0.5) / 420)
     assert RegionResult.of_round(1, model, records, {}).weight == 1_000_220  # bounds off: as claimed
+
+
+def test_one_agents_huge_finite_loss_leaves_its_regions_loss_finite() -> None:
+    """An agent's loss need only be finite; 1e308 times its weight made the region's loss infinite, and the root
+    refused the region's whole aggregate (``non-finite-loss``) for one agent's header."""
+    model = {"w": np.zeros(2, np.float32)}
+    records = [UpdateRecord("a", 100, 0.3, 1.0, 10), UpdateRecord("rogue", 100, 1e308, 1.0, 10),
+               UpdateRecord("b", 100, sys.float_info.max, 1.0, 10)]  # fmt: skip
+    loss = RegionResult.of_round(1, model, records, {}, sample_cap=200.0).loss
+    assert math.isfinite(loss) and loss > 1e307
 
 
 def test_a_regional_round_closes_in_time_for_the_roots_deadline(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from flcore.rounds import UpdateRecord
 from flcore.screening import screen
 from flcore.strategies.base import Strategy
 from flcore.update import UpdateMeta, UpdateMetaError, UpdateRejected, float_layout, parse_update
-from flcore.validation import check_values, positive_ranges
+from flcore.validation import check_values, positive_ranges, worth_listing
 from models.serialization import SerializationError, read_header
 from models.weights import NamedArrays, fingerprint, flatten, float_part, spec_of, with_floats
 from protocol.transfer import MiB, TransferLimits
@@ -70,7 +70,8 @@ class RoundCollector:
     me: str = ""  # this peer: its own update is the bounds' reference in a round of fewer than three
     guard: StaleGuard | None = None  # what this peer held and saw in earlier rounds: this round starts now
     updates: dict[str, PeerUpdate] = field(default_factory=dict)
-    rejected: list[dict[str, str]] = field(default_factory=list)
+    rejected: list[dict[str, str]] = field(default_factory=list)  # as ``worth_listing`` allows
+    refused: int = 0  # every refusal this round
 
     def __post_init__(self) -> None:
         self.spec, self.vector = float_layout(self.model)
@@ -86,8 +87,13 @@ class RoundCollector:
         try:
             return self._accept(sender, data, wire_bytes, late_weight)
         except UpdateRejected as exc:
-            self.rejected.append({"peer": sender, "reason": exc.reason})
+            self._refuse(sender, exc.reason)
             raise
+
+    def _refuse(self, peer: str, reason: str) -> None:
+        self.refused += 1
+        if worth_listing(reason, [e["reason"] for e in self.rejected if e["peer"] == peer], len(self.rejected)):
+            self.rejected.append({"peer": peer, "reason": reason})
 
     def _accept(self, sender: str, data: bytes | bytearray | memoryview, wire_bytes: int,
                 late_weight: float) -> PeerUpdate:  # fmt: skip
@@ -136,7 +142,7 @@ class RoundCollector:
     def drop(self, peer: str, reason: str) -> None:
         """Forget ``peer``'s update (revoked during the round)."""
         if self.updates.pop(peer, None) is not None:
-            self.rejected.append({"peer": peer, "reason": reason})
+            self._refuse(peer, reason)
 
     def aggregate(self, strategy: Strategy, guards: RoundGuards) -> tuple[NamedArrays, dict[str, Any]]:
         """The next model: this one plus the strategy's aggregate of the bounded (and screened) updates, its step
@@ -195,13 +201,18 @@ def same_layout(model: NamedArrays, other: NamedArrays) -> bool:
 
 def model_refusal(model: NamedArrays, own: NamedArrays, round_number: int, last_round: int) -> str:
     """Why a member's ``peer-model`` (a catch-up model or the elected one, round ``last_round``) is refused,
-    "" if it is not: a joiner adopts a catch-up model whole, so it must be usable."""
+    "" if it is not: a joiner adopts a catch-up model whole, so it must pass what the server asks of a new global
+    model (``check_new_model``): finite, its change from the peer's own model too (values so large that its
+    norm overflows would have every honest update refused after it), and the model's invariants kept."""
     if not same_layout(model, own):
         return "wrong-tensors"
     if not 1 <= round_number <= last_round:
         return f"bad-round: {round_number}"
-    if not all(np.isfinite(a).all() for a in float_part(model).values()):
-        return "non-finite-model"
+    spec = spec_of(float_part(own))
+    try:
+        check_new_model(flatten(float_part(model), spec), flatten(float_part(own), spec), spec)
+    except UpdateRejected as exc:
+        return exc.reason
     return ""
 
 

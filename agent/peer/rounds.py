@@ -335,7 +335,7 @@ class PeerRounds:
         self.counted = set(line.aggregated_from)
         log.info("round %d %s from=%s accuracy=%s trained_c_spe=%s rejected=%d%s", self.round, outcome,
                  ",".join(line.aggregated_from) or "-", headline(evaluation),
-                 personal_score(line.personal, "trained_c_spe"), len(collector.rejected),
+                 personal_score(line.personal, "trained_c_spe"), collector.refused,
                  f" reason={reason}" if reason else "")  # fmt: skip
         if self.round >= self.plan.rounds:
             self.model, self.phase = model, "electing"

@@ -49,7 +49,7 @@ from flcore.rounds import RoundState, UpdateRecord, complete, decide, replace_mi
 from flcore.strategies import build_strategy
 from flcore.strategies.choice import strategy_notes
 from flcore.update import NotForThisRound, UpdateRejected
-from flcore.validation import reason_kind
+from flcore.validation import reason_kind, worth_listing
 from models.weights import NamedArrays, state_spec, with_floats
 from models.zoo import build_model
 from participant.recipes import checked_settings, work_share
@@ -61,9 +61,7 @@ from security.replay import ReplayGuard
 
 log = logging.getLogger("skyfed.server")
 
-MAX_REJECTIONS_LISTED = 200
 WASTED = ("late", "stale", "one-per-buffer")  # refusals of a trained update for its timing, not its content
-MAX_REJECTIONS_PER_AGENT = 3  # distinct kinds of refusal listed per agent and round
 
 
 class RoundEngine:
@@ -313,20 +311,18 @@ class RoundEngine:
             log.warning("model not kept on acceptance round=%d agent=%s reason=%s", rs.round, agent, exc)
 
     def reject(self, agent: str, reason: str) -> None:
-        """Record a refusal in the open round's metrics (or the next round's, outside a round); the same
-        agent and reason twice is listed once."""
+        """Record a refusal in the open round's metrics (or the next round's, outside a round), as
+        ``worth_listing`` allows."""
         target = self.round_state.rejected if self.round_state is not None else self.orphan_rejections
         entry = Rejection(agent=agent, reason=reason).to_dict()
-        own = [e["reason"] for e in target if e["agent"] == agent]  # a rogue's own texts cannot crowd out others'
+        own = [e["reason"] for e in target if e["agent"] == agent]
         kind = reason_kind(reason)
         if kind in WASTED:  # a trained update lost (metrics.wasted), each agent once a round
             wasted = (self.round_state.wasted if self.round_state is not None else self.orphan_wasted).setdefault(
                 kind, [])  # fmt: skip
             if agent not in wasted:
                 wasted.append(agent)
-        if len(target) < MAX_REJECTIONS_LISTED and len(own) < MAX_REJECTIONS_PER_AGENT and all(
-            reason_kind(r) != kind for r in own
-        ):
+        if worth_listing(reason, own, len(target)):
             target.append(entry)
 
     def close(self, now: float, *, model_wire_bytes: int, stuck: bool = False) -> RoundMetrics:

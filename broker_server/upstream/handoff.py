@@ -11,6 +11,7 @@ total weight. The two halves run on two threads of one process; this object is a
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -48,12 +49,15 @@ class RegionResult:
                  personal: dict | None = None) -> RegionResult:  # fmt: skip
         """The committed aggregate of ``accepted`` updates, weighted by their total weight as the region's bounds
         counted it (each claim at most ``sample_cap``: an agent's inflated claim does not inflate its region's
-        weight at the root), with their weighted loss."""
+        weight at the root), with their weighted loss: each loss times its share of the weight, so the mean of
+        finite losses stays finite (an agent's loss need only be finite; 1e308 times its weight was infinite, and
+        the root refused the region's whole aggregate for it)."""
         weights = [min(u.samples, sample_cap) if sample_cap is not None else u.samples for u in accepted]
         weight = int(sum(weights))
         if weight <= 0:
             return cls(root_round, None, reason="no update with a positive weight was averaged")
-        loss = sum(w * u.loss for w, u in zip(weights, accepted, strict=True)) / weight
+        loss = sum(w / weight * u.loss for w, u in zip(weights, accepted, strict=True))
+        loss = max(-sys.float_info.max, min(loss, sys.float_info.max))  # shares adding up to a hair over 1
         return cls(root_round, model, weight, loss, dict(evaluation), personal=dict(personal or {}))
 
     def reported(self, key: str) -> dict[str, float]:
