@@ -121,22 +121,27 @@ class AgentConfig:
 
     @property
     def data_path(self) -> Path:
-        return existing_path(self.path, "agent.data", self.agent.data, "training data")
+        return existing_path(self.path, "agent.data", self.agent.data, "training data",
+                             "a classifier's .npz with x and y, a detector's YOLO data.yaml (docs/detection.md); "
+                             "skyfed data digits --out DIR writes example ones")
 
     @property
     def test_data_path(self) -> Path | None:
         """The local test split, or None when ``agent.test_data`` is unset."""
         if not self.agent.test_data:
             return None
-        return existing_path(self.path, "agent.test_data", self.agent.test_data, "local test split")
+        return existing_path(self.path, "agent.test_data", self.agent.test_data, "local test split",
+                             "an .npz with x and y; skyfed data digits --out DIR writes example ones")
 
     @property
     def identity_path(self) -> Path:
-        return existing_path(self.path, "keys.identity", self.keys.identity, "agent key file")
+        return existing_path(self.path, "keys.identity", self.keys.identity, "agent key file",
+                             "skyfed provision puts it in DIR/agents/<id>/; skyfed keys new makes one")
 
     @property
     def server_key_path(self) -> Path:
-        return existing_path(self.path, "keys.server", self.keys.server, "server public key")
+        return existing_path(self.path, "keys.server", self.keys.server, "server public key",
+                             "skyfed provision puts it in DIR/agents/<id>/; copy the server's .pub")
 
     @property
     def init_weights_path(self) -> Path | None:
@@ -148,7 +153,8 @@ class AgentConfig:
     @property
     def enrolled_dir(self) -> Path:
         """Peer mode: the enrolled peers' public keys."""
-        return existing_path(self.path, "keys.enrolled", self.keys.enrolled, "enrolled-peers folder")
+        return existing_path(self.path, "keys.enrolled", self.keys.enrolled, "enrolled-peers folder",
+                             "skyfed provision --mode peer puts it in DIR/peers/<id>/enrolled/")
 
 
 def load_agent_config(path: Path) -> AgentConfig:

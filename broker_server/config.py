@@ -161,17 +161,21 @@ class ServerConfig:
 
     @property
     def identity_path(self) -> Path:
-        return existing_path(self.path, "keys.identity", self.keys.identity, "server key file")
+        return existing_path(self.path, "keys.identity", self.keys.identity, "server key file",
+                             "skyfed provision puts it in DIR/server/; skyfed keys new makes one")
 
     @property
     def enrolled_dir(self) -> Path:
-        return existing_path(self.path, "keys.enrolled", self.keys.enrolled, "enrolled-agents folder")
+        return existing_path(self.path, "keys.enrolled", self.keys.enrolled, "enrolled-agents folder",
+                             "skyfed provision puts it in DIR/server/enrolled/; skyfed keys enroll adds to it")
 
     @property
     def eval_path(self) -> Path | None:
         if self.server.eval_data is None:
             return None
-        return existing_path(self.path, "server.eval_data", self.server.eval_data, "evaluation data")
+        return existing_path(self.path, "server.eval_data", self.server.eval_data, "evaluation data",
+                             "a classifier's .npz with x and y, a detector's YOLO data.yaml; skyfed data digits "
+                             "--out DIR writes example ones in DIR/server/")
 
     @property
     def upstream_keys(self) -> tuple[Path, Path]:
@@ -184,7 +188,8 @@ class ServerConfig:
     def pool_path(self) -> Path | None:
         if not self.pool.enabled:
             return None
-        return existing_path(self.path, "pool.data", self.pool.data, "shared data pool (.npz)")
+        return existing_path(self.path, "pool.data", self.pool.data, "shared data pool (.npz)",
+                             "an .npz with x and y; skyfed data digits --out DIR writes example ones")
 
     @property
     def init_weights_path(self) -> Path | None:

@@ -100,11 +100,12 @@ def broker_settings(path: Path, data: dict[str, Any], name: str = "broker") -> B
     )
 
 
-def existing_path(path: Path, key: str, value: str, what: str) -> Path:
-    """Resolve ``value`` relative to the config file and check that it exists."""
+def existing_path(path: Path, key: str, value: str, what: str, fix: str = "") -> Path:
+    """Resolve ``value`` relative to the config file and check that it exists; ``fix`` says where such a file
+    comes from."""
     resolved = (path.parent / value).resolve() if not Path(value).is_absolute() else Path(value)
     if not resolved.exists():
-        raise ConfigError(f"{path}: {key} = {value!r}: {what} not found at {resolved}")
+        raise ConfigError(f"{path}: {key} = {value!r}: {what} not found at {resolved}{f' ({fix})' if fix else ''}")
     return resolved
 
 

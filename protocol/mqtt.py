@@ -300,8 +300,9 @@ class MqttClient:
             self.problem = f"{why}; reconnecting"
         elif self.problem is None and self.settings.tls is None:
             self._report(
-                f"{self.at.host}:{self.at.port} closed the connection before answering: a TLS "
-                "listener? (set [broker.tls]) or a broker that does not speak MQTT on this port"
+                f"{self.at.host}:{self.at.port} closed the connection before answering: a TLS listener? (a "
+                "daemon's [broker.tls]; skyfed monitor's --cafile, --cert and --key) or a broker that does not "
+                "speak MQTT on this port"
             )
         self.connected.clear()
 

@@ -176,7 +176,10 @@ def run_provision(args: argparse.Namespace) -> int:
     text = peer_instructions(out, plan) if peer else instructions(out, plan)
     (out / "README.txt").write_text(text + "\n")
     nodes = "peers" if peer else "agents"
-    print(f"provisioned {len(plan.agents)} {nodes} in {out} ({len(new)} new: {', '.join(new) or 'none'})\n{text}")
+    revoked = plan.revoked_names()
+    active = [a for a in plan.agents if a not in revoked]
+    gone = f"; {len(revoked)} revoked" if revoked else ""
+    print(f"provisioned {len(active)} {nodes} in {out} ({len(new)} new: {', '.join(new) or 'none'}{gone})\n{text}")
     for line in (peer_next_steps if peer else next_steps)(out, plan, new):
         print(line)
     notes = ownership_notes(plan)
