@@ -199,3 +199,41 @@ def test_the_rounds_aggregate_time_includes_the_clustering(tmp_path, monkeypatch
     for i, agent in enumerate(AGENTS[:2]):
         engine.accept(update(engine, agent, seed=i)[0])
     assert engine.close(now=1.0, model_wire_bytes=0).aggregate_s >= 0.2
+
+
+def test_every_round_reclustering_takes_the_mean_and_the_distances_from_one_pass(tmp_path, monkeypatch):
+    """tau = 1 (the default): ``aggregate``'s pass over the kept models gives the published mean and the Gram
+    matrix the clustering needs, so ``plan_starts`` reads the models once more (to mix the groups), not twice."""
+    from flcore import strategies
+    from flcore.agent_models import ModelBank
+    from flcore.strategies import demlearn
+    from flcore.strategies.base import Contribution, KeptModels, mean_of_models
+    from models.weights import TensorSpec
+
+    spec = (TensorSpec("w", "float32", (5000,)),)
+    rng = np.random.default_rng(4)
+    kinds = [rng.standard_normal(5000, dtype=np.float32) for _ in range(2)]
+    bank = ModelBank(tmp_path)
+    kept = {f"a{i}": bank.writer(1, f"a{i}", spec, {}).keep(kinds[i % 2] + rng.standard_normal(5000, dtype=np.float32)
+                                                            * np.float32(0.1)) for i in range(6)}  # fmt: skip
+    views = [Contribution(a, bank.vector(h), 1.0, 1.0, 0.0, model=bank.vector(h)) for a, h in kept.items()]
+    models = KeptModels(round=1, action="group", agents=list(kept), kept=kept, exact=set(kept), current={},
+                        spec=spec, vector=bank.vector, writer=lambda owner: bank.writer(1, f"+{owner}", spec, {}),
+                        peers=lambda holdings: bank.peers(holdings, spec), rng=lambda: np.random.default_rng(1))
+    passes = []
+    gram = demlearn.gram_matrix
+    monkeypatch.setattr(demlearn, "gram_matrix", lambda *a, **k: (passes.append(k), gram(*a, **k))[1])
+    start = np.zeros(5000, np.float32)
+    # tau = 2: a round with the tree's agents re-clusters only when due (round 3), from plan_starts' own pass
+    for tau, rounds in ((1, {1: [True], 2: [True]}), (2, {1: [True], 2: [], 3: [False]})):
+        strategy = strategies.build_strategy({"name": "demlearn", "levels": 1, "tau": tau})
+        for number, expected in rounds.items():
+            passes.clear()
+            result = strategy.aggregate(start, views)
+            plan = strategy.plan_starts(dataclasses.replace(models, round=number))
+            strategy.on_commit(result)
+            assert ["means" in p for p in passes] == expected, (tau, number)
+            np.testing.assert_allclose(result.global_vector, mean_of_models(start, views, np.ones(6)), rtol=1e-6,
+                                       atol=1e-6)  # fmt: skip
+            groups = {a: plan.starts[a].model for a in kept}  # the two kinds, each its own group
+            assert groups["a0"] == groups["a2"] == groups["a4"] != groups["a1"] == groups["a3"] == groups["a5"]

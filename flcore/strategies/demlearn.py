@@ -28,7 +28,7 @@ published root stays the plain mean; members are counted as agents (not samples)
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -147,6 +147,7 @@ class DemLearn(Strategy):
         super().__init__(options)
         self.tree: dict[str, list[int]] = {}  # agent → path, as last clustered (kept in the checkpoint)
         self._pending: dict[str, list[int]] | None = None  # a new clustering, until its round is committed
+        self.gram: tuple[list[str], np.ndarray] = ([], np.zeros((0, 0)))  # from ``aggregate``'s pass, when it made one
         self.start_vector = np.zeros(0, np.float32)
 
     def configure_train(self, settings: TrainSettings, round_number: int, paces: dict[str, float]) -> TrainPlan:
@@ -156,18 +157,32 @@ class DemLearn(Strategy):
         return "group"
 
     def aggregate(self, global_vector: np.ndarray, contributions: list[Contribution]) -> RoundResult:
-        """The root, published as the global model: the mean of every agent's model (eq. 9 up to the top)."""
+        """The root, published as the global model: the mean of every agent's model (eq. 9 up to the top). When
+        the round re-clusters whatever its number (``tau`` = 1, the default, or agents other than the tree's), the
+        mean comes from the same pass over the models as their Gram matrix (``plan_starts``' distances), one pass
+        over 1.28 GB fewer at 100 agents × 3.2M values."""
         self.start_vector = global_vector
-        return RoundResult(mean_of_models(global_vector, contributions, np.ones(len(contributions))))
+        agents = [c.agent for c in contributions]
+        if self.options.tau > 1 and set(self.tree) == set(agents):
+            return RoundResult(mean_of_models(global_vector, contributions, np.ones(len(contributions))))
+        models = [replace(c, delta=c.model, scale=1.0) for c in contributions]
+        mean = np.empty(global_vector.size, np.float32)
+        self.gram = (agents, gram_matrix(models, center=self._center(global_vector), means=mean))
+        return RoundResult(mean)
+
+    def _center(self, global_vector: np.ndarray) -> np.ndarray | None:
+        """What the distances are taken from: the global model (euclidean); cosines are of the models themselves."""
+        return global_vector if self.options.distance == "euclidean" else None
 
     def plan_starts(self, models: KeptModels | None) -> StartPlan:
         assert models is not None  # keeps_models
         agents = models.agents
         views = [Contribution(a, models.vector(models.kept[a]), 1.0, 1.0, 0.0) for a in agents]
         due = (models.round - 1) % self.options.tau == 0 or set(self.tree) != set(agents)
+        (known, gram), self.gram = self.gram, ([], np.zeros((0, 0)))
         if due:
-            center = self.start_vector if self.options.distance == "euclidean" else None  # cosine: of the models
-            gram = gram_matrix(views, center=center)
+            if known != agents:  # aggregate's pass made none for them
+                gram = gram_matrix(views, center=self._center(self.start_vector))
             paths = cluster_paths(distance_matrix(gram, self.options.distance), self.options.levels)
             tree = self._pending = {a: list(p) for a, p in zip(agents, paths, strict=True)}
         else:  # and no clustering of a rolled-back round is left pending to be installed at the next commit
