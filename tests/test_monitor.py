@@ -204,3 +204,46 @@ def test_a_replayed_offline_is_shown_as_the_server_treats_it():
     view.apply("skyfed/fleet/agent/d1/status", _signed(AgentStatus.offline("d1", session=160.0), "d1"))
     row = next(line for line in _render(view).splitlines() if line.startswith("│ d1"))
     assert row.split("│")[2].strip() == "offline"  # a newer connection's will counts
+
+
+def test_rounds_before_the_monitor_started_come_from_the_retained_history():
+    """``server/metrics`` is not retained: a monitor started after a run (or ``--once``) showed no round at all
+    while the dashboard read the server's retained ``server/history``; now both do."""
+    from broker_server.watch.history import RunHistory
+
+    history = RunHistory("fleet")
+    for number, accuracy in ((1, 0.5), (2, 0.75), (3, 0.875)):
+        history.add(round_metrics(round=number, eval={"accuracy": accuracy, "loss": 1 - accuracy},
+                                  participants=["a", "b"], accepted=["a", "b"], bytes_up=2_500_000))  # fmt: skip
+    view = FederationView(Topics("fleet"))
+    lines = view.apply("skyfed/fleet/server/history", history.payload())
+    assert lines.splitlines()[0] == "history round=1 outcome=committed accuracy=0.5000 loss=0.5000 accepted=2 " \
+                                    "rejected=0 mb_up=2.50 mb_down=0.00"  # fmt: skip
+    assert [line.split()[1] for line in lines.splitlines()] == ["round=1", "round=2", "round=3"]
+    shown = _render(view)
+    assert "no round has finished" not in shown and "3 (history)" in shown and "0.8750" in shown
+    assert _header(shown, "round")[:5] == ["round", "accepted", "rejected", "accuracy", "loss"]
+    live = round_metrics(round=4, eval={"accuracy": 0.9, "loss": 0.1}, participants=["a", "b"], accepted=["a"])
+    view.apply("skyfed/fleet/server/metrics", live.to_json())
+    history.add(live)
+    assert view.apply("skyfed/fleet/server/history", history.payload()) is None  # round 4 was shown live
+    rows = [line.split("│")[1].strip() for line in _render(view).splitlines() if line.startswith("│")]
+    assert rows[-4:] == ["1 (history)", "2 (history)", "3 (history)", "4"]
+
+
+def test_a_history_that_is_not_the_servers_is_ignored_and_its_bad_rows_dropped():
+    from broker_server.watch.history import MAX_BYTES, SCHEMA
+
+    view = FederationView(Topics("fleet"))
+    for payload in (b"[1, 2]", json.dumps({"schema": "other/1", "rounds": []}).encode(),
+                    json.dumps({"schema": SCHEMA, "rounds": [{"round": 1, "outcome": "x" * MAX_BYTES}]}).encode(),
+                    b"{" * 100_000):  # fmt: skip
+        assert view.apply("skyfed/fleet/server/history", payload) is None
+    assert view.past.rows == ()
+    rows = [{"round": "7", "outcome": "committed"}, {"round": 2, "outcome": None}, {"round": 3.5, "outcome": "c"},
+            {"round": 9, "outcome": "[red]x\x1b[2J", "headline": [["accuracy", "0.9"], ["loss", 0.25], 5],
+             "accepted": "\x1b[31m"}]  # fmt: skip
+    line = view.apply("skyfed/fleet/server/history", json.dumps({"schema": SCHEMA, "rounds": rows}).encode())
+    assert line == "history round=9 outcome=[red]x\\x1b[2J loss=0.2500 accepted=\\x1b[31m rejected=- mb_up=- mb_down=-"
+    shown = _render(view)
+    assert "\x1b" not in shown and "9 ([red]x" in shown

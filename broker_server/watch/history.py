@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from protocol.messages import MessageError, RoundMetrics, finite_or_null
 
 log = logging.getLogger("skyfed.server")
@@ -86,3 +88,32 @@ class RunHistory:
                 self.add(RoundMetrics.from_json(line))
             except (MessageError, ValueError) as exc:
                 log.warning("event=history-line-skipped file=%s line=%d error=%s", metrics_jsonl, number, exc)
+
+
+@dataclass(frozen=True)
+class PastRounds:
+    """``server/history`` as a reader takes it (``read_history``): what each score key is called, and the rows."""
+
+    labels: dict[str, str] = field(default_factory=dict)
+    rows: tuple[dict, ...] = ()
+
+
+def read_history(payload: bytes) -> PastRounds:
+    """The rows of a ``server/history`` payload that are well formed, oldest first, or ``MessageError``: anyone
+    who may publish there could put anything there, so a row needs an integer ``round`` and a string ``outcome``,
+    and its ``headline`` keeps only [key, number] pairs; a reader shows every value as plain text."""
+    try:
+        body = parse_untrusted_json(payload, max_bytes=MAX_BYTES)
+    except UntrustedJsonError as exc:
+        raise MessageError(f"server/history: {exc}") from None
+    if not isinstance(body, dict) or body.get("schema") != SCHEMA or not isinstance(body.get("rounds"), list):
+        raise MessageError(f"server/history: not a {SCHEMA} payload")
+    labels = body.get("labels") if isinstance(body.get("labels"), dict) else {}
+    rows = []
+    for row in body["rounds"][-MAX_ROUNDS:]:
+        if isinstance(row, dict) and type(row.get("round")) is int and isinstance(row.get("outcome"), str):
+            pairs = row.get("headline") if isinstance(row.get("headline"), list) else []
+            headline = [p for p in pairs if isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                        and type(p[1]) in (int, float)]  # fmt: skip
+            rows.append({**row, "headline": headline[:HEADLINE_WIDTH]})
+    return PastRounds({str(k): str(v) for k, v in labels.items()}, tuple(rows))

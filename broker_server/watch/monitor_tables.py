@@ -11,6 +11,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from broker_server.watch.history import PastRounds
 from broker_server.watch.monitor_text import (
     MAX_CELL,
     adopted_text,
@@ -21,7 +22,7 @@ from broker_server.watch.monitor_text import (
     number,
     score,
 )
-from broker_server.watch.monitor_view import Elected, FederationView, PeerState, elected
+from broker_server.watch.monitor_view import ROUNDS_KEPT, Elected, FederationView, PeerState, elected
 from protocol.buffer_text import buffer_text, wasted_text
 from protocol.messages import RoundMetrics
 from protocol.scores import personal_score, round_headline
@@ -40,10 +41,11 @@ def render(view: FederationView) -> Group:
         parts += [_agents_table(view), *_agent_notes(view)]
     if view.peers:
         parts += [_peers_table(view), *_peer_notes(view)]
-    if view.metrics:
-        parts += [_rounds_table(view.metrics), *_groups(view.metrics[-1])]
+    if view.metrics or view.past.rows:
+        parts.append(_rounds_table(view.metrics, view.past))
+        parts += _groups(view.metrics[-1]) if view.metrics else []
     elif not view.peers:
-        parts.append(Text("no round has finished since the monitor started (metrics are not retained)"))
+        parts.append(Text("no round has finished since the monitor started, and the server keeps no history of them"))
     return Group(*parts)
 
 
@@ -139,11 +141,26 @@ def _more(count: int, what: str) -> list[Text]:
     return [Text(shown)] if count > MAX_ROWS else []
 
 
-def _rounds_table(metrics: list[RoundMetrics]) -> Table:
+def _rounds_table(metrics: list[RoundMetrics], past: PastRounds) -> Table:
     """The newest round's headline labels lead the columns (C-SPE for kept models, accuracy or mAP@.5 for a
-    global model); labels only older rounds had follow, as room allows."""
-    labels = list(dict.fromkeys(s["label"] for m in reversed(metrics) for s in m.headline))[:SCORE_COLUMNS]
+    global model); labels only older rounds had follow, as room allows. Rounds that ended before the monitor
+    started come from the server's retained history (``past``), with the counts it keeps."""
+    first, room = (metrics[0].round if metrics else None), ROUNDS_KEPT - len(metrics)
+    earlier = [r for r in past.rows if first is None or r["round"] < first][-room:] if room > 0 else []
+    named = [[{"label": past.labels.get(key, key), "value": value} for key, value in r["headline"]] for r in earlier]
+    labels = list(dict.fromkeys(s["label"] for scores in [*(m.headline for m in reversed(metrics)), *reversed(named)]
+                                for s in scores))[:SCORE_COLUMNS]  # fmt: skip
     rounds = _table("rounds", "round", "accepted", "rejected", *labels, "seconds", "MB up", "MB down")
+    for r, scores in zip(earlier, named, strict=True):
+        by_label = {s["label"]: score(s["value"]) for s in scores}
+        outcome = "" if r["outcome"] == "committed" else f" ({r['outcome']})"
+        rounds.add_row(
+            *cells(f"{r['round']}{outcome} (history)", limit=MAX_CELL),
+            *cells(r.get("accepted", "-"), r.get("rejected", "-")),
+            *cells(*(by_label.get(label, "-") for label in labels)),
+            *cells("-", *(number(r[k], 1e6, 2) if type(r.get(k)) in (int, float) else "-" for k in ("bytes_up",
+                                                                                                     "bytes_down"))),
+        )  # fmt: skip
     for m in metrics:
         outcome = "" if m.outcome == "committed" else f" ({m.outcome}: {m.reason})"
         outcome += "" if m.action == "average" else f" {m.action}"

@@ -87,6 +87,18 @@ def metrics_line(m: RoundMetrics) -> str:
                  seconds=number(m.duration_s), **_buffer_fields(m))  # fmt: skip
 
 
+def history_line(row: dict) -> str:
+    """A round from the retained ``server/history`` (``history.read_history``), one started before the monitor:
+    its headline keyed as in ``metrics_line``, and the counts the history keeps."""
+    return _line("history", round=row["round"], outcome=row["outcome"], **{k: score(v) for k, v in row["headline"]},
+                 accepted=row.get("accepted", "-"), rejected=row.get("rejected", "-"),
+                 mb_up=_megabytes(row.get("bytes_up")), mb_down=_megabytes(row.get("bytes_down")))  # fmt: skip
+
+
+def _megabytes(value: object) -> str:
+    return number(value, 1e6, 2) if type(value) in (int, float) else "-"
+
+
 def _buffer_fields(m: RoundMetrics) -> dict[str, object]:
     """An asynchronous round's version, staleness and lost updates; a synchronous one's lost updates."""
     fields: dict[str, object] = {f"lost_{kind}": n for kind, n in sorted(m.wasted.items()) if isinstance(n, int)}

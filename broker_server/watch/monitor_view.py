@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 
 from broker_server.agents.registry import Seen, StatusRefused, refuse_stale
 from broker_server.watch import monitor_text as text
+from broker_server.watch.history import PastRounds, read_history
 from protocol.messages import AgentStatus, MessageError, RoundMetrics, ServerStatus
 from protocol.peer_messages import Adoption, PeerBest, PeerMember, PeerRoundMetrics, older
 from protocol.topics import Topics
 
-ROUNDS_KEPT = 10  # rounds of metrics shown (metrics are not retained: those since the monitor started)
+ROUNDS_KEPT = 10  # rounds shown: the last of the metrics since the monitor started, and before them the history's
 STALE_WILL = "a replayed 'offline' of an earlier connection ignored, as the server does"
 STALE_STATUS = "a replayed older status ignored, as the server does"
 STALE_LEFT = "a replayed 'left' of an earlier connection ignored, as peers do"
@@ -75,6 +76,8 @@ class FederationView:
     peers: dict[str, PeerState] = field(default_factory=dict)
     seen: dict[str, Seen] = field(default_factory=dict)  # each agent's status as the server's registry keeps it
     notes: dict[str, str] = field(default_factory=dict)  # per agent: why its row is not simply its last claim
+    past: PastRounds = field(default_factory=PastRounds)  # the retained ``server/history``: rounds before these
+    shown_round: int = 0  # the newest round shown as a plain line, live or from the history
 
     @property
     def agents(self) -> dict[str, AgentStatus]:
@@ -87,11 +90,12 @@ class FederationView:
     @property
     def subscriptions(self) -> tuple[str, ...]:
         t = self.topics
-        return (t.server_status, t.server_metrics, t.agent_status_wildcard,
+        return (t.server_status, t.server_metrics, t.server_history, t.agent_status_wildcard,
                 *(t.peer_wildcard(leaf) for leaf in ("member", "metrics", "best")))  # fmt: skip
 
     def apply(self, topic: str, payload: bytes) -> str | None:
-        """Fold in one message; return it as one plain line (for a pipe or a log), or None if ignored."""
+        """Fold in one message; return it as plain lines (for a pipe or a log: one per round of a history, the
+        rounds not shown yet), or None if ignored."""
         if not payload:
             return None  # a retained message cleared
         try:
@@ -103,7 +107,13 @@ class FederationView:
                 return text.server_line(status)
             if topic == self.topics.server_metrics:
                 self.metrics = [*self.metrics[1 - ROUNDS_KEPT :], RoundMetrics.from_json(payload)]
+                self.shown_round = max(self.shown_round, self.metrics[-1].round)
                 return text.metrics_line(self.metrics[-1])
+            if topic == self.topics.server_history:
+                self.past = read_history(payload)
+                new = [row for row in self.past.rows if row["round"] > self.shown_round]
+                self.shown_round = max([self.shown_round, *(row["round"] for row in new)])
+                return "\n".join(text.history_line(row) for row in new) or None
             if (agent := self.topics.agent_of(topic)) and topic == self.topics.agent_status(agent):
                 return self._agent(agent, AgentStatus.from_signed_json(payload))
             if (peer := self.topics.peer_of(topic)) is not None:
