@@ -247,3 +247,16 @@ def test_a_history_that_is_not_the_servers_is_ignored_and_its_bad_rows_dropped()
     assert line == "history round=9 outcome=[red]x\\x1b[2J loss=0.2500 accepted=\\x1b[31m rejected=- mb_up=- mb_down=-"
     shown = _render(view)
     assert "\x1b" not in shown and "9 ([red]x" in shown
+
+
+def test_a_stopped_servers_count_of_agents_online_is_said_to_be_of_when_it_stopped():
+    """After a run the server's retained status still counts the agents it had; the agents' rows say offline."""
+    from protocol.messages import ServerStatus
+
+    for state, shown in (("finished", "4 as it stopped"), ("training", "4")):
+        view = FederationView(Topics("fleet"))
+        status = ServerStatus(state=state, federation="fleet", round=3, phase=state, strategy="fedavg",
+                              model_version=4, agents_online=4, updated_at=1.0)  # fmt: skip
+        view.apply("skyfed/fleet/server/status", status.to_json())
+        row = next(line for line in _render(view).splitlines() if line.startswith(f"│ {state}"))
+        assert row.split("│")[7].strip() == shown

@@ -74,7 +74,8 @@ def _server_table(view: FederationView) -> Table:
         shown = _lead(round_headline(models, s.eval, {}))
         if s.buffer:  # asynchronous rounds: how full the open buffer is
             phase += f", buffer {s.buffer.get('filled')}/{s.buffer.get('size')}, {s.buffer.get('in_flight')} training"
-        head.add_row(*cells(s.state, s.round, phase, strategy, model, shown, s.agents_online),
+        online = s.agents_online if s.state not in ("offline", "finished") else f"{s.agents_online} as it stopped"
+        head.add_row(*cells(s.state, s.round, phase, strategy, model, shown, online),
                      *cells(s.detail, limit=MAX_CELL))  # fmt: skip
     return head
 
