@@ -19,8 +19,11 @@ def next_steps(out: Path, plan: Provisioning, new: list[str]) -> list[str]:
     installed = Path(plan.broker_dir)
     copy = "" if installed == layout.broker.absolute() else f"cp -p {layout.broker}/skyfed.acl {installed}/ && "
     pubs = " ".join(str(layout.enrolled / f"{name}.pub") for name in new)
+    first = set(new) >= set(plan.agents) - plan.revoked_names()  # a federation provisioned just now
+    until = ("a broker and server installed from this folder's broker/ and server/ have them already: start at step 3"
+             if first else "until then the broker drops what they publish and the server ignores them")
     lines = [
-        f"next steps for {', '.join(new)} (until then the broker drops what they publish and the server ignores them):",
+        f"next steps for {', '.join(new)} ({until}):",
         f"  1. broker host: {copy}systemctl reload mosquitto",
         f"  2. server host: skyfed keys enroll {pubs} --enrolled {ETC}/enrolled (no restart needed)",
     ]

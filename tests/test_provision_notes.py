@@ -63,5 +63,7 @@ def test_the_enrol_step_it_prints_for_several_agents_runs_as_printed(tmp_path, c
     command[command.index("--enrolled") + 1] = str(enrolled)  # the server host's /etc/skyfed/enrolled
     assert main(command[1:]) == 0
     assert sorted(p.name for p in enrolled.glob("*.pub")) == ["a1.pub", "a2.pub"]
+    assert "next steps for a1, a2 (a broker and server installed from this folder's broker/ and server/ have " \
+           "them already: start at step 3):" in printed  # a first provision: steps 1 and 2 are for later additions
     numbers = [line.split(".")[0].strip() for line in printed.splitlines() if line.startswith("  ")]
     assert len(numbers) == len(set(numbers)), printed  # each step its own number
