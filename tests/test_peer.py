@@ -195,7 +195,8 @@ def test_hostile_peers_are_bounded_refused_and_cannot_win_the_election(tmp_path,
         assert {"peer": "agent-04", "reason": "non-finite-values: NaN or Inf in the delta"} in line["rejected"]
         assert line["aggregation"]["clipped"] == ["agent-03"]  # the scaled update moved the model no further
         elections.append(json.loads((state(configs[name]) / "election.json").read_text()))
-        assert elections[-1]["refused"].startswith("agent-03: worse-here"), elections
+        # its model of noise is refused as it comes (a negative running variance), not waited for
+        assert elections[-1]["refused"].startswith("agent-03: invalid-running-var: "), elections
     # the liar refused, the next best claim leads: both adopt the same peer's model (on main each kept its own)
     # one model for every honest peer, never a rogue's; peers holding that same model may each name themselves
     assert len({e["sha256"] for e in elections}) == 1, elections

@@ -38,6 +38,7 @@ class BestAgg:
         self.claims: dict[str, PeerBest] = {}  # received before this peer elects too
         self.election: Election | None = None
         self.final_models: dict[str, NamedArrays] = {}
+        self.refused_models: dict[str, str] = {}  # a member's final model refused as it came (``model_refusal``): why
         self.leader: PeerBest | None = None  # the election's winning claim, once decided
         self.model: NamedArrays = {}  # this peer's final model, then the adopted one
         self.since = 0.0
@@ -87,7 +88,9 @@ class BestAgg:
             return False
         model = self.final_models.get(self.leader.peer)
         if model is None:
-            if timed_out:
+            if refused := self.refused_models.get(self.leader.peer):  # came, and was refused: no need to wait
+                self._pass_leader(now, refused)
+            elif timed_out:
                 self._pass_leader(now, "its model never came")
             return False
         score = headline(self.evaluate(model))

@@ -385,6 +385,8 @@ class PeerRounds:
         refusal = model_refusal(arrays, self.model, round_number, self.plan.rounds + 1)
         if refusal:
             self.node.warn(f"model-{sender}-{reason_kind(refusal)}", "model refused peer=%s reason=%s", sender, refusal)
+            if round_number == self.plan.rounds + 1:  # its final model: the election need not wait for it
+                self.bestagg.refused_models[sender] = refusal
             return
         if self.phase == "joining":
             self.catchup[sender] = (round_number, arrays)
