@@ -406,3 +406,14 @@ def test_which_start_models_an_update_may_name(tmp_path):
     assert offer(three, ROGUE, nudged(m2, 9), m2, 9) == ""  # the receiver's own model is the round's
     assert [r["reason"].split(":")[0] for r in two.rejected + three.rejected] == ["stale-base"] * 2  # a kind once
     assert (two.refused, three.refused) == (3, 1)
+
+
+def test_a_claimed_best_model_that_scores_worse_here_than_the_margin_allows_is_refused():
+    """What refuses a lying score whose model passes as a model (one of noise is refused as it comes)."""
+    own = PeerBest("sim", "agent-01", 2, 0.7, "a" * 64, session=1.0)
+    election = Election("agent-01", own, margin=0.05, started=0.0)
+    model = {"w": np.ones(3, np.float32)}
+    claim = PeerBest("sim", ROGUE, 2, 1.0, fingerprint(model), session=1.0)
+    assert election.judge(claim, model, model, 0.5).startswith("worse-here: scored 0.5000 on this peer's split")
+    assert election.judge(claim, model, model, 0.66) == ""  # within the margin
+    assert election.judge(replace(claim, sha256="b" * 64), model, model, 0.9) == "not-the-claimed-model"
