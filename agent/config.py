@@ -123,7 +123,7 @@ class AgentConfig:
     def data_path(self) -> Path:
         return existing_path(self.path, "agent.data", self.agent.data, "training data",
                              "a classifier's .npz with x and y, a detector's YOLO data.yaml (docs/detection.md); "
-                             "skyfed data digits --out DIR writes example ones")
+                             "skyfed data digits AGENT... --out DIR writes example ones")
 
     @property
     def test_data_path(self) -> Path | None:
@@ -131,12 +131,13 @@ class AgentConfig:
         if not self.agent.test_data:
             return None
         return existing_path(self.path, "agent.test_data", self.agent.test_data, "local test split",
-                             "an .npz with x and y; skyfed data digits --out DIR writes example ones")
+                             "an .npz with x and y; skyfed data digits AGENT... --out DIR writes example ones")
 
     @property
     def identity_path(self) -> Path:
         return existing_path(self.path, "keys.identity", self.keys.identity, "agent key file",
-                             "skyfed provision puts it in DIR/agents/<id>/; skyfed keys new makes one")
+                             "skyfed provision puts it in DIR/agents/<id>/, a peer's in DIR/peers/<id>/; "
+                             "skyfed keys new makes one")
 
     @property
     def server_key_path(self) -> Path:

@@ -175,7 +175,7 @@ class ServerConfig:
             return None
         return existing_path(self.path, "server.eval_data", self.server.eval_data, "evaluation data",
                              "a classifier's .npz with x and y, a detector's YOLO data.yaml; skyfed data digits "
-                             "--out DIR writes example ones in DIR/server/")
+                             "AGENT... --out DIR writes example ones, this one in DIR/server/")
 
     @property
     def upstream_keys(self) -> tuple[Path, Path]:
@@ -189,7 +189,7 @@ class ServerConfig:
         if not self.pool.enabled:
             return None
         return existing_path(self.path, "pool.data", self.pool.data, "shared data pool (.npz)",
-                             "an .npz with x and y; skyfed data digits --out DIR writes example ones")
+                             "an .npz with x and y; skyfed data digits AGENT... --out DIR writes example ones")
 
     @property
     def init_weights_path(self) -> Path | None:

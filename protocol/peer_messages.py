@@ -35,7 +35,8 @@ class PeerMember(Message):
         if self.state not in MEMBER_STATES:
             raise ValueError(f"state must be one of {', '.join(MEMBER_STATES)}, got {self.state!r}")
         if not 0 <= self.round <= MAX_ROUND:  # JSON has integers of any size; the lower median takes them as floats
-            raise ValueError(f"round must be in [0, {MAX_ROUND}], got a {len(str(self.round))}-digit number")
+            got = self.round if abs(self.round) < 10**12 else f"a {len(str(abs(self.round)))}-digit number"
+            raise ValueError(f"round must be in [0, {MAX_ROUND}], got {got}")
 
 
 def older(member: PeerMember, held: PeerMember) -> bool:

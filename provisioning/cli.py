@@ -180,7 +180,7 @@ def run_provision(args: argparse.Namespace) -> int:
     active = [a for a in plan.agents if a not in revoked]
     gone = f"; {len(revoked)} revoked" if revoked else ""
     print(f"provisioned {len(active)} {nodes} in {out} ({len(new)} new: {', '.join(new) or 'none'}{gone})\n{text}")
-    for line in (peer_next_steps if peer else next_steps)(out, plan, new):
+    for line in peer_next_steps(out, plan, new) if peer else next_steps(out, plan, new, fresh):
         print(line)
     notes = ownership_notes(plan)
     if fresh:

@@ -10,18 +10,18 @@ from provisioning.provision import Layout, Provisioning
 ETC = "/etc/skyfed"  # where deploy/install-*.sh install a node's folder
 
 
-def next_steps(out: Path, plan: Provisioning, new: list[str]) -> list[str]:
+def next_steps(out: Path, plan: Provisioning, new: list[str], fresh: bool = False) -> list[str]:
     """Exact commands, in order, for the agents just added: until the broker reloads its ACL it drops every
-    message they send (while they log "mqtt connected"), and until the server holds their keys it ignores them."""
+    message they send (while they log "mqtt connected"), and until the server holds their keys it ignores them.
+    In a folder provisioned just now (``fresh``) the broker and server folders hold them already."""
     if not new:
         return []
     layout = Layout(out)
     installed = Path(plan.broker_dir)
     copy = "" if installed == layout.broker.absolute() else f"cp -p {layout.broker}/skyfed.acl {installed}/ && "
     pubs = " ".join(str(layout.enrolled / f"{name}.pub") for name in new)
-    first = set(new) >= set(plan.agents) - plan.revoked_names()  # a federation provisioned just now
     until = ("a broker and server installed from this folder's broker/ and server/ have them already: start at step 3"
-             if first else "until then the broker drops what they publish and the server ignores them")
+             if fresh else "until then the broker drops what they publish and the server ignores them")
     lines = [
         f"next steps for {', '.join(new)} ({until}):",
         f"  1. broker host: {copy}systemctl reload mosquitto",

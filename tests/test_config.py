@@ -62,9 +62,9 @@ def test_bad_server_config_names_the_key(tmp_path, layout, tables, message):
         ({"agent": {"id": "bad id"}}, "agent.id 'bad id' is not a valid name"),
         ({"agent": {"data": "missing.npz"}}, "agent.data = 'missing.npz': training data not found"),
         ({"agent": {"test_data": "gone.npz"}}, "agent.test_data = 'gone.npz': local test split not found"),
-        ({"agent": {"data": "missing.npz"}}, "skyfed data digits --out DIR writes example ones"),  # and the fix
+        ({"agent": {"data": "missing.npz"}}, "skyfed data digits AGENT... --out DIR writes example ones"),  # the fix
         ({"keys": {"identity": "gone.key"}}, "agent key file not found at"),
-        ({"keys": {"identity": "gone.key"}}, "(skyfed provision puts it in DIR/agents/<id>/; skyfed keys new"),
+        ({"keys": {"identity": "gone.key"}}, "(skyfed provision puts it in DIR/agents/<id>/, a peer's in DIR/peers/"),
         ({"training": {"trainer": "detector"}}, 'agent.test_data (a local test split .npz) is for training.trainer'),
         ({"training": {"device": "tpu"}}, 'training.device must be "auto", "cpu", "cuda" or "cuda:N"'),
         ({"broker": {"protocol": "4"}}, 'broker.protocol must be "3.1.1" or "5"'),

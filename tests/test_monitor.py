@@ -241,19 +241,23 @@ def test_a_history_that_is_not_the_servers_is_ignored_and_its_bad_rows_dropped()
         assert view.apply("skyfed/fleet/server/history", payload) is None
     assert view.past.rows == ()
     rows = [{"round": "7", "outcome": "committed"}, {"round": 2, "outcome": None}, {"round": 3.5, "outcome": "c"},
-            {"round": 9, "outcome": "[red]x\x1b[2J", "headline": [["accuracy", "0.9"], ["loss", 0.25], 5],
-             "accepted": "\x1b[31m"}]  # fmt: skip
-    line = view.apply("skyfed/fleet/server/history", json.dumps({"schema": SCHEMA, "rounds": rows}).encode())
+            {"round": 9, "outcome": "[red]x\x1b[2J", "accepted": "\x1b[31m",
+             "headline": [["accuracy", "0.9"], ["loss", 0.25], 5, ["round", 0.5], ["[blink]m\x1b[31m", 0.25]]}]
+    labels = {"loss": "[/nope]", "accuracy": "[bold red]L\x1b]52;c;x\x07"}  # markup, escapes: never a header
+    payload = json.dumps({"schema": SCHEMA, "labels": labels, "rounds": rows}).encode()
+    line = view.apply("skyfed/fleet/server/history", payload)  # a score key "round" made _line() raise on main
     assert line == "history round=9 outcome=[red]x\\x1b[2J loss=0.2500 accepted=\\x1b[31m rejected=- mb_up=- mb_down=-"
-    shown = _render(view)
-    assert "\x1b" not in shown and "9 ([red]x" in shown
+    shown = _render(view)  # a label "[/nope]" made every render raise rich's MarkupError
+    assert "\x1b" not in shown and "9 ([red]x" in shown and "blink" not in shown
+    assert _header(shown, "round")[3] == "loss"  # what protocol.scores calls it
 
 
 def test_a_stopped_servers_count_of_agents_online_is_said_to_be_of_when_it_stopped():
     """After a run the server's retained status still counts the agents it had; the agents' rows say offline."""
     from protocol.messages import ServerStatus
 
-    for state, shown in (("finished", "4 as it stopped"), ("training", "4")):
+    for state, shown in (("finished", "4 as it stopped"), ("stopped", "4 as it stopped"),
+                         ("budget_exhausted", "4 as it stopped"), ("offline", "-"), ("training", "4")):
         view = FederationView(Topics("fleet"))
         status = ServerStatus(state=state, federation="fleet", round=3, phase=state, strategy="fedavg",
                               model_version=4, agents_online=4, updated_at=1.0)  # fmt: skip

@@ -67,3 +67,16 @@ def test_the_enrol_step_it_prints_for_several_agents_runs_as_printed(tmp_path, c
            "them already: start at step 3):" in printed  # a first provision: steps 1 and 2 are for later additions
     numbers = [line.split(".")[0].strip() for line in printed.splitlines() if line.startswith("  ")]
     assert len(numbers) == len(set(numbers)), printed  # each step its own number
+
+
+def test_an_agent_added_after_every_earlier_one_was_revoked_still_gets_the_reload_and_enrol_steps(tmp_path, capsys):
+    """The installed broker and server predate it: only a folder provisioned just now has it in them already."""
+    out = tmp_path / "pki"
+    assert _provision(out, "a1,a2") == 0
+    for agent in ("a1", "a2"):
+        assert main(["provision", "revoke", agent, "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert _provision(out, "a3") == 0
+    printed = capsys.readouterr().out
+    assert "next steps for a3 (until then the broker drops what they publish" in printed
+    assert "provisioned 1 agents in" in printed and "(1 new: a3; 2 revoked)" in printed

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from common.untrusted_json import UntrustedJsonError, parse_untrusted_json
 from protocol.messages import MessageError, RoundMetrics, finite_or_null
+from protocol.scores import GLOBAL_KEYS, LABELS, PERSONAL_KEYS
 
 log = logging.getLogger("skyfed.server")
 
@@ -101,19 +102,21 @@ class PastRounds:
 def read_history(payload: bytes) -> PastRounds:
     """The rows of a ``server/history`` payload that are well formed, oldest first, or ``MessageError``: anyone
     who may publish there could put anything there, so a row needs an integer ``round`` and a string ``outcome``,
-    and its ``headline`` keeps only [key, number] pairs; a reader shows every value as plain text."""
+    its ``headline`` keeps only [key, number] pairs of the scores ``protocol.scores`` knows, and what each is
+    called comes from there too, never from the payload (a reader shows every other value as plain text)."""
     try:
         body = parse_untrusted_json(payload, max_bytes=MAX_BYTES)
     except UntrustedJsonError as exc:
         raise MessageError(f"server/history: {exc}") from None
     if not isinstance(body, dict) or body.get("schema") != SCHEMA or not isinstance(body.get("rounds"), list):
         raise MessageError(f"server/history: not a {SCHEMA} payload")
-    labels = body.get("labels") if isinstance(body.get("labels"), dict) else {}
     rows = []
     for row in body["rounds"][-MAX_ROUNDS:]:
         if isinstance(row, dict) and type(row.get("round")) is int and isinstance(row.get("outcome"), str):
             pairs = row.get("headline") if isinstance(row.get("headline"), list) else []
-            headline = [p for p in pairs if isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
-                        and type(p[1]) in (int, float)]  # fmt: skip
-            rows.append({**row, "headline": headline[:HEADLINE_WIDTH]})
-    return PastRounds({str(k): str(v) for k, v in labels.items()}, tuple(rows))
+            known = {p[0]: p[1] for p in pairs if isinstance(p, list) and len(p) == 2 and p[0] in LABELS
+                     and type(p[1]) in (int, float)}  # fmt: skip
+            rows.append({**row, "headline": list(known.items())[:HEADLINE_WIDTH]})
+    personal = any(r["headline"] and r["headline"][0][0] in PERSONAL_KEYS for r in rows)  # its lead: kept models
+    labels = {k: f"global {label}" if personal and k in GLOBAL_KEYS else label for k, label in LABELS.items()}
+    return PastRounds(labels, tuple(rows))

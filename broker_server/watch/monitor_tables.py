@@ -28,6 +28,7 @@ from protocol.messages import RoundMetrics
 from protocol.scores import personal_score, round_headline
 
 MAX_ROWS = 100  # agents or peers drawn; a flood of invented names is counted, not drawn
+ENDED = ("finished", "budget_exhausted", "stopped")  # a server's retained state once it ended (status_report)
 SCORE_COLUMNS = 6  # headline scores a round's row shows, lead first (a personal run's four, then two global)
 MAX_GROUPS = 12  # DemLearn groups listed under the rounds
 MAX_MEMBERS = 8  # names listed per group
@@ -74,7 +75,8 @@ def _server_table(view: FederationView) -> Table:
         shown = _lead(round_headline(models, s.eval, {}))
         if s.buffer:  # asynchronous rounds: how full the open buffer is
             phase += f", buffer {s.buffer.get('filled')}/{s.buffer.get('size')}, {s.buffer.get('in_flight')} training"
-        online = s.agents_online if s.state not in ("offline", "finished") else f"{s.agents_online} as it stopped"
+        online = ("-" if s.state == "offline" else f"{s.agents_online} as it stopped" if s.state in ENDED
+                  else s.agents_online)  # the last will says 0: the count the server had is not known  # fmt: skip
         head.add_row(*cells(s.state, s.round, phase, strategy, model, shown, online),
                      *cells(s.detail, limit=MAX_CELL))  # fmt: skip
     return head
@@ -130,7 +132,7 @@ def _agent_notes(view: FederationView) -> list[Text]:
     notes = _more(len(view.agents), "agents")
     s = view.server
     claimed = sum(a.state != "offline" for a in view.agents.values())
-    if s is not None and s.state not in ("offline", "finished") and claimed != s.agents_online:  # it still counts
+    if s is not None and s.state not in ("offline", *ENDED) and claimed != s.agents_online:  # it still counts
         notes.append(Text(f"the server counts {s.agents_online} agents online; {claimed} statuses here claim to be "
                           "(the server checks signatures, replays and freshness: a row may show a claim it "
                           "refused, or an agent it has not heard from lately)"))  # fmt: skip
