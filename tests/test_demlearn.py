@@ -206,7 +206,7 @@ def test_every_round_reclustering_takes_the_mean_and_the_distances_from_one_pass
     matrix the clustering needs, so ``plan_starts`` reads the models once more (to mix the groups), not twice."""
     from flcore import strategies
     from flcore.agent_models import ModelBank
-    from flcore.strategies import demlearn
+    from flcore.strategies import demlearn, krum
     from flcore.strategies.base import Contribution, KeptModels, mean_of_models
     from models.weights import TensorSpec
 
@@ -222,7 +222,8 @@ def test_every_round_reclustering_takes_the_mean_and_the_distances_from_one_pass
                         peers=lambda holdings: bank.peers(holdings, spec), rng=lambda: np.random.default_rng(1))
     passes = []
     gram = demlearn.gram_matrix
-    monkeypatch.setattr(demlearn, "gram_matrix", lambda *a, **k: (passes.append(k), gram(*a, **k))[1])
+    for module in (demlearn, krum):  # plan_starts' own pass, and aggregate's (krum.mean_and_gram)
+        monkeypatch.setattr(module, "gram_matrix", lambda *a, **k: (passes.append(k), gram(*a, **k))[1])
     start = np.zeros(5000, np.float32)
     # tau = 2: a round with the tree's agents re-clusters only when due (round 3), from plan_starts' own pass
     for tau, rounds in ((1, {1: [True], 2: [True]}), (2, {1: [True], 2: [], 3: [False]})):

@@ -28,7 +28,7 @@ published root stays the plain mean; members are counted as agents (not samples)
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -45,7 +45,7 @@ from flcore.strategies.base import (
     asking,
     mean_of_models,
 )
-from flcore.strategies.krum import gram_matrix
+from flcore.strategies.krum import gram_matrix, mean_and_gram
 from flcore.strategies.mixing import mixed_models
 from models.weights import RUNNING_STATISTICS, ranges_of
 from protocol.messages import TrainSettings, headline
@@ -165,9 +165,8 @@ class DemLearn(Strategy):
         agents = [c.agent for c in contributions]
         if self.options.tau > 1 and set(self.tree) == set(agents):
             return RoundResult(mean_of_models(global_vector, contributions, np.ones(len(contributions))))
-        models = [replace(c, delta=c.model, scale=1.0) for c in contributions]
-        mean = np.empty(global_vector.size, np.float32)
-        self.gram = (agents, gram_matrix(models, center=self._center(global_vector), means=mean))
+        mean, gram = mean_and_gram(global_vector, contributions, self._center(global_vector))
+        self.gram = (agents, gram)
         return RoundResult(mean)
 
     def _center(self, global_vector: np.ndarray) -> np.ndarray | None:

@@ -47,7 +47,7 @@ from flcore.strategies.base import (
     asking,
 )
 from flcore.strategies.demlearn import distance_matrix
-from flcore.strategies.krum import gram_matrix, squared_distances
+from flcore.strategies.krum import mean_and_gram, squared_distances
 from flcore.strategies.mixing import keep_mixed
 from protocol.messages import TrainSettings
 
@@ -123,10 +123,9 @@ class FedAMP(Strategy):
         """The mean of the agents' models, published for the global curve (FedAMP itself needs none), from the
         same pass over them as their Gram matrix (``plan_starts``' attention): distances are taken between
         models centered on the global one, cosines between the models themselves."""
-        models = [replace(c, delta=c.model, scale=1.0) for c in contributions]
         center = global_vector if self.options.attention == "distance" else None
-        mean = np.empty(global_vector.size, np.float32)
-        self.gram = ([c.agent for c in contributions], gram_matrix(models, center=center, means=mean))
+        mean, gram = mean_and_gram(global_vector, contributions, center)
+        self.gram = ([c.agent for c in contributions], gram)
         return RoundResult(mean)
 
     def plan_starts(self, models: KeptModels | None) -> StartPlan:

@@ -13,7 +13,7 @@ then the kept ones added one by one): a few MB of RAM plus 8·n² bytes and the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -85,6 +85,17 @@ def gram_matrix(
     centred, cross, mean_square = (sum(parts) for parts in zip(*sums, strict=True))
     centred = np.triu(centred) + np.triu(centred, 1).T  # exactly symmetric
     return centred + cross[:, None] + cross[None, :] + float(mean_square[0])
+
+
+def mean_and_gram(
+    global_vector: np.ndarray, contributions: list[Contribution], center: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The kept models' (``Contribution.model``) mean and the Gram matrix of ``model − center`` (of the models
+    themselves without one), from one pass over them (``gram_matrix(..., means=)``): the personalized strategies
+    publish the one and cluster or attend on the other."""
+    models = [replace(c, delta=c.model, scale=1.0) for c in contributions]
+    mean = np.empty(global_vector.size, np.float32)
+    return mean, gram_matrix(models, center=center, means=mean)
 
 
 def squared_distances(gram: np.ndarray) -> np.ndarray:
