@@ -206,6 +206,30 @@ def test_page_opened_late_lists_every_round_of_the_history_then_live_ones_once(t
         page.stop()
 
 
+def test_a_new_run_under_the_same_name_replaces_the_last_runs_rounds(browser, page, player):
+    """A server started again under this federation's name counts its rounds from 1: the page kept the last run's
+    rounds beside the new run's, under the same numbers."""
+    from broker_server.watch.history import RunHistory
+
+    topics = Topics("it")
+    for number in (1, 2, 3):
+        metrics = round_metrics(round=number, accepted=["old"], finished_at=100.0 + number)
+        player.publish(topics.server_metrics, metrics.to_json())
+    wait_until(lambda: texts(browser, "#updates tbody tr td:first-child") == ["3", "2", "1"], timeout_s=5,
+               what="the first run's rounds")  # fmt: skip
+    late, history = RunHistory("it"), RunHistory("it")
+    late.add(round_metrics(round=2, finished_at=102.0))  # the same run's history, merely late: nothing changes
+    history.add(round_metrics(round=1, eval={"accuracy": 0.25, "loss": 0.75}, finished_at=200.0))
+    player.publish(topics.server_history, late.payload())
+    player.publish(topics.server_history, history.payload())
+    live = round_metrics(round=2, accepted=["new"], eval={"accuracy": 0.5, "loss": 0.5}, finished_at=201.0)
+    player.publish(topics.server_metrics, live.to_json())
+    wait_until(lambda: texts(browser, "#updates tbody tr td:first-child") == ["2", "1"], timeout_s=5,
+               what="the new run's rounds alone")  # fmt: skip
+    assert texts(browser, "#updates tbody tr td:nth-child(4)") == ["new", "1 agents"]
+    assert points(browser) == 2 and console_errors(browser) == []
+
+
 def publish_json(client: MqttClient, topic: str, document: dict, retain: bool = False) -> None:
     client.publish(topic, json.dumps(document).encode(), retain=retain)
 

@@ -264,3 +264,26 @@ def test_a_stopped_servers_count_of_agents_online_is_said_to_be_of_when_it_stopp
         view.apply("skyfed/fleet/server/status", status.to_json())
         row = next(line for line in _render(view).splitlines() if line.startswith(f"│ {state}"))
         assert row.split("│")[7].strip() == shown
+
+
+def test_a_new_run_under_the_same_federation_name_is_shown_from_its_first_round():
+    """A monitor left running while a server starts a new run under the same name (sims sharing a broker and a
+    name, a reset state folder): the new run counts its rounds from 1 again. Its history rows were not printed
+    (their rounds were below the last run's) and the rounds table mixed both runs."""
+    from broker_server.watch.history import RunHistory
+
+    view = FederationView(Topics("fleet"))
+    for number in (1, 2, 3):
+        view.apply("skyfed/fleet/server/metrics", round_metrics(round=number, finished_at=100.0 + number).to_json())
+    late = RunHistory("fleet")
+    late.add(round_metrics(round=2, finished_at=102.0))
+    assert view.apply("skyfed/fleet/server/history", late.payload()) is None  # the same run's, merely late
+    history = RunHistory("fleet")
+    history.add(round_metrics(round=1, eval={"accuracy": 0.25, "loss": 0.75}, finished_at=200.0))
+    lines = view.apply("skyfed/fleet/server/history", history.payload())
+    assert [line.split()[:2] for line in lines.splitlines()] == [["history", "round=1"]]
+    assert view.apply("skyfed/fleet/server/metrics", round_metrics(round=2, finished_at=201.0).to_json())
+    rows = [line.split("│")[1].strip() for line in _render(view).splitlines() if line.startswith("│")]
+    assert rows[-2:] == ["1 (history)", "2"] and "3" not in rows
+    assert view.apply("skyfed/fleet/server/metrics", round_metrics(round=1, finished_at=300.0).to_json())
+    assert [line.split("│")[1].strip() for line in _render(view).splitlines() if line.startswith("│")][-1:] == ["1"]

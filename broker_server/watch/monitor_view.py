@@ -6,6 +6,7 @@ view says so beside the claim (docs/monitoring.md, "skyfed monitor")."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -66,6 +67,11 @@ def elected(peers: dict[str, PeerState]) -> Elected | None:
     return Elected(owner, sha256, count, sum(votes.values()))
 
 
+def _number(value: object) -> float:
+    """A time from a payload anyone may publish: a finite number, else 0 (never later than what was shown)."""
+    return float(value) if type(value) in (int, float) and math.isfinite(value) else 0.0
+
+
 @dataclass
 class FederationView:
     """A federation with a server (server, agents or regions, rounds) or of peers; ``apply`` folds in one message."""
@@ -78,6 +84,7 @@ class FederationView:
     notes: dict[str, str] = field(default_factory=dict)  # per agent: why its row is not simply its last claim
     past: PastRounds = field(default_factory=PastRounds)  # the retained ``server/history``: rounds before these
     shown_round: int = 0  # the newest round shown as a plain line, live or from the history
+    shown_at: float = 0.0  # when that round finished (the server's clock)
 
     @property
     def agents(self) -> dict[str, AgentStatus]:
@@ -106,13 +113,19 @@ class FederationView:
                 self.server = status
                 return text.server_line(status)
             if topic == self.topics.server_metrics:
-                self.metrics = [*self.metrics[1 - ROUNDS_KEPT :], RoundMetrics.from_json(payload)]
-                self.shown_round = max(self.shown_round, self.metrics[-1].round)
-                return text.metrics_line(self.metrics[-1])
+                metrics = RoundMetrics.from_json(payload)
+                self._note_run(metrics.round, metrics.finished_at)
+                self.metrics = [*self.metrics[1 - ROUNDS_KEPT :], metrics]
+                self._shown(metrics.round, metrics.finished_at)
+                return text.metrics_line(metrics)
             if topic == self.topics.server_history:
-                self.past = read_history(payload)
-                new = [row for row in self.past.rows if row["round"] > self.shown_round]
-                self.shown_round = max([self.shown_round, *(row["round"] for row in new)])
+                past = read_history(payload)
+                if past.rows:
+                    self._note_run(past.rows[-1]["round"], past.rows[-1].get("finished_at"))
+                self.past = past
+                new = [row for row in past.rows if row["round"] > self.shown_round]
+                for row in new:
+                    self._shown(row["round"], row.get("finished_at"))
                 return "\n".join(text.history_line(row) for row in new) or None
             if (agent := self.topics.agent_of(topic)) and topic == self.topics.agent_status(agent):
                 return self._agent(agent, AgentStatus.from_signed_json(payload))
@@ -121,6 +134,17 @@ class FederationView:
         except MessageError:
             pass
         return None
+
+    def _note_run(self, newest: int, finished_at: object) -> None:
+        """A round numbered below the newest shown that finished after it is a new run's (a server started again
+        under this federation's name, its rounds counted from 1): the last run's rounds leave the table, and the
+        new run's are shown from its first. A history or metrics message merely late (it finished earlier) is not."""
+        if newest < self.shown_round and _number(finished_at) > self.shown_at:
+            self.metrics, self.past, self.shown_round, self.shown_at = [], PastRounds(), 0, 0.0
+
+    def _shown(self, number: int, finished_at: object) -> None:
+        if number >= self.shown_round:
+            self.shown_round, self.shown_at = number, max(self.shown_at, _number(finished_at))
 
     def _agent(self, agent: str, status: AgentStatus) -> str | None:
         """What the server's registry makes of a status, judged alike (broker_server.agents.registry): one signed for

@@ -121,6 +121,19 @@
     }
   }
 
+  // the newest round the page holds and when it finished (the server's clock): a round numbered below it that
+  // finished later is a new run's (a server started again under this federation's name counts from 1), and the
+  // last run's rounds leave the table and the charts; a message merely late (finished earlier) is not
+  let newest = { round: 0, at: 0 };
+
+  function noteRun(round, finishedAt) {
+    const r = num(round), at = num(finishedAt);
+    if (r === null || at === null || r >= newest.round || at <= newest.at) return;
+    for (const old of order) { rounds.delete(old); pending.rounds.add(old); }
+    order.length = 0;
+    newest = { round: 0, at: 0 };
+  }
+
   function addRound(entry) {
     const round = num(entry.round);
     if (round === null) return;
@@ -138,6 +151,7 @@
     entry.round = round;
     rounds.set(round, entry);
     pending.rounds.add(round);
+    if (round >= newest.round) newest = { round: round, at: Math.max(newest.at, num(entry.finished_at) || 0) };
   }
 
   // drawing: at most once per REDRAW_MS, from what the handlers below left in `pending` -------------------
@@ -293,9 +307,10 @@
 
   function onMetrics(m) {
     const evaluation = (m.eval && typeof m.eval === "object") ? m.eval : {};
-    addRound({ live: true, round: m.round, headline: checkedHeadline(m), loss: evaluation.loss,
-               epsilon: m.privacy && m.privacy.epsilon, bytes_up: m.bytes_up, bytes_down: m.bytes_down,
-               outcome: m.outcome, reason: m.reason, accepted: m.accepted, rejected: m.rejected,
+    noteRun(m.round, m.finished_at);
+    addRound({ live: true, round: m.round, finished_at: m.finished_at, headline: checkedHeadline(m),
+               loss: evaluation.loss, epsilon: m.privacy && m.privacy.epsilon, bytes_up: m.bytes_up,
+               bytes_down: m.bytes_down, outcome: m.outcome, reason: m.reason, accepted: m.accepted, rejected: m.rejected,
                aggregation: m.aggregation, staleness: m.buffer && m.buffer.staleness_mean,
                lost: F.total(m.wasted) });
   }
@@ -313,11 +328,13 @@
   function onHistory(h) {
     if (!Array.isArray(h.rounds)) return;
     const labels = (h.labels && typeof h.labels === "object") ? h.labels : {};
+    const last = h.rounds[h.rounds.length - 1];
+    if (last && typeof last === "object") noteRun(last.round, last.finished_at);
     for (const row of h.rounds) {
       if (!row || typeof row !== "object") continue;
       const headline = historyHeadline(row, labels);
-      addRound({ live: false, round: row.round, headline: headline, loss: row.loss, epsilon: row.epsilon,
-                 bytes_up: row.bytes_up, bytes_down: row.bytes_down, outcome: row.outcome,
+      addRound({ live: false, round: row.round, finished_at: row.finished_at, headline: headline, loss: row.loss,
+                 epsilon: row.epsilon, bytes_up: row.bytes_up, bytes_down: row.bytes_down, outcome: row.outcome,
                  accepted: row.accepted, rejected: row.rejected, staleness: row.staleness, lost: row.lost });
     }
   }
