@@ -260,6 +260,45 @@ def test_groups_pairs_and_the_lead_score_are_readable_text(browser, page, player
     assert points(browser) == 2 and console_errors(browser) == []
 
 
+BROKEN_WORDS = """
+const broken = [];
+for (const el of document.querySelectorAll("#updates th, #updates td.words, #updates td.scores > span")) {
+  const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (node.parentElement.closest(".free")) continue;
+    for (const match of node.data.matchAll(/\\S+/g)) {
+      const range = document.createRange();
+      range.setStart(node, match.index);
+      range.setEnd(node, match.index + match[0].length);
+      if (new Set([...range.getClientRects()].map((r) => Math.round(r.top))).size > 1) broken.push(match[0]);
+    }
+  }
+}
+return broken;
+"""
+
+
+def test_the_rounds_table_breaks_no_word_of_its_own_nor_a_score_at_the_pages_width(browser, page, player):
+    """At 1,400 px a round of DemLearn's six scores, ten agents and its groups squeezed the other columns until
+    their headers and values broke inside words ("ro/u/n/d", "com/mit/ted"): a score kept its line whole, so
+    the scores column took half the table. Scores now wrap between them, each on one line."""
+    groups = [{"level": 2, "group": "0", "members": ["d1", "d2", "d3"], "g_gen": 0.7},
+              {"level": 1, "group": "00", "members": ["d1", "d2"], "g_gen": 0.81}]  # fmt: skip
+    agents = [f"agent-{i:02d}" for i in range(10)]
+    for number in (1, 2):
+        metrics = round_metrics(round=number, strategy="demlearn", models="group", aggregation={"groups": groups},
+                                personal={"c_spe": 0.9, "c_gen": 0.6, "trained": {"c_spe": 0.95, "c_gen": 0.55}},
+                                eval={"accuracy": 0.5, "loss": 1.2}, participants=agents, accepted=agents,
+                                rejected=[Rejection("agent-10", "x" * 300)],
+                                bytes_up=467_109, bytes_down=622_000)  # fmt: skip
+        player.publish(Topics("it").server_metrics, metrics.to_json())
+    wait_until(lambda: len(texts(browser, "#updates tbody tr")) == 2, timeout_s=5, what="both rounds' rows")
+    assert browser.execute_script(BROKEN_WORDS) == []
+    assert text(browser, "#updates tbody tr td.scores").startswith("C-SPE 0.9000 · trained C-SPE 0.9500 · ")
+    width = browser.execute_script("return [document.getElementById('updates').scrollWidth, window.innerWidth]")
+    assert width[0] <= width[1], "a payload's long word still wraps: the table stays within the page"
+
+
 def test_every_axis_has_units_and_room_for_its_labels(browser, page, player):
     for number, (up, down) in enumerate([(467_109, 622_000), (470_000, 1_622_000), (90_000, 2_500_000)], 1):
         metrics = round_metrics(round=number, bytes_up=up, bytes_down=down, eval={"accuracy": 0.5, "loss": 1234.5},

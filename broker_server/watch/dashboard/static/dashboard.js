@@ -54,6 +54,12 @@
     tr.appendChild(td);
     return td;
   }
+  function span(text, cls) {
+    const s = document.createElement("span");
+    s.textContent = text;
+    if (cls) s.className = cls;
+    return s;
+  }
   const clock = (t) => num(t) === null ? "" : new Date(t * 1000).toLocaleTimeString();
   const peers = window.skyfedPeers(F, cfg, cell);
   hook.peers = peers.hook;
@@ -237,11 +243,13 @@
     }
     tr.replaceChildren();
     tr.className = r.live ? "live" : "history";
-    cell(tr, round);
-    cell(tr, str(r.outcome) + (r.reason ? ": " + str(r.reason) : "") +
-      (num(r.staleness) === null ? "" : "; staleness " + F.fixed(r.staleness, 2)) +  // asynchronous rounds
+    cell(tr, round, "words");
+    const outcome = cell(tr, str(r.outcome, 40), "words");
+    if (r.reason) outcome.append(": ", span(str(r.reason), "free"));
+    outcome.append((num(r.staleness) === null ? "" : "; staleness " + F.fixed(r.staleness, 2)) +  // asynchronous
       (num(r.lost) ? "; lost " + r.lost + " late or stale" : ""));
-    const scores = cell(tr, F.scores(r.headline, 6), "scores");
+    const scores = cell(tr, "", "scores");
+    F.scoreParts(r.headline, 6).forEach((part, i) => scores.append(i ? " · " : "", span(part)));
     if (r.headline.length) scores.setAttribute("data-lead", str(r.headline[0].label, 40));
     if (r.live) {
       cell(tr, F.list(r.accepted));
@@ -250,7 +258,7 @@
       cell(tr, num(r.accepted) === null ? "" : r.accepted + " agents");
       cell(tr, num(r.rejected) === null ? "" : String(r.rejected));
     }
-    cell(tr, F.bytes(r.bytes_up) + " / " + F.bytes(r.bytes_down));
+    cell(tr, F.bytes(r.bytes_up) + " / " + F.bytes(r.bytes_down), "words");
     cell(tr, r.live ? F.startsFrom(r.aggregation) : "");
   }
 

@@ -40,10 +40,13 @@ window.skyfedFormat = (function () {
     return scaled.toFixed(digits) + " " + BYTE_UNITS[k];
   }
 
-  // the scores a round is judged by (protocol/scores.py): [{key, label, value}, …], lead first
-  function scores(headline, width) {
-    return list((headline || []).slice(0, width || 3), (s) => text(s.label, 40) + " " + fixed(s.value, 4), " · ");
+  // the scores a round is judged by (protocol/scores.py): [{key, label, value}, …], lead first; each as
+  // "label value" (a table cell keeps one on a line and wraps between them), or all of them as one text
+  function scoreParts(headline, width) {
+    return (Array.isArray(headline) ? headline : []).slice(0, width || 3)
+      .map((s) => text(s && s.label, 40) + " " + fixed(s && s.value, 4));
   }
+  const scores = (headline, width) => scoreParts(headline, width).join(" · ");
 
   // what a strategy reports of who started from what (metrics.aggregation): swap pairs (FedSwap, SimFedSwap),
   // DemLearn's groups ({level, group, members, g_gen}) and FedAMN's clusters (lists of agents)
@@ -79,5 +82,5 @@ window.skyfedFormat = (function () {
   }
 
   return { num: num, text: text, list: list, fixed: fixed, byteTicks: byteTicks, bytes: bytes, scores: scores,
-           startsFrom: startsFrom, total: total };
+           scoreParts: scoreParts, startsFrom: startsFrom, total: total };
 })();
