@@ -88,8 +88,8 @@ options:
   --no-start            install, but do not enable or (re)start the service (or restart mosquitto)
   --force-config        replace config and keys in $ETC that differ from the provisioning folder
                         (without it they are kept, and named)
-  --no-deps             install SkyFed alone into a venv that sees --python's site-packages: for
-                        tests, and for hosts where every dependency is installed already
+  --no-deps             install SkyFed alone into a venv that sees --python's site-packages (a venv's
+                        own too): for tests, and for hosts where every dependency is installed already
   --uninstall           stop and remove the service, its unit and the venv; keeps $ETC,
                         $STATE and the user $USER_NAME
   --purge               with --uninstall: remove those too
@@ -301,7 +301,12 @@ check_torch() {
     if [[ $TORCH_INDEX == default ]]; then
         if [[ $TORCH == cpu ]]; then TORCH_INDEX=$CPU_INDEX_DEFAULT; else TORCH_INDEX=none; fi
     fi
-    ((NO_DEPS == 0)) || return 0 # the dependencies come from --python's site-packages, as they are
+    if ((NO_DEPS == 1)); then # the dependencies come from --python's site-packages, as they are: all of them
+        (cd / && "$PYTHON" -c 'import cryptography, numpy, paho.mqtt.client, safetensors, torch' 2>/dev/null) ||
+            die "--no-deps: $PYTHON cannot import SkyFed's dependencies (cryptography, numpy, paho-mqtt," \
+                "safetensors, torch): install them for it first, or leave out --no-deps"
+        return 0
+    fi
     if [[ $TORCH == system ]]; then
         "$PYTHON" -c 'import sys; sys.exit(sys.prefix != sys.base_prefix)' ||
             die "--torch system: --python $PYTHON belongs to a virtual environment; name the interpreter PyTorch" \
@@ -501,6 +506,7 @@ venv_stamp() {
     printf 'torch_index=%s\n' "$TORCH_INDEX"
     printf 'extras=%s\n' "$(extras)"
     printf 'no_deps=%s\n' "$NO_DEPS"
+    ((NO_DEPS == 0)) || printf 'deps_from=%s\n' "$(python_own_site)"
     printf 'constraints=%s\n' "$(sha256sum "$STAGED_CONSTRAINTS" | cut -d' ' -f1)"
 }
 
@@ -508,6 +514,22 @@ pip_quiet() {
     # the grep drops pip-config noise about local wheel folders that are absent on some machines
     "$VENV_DIR/bin/python" -m pip --disable-pip-version-check --no-input "$@" 2>&1 |
         { grep -v "^WARNING: Location 'file:" || true; }
+}
+
+# A venv's --python: its own site-packages, which a venv made from it with --system-site-packages does not see (that
+# is its base interpreter's); empty for a system interpreter
+python_own_site() {
+    "$PYTHON" -c 'import sys, sysconfig
+if sys.prefix != sys.base_prefix:
+    print("\n".join(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))))'
+}
+
+# --no-deps: SkyFed's venv sees --python's packages, a venv's own site-packages named in a .pth
+link_deps() {
+    local site own
+    site=$("$VENV_DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    own=$(python_own_site)
+    if [[ -n $own ]]; then printf '%s\n' "$own" >"$site/skyfed-deps.pth"; else rm -f "$site/skyfed-deps.pth"; fi
 }
 
 venv_matches_python() {
@@ -548,6 +570,7 @@ ensure_venv() {
         pip_quiet install --quiet "${index[@]}" -c "$STAGED_CONSTRAINTS" "$WHEEL$(extras)"
     fi
     pip_quiet install --quiet --no-deps --force-reinstall "$WHEEL"
+    ((NO_DEPS == 0)) || link_deps
     if [[ $TORCH == system ]] && ((NO_DEPS == 0)); then
         "$VENV_DIR/bin/python" -c 'import torch' || die "the venv cannot import the system's torch"
     fi

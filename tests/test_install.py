@@ -3,7 +3,8 @@
 The provisioning folders come from ``skyfed provision``; the scratch root is a minimal system (passwd,
 group, shadow, mosquitto's conf.d and user). To stay fast and offline, the venv is made with
 ``--torch system --no-deps``: ``--system-site-packages`` and SkyFed alone, its dependencies reaching it
-from this interpreter through PYTHONPATH, so nothing is downloaded and torch is not installed again.
+from this interpreter's venv (a .pth the installer writes), so nothing is downloaded and torch is not installed
+again.
 Everything else is what a device gets: the user and its groups, files, owners and modes, the unit
 (enabled with ``systemctl --root``), the mosquitto files, a second run that changes nothing (not even
 a timestamp), and an uninstall that keeps or, with ``--purge``, removes config, state and the user.
@@ -98,9 +99,9 @@ def root(tmp_path) -> Path:
 
 # --- helpers -------------------------------------------------------------------------------------------
 def run(script: str, *args: str, root: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """One installer run into ``root``; the --no-deps venv sees this interpreter's packages via PYTHONPATH."""
-    paths = sysconfig.get_paths()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys([paths["purelib"], paths["platlib"]]))}
+    """One installer run into ``root``; the --no-deps venv sees this interpreter's packages (the test venv's own:
+    the installer names them in a .pth), never a PYTHONPATH."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     return subprocess.run(
         ["bash", str(DEPLOY / script), "--root", str(root), *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
@@ -199,14 +200,15 @@ def test_agent_install_places_everything_changes_nothing_twice_and_uninstalls(ro
     assert snapshot(root) == before
     assert "up to date" in second.stdout and "installed" not in second.stdout
 
-    # the installed venv runs, from its own site-packages
-    paths = sysconfig.get_paths()
-    env = {**os.environ, "PYTHONPATH": paths["purelib"]}
+    # the installed venv runs, SkyFed from its own site-packages, its dependencies from the test venv's, no
+    # PYTHONPATH needed (a venv made from a venv's python with --system-site-packages sees only the base's)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     done = subprocess.run([str(venv / "bin/skyfed"), "--help"], capture_output=True, text=True, env=env, cwd="/")
     assert done.returncode == 0 and "provision" in done.stdout, done.stderr
-    where = subprocess.run([str(venv / "bin/python"), "-c", "import agent; print(agent.__file__)"],
+    where = subprocess.run([str(venv / "bin/python"), "-c", "import agent, paho; print(agent.__file__, paho.__file__)"],
                            capture_output=True, text=True, env=env, cwd="/", check=True)  # fmt: skip
-    assert where.stdout.startswith(str(venv))
+    installed, dependency = where.stdout.split()
+    assert installed.startswith(str(venv)) and dependency.startswith(sysconfig.get_paths()["purelib"])
 
     # a config the daemon's loader refuses stops the install before the config is installed
     bad = Path(shutil.copytree(folder, pki / "bad"))
@@ -404,15 +406,29 @@ def _missing_tls_key(pki: Path) -> Path:
 def test_bad_input_fails_with_a_clear_message_before_changing_anything(root, pki, script, make, args, code, message):
     folder = make(pki)
     before = snapshot(root)
-    result = run(script, "--torch", "system", "--no-deps", *args, str(folder), root=root, cwd=root.parent)
+    result = run(script, "--torch", "system", "--no-deps", "--python", sys.executable, *args, str(folder), root=root,
+                 cwd=root.parent)  # fmt: skip
     assert result.returncode == code and message in result.stderr, result.stderr
+    assert snapshot(root) == before
+
+
+def test_no_deps_with_an_interpreter_that_lacks_them_stops_before_changing_anything(root, pki, tmp_path):
+    """--no-deps takes SkyFed's dependencies from --python's packages: an interpreter without them made a venv whose
+    service could not start. A bare venv's python has none."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    before = snapshot(root)
+    result = run("install-agent.sh", "--torch", "system", "--no-deps", "--python", str(bare / "bin/python"),
+                 str(pki / "agents/drone-01"), root=root, cwd=root.parent)  # fmt: skip
+    assert result.returncode == 1 and "cannot import SkyFed's dependencies (cryptography" in result.stderr
     assert snapshot(root) == before
 
 
 def test_a_server_folder_without_a_broker_folder_asks_which_mosquitto_config(root, pki):
     shutil.rmtree(pki / "broker")
     before = snapshot(root)
-    result = run("install-server.sh", "--no-deps", str(pki / "server"), root=root, cwd=root.parent)
+    result = run("install-server.sh", "--no-deps", "--python", sys.executable, str(pki / "server"), root=root,
+                 cwd=root.parent)  # fmt: skip
     assert result.returncode == 1 and "--mosquitto plain" in result.stderr
     assert snapshot(root) == before
 
