@@ -302,7 +302,7 @@ check_torch() {
         if [[ $TORCH == cpu ]]; then TORCH_INDEX=$CPU_INDEX_DEFAULT; else TORCH_INDEX=none; fi
     fi
     if ((NO_DEPS == 1)); then # the dependencies come from --python's site-packages, as they are: all of them
-        (cd / && "$PYTHON" -c 'import cryptography, numpy, paho.mqtt.client, safetensors, torch' 2>/dev/null) ||
+        (cd / && "$PYTHON" -I -c 'import cryptography, numpy, paho.mqtt.client, safetensors, torch' 2>/dev/null) ||
             die "--no-deps: $PYTHON cannot import SkyFed's dependencies (cryptography, numpy, paho-mqtt," \
                 "safetensors, torch): install them for it first, or leave out --no-deps"
         return 0
@@ -524,12 +524,22 @@ if sys.prefix != sys.base_prefix:
     print("\n".join(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))))'
 }
 
-# --no-deps: SkyFed's venv sees --python's packages, a venv's own site-packages named in a .pth
+# --no-deps: SkyFed's venv sees --python's packages, a venv's own site-packages named in a .pth; without it, no
+# such .pth stays from an earlier --no-deps install (pip would take what it names as installed)
 link_deps() {
-    local site own
+    local site own=""
     site=$("$VENV_DIR/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    own=$(python_own_site)
+    ((NO_DEPS == 0)) || own=$(python_own_site)
     if [[ -n $own ]]; then printf '%s\n' "$own" >"$site/skyfed-deps.pth"; else rm -f "$site/skyfed-deps.pth"; fi
+}
+
+# --no-deps: every requirement of the installed SkyFed is met where its service will look (-I: no PYTHONPATH, no
+# user site), as pip check finds them; checked before the install for the main ones (check_torch)
+check_deps() {
+    local missing
+    missing=$(cd / && "$VENV_DIR/bin/python" -I -m pip check --disable-pip-version-check 2>&1 | grep '^skyfed ') || true
+    [[ -z $missing ]] || die "--no-deps, with $PYTHON's packages: $missing Install SkyFed's dependencies for it" \
+        "first, or leave out --no-deps"
 }
 
 venv_matches_python() {
@@ -564,13 +574,14 @@ ensure_venv() {
         wheels=("$STAGE"/dist/skyfed-*.whl)
         WHEEL=${wheels[0]}
     fi
+    link_deps
     if ((NO_DEPS == 0)); then
         local -a index=()
         [[ $TORCH_INDEX == none ]] || index=(--extra-index-url "$TORCH_INDEX")
         pip_quiet install --quiet "${index[@]}" -c "$STAGED_CONSTRAINTS" "$WHEEL$(extras)"
     fi
     pip_quiet install --quiet --no-deps --force-reinstall "$WHEEL"
-    ((NO_DEPS == 0)) || link_deps
+    ((NO_DEPS == 0)) || check_deps
     if [[ $TORCH == system ]] && ((NO_DEPS == 0)); then
         "$VENV_DIR/bin/python" -c 'import torch' || die "the venv cannot import the system's torch"
     fi

@@ -25,6 +25,15 @@ class SchemaError(ValueError):
 _AS_IS = (str, int)  # items of these exact types convert to themselves (a bool is not an int here)
 
 
+def finite(value: int | float) -> bool:
+    """Whether a JSON number is a finite float: an integer past float's range (JSON allows 1 followed by 400
+    zeros) is not, where ``math.isfinite`` raises ``OverflowError`` on it."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _convert(where: str, value: Any, hint: Any, strict: bool) -> Any:
     origin = typing.get_origin(hint)
     if origin in (types.UnionType, typing.Union):
@@ -42,7 +51,7 @@ def _convert(where: str, value: Any, hint: Any, strict: bool) -> Any:
         if value is None:
             return None
     elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and finite(value):
             return float(value)
     elif hint is int:
         if isinstance(value, int) and not isinstance(value, bool):

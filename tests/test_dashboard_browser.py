@@ -228,6 +228,12 @@ def test_a_new_run_under_the_same_name_replaces_the_last_runs_rounds(browser, pa
                what="the new run's rounds alone")  # fmt: skip
     assert texts(browser, "#updates tbody tr td:nth-child(4)") == ["new", "1 agents"]
     assert points(browser) == 2 and console_errors(browser) == []
+    # a forged far-future time clears the rounds once, and lasts only until the next round: a later new run is seen
+    player.publish(topics.server_metrics, round_metrics(round=0, finished_at=1e308).to_json())
+    for number, at in ((3, 203.0), (1, 500.0)):
+        player.publish(topics.server_metrics, round_metrics(round=number, finished_at=at).to_json())
+    wait_until(lambda: texts(browser, "#updates tbody tr td:first-child") == ["1"], timeout_s=5,
+               what="the run after a forged time, alone")  # fmt: skip
 
 
 def publish_json(client: MqttClient, topic: str, document: dict, retain: bool = False) -> None:

@@ -287,3 +287,39 @@ def test_a_new_run_under_the_same_federation_name_is_shown_from_its_first_round(
     assert rows[-2:] == ["1 (history)", "2"] and "3" not in rows
     assert view.apply("skyfed/fleet/server/metrics", round_metrics(round=1, finished_at=300.0).to_json())
     assert [line.split("│")[1].strip() for line in _render(view).splitlines() if line.startswith("│")][-1:] == ["1"]
+
+
+def test_a_forged_or_huge_round_time_neither_crashes_the_monitor_nor_hides_the_next_run():
+    """An integer time past float's range raised OverflowError out of ``apply`` (a retained history crashed every
+    monitor started after it); a forged far-future time wiped the rounds once and then hid every later new run."""
+    from broker_server.watch.history import SCHEMA
+
+    view = FederationView(Topics("fleet"))
+    huge = b"1" + b"0" * 400
+    history = b'{"schema":"' + SCHEMA.encode() + b'","rounds":[{"round":1,"outcome":"committed","finished_at":' + \
+        huge + b"}]}"  # fmt: skip
+    assert view.apply("skyfed/fleet/server/history", history).startswith("history round=1")
+    metrics = round_metrics(round=2).to_json().replace(b'"finished_at":0.0', b'"finished_at":' + huge)
+    assert view.apply("skyfed/fleet/server/metrics", metrics) is None  # refused as malformed, no crash
+    for number in (3, 4):
+        view.apply("skyfed/fleet/server/metrics", round_metrics(round=number, finished_at=100.0 + number).to_json())
+    view.apply("skyfed/fleet/server/metrics", round_metrics(round=0, finished_at=1e308).to_json())  # forged
+    for number in (4, 5):
+        view.apply("skyfed/fleet/server/metrics", round_metrics(round=number, finished_at=200.0 + number).to_json())
+    assert view.apply("skyfed/fleet/server/metrics", round_metrics(round=1, finished_at=500.0).to_json())
+    assert [m.round for m in view.metrics] == [1], "the next new run is still seen as one"
+
+
+def test_a_history_row_rounded_to_a_tenth_of_a_second_is_not_a_new_run():
+    """History rows keep their times to 0.1 s, live metrics exactly: rounds finishing 20 ms apart made a late
+    history's row look later than the newest round shown."""
+    from broker_server.watch.history import RunHistory
+
+    view = FederationView(Topics("fleet"))
+    for number, at in ((1, 100.0), (2, 100.06), (3, 100.08)):
+        view.apply("skyfed/fleet/server/metrics", round_metrics(round=number, finished_at=at).to_json())
+    late = RunHistory("fleet")
+    for number, at in ((1, 100.0), (2, 100.06)):
+        late.add(round_metrics(round=number, finished_at=at))
+    assert view.apply("skyfed/fleet/server/history", late.payload()) is None
+    assert [m.round for m in view.metrics] == [1, 2, 3]

@@ -6,7 +6,6 @@ view says so beside the claim (docs/monitoring.md, "skyfed monitor")."""
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -16,6 +15,7 @@ from broker_server.watch.history import PastRounds, read_history
 from protocol.messages import AgentStatus, MessageError, RoundMetrics, ServerStatus
 from protocol.peer_messages import Adoption, PeerBest, PeerMember, PeerRoundMetrics, older
 from protocol.topics import Topics
+from protocol.typed import finite
 
 ROUNDS_KEPT = 10  # rounds shown: the last of the metrics since the monitor started, and before them the history's
 STALE_WILL = "a replayed 'offline' of an earlier connection ignored, as the server does"
@@ -67,9 +67,13 @@ def elected(peers: dict[str, PeerState]) -> Elected | None:
     return Elected(owner, sha256, count, sum(votes.values()))
 
 
+NEW_RUN_AFTER_S = 1.0  # how much later than the newest round shown a lower-numbered round must have finished to be
+# a new run's: more than the history's rounding of its times (0.1 s), less than any server's start
+
+
 def _number(value: object) -> float:
     """A time from a payload anyone may publish: a finite number, else 0 (never later than what was shown)."""
-    return float(value) if type(value) in (int, float) and math.isfinite(value) else 0.0
+    return float(value) if type(value) in (int, float) and finite(value) else 0.0
 
 
 @dataclass
@@ -139,12 +143,14 @@ class FederationView:
         """A round numbered below the newest shown that finished after it is a new run's (a server started again
         under this federation's name, its rounds counted from 1): the last run's rounds leave the table, and the
         new run's are shown from its first. A history or metrics message merely late (it finished earlier) is not."""
-        if newest < self.shown_round and _number(finished_at) > self.shown_at:
+        if newest < self.shown_round and _number(finished_at) > self.shown_at + NEW_RUN_AFTER_S:
             self.metrics, self.past, self.shown_round, self.shown_at = [], PastRounds(), 0, 0.0
 
     def _shown(self, number: int, finished_at: object) -> None:
+        """The newest round shown, and when it finished by its own message (a forged time then lasts only until
+        the next round)."""
         if number >= self.shown_round:
-            self.shown_round, self.shown_at = number, max(self.shown_at, _number(finished_at))
+            self.shown_round, self.shown_at = number, _number(finished_at)
 
     def _agent(self, agent: str, status: AgentStatus) -> str | None:
         """What the server's registry makes of a status, judged alike (broker_server.agents.registry): one signed for

@@ -127,14 +127,16 @@
     }
   }
 
-  // the newest round the page holds and when it finished (the server's clock): a round numbered below it that
-  // finished later is a new run's (a server started again under this federation's name counts from 1), and the
-  // last run's rounds leave the table and the charts; a message merely late (finished earlier) is not
+  // the newest round the page holds and when it finished, by its own message (the server's clock): a round
+  // numbered below it that finished over NEW_RUN_AFTER_S later is a new run's (a server started again under this
+  // federation's name counts from 1), and the last run's rounds leave the table and the charts; a message merely
+  // late (finished earlier, or within the history's rounding of its times) is not (as skyfed monitor)
+  const NEW_RUN_AFTER_S = 1;
   let newest = { round: 0, at: 0 };
 
   function noteRun(round, finishedAt) {
     const r = num(round), at = num(finishedAt);
-    if (r === null || at === null || r >= newest.round || at <= newest.at) return;
+    if (r === null || at === null || r >= newest.round || at <= newest.at + NEW_RUN_AFTER_S) return;
     for (const old of order) { rounds.delete(old); pending.rounds.add(old); }
     order.length = 0;
     newest = { round: 0, at: 0 };
@@ -157,7 +159,7 @@
     entry.round = round;
     rounds.set(round, entry);
     pending.rounds.add(round);
-    if (round >= newest.round) newest = { round: round, at: Math.max(newest.at, num(entry.finished_at) || 0) };
+    if (round >= newest.round) newest = { round: round, at: num(entry.finished_at) || 0 };
   }
 
   // drawing: at most once per REDRAW_MS, from what the handlers below left in `pending` -------------------
@@ -336,10 +338,10 @@
   function onHistory(h) {
     if (!Array.isArray(h.rounds)) return;
     const labels = (h.labels && typeof h.labels === "object") ? h.labels : {};
-    const last = h.rounds[h.rounds.length - 1];
-    if (last && typeof last === "object") noteRun(last.round, last.finished_at);
-    for (const row of h.rounds) {
-      if (!row || typeof row !== "object") continue;
+    const rows = h.rounds.filter((row) => row && typeof row === "object" && Number.isInteger(row.round) &&
+      typeof row.outcome === "string");  // the rows skyfed monitor takes (broker_server/watch/history.py)
+    if (rows.length) noteRun(rows[rows.length - 1].round, rows[rows.length - 1].finished_at);
+    for (const row of rows) {
       const headline = historyHeadline(row, labels);
       addRound({ live: false, round: row.round, finished_at: row.finished_at, headline: headline, loss: row.loss,
                  epsilon: row.epsilon, bytes_up: row.bytes_up, bytes_down: row.bytes_down, outcome: row.outcome,
