@@ -115,6 +115,31 @@ def test_a_metrics_line_lost_in_a_crash_after_the_checkpoint_is_appended_at_rest
     assert [(r["round"], r["outcome"]) for r in rows] == [(1, "committed")]
 
 
+def test_a_new_run_sets_an_earlier_runs_metrics_aside(config):
+    """A state folder whose checkpoint is gone starts a new run, counting its rounds from 1 again: the earlier
+    run's lines stayed in metrics.jsonl, mixing both runs in skyfed report and the retained history, and a new
+    round 1 was never appended where the old file ended with a round 1 (``reconcile`` took it for written)."""
+    engine = RoundEngine(config, replay=ReplayGuard(3600))
+    open_round(engine)
+    for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
+        engine.accept(completed(engine, agent, seed=i))
+    engine.close(now=1.0, model_wire_bytes=0)
+    log = config.state_dir / "metrics.jsonl"
+    earlier = log.read_bytes()
+    shutil.rmtree(config.state_dir / "checkpoint")
+    again = RoundEngine(config, replay=ReplayGuard(3600))
+    assert again.run_id != engine.run_id and not log.exists()
+    (kept,) = config.state_dir.glob("metrics-*.jsonl")
+    assert kept.read_bytes() == earlier
+    open_round(again)
+    for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
+        again.accept(completed(again, agent, seed=i))
+    again.close(now=2.0, model_wire_bytes=0)
+    assert [json.loads(line)["round"] for line in log.read_text().splitlines()] == [1]
+    RoundEngine(config, replay=ReplayGuard(3600))  # a restart of this run sets nothing aside
+    assert len(list(config.state_dir.glob("metrics-*.jsonl"))) == 1 and log.exists()
+
+
 def test_the_last_rounds_metrics_are_written_once_a_round_and_an_inline_copy_still_loads(config):
     """The checkpoint is rewritten at every accepted update; the last round's metrics (104 kB of its 260 kB at
     1,000 agents) live in their own file, written when a round closes. A checkpoint that holds them itself, as

@@ -78,6 +78,9 @@ class EngineState:
             server = self.config.server
             initial = initial_model(server.model, server.num_classes, server.seed, self.config.init_weights_path)
             self.run_id, self.version, self.next_round = new_run_id(), 1, 1
+            if (kept := self.metrics_log.set_aside()) is not None:
+                log.warning("event=earlier-metrics-set-aside file=%s run_id=%s (a new run starts in this state "
+                            "folder: its checkpoint is gone)", kept, self.run_id)  # fmt: skip
             self.model_eval = {}  # the initial model is not evaluated: no round has published yet
             self.set_model(initial)
             self.checkpoint()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 from broker_server.rounds.pipeline import RoundContext
@@ -30,6 +31,20 @@ class MetricsLog:
             handle.write(metrics.to_json() + b"\n")
             handle.flush()
             os.fsync(handle.fileno())
+
+    def set_aside(self) -> Path | None:
+        """A new run in a state folder that holds an earlier run's lines (its checkpoint removed, or unreadable): they
+        move to ``metrics-<their last write, UTC>.jsonl``, so that ``metrics.jsonl``, ``skyfed report`` and the
+        retained history are this run's alone (its rounds count from 1 again, and a line of the earlier run's
+        round 1 would have stood for this run's). Returns the new name, or None when there was nothing to keep."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return None
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.path.stat().st_mtime))
+        kept, n = self.path.with_name(f"metrics-{stamp}.jsonl"), 1
+        while kept.exists():  # two runs set aside within a second
+            kept, n = self.path.with_name(f"metrics-{stamp}-{n}.jsonl"), n + 1
+        os.replace(self.path, kept)
+        return kept
 
     def last_round(self) -> int | None:
         if not self.path.exists():
