@@ -135,7 +135,7 @@ def test_a_new_run_sets_an_earlier_runs_metrics_aside(config):
     for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
         again.accept(completed(again, agent, seed=i))
     again.close(now=2.0, model_wire_bytes=0)
-    assert [json.loads(line)["round"] for line in log.read_text().splitlines()] == [1]
+    assert [json.loads(line)["round"] for line in log.read_text().splitlines()] == [1] and log.read_bytes() != earlier
     RoundEngine(config, replay=ReplayGuard(3600))  # a restart of this run sets nothing aside
     assert len(list(config.state_dir.glob("metrics-*.jsonl"))) == 1 and log.exists()
 
