@@ -91,17 +91,23 @@ class AtomicFile:
         except BaseException:
             self.discard()
             raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_folder(self.path.parent)
 
     def discard(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
         self._tmp.unlink(missing_ok=True)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make the renames in ``folder`` durable: a rename is a change to its folder, which a power loss may undo
+    until the folder itself is fsynced."""
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def start_writeback(fd: int, offset: int, length: int) -> None:

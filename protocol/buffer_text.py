@@ -18,7 +18,10 @@ def _number(value: object) -> str:
     """A count or a mean as received (a metrics topic is public: anything else is shown as ``?``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "?"
-    return f"{value:.4g}"
+    try:
+        return f"{value:.4g}"
+    except OverflowError:  # an integer past float's range
+        return "?"
 
 
 def wasted_text(wasted: dict) -> str:

@@ -323,3 +323,23 @@ def test_a_history_row_rounded_to_a_tenth_of_a_second_is_not_a_new_run():
         late.add(round_metrics(round=number, finished_at=at))
     assert view.apply("skyfed/fleet/server/history", late.payload()) is None
     assert [m.round for m in view.metrics] == [1, 2, 3]
+
+
+def test_a_metrics_payloads_odd_fields_are_shown_as_what_they_are_never_a_crash():
+    """``aggregation.folded_late`` as a number made ``len()`` raise out of ``apply`` (a retained peer's metrics
+    crashed every monitor started after it), and a buffer count past float's range made the table's ``:.4g``
+    raise OverflowError."""
+    from protocol.messages import RoundMetrics
+    from sim.launch import format_round
+
+    view = FederationView(Topics("fleet"))
+    peer = PeerRoundMetrics(peer="p1", round=2, outcome="aggregated", eval={}, aggregated_from=[],
+                            aggregation={"folded_late": 1})  # fmt: skip
+    assert "folded_late=0" in view.apply("skyfed/fleet/peer/p1/metrics", _signed(peer, "p1"))
+    document = json.loads(round_metrics(round=3).to_json())
+    document["aggregation"] = {"folded_late": 10**400}
+    document["buffer"] = {"size": 3, "updates": 10**400, "staleness_mean": 0.5, "staleness_max": 1}
+    payload = json.dumps(document).encode()
+    assert "folded_late=0" in view.apply("skyfed/fleet/server/metrics", payload)
+    assert "buffer ?/3" in _render(view)
+    assert "buffer ?/3" in format_round(RoundMetrics.from_json(payload), 1.0)

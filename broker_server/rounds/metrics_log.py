@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from broker_server.rounds.pipeline import RoundContext
+from common.files import fsync_folder
 from flcore.rounds import RoundState
 from participant.recipes import work_share
 from protocol.messages import Rejection, RoundMetrics, TrainSettings, headline
@@ -33,7 +34,7 @@ class MetricsLog:
             os.fsync(handle.fileno())
 
     def set_aside(self) -> Path | None:
-        """A new run in a state folder that holds an earlier run's lines (its checkpoint removed, or unreadable): they
+        """A new run in a state folder that holds an earlier run's lines (its checkpoint removed): they
         move to ``metrics-<their last write, UTC>.jsonl``, so that ``metrics.jsonl``, ``skyfed report`` and the
         retained history are this run's alone (its rounds count from 1 again, and a line of the earlier run's
         round 1 would have stood for this run's). Returns the new name, or None when there was nothing to keep."""
@@ -44,6 +45,7 @@ class MetricsLog:
         while kept.exists():  # two runs set aside within a second
             kept, n = self.path.with_name(f"metrics-{stamp}-{n}.jsonl"), n + 1
         os.replace(self.path, kept)
+        fsync_folder(self.path.parent)  # before the new run's checkpoint: a power loss must not bring the file back
         return kept
 
     def last_round(self) -> int | None:

@@ -14,6 +14,11 @@ MAX_CELL = 800  # characters of one free-text value shown (an agent's detail nam
 MAX_SHORT = 64  # characters of a name or a number (a topic level is 64 at most; a 4,000-digit round is not)
 
 
+def _count(listed: object) -> int:
+    """How many items a payload's list holds (anything else: none): a metrics topic is anyone's to write to."""
+    return len(listed) if isinstance(listed, list) else 0
+
+
 def cells(*values: object, limit: int = MAX_SHORT) -> list[Text]:
     """Plain text cells: a status string such as ``[/oops]`` is shown, never parsed as markup, and an escape
     sequence in it (clipboard write, screen clear, concealed text) is shown escaped, never sent to the terminal."""
@@ -83,7 +88,7 @@ def metrics_line(m: RoundMetrics) -> str:
     accuracy or mAP@.5, as it always was)."""
     return _line("round", round=m.round, outcome=m.outcome, reason=m.reason, **_score_fields(m.headline),
                  accepted=f"{len(m.accepted)}/{len(m.participants)}", rejected=len(m.rejected),
-                 folded_late=len(m.aggregation.get("folded_late") or []), metric=score(headline(m.eval)),
+                 folded_late=_count(m.aggregation.get("folded_late")), metric=score(headline(m.eval)),
                  seconds=number(m.duration_s), **_buffer_fields(m))  # fmt: skip
 
 
@@ -115,7 +120,7 @@ def peer_member_line(m: PeerMember, note: str = "") -> str:
 def peer_metrics_line(m: PeerRoundMetrics) -> str:
     return _line("peer-round", id=m.peer, round=m.round, outcome=m.outcome, reason=m.reason,
                  **_score_fields(round_headline("global", m.eval, m.personal)), aggregated_from=len(m.aggregated_from),
-                 folded_late=len(m.aggregation.get("folded_late") or []), rejected=len(m.rejected))  # fmt: skip
+                 folded_late=_count(m.aggregation.get("folded_late")), rejected=len(m.rejected))  # fmt: skip
 
 
 def peer_best_line(b: PeerBest) -> str:

@@ -316,6 +316,11 @@
   }
 
   function onMetrics(m) {
+    // a round's metrics as skyfed monitor takes them (protocol.messages.RoundMetrics): a schema and a whole round
+    if (typeof m.schema !== "string" || !m.schema.startsWith("skyfed.metrics/") || !Number.isInteger(m.round)) {
+      hook.dropped++;
+      return;
+    }
     const evaluation = (m.eval && typeof m.eval === "object") ? m.eval : {};
     noteRun(m.round, m.finished_at);
     addRound({ live: true, round: m.round, finished_at: m.finished_at, headline: checkedHeadline(m),
