@@ -363,6 +363,7 @@ class RoundMetrics(Message):
     # The scores the round is judged by, lead first (protocol.scores). Always derived from the fields above,
     # never taken from a sender, so no surface can show a headline the numbers do not support.
     headline: list[dict] = field(default_factory=list)
+    run_id: str = ""  # the server run the round belongs to: a new run (a state folder started over) counts from 1
 
     def __post_init__(self) -> None:
         if self.models not in MODEL_KINDS:

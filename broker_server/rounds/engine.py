@@ -387,7 +387,8 @@ class RoundEngine:
         self.ledger.after_round(averaged, published=published, next_clip=ctx.next_clip)
         bytes_down = model_wire_bytes * global_starts + rs.inbox_bytes
         metrics = round_metrics(ctx, strategy=self.strategy.name, models=self.strategy.models, now=now,
-                                outcome=(outcome, reason, offenders), version=self.version, bytes_down=bytes_down,
+                                outcome=(outcome, reason, offenders), version=self.version, run_id=self.run_id,
+                                bytes_down=bytes_down,
                                 personal=personal, buffer=buffer_metrics(rs, self.rules) if self.rules.is_async
                                 else None)  # fmt: skip
         if published and ctx.evaluation:  # the next round's agents start from this model: evaluated already

@@ -84,7 +84,7 @@ class LocalRounds:
                            open_delta=lambda agent: np.zeros(0, np.float32))  # fmt: skip
         bytes_down = model_wire_bytes * self.global_downloads() + rs.inbox_bytes
         metrics = round_metrics(ctx, strategy=state.strategy.name, models=state.strategy.models, now=now,
-                                outcome=("committed", "", []), version=state.version,
+                                outcome=("committed", "", []), version=state.version, run_id=state.run_id,
                                 bytes_down=bytes_down)  # fmt: skip
         metrics = replace(metrics, accepted=list(rs.trained))
         if state.config.privacy.enabled:

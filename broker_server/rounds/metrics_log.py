@@ -76,6 +76,7 @@ def round_metrics(
     now: float,
     outcome: tuple[str, str, list[str]],
     version: int,
+    run_id: str,
     bytes_down: int,
     personal: dict | None = None,
     buffer: dict | None = None,
@@ -109,6 +110,7 @@ def round_metrics(
         personal=personal or {},
         wasted={kind: len(agents) for kind, agents in rs.wasted.items()},
         buffer=buffer or {},
+        run_id=run_id,
     )
 
 

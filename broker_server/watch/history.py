@@ -26,6 +26,7 @@ log = logging.getLogger("skyfed.server")
 SCHEMA = "skyfed.history/2"  # /2: rows carry ``headline`` (and the payload ``labels``) instead of ``score``
 MAX_ROUNDS = 500
 MAX_BYTES = 64 << 10
+MAX_RUN_ID = 64  # characters of a run id a reader keeps (a server's is 12 hex digits)
 HEADLINE_WIDTH = 6  # the scores a row keeps, lead first: what the dashboard's rounds table shows
 
 
@@ -64,15 +65,18 @@ class RunHistory:
         self.max_bytes = max_bytes
         self.rows: deque[dict] = deque(maxlen=max_rounds)
         self.labels: dict[str, str] = {}  # score key -> what it is called (its label in RoundMetrics.headline)
+        self.run_id = ""  # the server run of the rows (metrics.jsonl holds one run: a new one sets it aside)
 
     def add(self, metrics: RoundMetrics) -> None:
         self.rows.append(history_row(metrics))
         self.labels.update((s["key"], s["label"]) for s in metrics.headline[:HEADLINE_WIDTH])
+        self.run_id = metrics.run_id
 
     def payload(self) -> bytes:
         """The retained message: the newest rows that fit ``max_bytes`` (oldest dropped first)."""
         while True:
-            body = {"schema": SCHEMA, "federation": self.federation, "labels": self.labels, "rounds": list(self.rows)}
+            body = {"schema": SCHEMA, "federation": self.federation, "run_id": self.run_id, "labels": self.labels,
+                    "rounds": list(self.rows)}  # fmt: skip
             data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
             if len(data) <= self.max_bytes or not self.rows:
                 return data
@@ -97,6 +101,7 @@ class PastRounds:
 
     labels: dict[str, str] = field(default_factory=dict)
     rows: tuple[dict, ...] = ()
+    run_id: str = ""  # the server run they belong to ("": a server that does not say)
 
 
 def read_history(payload: bytes) -> PastRounds:
@@ -119,4 +124,5 @@ def read_history(payload: bytes) -> PastRounds:
             rows.append({**row, "headline": list(known.items())[:HEADLINE_WIDTH]})
     personal = any(r["headline"] and r["headline"][0][0] in PERSONAL_KEYS for r in rows)  # its lead: kept models
     labels = {k: f"global {label}" if personal and k in GLOBAL_KEYS else label for k, label in LABELS.items()}
-    return PastRounds(labels, tuple(rows))
+    run_id = body.get("run_id")
+    return PastRounds(labels, tuple(rows), run_id if isinstance(run_id, str) and len(run_id) <= MAX_RUN_ID else "")

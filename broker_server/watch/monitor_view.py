@@ -15,7 +15,6 @@ from broker_server.watch.history import PastRounds, read_history
 from protocol.messages import AgentStatus, MessageError, RoundMetrics, ServerStatus
 from protocol.peer_messages import Adoption, PeerBest, PeerMember, PeerRoundMetrics, older
 from protocol.topics import Topics
-from protocol.typed import finite
 
 ROUNDS_KEPT = 10  # rounds shown: the last of the metrics since the monitor started, and before them the history's
 STALE_WILL = "a replayed 'offline' of an earlier connection ignored, as the server does"
@@ -67,15 +66,6 @@ def elected(peers: dict[str, PeerState]) -> Elected | None:
     return Elected(owner, sha256, count, sum(votes.values()))
 
 
-NEW_RUN_AFTER_S = 1.0  # how much later than the newest round shown a lower-numbered round must have finished to be
-# a new run's: more than the history's rounding of its times (0.1 s), less than any server's start
-
-
-def _number(value: object) -> float:
-    """A time from a payload anyone may publish: a finite number, else 0 (never later than what was shown)."""
-    return float(value) if type(value) in (int, float) and finite(value) else 0.0
-
-
 @dataclass
 class FederationView:
     """A federation with a server (server, agents or regions, rounds) or of peers; ``apply`` folds in one message."""
@@ -88,7 +78,7 @@ class FederationView:
     notes: dict[str, str] = field(default_factory=dict)  # per agent: why its row is not simply its last claim
     past: PastRounds = field(default_factory=PastRounds)  # the retained ``server/history``: rounds before these
     shown_round: int = 0  # the newest round shown as a plain line, live or from the history
-    shown_at: float = 0.0  # when that round finished (the server's clock)
+    run_id: str = ""  # the server run of the rounds shown ("": its server does not say)
 
     @property
     def agents(self) -> dict[str, AgentStatus]:
@@ -118,18 +108,15 @@ class FederationView:
                 return text.server_line(status)
             if topic == self.topics.server_metrics:
                 metrics = RoundMetrics.from_json(payload)
-                self._note_run(metrics.round, metrics.finished_at)
+                self._note_run(metrics.run_id)
                 self.metrics = [*self.metrics[1 - ROUNDS_KEPT :], metrics]
-                self._shown(metrics.round, metrics.finished_at)
+                self.shown_round = max(self.shown_round, metrics.round)
                 return text.metrics_line(metrics)
             if topic == self.topics.server_history:
-                past = read_history(payload)
-                if past.rows:
-                    self._note_run(past.rows[-1]["round"], past.rows[-1].get("finished_at"))
-                self.past = past
-                new = [row for row in past.rows if row["round"] > self.shown_round]
-                for row in new:
-                    self._shown(row["round"], row.get("finished_at"))
+                self.past = read_history(payload)
+                self._note_run(self.past.run_id)
+                new = [row for row in self.past.rows if row["round"] > self.shown_round]
+                self.shown_round = max([self.shown_round, *(row["round"] for row in new)])
                 return "\n".join(text.history_line(row) for row in new) or None
             if (agent := self.topics.agent_of(topic)) and topic == self.topics.agent_status(agent):
                 return self._agent(agent, AgentStatus.from_signed_json(payload))
@@ -139,18 +126,16 @@ class FederationView:
             pass
         return None
 
-    def _note_run(self, newest: int, finished_at: object) -> None:
-        """A round numbered below the newest shown that finished after it is a new run's (a server started again
-        under this federation's name, its rounds counted from 1): the last run's rounds leave the table, and the
-        new run's are shown from its first. A history or metrics message merely late (it finished earlier) is not."""
-        if newest < self.shown_round and _number(finished_at) > self.shown_at + NEW_RUN_AFTER_S:
-            self.metrics, self.past, self.shown_round, self.shown_at = [], PastRounds(), 0, 0.0
-
-    def _shown(self, number: int, finished_at: object) -> None:
-        """The newest round shown, and when it finished by its own message (a forged time then lasts only until
-        the next round)."""
-        if number >= self.shown_round:
-            self.shown_round, self.shown_at = number, _number(finished_at)
+    def _note_run(self, run_id: str) -> None:
+        """Rounds of another server run than those shown (a server started over under this federation's name, its
+        rounds counted from 1 again): the last run's rounds leave the table, and the new run's are shown from its
+        first. A server that names no run (older ones) leaves the rounds as they are."""
+        if run_id and run_id != self.run_id:
+            if self.run_id:
+                self.metrics, self.shown_round = [], 0
+                if self.past.run_id != run_id:
+                    self.past = PastRounds()
+            self.run_id = run_id
 
     def _agent(self, agent: str, status: AgentStatus) -> str | None:
         """What the server's registry makes of a status, judged alike (broker_server.agents.registry): one signed for

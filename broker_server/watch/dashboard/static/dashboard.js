@@ -127,19 +127,18 @@
     }
   }
 
-  // the newest round the page holds and when it finished, by its own message (the server's clock): a round
-  // numbered below it that finished over NEW_RUN_AFTER_S later is a new run's (a server started again under this
-  // federation's name counts from 1), and the last run's rounds leave the table and the charts; a message merely
-  // late (finished earlier, or within the history's rounding of its times) is not (as skyfed monitor)
-  const NEW_RUN_AFTER_S = 1;
-  let newest = { round: 0, at: 0 };
+  // the server run of the rounds the page holds (metrics.run_id, the history's run_id): rounds of another run (a
+  // server started over under this federation's name counts from 1 again) replace the last run's in the table and
+  // the charts; a server that names no run leaves them as they are (as skyfed monitor)
+  let runId = "";
 
-  function noteRun(round, finishedAt) {
-    const r = num(round), at = num(finishedAt);
-    if (r === null || at === null || r >= newest.round || at <= newest.at + NEW_RUN_AFTER_S) return;
-    for (const old of order) { rounds.delete(old); pending.rounds.add(old); }
-    order.length = 0;
-    newest = { round: 0, at: 0 };
+  function noteRun(id) {
+    if (typeof id !== "string" || !id || id === runId) return;
+    if (runId) {
+      for (const old of order) { rounds.delete(old); pending.rounds.add(old); }
+      order.length = 0;
+    }
+    runId = id;
   }
 
   function addRound(entry) {
@@ -159,7 +158,6 @@
     entry.round = round;
     rounds.set(round, entry);
     pending.rounds.add(round);
-    if (round >= newest.round) newest = { round: round, at: num(entry.finished_at) || 0 };
   }
 
   // drawing: at most once per REDRAW_MS, from what the handlers below left in `pending` -------------------
@@ -322,8 +320,8 @@
       return;
     }
     const evaluation = (m.eval && typeof m.eval === "object") ? m.eval : {};
-    noteRun(m.round, m.finished_at);
-    addRound({ live: true, round: m.round, finished_at: m.finished_at, headline: checkedHeadline(m),
+    noteRun(m.run_id);
+    addRound({ live: true, round: m.round, headline: checkedHeadline(m),
                loss: evaluation.loss, epsilon: m.privacy && m.privacy.epsilon, bytes_up: m.bytes_up,
                bytes_down: m.bytes_down, outcome: m.outcome, reason: m.reason, accepted: m.accepted, rejected: m.rejected,
                aggregation: m.aggregation, staleness: m.buffer && m.buffer.staleness_mean,
@@ -345,10 +343,10 @@
     const labels = (h.labels && typeof h.labels === "object") ? h.labels : {};
     const rows = h.rounds.filter((row) => row && typeof row === "object" && Number.isInteger(row.round) &&
       typeof row.outcome === "string");  // the rows skyfed monitor takes (broker_server/watch/history.py)
-    if (rows.length) noteRun(rows[rows.length - 1].round, rows[rows.length - 1].finished_at);
+    noteRun(h.run_id);
     for (const row of rows) {
       const headline = historyHeadline(row, labels);
-      addRound({ live: false, round: row.round, finished_at: row.finished_at, headline: headline, loss: row.loss,
+      addRound({ live: false, round: row.round, headline: headline, loss: row.loss,
                  epsilon: row.epsilon, bytes_up: row.bytes_up, bytes_down: row.bytes_down, outcome: row.outcome,
                  accepted: row.accepted, rejected: row.rejected, staleness: row.staleness, lost: row.lost });
     }
