@@ -20,11 +20,18 @@ from flcore.update import NotForThisRound
 from models.weights import float_part, load_arrays, ranges_of
 from models.zoo import build_model, input_shape
 from participant.recipes import work_share
-from protocol.messages import RecipeRecord
+from protocol.messages import RecipeRecord, RoundMetrics
 from security.replay import ReplayGuard
 from tests.fedharness import override_toml
 from tests.fixtures import completed, open_round, random_delta
 
+
+def run_a_round(engine: RoundEngine, now: float = 1.0) -> RoundMetrics:
+    """One round in which the three agents' updates are accepted, closed at ``now``."""
+    open_round(engine)
+    for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
+        engine.accept(completed(engine, agent, seed=i))
+    return engine.close(now=now, model_wire_bytes=0)
 
 def test_the_states_fields_read_through_the_engine_and_change_only_on_the_state(config):
     engine = RoundEngine(config, replay=ReplayGuard(3600))
@@ -91,10 +98,7 @@ def test_strategy_state_that_lasts_across_rounds_survives_a_restart(config, monk
     override_toml(config.path, strategy={"name": "toy-momentum"})
     config = load_server_config(config.path)
     engine = RoundEngine(config, replay=ReplayGuard(3600))
-    open_round(engine)
-    for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
-        engine.accept(completed(engine, agent, seed=i))
-    engine.close(now=1.0, model_wire_bytes=0)
+    run_a_round(engine)
     momentum = engine.strategy.momentum.copy()
     assert momentum.size and np.abs(momentum).sum() > 0
     restarted = RoundEngine(config, replay=ReplayGuard(3600))
@@ -103,10 +107,7 @@ def test_strategy_state_that_lasts_across_rounds_survives_a_restart(config, monk
 
 def test_a_metrics_line_lost_in_a_crash_after_the_checkpoint_is_appended_at_restart(config):
     engine = RoundEngine(config, replay=ReplayGuard(3600))
-    open_round(engine)
-    for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
-        engine.accept(completed(engine, agent, seed=i))
-    engine.close(now=1.0, model_wire_bytes=0)
+    run_a_round(engine)
     log = config.state_dir / "metrics.jsonl"
     log.write_text("")  # the crash came between the checkpoint and the append
     RoundEngine(config, replay=ReplayGuard(3600))
@@ -120,10 +121,7 @@ def test_a_new_run_sets_an_earlier_runs_metrics_aside(config):
     run's lines stayed in metrics.jsonl, mixing both runs in skyfed report and the retained history, and a new
     round 1 was never appended where the old file ended with a round 1 (``reconcile`` took it for written)."""
     engine = RoundEngine(config, replay=ReplayGuard(3600))
-    open_round(engine)
-    for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
-        engine.accept(completed(engine, agent, seed=i))
-    engine.close(now=1.0, model_wire_bytes=0)
+    run_a_round(engine)
     log = config.state_dir / "metrics.jsonl"
     earlier = log.read_bytes()
     shutil.rmtree(config.state_dir / "checkpoint")
@@ -131,10 +129,7 @@ def test_a_new_run_sets_an_earlier_runs_metrics_aside(config):
     assert again.run_id != engine.run_id and not log.exists()
     (kept,) = config.state_dir.glob("metrics-*.jsonl")
     assert kept.read_bytes() == earlier
-    open_round(again)
-    for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
-        again.accept(completed(again, agent, seed=i))
-    again.close(now=2.0, model_wire_bytes=0)
+    run_a_round(again, now=2.0)
     assert [json.loads(line)["round"] for line in log.read_text().splitlines()] == [1] and log.read_bytes() != earlier
     RoundEngine(config, replay=ReplayGuard(3600))  # a restart of this run sets nothing aside
     assert len(list(config.state_dir.glob("metrics-*.jsonl"))) == 1 and log.exists()
@@ -145,10 +140,7 @@ def test_the_last_rounds_metrics_are_written_once_a_round_and_an_inline_copy_sti
     1,000 agents) live in their own file, written when a round closes. A checkpoint that holds them itself, as
     older ones do, still resumes."""
     engine = RoundEngine(config, replay=ReplayGuard(3600))
-    open_round(engine)
-    for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
-        engine.accept(completed(engine, agent, seed=i))
-    engine.close(now=1.0, model_wire_bytes=0)
+    run_a_round(engine)
     state_path = config.state_dir / "checkpoint" / "state.json"
     named = json.loads(state_path.read_text())["last_metrics_file"]
     open_round(engine)
@@ -193,10 +185,7 @@ def test_a_round_whose_aggregate_has_a_negative_running_variance_is_rolled_back(
     override_toml(config.path, strategy={"name": "negative-variance"})
     engine = RoundEngine(load_server_config(config.path), replay=ReplayGuard(3600))
     before = {k: v.copy() for k, v in engine.global_arrays.items()}
-    open_round(engine)
-    for i, agent in enumerate(["agent-01", "agent-02", "agent-03"]):
-        engine.accept(completed(engine, agent, seed=i))
-    metrics = engine.close(now=1.0, model_wire_bytes=0)
+    metrics = run_a_round(engine)
     assert metrics.outcome == "rolled-back" and metrics.reason.startswith("invalid-running-var")
     assert engine.version == 1 and all(np.array_equal(before[k], v) for k, v in engine.global_arrays.items())
 
