@@ -302,9 +302,11 @@ check_torch() {
         if [[ $TORCH == cpu ]]; then TORCH_INDEX=$CPU_INDEX_DEFAULT; else TORCH_INDEX=none; fi
     fi
     if ((NO_DEPS == 1)); then # the dependencies come from --python's site-packages, as they are: all of them
-        (cd / && "$PYTHON" -I -c 'import cryptography, numpy, paho.mqtt.client, safetensors, torch' 2>/dev/null) ||
-            die "--no-deps: $PYTHON cannot import SkyFed's dependencies (cryptography, numpy, paho-mqtt," \
-                "safetensors, torch): install them for it first, or leave out --no-deps"
+        local needed="cryptography, numpy, paho.mqtt.client, safetensors, torch"
+        ((DETECT == 0)) || needed+=", torchvision" # the detect extra's, which pip check (check_deps) does not see
+        (cd / && "$PYTHON" -I -c "import $needed" 2>/dev/null) ||
+            die "--no-deps: $PYTHON cannot import SkyFed's dependencies ($needed): install them for it first," \
+                "or leave out --no-deps"
         return 0
     fi
     if [[ $TORCH == system ]]; then

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from protocol.typed import finite
+
 
 def buffer_text(buffer: dict) -> str:
     """``buffer 5/5, 2 late, staleness 0.8 (max 2)``; "" for a synchronous round."""
@@ -16,12 +18,9 @@ def buffer_text(buffer: dict) -> str:
 
 def _number(value: object) -> str:
     """A count or a mean as received (a metrics topic is public: anything else is shown as ``?``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite(value):  # 400 digits: not one
         return "?"
-    try:
-        return f"{value:.4g}"
-    except OverflowError:  # an integer past float's range
-        return "?"
+    return f"{value:.4g}"
 
 
 def wasted_text(wasted: dict) -> str:
