@@ -301,28 +301,32 @@ def test_the_rounds_table_breaks_no_word_of_its_own_nor_a_score_at_the_pages_wid
     assert width[0] <= width[1], "a payload's long word still wraps: the table stays within the page"
 
 
+AXES = """
+    const out = [];
+    for (const [name, c] of Object.entries(window.skyfedDashboard.charts)) {
+      c.plot.axes.forEach((a, i) => {
+        if (!a.show || i === 0) return;
+        c.plot.ctx.font = a.font[0];
+        const widths = a._values.map(v => c.plot.ctx.measureText(v).width / devicePixelRatio);
+        out.push({chart: name, label: a.label, values: a._values, size: a._size,
+                  needed: Math.max(...widths) + a.ticks.size + a.gap});
+      });
+    }
+    return out;"""
+
+
 def test_every_axis_has_units_and_room_for_its_labels(browser, page, player):
+    # checked after every round's draw: a draw whose layout passes change the tick labels clipped them
     for number, (up, down) in enumerate([(467_109, 622_000), (470_000, 1_622_000), (90_000, 2_500_000)], 1):
         metrics = round_metrics(round=number, bytes_up=up, bytes_down=down, eval={"accuracy": 0.5, "loss": 1234.5},
                                 privacy={"epsilon": number * 1.5})  # fmt: skip
         player.publish(Topics("it").server_metrics, metrics.to_json())
-    wait_until(lambda: points(browser) == 3, timeout_s=5, what="three rounds drawn")
-    time.sleep(0.3)  # uPlot draws on the next animation frame
-    axes = browser.execute_script("""
-        const out = [];
-        for (const [name, c] of Object.entries(window.skyfedDashboard.charts)) {
-          c.plot.axes.forEach((a, i) => {
-            if (!a.show || i === 0) return;
-            c.plot.ctx.font = a.font[0];
-            const widths = a._values.map(v => c.plot.ctx.measureText(v).width / devicePixelRatio);
-            out.push({chart: name, label: a.label, values: a._values, size: a._size,
-                      needed: Math.max(...widths) + a.ticks.size + a.gap});
-          });
-        }
-        return out;""")
-    for axis in axes:
-        assert axis["label"], f"{axis['chart']}: an unnamed axis"
-        assert axis["size"] >= axis["needed"], f"{axis['chart']} {axis['label']}: labels clipped: {axis}"
+        wait_until(lambda n=number: points(browser) == n, timeout_s=5, what=f"round {number} drawn")
+        time.sleep(0.3)  # uPlot draws on the next animation frame
+        axes = browser.execute_script(AXES)
+        for axis in axes:
+            assert axis["label"], f"{axis['chart']}: an unnamed axis"
+            assert axis["size"] >= axis["needed"], f"{axis['chart']} {axis['label']}: labels clipped: {axis}"
     bytes_ticks = next(a["values"] for a in axes if a["chart"] == "bytes")
     assert all(re.fullmatch(r"\d+(\.\d+)? (B|kB|MB)", v) for v in bytes_ticks), bytes_ticks
     assert text(browser, "#updates tbody tr[data-round='1'] td:nth-child(6)") == "467 kB / 622 kB"

@@ -68,12 +68,15 @@
 
   // charts ------------------------------------------------------------------------------------------
   const ROUND_STEPS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000];  // whole rounds on the x axis
-  function axisSize(u, values, axisIdx, cycleNum) {  // as wide as its longest tick label: none clipped
+  // As wide as its widest tick label, so none is clipped. uPlot sizes the axes again, up to three times, when the
+  // plot's area moves, and the labels can change between passes: a later pass only widens (it settles, and covers
+  // the labels drawn).
+  function axisSize(u, values, axisIdx, cycleNum) {
     const axis = u.axes[axisIdx];
-    if (cycleNum > 1) return axis._size;
-    const longest = (values || []).reduce((a, v) => (String(v).length > a.length ? String(v) : a), "");
     u.ctx.font = axis.font[0];
-    return Math.ceil(axis.ticks.size + axis.gap + u.ctx.measureText(longest).width / devicePixelRatio) + 4;
+    const widest = Math.max(0, ...(values || []).map((v) => u.ctx.measureText(String(v)).width / devicePixelRatio));
+    const size = Math.ceil(axis.ticks.size + axis.gap + widest) + 4;
+    return cycleNum > 1 ? Math.max(axis._size, size) : size;
   }
   const yAxis = (label, extra) => Object.assign({ label: label, size: axisSize }, extra || {});
   function chart(id, series, axes) {
