@@ -71,9 +71,9 @@ def end_of_round(name: str, bank: ModelBank, kept: dict[str, Holding], traced: b
     strategy = build_strategy({"name": name, **STRATEGIES[name]})
     written = []
 
-    def writer(owner: str) -> ModelWriter:  # as the server keeps a model: fingerprinted as it is written
-        written.append(owner)
-        return bank.writer(1, f"+{owner}", SPEC, {})
+    def writer(name: str, *, fingerprinted: bool = True) -> ModelWriter:  # as the server keeps a model
+        written.append(name)
+        return bank.new_models(1, SPEC, {})(name, fingerprinted=fingerprinted)
 
     models = KeptModels(round=1, action=strategy.action(1), agents=list(kept), kept=kept, exact=set(kept),
                         current={}, spec=SPEC, vector=bank.vector, writer=writer,

@@ -58,7 +58,7 @@ def end_of_round_seconds(name: str, agents: int, params: int) -> tuple[float, fl
             strategy = build_strategy({"name": name, **({"after": 1} if name == "fedamn" else {})})
             models = KeptModels(round=1, action=strategy.action(1), agents=list(kept), kept=kept, exact=set(kept),
                                 current={}, spec=spec, vector=bank.vector,
-                                writer=lambda owner: bank.writer(1, f"+{owner}", spec, {}),
+                                writer=bank.new_models(1, spec, {}),
                                 peers=lambda holdings: bank.peers(holdings, spec),
                                 rng=lambda: np.random.default_rng(1))  # fmt: skip
             strategy.aggregate(np.zeros(params, np.float32), views)

@@ -17,12 +17,12 @@ recipient from a secret ``salt`` (kept in the checkpoint, never sent), which ord
 scales every value by a random factor within 2^-16 of 1 (``DITHER``, up to hundreds of float32 steps: far
 below a training step, and no bundle holder, nor sybils pooling their bundles, can search back to a
 fingerprint the task lists). The round task names a bundle by ``bundle_name``: a SHA-256 over its salt and
-its rows' fingerprints, which the server has already, where hashing every recipient's dithered bundle cost
-100 agents x 10 models x 12.8 MB a round; the name travels in the sealed (signed) bundle's metadata
-(``BUNDLE_NAME``), and the salt, secret, keeps it from saying anything about the rows. The strategy's
-``plan_starts`` says who gets what (``strategies.base``). Disk: one model per assignment, plus the models of
-the round being closed; files nothing refers to are released at the next checkpoint, to be written over by the
-next round's models (``common.spare_files``), and deleted at the one after if none took them.
+its rows' fingerprints (or random names: ``ModelBank.writer``), which the server has already, where hashing every
+recipient's dithered bundle cost 100 agents x 10 models x 12.8 MB a round; the name travels in the sealed
+(signed) bundle's metadata (``BUNDLE_NAME``), and the salt, secret, keeps it from saying anything about the rows.
+The strategy's ``plan_starts`` says who gets what (``strategies.base``). Disk: one model per assignment, plus the
+models of the round being closed; files nothing refers to are released at the next checkpoint, to be written over
+by the next round's models (``common.spare_files``), and deleted at the one after if none took them.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -49,7 +50,8 @@ BUNDLE_NAME = "bundle"  # the sealed bundle's metadata key for its name
 
 @dataclass(frozen=True)
 class Holding:
-    """One kept model: ``owner``'s model after round ``round``, and its fingerprint."""
+    """One kept model: ``owner``'s model after round ``round``, and its fingerprint (a random name for a model
+    only ever sent in a bundle: ``ModelBank.writer``)."""
 
     round: int
     owner: str
@@ -169,6 +171,23 @@ class ModelWriter:
         return self.close()
 
 
+class KeepWriter(Protocol):
+    def __call__(self, name: str, *, fingerprinted: bool = True) -> ModelWriter: ...
+
+
+class RandomName:
+    """A ``Digest`` that hashes nothing and names its model by 256 random bits (``ModelBank.writer``)."""
+
+    def __init__(self) -> None:
+        self._name = secrets.token_hex(32)
+
+    def update(self, data: bytes | np.ndarray, /) -> None:
+        pass
+
+    def hexdigest(self) -> str:
+        return self._name
+
+
 class ModelBank:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -182,17 +201,40 @@ class ModelBank:
         return self.directory / f"r{round_number}" / f"{owner}.safetensors"
 
     def writer(
-        self, round_number: int, owner: str, spec: tuple[TensorSpec, ...], arrays: Mapping[str, np.ndarray]
+        self,
+        round_number: int,
+        owner: str,
+        spec: tuple[TensorSpec, ...],
+        arrays: Mapping[str, np.ndarray],
+        *,
+        fingerprinted: bool = True,
     ) -> ModelWriter:
         """``owner``'s model after round ``round_number``, kept as its floats are computed (``ModelWriter``);
-        ``arrays``: the model's other entries, which its fingerprint covers and the bank does not keep."""
+        ``arrays``: the model's other entries, which its fingerprint covers and the bank does not keep.
+
+        Not ``fingerprinted``: a model that only ever leaves the server as a row of a dithered bundle (FedAMP's
+        cloud models beside each agent's own), whose bits no one receives and so no one checks against a
+        fingerprint, is named by 256 random bits instead (``RandomName``), unique as a fingerprint is: its
+        SHA-256 would buy nothing (1.0 CPU-s a round for 100 cloud models of 3.2M values)."""
         file = AtomicFile(self._path(round_number, owner), 0o600, self.spares.take(), write_behind=True)
         try:
             file.write(float32_header(spec))
-            return ModelWriter(file, Fingerprinter(arrays, spec), round_number, owner)
+            digest = hashlib.sha256 if fingerprinted else RandomName
+            return ModelWriter(file, Fingerprinter(arrays, spec, digest), round_number, owner)
         except BaseException:
             file.discard()
             raise
+
+    def new_models(
+        self, round_number: int, spec: tuple[TensorSpec, ...], arrays: Mapping[str, np.ndarray]
+    ) -> KeepWriter:
+        """A strategy's new models of round ``round_number`` (a group's, a cloud model), each a ``writer`` whose
+        owner is "+name", never an agent id."""
+
+        def writer(name: str, *, fingerprinted: bool = True) -> ModelWriter:
+            return self.writer(round_number, f"+{name}", spec, arrays, fingerprinted=fingerprinted)
+
+        return writer
 
     def vector(self, holding: Holding) -> np.ndarray:
         """The kept model's float vector (global model layout), a read-only view of its file: good until a

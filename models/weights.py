@@ -12,9 +12,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -72,6 +72,13 @@ def advanced(base: Mapping[str, np.ndarray], change: Mapping[str, np.ndarray]) -
     }
 
 
+class Digest(Protocol):
+    """What ``Fingerprinter`` needs of a hashlib hash."""
+
+    def update(self, data: bytes | np.ndarray, /) -> None: ...
+    def hexdigest(self) -> str: ...
+
+
 def fingerprint(arrays: Mapping[str, np.ndarray]) -> str:
     """SHA-256 (hex) over every entry's name, dtype, shape and bytes, in name order: which model this is."""
     return Fingerprinter(arrays).hexdigest()
@@ -84,7 +91,13 @@ class Fingerprinter:
     each is hashed as the model holds it (``with_floats``): in its entry's dtype in ``arrays`` (a float16 model's
     floats travel as float32 and are held rounded), and a 0-d entry as ``fingerprint`` sees it, of shape (1,)."""
 
-    def __init__(self, arrays: Mapping[str, np.ndarray], spec: tuple[TensorSpec, ...] = ()) -> None:
+    def __init__(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        spec: tuple[TensorSpec, ...] = (),
+        digest: Callable[[], Digest] = hashlib.sha256,
+    ) -> None:
+        """``digest``: SHA-256, or one whose ``hexdigest`` names the model without hashing it (``ModelBank.writer``)."""
         self._floats = {s.name: s for s in spec}
         names = sorted(set(arrays) | set(self._floats))
         if [n for n in names if n in self._floats] != [s.name for s in spec]:
@@ -92,7 +105,7 @@ class Fingerprinter:
         if any(np.dtype(s.dtype) != np.float32 for s in spec):
             raise ValueError("a fingerprint's streamed tensors must be float32")
         self._arrays, self._names = arrays, iter(names)
-        self._digest = hashlib.sha256()
+        self._digest = digest()
         self._left, self._held = 0, np.dtype(np.float32)  # the streamed entry under way: values to come, its dtype
         self._next_streamed()
 

@@ -218,7 +218,7 @@ def test_every_round_reclustering_takes_the_mean_and_the_distances_from_one_pass
                                                             * np.float32(0.1)) for i in range(6)}  # fmt: skip
     views = [Contribution(a, bank.vector(h), 1.0, 1.0, 0.0, model=bank.vector(h)) for a, h in kept.items()]
     models = KeptModels(round=1, action="group", agents=list(kept), kept=kept, exact=set(kept), current={},
-                        spec=spec, vector=bank.vector, writer=lambda owner: bank.writer(1, f"+{owner}", spec, {}),
+                        spec=spec, vector=bank.vector, writer=bank.new_models(1, spec, {}),
                         peers=lambda holdings: bank.peers(holdings, spec), rng=lambda: np.random.default_rng(1))
     passes = []
     gram = demlearn.gram_matrix

@@ -5,6 +5,7 @@ paper's form), and the proximal pull toward the model sent beside the start."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from broker_server.rounds.engine import RoundEngine
 from flcore.strategies import build_strategy
 from flcore.strategies.fedamp import FedAMPOptions, attention_weights
 from models.datasets import load_digits
-from models.weights import advanced, fingerprint, flatten, float_part, to_arrays
+from models.weights import advanced, fingerprint, flatten, float_part, to_arrays, with_floats
 from models.zoo import build_model
 from participant.classifier import ClassifierTrainer
 from participant.declined import TrainingDeclined
@@ -75,6 +76,8 @@ def test_each_agent_gets_its_own_cloud_model_sealed_to_it(tmp_path):
         np.testing.assert_allclose(engine.base_vector(agent), xi[i] @ vectors, rtol=1e-5, atol=1e-6)
         assert metrics.aggregation["self_weight"][agent] == pytest.approx(xi[i, i], abs=1e-6)
     assert len({engine.assignments[a].model.sha256 for a in AGENTS}) == 3  # three personal models
+    for agent in AGENTS:  # each named by its fingerprint, which its agent checks the model it receives against
+        assert engine.assignments[agent].model.sha256 == fingerprint(engine.start_model(agent))
     with pytest.raises(ValueError, match="strategy.attention 'dot' must be one of distance, cosine"):
         build_strategy({"name": "fedamp", "attention": "dot"})
 
@@ -139,6 +142,10 @@ def test_in_the_papers_form_each_agent_goes_on_from_its_own_model_with_its_cloud
         cloud = flatten({name: stack[0] for name, stack in bundle.items()}, engine.float_spec)
         np.testing.assert_allclose(cloud, xi[i] @ vectors, rtol=2.0**-15, atol=1e-6)  # dithered within 2^-16
         assert not np.allclose(cloud, vectors[i], atol=1e-4)  # the others count
+        # uᵢ leaves the server only dithered in the bundle: it is named at random, not hashed (ModelBank.writer)
+        (holding,) = assignment.peers.models
+        exact = with_floats(engine.global_arrays, engine.state.store.agents.vector(holding), engine.float_spec)
+        assert re.fullmatch("[0-9a-f]{64}", holding.sha256) and holding.sha256 != fingerprint(exact)
     with pytest.raises(ValueError, match="strategy.start 'mine' must be one of own, cloud"):
         build_strategy({"name": "fedamp", "start": "mine"})
 

@@ -1,6 +1,7 @@
 """Models mixed from the kept ones (``flcore.strategies.mixing``): ``keep_mixed`` keeps, in row order and under
 the names given, the rows ``mixed_models`` computes, written and fingerprinted chunk by chunk as they are mixed,
-over row groups and chunks that reuse two buffers; a failed write keeps none of them."""
+over row groups and chunks that reuse two buffers, or named at random where no one checks them against a
+fingerprint; a failed write keeps none of them."""
 
 from __future__ import annotations
 
@@ -50,6 +51,23 @@ def test_keep_mixed_keeps_every_row_under_its_name_and_fingerprint(tmp_path, sma
         assert holding.sha256 == fingerprint({**unflatten(np.array(kept), SPEC), "count": counts})
     np.testing.assert_allclose(bank.vector(holdings[4]), weights[4] @ np.stack([v.delta for v in views]),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_kept_unfingerprinted_holds_the_same_values_under_a_random_name(tmp_path, small_passes):
+    """FedAMP's cloud models beside each agent's own (``ModelBank.writer``): no one receives their exact bits."""
+    views, weights = views_and_weights()
+    bank = ModelBank(tmp_path)
+    names = [f"m{r}" for r in range(7)]
+    hashed = mixing.keep_mixed(bank.new_models(1, SPEC, {}), names, views, weights)
+    named = mixing.keep_mixed(lambda name: bank.new_models(2, SPEC, {})(name, fingerprinted=False), names, views,
+                              weights)  # fmt: skip
+    again = mixing.keep_mixed(lambda name: bank.new_models(3, SPEC, {})(name, fingerprinted=False), names, views,
+                              weights)  # fmt: skip
+    for a, b, c in zip(hashed, named, again, strict=True):
+        np.testing.assert_array_equal(bank.vector(a), bank.vector(b))
+        assert a.sha256 == fingerprint(unflatten(np.array(bank.vector(b)), SPEC)) != b.sha256 != c.sha256
+        assert len(b.sha256) == 64 and int(b.sha256, 16) >= 0
+    assert len({h.sha256 for h in named + again}) == 14
 
 
 def test_a_failed_write_keeps_no_model_and_says_why(tmp_path, small_passes):

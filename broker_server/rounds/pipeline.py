@@ -145,7 +145,7 @@ class PlanStarts(Step):
                 round=ctx.state.round, action=ctx.state.action, agents=[c.agent for c in ctx.contributions],
                 kept=ctx.kept, exact=ctx.exact, current=self.current(), spec=ctx.float_spec,
                 vector=self.bank.vector,
-                writer=lambda name: self.bank.writer(ctx.state.round, f"+{name}", ctx.float_spec, ctx.global_arrays),
+                writer=self.bank.new_models(ctx.state.round, ctx.float_spec, ctx.global_arrays),
                 peers=lambda holdings: self.bank.peers(holdings, ctx.float_spec),
                 rng=self.rng, evaluate=None if self.evaluator is None else (
                     lambda vector: self.evaluator(with_floats(ctx.global_arrays, vector, ctx.float_spec))),

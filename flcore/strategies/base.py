@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from flcore import blas
-from flcore.agent_models import Assignment, Holding, ModelWriter, Peers
+from flcore.agent_models import Assignment, Holding, KeepWriter, Peers
 from flcore.bounds import Tentative
 from flcore.onepass import Fold
 from models.weights import TensorSpec
@@ -96,9 +96,9 @@ class KeptModels:
     current: dict[str, Assignment]  # what every agent started this round from
     spec: tuple[TensorSpec, ...]  # layout of the float vectors
     vector: Callable[[Holding], np.ndarray]  # a kept model's float vector (read-only, memory-mapped)
-    # a new model to keep (a group's, say), written as it is computed: owner "+name", never an agent id; each
-    # writer's pieces may be written from another thread, one at a time and in order
-    writer: Callable[[str], ModelWriter]
+    # a new model to keep (a group's, say), written as it is computed (``ModelBank.new_models``); each writer's
+    # pieces may be written from another thread, one at a time and in order
+    writer: KeepWriter
     peers: Callable[[tuple[Holding, ...]], Peers]  # kept models as a bundle an agent attends over (FedAMN)
     rng: Callable[[], np.random.Generator]  # seeded per round: the same after a restart
     evaluate: Callable[[np.ndarray], dict[str, float]] | None = None  # a float vector on the server's eval set

@@ -10,7 +10,9 @@ uᵢ to agent i alone. ``start`` says what the agent trains from, always with th
 - ``"own"``, the paper's form and PFLlib's (``clientamp``: the client's model is never overwritten, uᵢ only
   enters the proximal term): the agent goes on from its own wᵢ (no download when the server's copy is its own)
   and uᵢ comes beside it as a one-model bundle (``Assignment.peers``), which the ``proximal`` recipe with
-  ``toward = "peer"`` pulls toward. Its C-SPE, the start model's, is then wᵢ, the model PFLlib evaluates.
+  ``toward = "peer"`` pulls toward. Only the bundle's dithered copy of uᵢ leaves the server, so uᵢ is kept
+  named at random, not fingerprinted (``ModelBank.writer``). Its C-SPE, the start model's, is then wᵢ, the
+  model PFLlib evaluates.
 - ``"cloud"``: the agent starts from uᵢ itself (FedProx's ``prox_mu`` toward the start model), SkyFed's
   first form; its C-SPE is uᵢ's.
 
@@ -31,6 +33,7 @@ models stay on disk.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -137,7 +140,8 @@ class FedAMP(Strategy):
         views = [Contribution(a, models.vector(models.kept[a]), 1.0, 1.0, 0.0) for a in models.agents]
         xi = attention_weights(gram, self.options)
         starts, own = {}, self.options.start == "own"
-        clouds = keep_mixed(models.writer, [f"cloud-{agent}" for agent in models.agents], views, xi)
+        writer = functools.partial(models.writer, fingerprinted=not own)  # own: uᵢ is only ever a bundle's row
+        clouds = keep_mixed(writer, [f"cloud-{agent}" for agent in models.agents], views, xi)
         for agent, cloud_model in zip(models.agents, clouds, strict=True):
             if own:  # wᵢ, with uᵢ beside it for the proximal pull
                 starts[agent] = replace(models.own(agent), peers=models.peers((cloud_model,)))

@@ -5,9 +5,10 @@ cores (``blas.in_parallel``).
 ``mixed_models`` computes the rows a batch at a time, one pass over the models per batch, so RAM holds
 ``MIX_BYTES`` of results whatever the number of rows (100 agents × a 3.2M-value model would be 1.3 GB at once).
 ``keep_mixed`` keeps every row as a new model without holding it: ``ROWS_AT_ONCE`` rows in one pass, computed a
-column chunk at a time and handed chunk by chunk to each row's ``ModelWriter``, which hashes and writes it while
-the next chunk is mixed. At 100 agents × 3.2M values that is one pass over the 1.28 GB of kept models instead of
-five, and no model read back to be fingerprinted (docs/architecture.md, "The server's files").
+column chunk at a time and handed chunk by chunk to each row's ``ModelWriter``, which hashes (where it is
+fingerprinted) and writes it while the next chunk is mixed. At 100 agents × 3.2M values that is one pass over the
+1.28 GB of kept models instead of five, and no model read back to be fingerprinted (docs/architecture.md, "The
+server's files").
 """
 
 from __future__ import annotations
