@@ -12,11 +12,12 @@ rounds), then timed again, writing them over the files the server released at th
 (``common.spare_files``; ``seconds``, every round from the third on). The n x n Gram matrix of the models
 (all three) is n²·d/2 multiply-adds and FedAMP's n personalized mixes n²·d: 32 GFLOP at n = 100,
 d = 3.2M, spread over the cores (``flcore.blas.in_parallel``). FedAMP also writes its 100 new models
-(1.28 GB) to the model store, each fingerprinted first as the server does; the development VM's ext4 takes
-1.6–2.6 s to write 1.28 GB durably as new files and 0.5 s over released ones. What is timed is the strategy
-alone; the server's keep step before it (each agent's trained model written and fingerprinted,
-``broker_server.rounds.keep_step``) has its own row: what it costs the close when every model is kept there,
-and now that each is kept as its update is accepted.
+(1.28 GB) to the model store, as the server does: named at random in its default form, where they leave the
+server only dithered in a bundle (``ModelBank.writer``; fingerprinted as they are written until 5 December
+2026); the development VM's ext4 takes 1.6–2.6 s to write 1.28 GB durably as new files and 0.5 s over released
+ones. What is timed is the strategy alone; the server's keep step before it (each agent's trained model written
+and fingerprinted, ``broker_server.rounds.keep_step``) has its own row: what it costs the close when every model
+is kept there, and now that each is kept as its update is accepted.
 """
 
 from __future__ import annotations

@@ -50,12 +50,13 @@ BUNDLE_NAME = "bundle"  # the sealed bundle's metadata key for its name
 
 @dataclass(frozen=True)
 class Holding:
-    """One kept model: ``owner``'s model after round ``round``, and its fingerprint (a random name for a model
-    only ever sent in a bundle: ``ModelBank.writer``)."""
+    """One kept model: ``owner``'s model after round ``round``, and its fingerprint; not ``fingerprinted``, a
+    random name instead, for a model only ever sent in a bundle (``ModelBank.writer``)."""
 
     round: int
     owner: str
     sha256: str
+    fingerprinted: bool = True
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,11 @@ class Assignment:
     source: str
     model: Holding
     peers: Peers | None = None
+
+    def __post_init__(self) -> None:
+        if not self.model.fingerprinted:  # the task names it, and the agent trains only from what it names
+            raise ValueError(f"{self.model.owner}'s model of round {self.model.round} is named at random, not "
+                             "fingerprinted: it can be sent only in a bundle (ModelBank.writer), never as a start")
 
     def holdings(self) -> set[Holding]:
         """Every kept model this assignment needs on disk."""
@@ -138,11 +144,14 @@ def settle(
 
 class ModelWriter:
     """A model kept front to back as its float32 values are computed (``write``, in ``flatten`` order): written
-    to the bank and fingerprinted on the way, so it is never read back to be named; ``close`` makes it durable."""
+    to the bank and fingerprinted on the way (or named at random: ``ModelBank.writer``), so it is never read back
+    to be named; ``close`` makes it durable."""
 
-    def __init__(self, file: AtomicFile, fingerprinter: Fingerprinter, round_number: int, owner: str) -> None:
+    def __init__(
+        self, file: AtomicFile, fingerprinter: Fingerprinter, round_number: int, owner: str, fingerprinted: bool = True
+    ) -> None:
         self._file, self._fingerprinter = file, fingerprinter
-        self.round, self.owner = round_number, owner
+        self.round, self.owner, self.fingerprinted = round_number, owner, fingerprinted
 
     def write(self, values: np.ndarray) -> None:
         for held in self._fingerprinter.update(values):
@@ -151,7 +160,7 @@ class ModelWriter:
     def close(self) -> Holding:
         """The model, fsynced and in place (``AtomicFile.commit``); discarded if its values fell short."""
         try:
-            holding = Holding(self.round, self.owner, self._fingerprinter.hexdigest())
+            holding = Holding(self.round, self.owner, self._fingerprinter.hexdigest(), self.fingerprinted)
         except ValueError:
             self._file.discard()
             raise
@@ -220,7 +229,7 @@ class ModelBank:
         try:
             file.write(float32_header(spec))
             digest = hashlib.sha256 if fingerprinted else RandomName
-            return ModelWriter(file, Fingerprinter(arrays, spec, digest), round_number, owner)
+            return ModelWriter(file, Fingerprinter(arrays, spec, digest), round_number, owner, fingerprinted)
         except BaseException:
             file.discard()
             raise

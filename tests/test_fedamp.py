@@ -146,6 +146,7 @@ def test_in_the_papers_form_each_agent_goes_on_from_its_own_model_with_its_cloud
         (holding,) = assignment.peers.models
         exact = with_floats(engine.global_arrays, engine.state.store.agents.vector(holding), engine.float_spec)
         assert re.fullmatch("[0-9a-f]{64}", holding.sha256) and holding.sha256 != fingerprint(exact)
+        assert not holding.fingerprinted and assignment.model.fingerprinted
     with pytest.raises(ValueError, match="strategy.start 'mine' must be one of own, cloud"):
         build_strategy({"name": "fedamp", "start": "mine"})
 

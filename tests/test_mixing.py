@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from flcore.agent_models import ModelBank, ModelWriter
+from flcore.agent_models import Assignment, ModelBank, ModelWriter, Peers
 from flcore.strategies import mixing
 from flcore.strategies.base import Contribution
 from models.weights import TensorSpec, fingerprint, unflatten
@@ -67,7 +67,11 @@ def test_a_model_kept_unfingerprinted_holds_the_same_values_under_a_random_name(
         np.testing.assert_array_equal(bank.vector(a), bank.vector(b))
         assert a.sha256 == fingerprint(unflatten(np.array(bank.vector(b)), SPEC)) != b.sha256 != c.sha256
         assert len(b.sha256) == 64 and int(b.sha256, 16) >= 0
+        assert a.fingerprinted and not b.fingerprinted
     assert len({h.sha256 for h in named + again}) == 14
+    with pytest.raises(ValueError, match=r"\+m0's model of round 2 is named at random, not fingerprinted"):
+        Assignment("inbox", named[0])  # a start model: its agent checks it against the task's fingerprint
+    assert Assignment("local", hashed[0], Peers((named[0],), "bundle")).peers.models == (named[0],)
 
 
 def test_a_failed_write_keeps_no_model_and_says_why(tmp_path, small_passes):
