@@ -75,6 +75,7 @@ class EdgeAgent:
         self.inbox = ServerInbox(self.identity, self.server, self.topics.federation, self.client.start_models,
                                  self._warn)  # fmt: skip
         self.task: RoundTask | None = None
+        self.unsaved_task: dict | None = None  # the task's signed document, saved once its step started a job
         self.state = "starting"
         self.detail = ""
         self.stuck = StuckNotice()
@@ -118,6 +119,7 @@ class EdgeAgent:
     def tick(self) -> None:
         self.inbox.expire()
         self._step()
+        self._save_task()
         self._say_if_stuck()
         self.report.publish()
 
@@ -186,8 +188,16 @@ class EdgeAgent:
         self.task = task
         self._note_revocation(task)
         if persist:
-            self.client.store.save_task(document)  # type: ignore[arg-type]
+            self.unsaved_task = document  # type: ignore[assignment]
             self.edge.mqtt.wake()  # the step acts on it now, not a tick later
+
+    def _save_task(self) -> None:
+        """Keep the newest task durably (``ProgressStore.save_task``) once the step that acts on it has started its
+        training job: its fsync, tens of milliseconds where many agents share a disk, no longer delays the job. No
+        upload can go out before it (the job is not done within the step that started it)."""
+        if self.unsaved_task is not None:
+            document, self.unsaved_task = self.unsaved_task, None
+            self.client.store.save_task(document)
 
     def _note_revocation(self, task: RoundTask) -> None:
         """The server's signed task names this agent as revoked: stop training and sending (``_step``),

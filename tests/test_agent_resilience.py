@@ -145,6 +145,12 @@ def test_the_newest_task_survives_an_agent_restart_and_older_or_expired_ones_are
     agent._on_task(signed_task(server, round=1, issued_at=now + 5))  # replayed: older round of the same run
     assert (agent.task.round, agent.task.attempt) == (3, 1)
     agent._on_task(signed_task(server, round=3, attempt=2, issued_at=now + 1))
+    events = []
+    agent._step = lambda: events.append("step")  # where a selected agent starts its training job
+    save = agent.client.store.save_task
+    agent.client.store.save_task = lambda document: (events.append("saved"), save(document))
+    agent.tick()
+    assert events == ["step", "saved"]  # durably, by the end of the tick, but after the job started
     restarted = hosted_agent(config)
     assert (restarted.task.round, restarted.task.attempt) == (3, 2)  # from task.json
     restarted._on_task(signed_task(server, round=2, attempt=9, issued_at=now + 2))
@@ -282,6 +288,7 @@ def test_a_start_model_is_kept_across_a_restart_and_an_older_rounds_one_is_ignor
         agent.handle("skyfed/it/agent/agent-01/inbox", bytes(chunk))
     for chunk in sealed[2]:
         agent.handle("skyfed/it/agent/agent-01/inbox", bytes(chunk))  # replayed from an older round
+    agent._save_task()  # as the daemon's tick does, once its step has acted on the task
     restarted = hosted_agent(layout.agent_configs["agent-01"])
     found = restarted.inbox.start_model(restarted.task, restarted.task.start_of("agent-01"))
     assert found is not None and np.array_equal(found["w"], models[3]["w"])
