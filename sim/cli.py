@@ -181,13 +181,12 @@ def _run_experiment(path: Path, out: str) -> int:
 def run_report(args: argparse.Namespace) -> int:
     from sim.report import write_report
 
-    out = Path(args.dir)
-    metrics = out / "metrics.jsonl"
-    if not metrics.is_file():
-        print(f"skyfed report: no {metrics}: give the folder of a run (its --out, or a server's state_dir)",
-              file=sys.stderr)  # fmt: skip
+    path = Path(args.dir)
+    if not path.is_file() and not (path / "metrics.jsonl").is_file():
+        print(f"skyfed report: no {path / 'metrics.jsonl'}: give the folder of a run (its --out, or a server's "
+              "state_dir) or a metrics file (an earlier run's, set aside as metrics-<UTC>.jsonl)", file=sys.stderr)
         return 2
-    return 0 if write_report(out) else 1
+    return 0 if write_report(path) else 1
 
 
 def _add_sim_options(
@@ -370,5 +369,5 @@ def add_sim_commands(commands: argparse._SubParsersAction) -> None:
     report = commands.add_parser(
         "report", help="plot a run's metrics.jsonl: curves.png, agents.png and (with a privacy budget) privacy.png"
     )
-    report.add_argument("dir")
+    report.add_argument("dir", metavar="PATH", help="a run's folder, or one metrics file (metrics-<UTC>.jsonl)")
     report.set_defaults(handler=run_report)

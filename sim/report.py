@@ -1,6 +1,6 @@
-"""``skyfed report DIR``: a run's plots beside its ``metrics.jsonl``, drawn for the run's shape: a server's run
-(``curves.png``, ``agents.png``, ``privacy.png`` when it spent a privacy budget, ``buffer.png`` when its rounds
-folded late updates or lost some: asynchronous rounds), a peer run (one curve per
+"""``skyfed report PATH``: a run's plots beside its ``metrics.jsonl`` (or beside one metrics file), drawn for the
+run's shape: a server's run (``curves.png``, ``agents.png``, ``privacy.png`` when it spent a privacy budget,
+``buffer.png`` when its rounds folded late updates or lost some: asynchronous rounds), a peer run (one curve per
 peer, the elected model marked), and at a region run's root also each region's, in ``regions/<region>/``."""
 
 from __future__ import annotations
@@ -18,30 +18,44 @@ from sim.plots import draw_curves, save
 from sim.report_rows import is_peer_run, load_rows
 
 
-def plots_for(rows: list[dict], out: Path) -> list[tuple[str, Callable[[], Figure]]]:
-    """The PNGs a run of this shape gets, each with the drawing that makes it."""
+def plots_for(rows: list[dict], out: Path, regional: dict[str, list[dict]]) -> list[tuple[str, Callable[[], Figure]]]:
+    """The PNGs a run of this shape gets, each with the drawing that makes it (``regional``: its regions' rows)."""
     if is_peer_run(rows):
         election = ElectedModel.read(out / "election.json", attackers_of(rows))
         return [("curves.png", lambda: draw_peer_curves(rows, election)),
                 ("agents.png", lambda: draw_peer_rounds(rows))]
-    regional = {p.parent.name: load_rows(p).rows for p in sorted(out.glob("regions/*/metrics.jsonl"))}
     plots = [("curves.png", lambda: draw_curves(rows)), ("agents.png", lambda: draw_agents(rows, regional))]
     plots += [("privacy.png", lambda: draw_privacy(rows))] if has_privacy(rows) else []
     return plots + ([("buffer.png", lambda: draw_buffer(rows))] if has_buffer(rows) else [])
 
 
-def write_report(out: Path, echo: Callable[[str], None] = print) -> list[Path]:
-    """Every plot of the run in ``out`` and of its regions; the PNGs written (none: the run holds no round)."""
+def metrics_files(path: Path) -> list[tuple[Path, str, bool]]:
+    """What ``path`` asks to draw: ``(metrics file, prefix of its plots' names, with its regions)``. A folder: its
+    ``metrics.jsonl`` and each region's; a file: that one alone, its plots named after it unless it is a
+    ``metrics.jsonl`` (an earlier run's file a server set aside, ``metrics-<UTC>.jsonl``, gets
+    ``metrics-<UTC>.curves.png``, ...: the current run's plots stay)."""
+    if path.is_file():
+        return [(path, "" if path.name == "metrics.jsonl" else f"{path.stem}.", False)]
+    regions = sorted(path.glob("regions/*/metrics.jsonl"))
+    return [(path / "metrics.jsonl", "", True), *((p, "", False) for p in regions)]
+
+
+def write_report(path: Path, echo: Callable[[str], None] = print) -> list[Path]:
+    """Every plot of the run in folder ``path`` and of its regions, or of the one metrics file ``path``
+    (``metrics_files``); the PNGs written (none: no round to draw)."""
     written = []
-    for folder in (out, *sorted(p.parent for p in out.glob("regions/*/metrics.jsonl"))):
-        loaded = load_rows(folder / "metrics.jsonl")
+    for metrics, prefix, with_regions in metrics_files(path):
+        loaded = load_rows(metrics)
         for why, lines in sorted(loaded.skipped.items()):
-            echo(f"skipped {lines} line(s) of {folder / 'metrics.jsonl'}: {why}")
+            echo(f"skipped {lines} line(s) of {metrics}: {why}")
         if not loaded.rows:
-            echo(f"{folder / 'metrics.jsonl'} holds no round: nothing drawn")
+            echo(f"{metrics} holds no round: nothing drawn")
             continue
-        for name, draw in plots_for(loaded.rows, folder):
-            save(draw(), folder / name)
-            written.append(folder / name)
-            echo(f"wrote {folder / name}")
+        folder = metrics.parent
+        regional = {p.parent.name: load_rows(p).rows for p in sorted(folder.glob("regions/*/metrics.jsonl"))} \
+            if with_regions else {}  # fmt: skip
+        for name, draw in plots_for(loaded.rows, folder, regional):
+            save(draw(), folder / f"{prefix}{name}")
+            written.append(folder / f"{prefix}{name}")
+            echo(f"wrote {folder / f'{prefix}{name}'}")
     return written

@@ -1,6 +1,6 @@
-"""``skyfed report DIR``: curves, each agent's rounds, and the privacy budget, from a run's metrics.jsonl; for every
-shape of run (a server's, a peer run, a region run's root and regions) and kind of model (global, per agent,
-a detector), led by what the run optimizes."""
+"""``skyfed report PATH``: curves, each agent's rounds, and the privacy budget, from a run's metrics.jsonl (or one
+metrics file); for every shape of run (a server's, a peer run, a region run's root and regions) and kind of model
+(global, per agent, a detector), led by what the run optimizes."""
 
 from __future__ import annotations
 
@@ -190,3 +190,22 @@ def test_a_metrics_file_with_no_round_draws_nothing_and_says_so(tmp_path):
     assert report.returncode == 1 and "holds no round: nothing drawn" in report.stdout
     assert not (tmp_path / "curves.png").exists()
 
+
+
+def test_an_earlier_runs_metrics_set_aside_draw_beside_it_under_its_own_name(tmp_path):
+    """A server that starts a new run in its state folder renames the earlier run's file metrics-<UTC>.jsonl
+    (``MetricsLog.set_aside``): ``skyfed report FILE`` draws that run, its plots named after the file, and leaves the
+    current run's plots alone."""
+    folder = write_run(tmp_path / "state", [round_row(r, accepted=["a"], eval={"accuracy": 0.9}) for r in (1, 2)])
+    earlier = folder / "metrics-20261205T172507Z.jsonl"
+    earlier.write_text("".join(json.dumps(round_row(r, accepted=["a", "b"], eval={"accuracy": 0.5})) + "\n"
+                               for r in (1, 2, 3)))  # fmt: skip
+    (folder / "curves.png").write_bytes(b"the current run's")
+    report = _skyfed("report", str(earlier))
+    assert report.returncode == 0, report.stderr
+    drawn = sorted(p.name for p in folder.glob("metrics-20261205T172507Z.*.png"))
+    assert drawn == ["metrics-20261205T172507Z.agents.png", "metrics-20261205T172507Z.curves.png"], report.stdout
+    assert all((folder / name).read_bytes().startswith(PNG) for name in drawn)
+    assert (folder / "curves.png").read_bytes() == b"the current run's"
+    assert _skyfed("report", str(folder / "metrics.jsonl")).returncode == 0  # the current run's file: its own names
+    assert (folder / "curves.png").read_bytes().startswith(PNG)
