@@ -133,6 +133,32 @@ def test_initial_attention_is_softmax_of_cosines_of_the_sketched_models(tmp_path
     assert not np.allclose(alphas[0], 1 / 3, atol=1e-3)  # a case where the cosines matter
 
 
+def test_a_weight_too_small_for_float32s_normal_range_is_zero_and_the_mix_the_same():
+    """A sharp attention (a softmax of logits far apart) gives subnormal weights, which x86 multiplies on a slow
+    path: they reach the mix as 0."""
+    own, global_model = random_model("mnist1d_cnn", 1), random_model("mnist1d_cnn", 2)
+    peers = stack([random_model("mnist1d_cnn", s) for s in range(3, 9)])
+    groups = build_groups(own, peers, global_model, CPU)
+    seeded = torch.Generator().manual_seed(5)
+    theta = {k: torch.randn_like(t, generator=seeded) for k, t in initial_theta(groups, CPU).items()}
+
+    def logits(group, theta):  # noqa: ANN001, ANN202
+        t = {key: theta[f"{group.name}/{key}"] for key in ("A_q", "A_k")}
+        return (group.peer_features @ t["A_k"].T) @ (t["A_q"] @ group.own_feature) / math.sqrt(SKETCH_SIZE)
+
+    first = logits(groups[0], theta)
+    sharp = math.sqrt(95 / float(first.max() - first.min()))  # A_q and A_k scaled: the logits by its square
+    theta = {k: t * sharp for k, t in theta.items()}  # the first group's least weight about e^-95: subnormal
+    tiny, zeroed = torch.finfo(torch.float32).tiny, 0
+    for group in groups:
+        softmax = torch.softmax(logits(group, theta), dim=0)
+        _, alpha, _ = attend(group, theta)
+        assert not bool(((alpha > 0) & (alpha < tiny)).any())
+        zeroed += int(((softmax > 0) & (softmax < tiny)).sum())
+        torch.testing.assert_close(alpha, torch.where(softmax < tiny, 0.0, softmax), rtol=0, atol=0)
+    assert zeroed > 0, "no subnormal weight to test: sharpen theta"
+
+
 def test_attention_weights_are_distributions_for_any_theta():
     own, global_model = random_model("mnist1d_cnn", 1), random_model("mnist1d_cnn", 2)
     peers = stack([random_model("mnist1d_cnn", s) for s in range(3, 9)])
