@@ -29,6 +29,8 @@ def run_dashboard(args: argparse.Namespace) -> int:
     from broker_server.watch.dashboard.server import DashboardServer, PageConfig  # not for other commands' start
 
     broker_host, broker_port = args.broker
+    stop = threading.Event()  # set by SIGTERM from before the page is served: a stop that comes at once is clean
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         page = PageConfig(federation=args.federation, ws_port=args.ws_port, ws_path=args.ws_path, tls=args.tls,
                           ws_host=args.ws_host or browser_host(broker_host))  # fmt: skip
@@ -42,8 +44,6 @@ def run_dashboard(args: argparse.Namespace) -> int:
     scheme, ws_host = "wss" if page.tls else "ws", page.ws_host or "<page host>"
     log.info("event=dashboard-started url=%s federation=%s broker=%s:%d websockets=%s://%s:%d%s", server.url,
              page.federation, broker_host, broker_port, scheme, ws_host, page.ws_port, page.ws_path)  # fmt: skip
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         stop.wait()
     except KeyboardInterrupt:
