@@ -148,7 +148,7 @@ class ModelWriter:
     to be named; ``close`` makes it durable."""
 
     def __init__(
-        self, file: AtomicFile, fingerprinter: Fingerprinter, round_number: int, owner: str, fingerprinted: bool = True
+        self, file: AtomicFile, fingerprinter: Fingerprinter, round_number: int, owner: str, fingerprinted: bool
     ) -> None:
         self._file, self._fingerprinter = file, fingerprinter
         self.round, self.owner, self.fingerprinted = round_number, owner, fingerprinted

@@ -29,33 +29,32 @@ def plots_for(rows: list[dict], out: Path, regional: dict[str, list[dict]]) -> l
     return plots + ([("buffer.png", lambda: draw_buffer(rows))] if has_buffer(rows) else [])
 
 
-def metrics_files(path: Path) -> list[tuple[Path, str, bool]]:
-    """What ``path`` asks to draw: ``(metrics file, prefix of its plots' names, with its regions)``. A folder: its
-    ``metrics.jsonl`` and each region's; a file: that one alone, its plots named after it unless it is a
-    ``metrics.jsonl`` (an earlier run's file a server set aside, ``metrics-<UTC>.jsonl``, gets
-    ``metrics-<UTC>.curves.png``, ...: the current run's plots stay)."""
+def metrics_files(path: Path) -> list[tuple[Path, str, list[Path]]]:
+    """What ``path`` asks to draw: ``(metrics file, prefix of its plots' names, its regions' metrics files)``. A
+    folder: its ``metrics.jsonl``, with its regions', and each region's; a file: that one alone, its plots named
+    after it unless it is a ``metrics.jsonl`` (an earlier run's file a server set aside, ``metrics-<UTC>.jsonl``,
+    gets ``metrics-<UTC>.curves.png``, ...: the current run's plots stay)."""
     if path.is_file():
-        return [(path, "" if path.name == "metrics.jsonl" else f"{path.stem}.", False)]
+        return [(path, "" if path.name == "metrics.jsonl" else f"{path.stem}.", [])]
     regions = sorted(path.glob("regions/*/metrics.jsonl"))
-    return [(path / "metrics.jsonl", "", True), *((p, "", False) for p in regions)]
+    return [(path / "metrics.jsonl", "", regions), *((p, "", []) for p in regions)]
 
 
 def write_report(path: Path, echo: Callable[[str], None] = print) -> list[Path]:
     """Every plot of the run in folder ``path`` and of its regions, or of the one metrics file ``path``
     (``metrics_files``); the PNGs written (none: no round to draw)."""
     written = []
-    for metrics, prefix, with_regions in metrics_files(path):
+    for metrics, prefix, regions in metrics_files(path):
         loaded = load_rows(metrics)
         for why, lines in sorted(loaded.skipped.items()):
             echo(f"skipped {lines} line(s) of {metrics}: {why}")
         if not loaded.rows:
             echo(f"{metrics} holds no round: nothing drawn")
             continue
-        folder = metrics.parent
-        regional = {p.parent.name: load_rows(p).rows for p in sorted(folder.glob("regions/*/metrics.jsonl"))} \
-            if with_regions else {}  # fmt: skip
-        for name, draw in plots_for(loaded.rows, folder, regional):
-            save(draw(), folder / f"{prefix}{name}")
-            written.append(folder / f"{prefix}{name}")
-            echo(f"wrote {folder / f'{prefix}{name}'}")
+        regional = {p.parent.name: load_rows(p).rows for p in regions}
+        for name, draw in plots_for(loaded.rows, metrics.parent, regional):
+            target = metrics.parent / f"{prefix}{name}"
+            save(draw(), target)
+            written.append(target)
+            echo(f"wrote {target}")
     return written
