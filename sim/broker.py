@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import getpass
 import logging
+import secrets
 import shutil
 import signal
 import socket
@@ -24,10 +25,34 @@ log = logging.getLogger("skyfed.sim.broker")
 EMBEDDED_MAX_PAYLOAD = 64 << 20  # iotcore's default (20 KiB) silently drops model chunks
 
 
+LISTEN_PORTS_FROM = 20000  # below the ephemeral range; above most well-known daemons' ports
+
+
+def ephemeral_ports_from(table: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The kernel's lowest port for outgoing connections (Linux's default, 32768, where it cannot be read)."""
+    try:
+        return int(table.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port nothing listens on, drawn below the ephemeral range.
+
+    A port the kernel hands out for binding to 0 is also one it hands out as the source of outgoing
+    connections: while a broker is down for a restart, any client's connect (even an agent's retry to
+    that very port, a TCP self-connect) can take it, and the broker cannot listen there again.
+    """
+    top = max(ephemeral_ports_from(), LISTEN_PORTS_FROM + 1000)
+    for _ in range(200):
+        port = LISTEN_PORTS_FROM + secrets.randbelow(top - LISTEN_PORTS_FROM)
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on {host} in {LISTEN_PORTS_FROM}-{top - 1}")
 
 
 def installed(program: str) -> str | None:

@@ -7,7 +7,7 @@ import threading
 import paho.mqtt.client as paho
 import pytest
 
-from sim.broker import start_broker
+from sim.broker import LISTEN_PORTS_FROM, ephemeral_ports_from, free_port, start_broker
 
 
 def client(broker, client_id, clean=True, messages=None):
@@ -80,3 +80,14 @@ def test_an_8_mib_payload_arrives_intact(tmp_path, kind):
 def test_two_brokers_get_different_free_ports(tmp_path):
     with start_broker(data_dir=tmp_path / "a") as a, start_broker(data_dir=tmp_path / "b") as b:
         assert a.port != b.port
+
+
+def test_free_ports_lie_below_the_ephemeral_range_so_no_outgoing_connection_takes_a_restarting_brokers_port(tmp_path):
+    ports = {free_port() for _ in range(50)}
+    assert all(LISTEN_PORTS_FROM <= port < ephemeral_ports_from() for port in ports)
+    assert len(ports) > 40  # drawn at random: two test workers rarely draw the same one
+    unreadable = tmp_path / "ip_local_port_range"
+    unreadable.write_text("garbage\n")
+    assert ephemeral_ports_from(unreadable) == 32768
+    unreadable.write_text("40000\t60999\n")
+    assert ephemeral_ports_from(unreadable) == 40000
