@@ -26,6 +26,7 @@ EMBEDDED_MAX_PAYLOAD = 64 << 20  # iotcore's default (20 KiB) silently drops mod
 
 
 LISTEN_PORTS_FROM = 20000  # below the ephemeral range; above most well-known daemons' ports
+_GIVEN: set[int] = set()  # ports free_port handed out in this process
 
 
 def ephemeral_ports_from(table: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
@@ -41,17 +42,21 @@ def free_port(host: str = "127.0.0.1") -> int:
 
     A port the kernel hands out for binding to 0 is also one it hands out as the source of outgoing
     connections: while a broker is down for a restart, any client's connect (even an agent's retry to
-    that very port, a TCP self-connect) can take it, and the broker cannot listen there again.
+    that very port, a TCP self-connect) can take it, and the broker cannot listen there again. A port this
+    process was given before is never given again: callers draw several before any of them listens (a cluster).
     """
     top = max(ephemeral_ports_from(), LISTEN_PORTS_FROM + 1000)
     for _ in range(200):
         port = LISTEN_PORTS_FROM + secrets.randbelow(top - LISTEN_PORTS_FROM)
+        if port in _GIVEN:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
-            return port
+        _GIVEN.add(port)
+        return port
     raise RuntimeError(f"no free port on {host} in {LISTEN_PORTS_FROM}-{top - 1}")
 
 

@@ -75,8 +75,9 @@ def retained(broker, pattern: str, quiet_s: float = 0.5) -> dict[str, bytes]:  #
 
 
 def retained_round(broker, federation: str) -> int:  # noqa: ANN001
-    (payload,) = retained(broker, f"skyfed/{federation}/round").values()
-    return json.loads(payload)["body"]["round"]
+    """The retained task's round; -1 while none is retained (between a clear and the server's put-back)."""
+    payloads = list(retained(broker, f"skyfed/{federation}/round").values())
+    return json.loads(payloads[0])["body"]["round"] if payloads else -1
 
 
 def test_a_replayed_old_task_neither_stalls_the_agents_nor_stays_retained(tmp_path, broker):

@@ -9,6 +9,7 @@ model. On main the first waited for the round's deadline and the model for ``MOD
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pytest
@@ -80,8 +81,9 @@ def test_a_broker_restart_while_agents_train_sends_each_update_once(tmp_path, fo
     caplog.set_level(logging.INFO, logger="skyfed.agent")
     broker = forgetful_broker
     fed = Federation(tmp_path / "fed", broker, rounds=2, agents=2, strategy={"name": "fedavg"})
+    asked_again = threading.Event()  # the trainings go on only once the test saw them still train then
     for agent in fed.agents:
-        agent.runner.trainer = SlowInRound(agent.runner.trainer, round_number=1, delay_s=10.0)
+        agent.runner.trainer = SlowInRound(agent.runner.trainer, round_number=1, until=asked_again.is_set)
     server, server_thread = fed.start_with_server()
     try:
         wait_until(lambda: all(a.state == "training" for a in fed.agents), 60, "both agents to train")
@@ -90,6 +92,7 @@ def test_a_broker_restart_while_agents_train_sends_each_update_once(tmp_path, fo
         broker.start()
         wait_until(lambda: all(a.task.attempt == 2 for a in fed.agents), 20, "the round asked again")
         assert all(a.state == "training" for a in fed.agents)
+        asked_again.set()
         server_thread.join(40)
         assert not server_thread.is_alive(), "the rounds did not finish"
     finally:

@@ -261,7 +261,7 @@ def test_skyfed_sim_with_a_silent_agent_no_longer_waits_the_deadline_every_round
     silent = rows[0]["attackers"]
     assert len(silent) == 1 and all(silent[0] not in r["accepted"] for r in rows)
     waited = [r["round"] for r in rows if r["duration_s"] >= deadline]
-    assert waited[0] == 1 and rows[1]["duration_s"] < deadline / 2, [r["duration_s"] for r in rows]
+    assert waited[0] == 1 and rows[1]["duration_s"] < deadline, [r["duration_s"] for r in rows]
     assert len(waited) <= 2  # back-off 1, 2, 4 … rounds: after round 1 only round 3 asks it again
 
 
@@ -331,7 +331,7 @@ def test_agents_whose_clocks_run_600_s_ahead_train_on_the_servers_time_and_both_
     monkeypatch.setattr(participant.upload, "seal", seal_ahead)
     caplog.set_level(logging.INFO)
     fed = Federation(tmp_path, broker, rounds=2, agents=2)
-    override_toml(fed.layout.server_config, rounds={"deadline_s": 3.0})  # a second task comes soon
+    override_toml(fed.layout.server_config, rounds={"deadline_s": 15.0})  # expired on a clock 600 s ahead
     fed.run(Aggregator(load_server_config(fed.layout.server_config)), timeout_s=60)  # on main: every task expired
     assert [len(m.accepted) for m in fed.metrics()] == [2, 2]  # before: every update refused from-the-future
     assert not any(m.rejected for m in fed.metrics())

@@ -246,7 +246,7 @@ def test_a_member_that_never_sends_costs_one_round_timeout_not_one_per_round(tmp
         lines = read_metrics(state(configs[name]))
         assert [line["aggregated_from"] for line in lines] == [honest] * 3
         assert lines[0]["wait_s"] >= 4.0  # the first round waited for it
-        assert all(line["wait_s"] < 2.0 for line in lines[1:])  # the next ones did not
+        assert all(line["wait_s"] < 4.0 for line in lines[1:])  # the next ones did not wait round_timeout_s
 
 
 def test_unasked_models_a_nan_score_and_a_second_session_change_nothing(tmp_path, broker, caplog):
