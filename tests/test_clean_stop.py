@@ -5,6 +5,7 @@ import threading
 import time
 
 from protocol.mqtt import BrokerSettings, MqttClient, Will
+from tests.fedharness import wait_until
 
 
 def test_a_client_stopped_while_messages_arrive_leaves_its_final_status_not_its_will(broker):
@@ -35,10 +36,16 @@ def test_a_client_stopped_while_messages_arrive_leaves_its_final_status_not_its_
             assert client.stop(5)
     finally:
         pouring.clear()
-    time.sleep(0.5)  # a will, had one been published, is on its way to the watcher now
     seen = []
-    while (message := watcher.poll(0.05)) is not None:
-        seen.append(message[1])
+
+    def drained() -> bool:
+        while (message := watcher.poll(0.05)) is not None:
+            seen.append(message[1])
+        return finals[-1] in seen
+
+    wait_until(drained, 10, "the last final status")
+    time.sleep(0.5)  # a will, had one been published after it, is on its way to the watcher now
+    drained()
     watcher.stop()
     flood.stop()
     assert seen == finals  # no b"will" in between or after: each stop was a DISCONNECT the broker read

@@ -307,10 +307,14 @@ def test_the_server_publishes_its_status_on_changes_of_phase_not_on_each_accepte
     assert watcher.start(timeout_s=10)
     try:
         fed.run(Aggregator(load_server_config(fed.layout.server_config)))
-        time.sleep(0.5)
         statuses = []
-        while (message := watcher.poll(0.05)) is not None:
-            statuses.append(ServerStatus.from_json(message[1]))
+
+        def finished() -> bool:
+            while (message := watcher.poll(0.05)) is not None:
+                statuses.append(ServerStatus.from_json(message[1]))
+            return bool(statuses) and statuses[-1].phase == "finished"
+
+        wait_until(finished, 10, "the server's finished status")
     finally:
         watcher.stop()
     assert [len(m.accepted) for m in fed.metrics()] == [4, 4]
