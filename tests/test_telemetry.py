@@ -50,7 +50,7 @@ def reasons(policy: GatePolicy, *sources: SourceReading, now: float = 100.0, loc
     return gate_reasons(policy, Readings(sources), now, local)
 
 
-def wait_for(condition, timeout: float = 2.0) -> float:
+def wait_for(condition, timeout: float = 10.0) -> float:
     """Seconds until ``condition()`` held; fails the test after ``timeout``."""
     start = time.monotonic()
     while not condition():
