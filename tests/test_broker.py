@@ -25,6 +25,14 @@ def client(broker, client_id, clean=True, messages=None):
     return c, got
 
 
+def subscribe(c, topic):
+    """Subscribe and wait for the broker's SUBACK, so that what is published next is delivered."""
+    answered = threading.Event()
+    c.on_subscribe = lambda *_: answered.set()
+    c.subscribe(topic, 1)
+    assert answered.wait(5)
+
+
 def publish(broker, topic, payload, retain=False):
     c, _ = client(broker, "pub")
     c.publish(topic, payload, qos=1, retain=retain).wait_for_publish(5)
@@ -44,8 +52,7 @@ def test_retained_message_reaches_a_later_subscriber(broker):
 def test_persistent_session_gets_messages_queued_while_away_even_across_a_restart(broker):
     messages = []
     c, got = client(broker, "persistent", clean=False, messages=messages)
-    c.subscribe("t/q", 1)
-    threading.Event().wait(0.3)
+    subscribe(c, "t/q")
     c.disconnect()
     c.loop_stop()
     publish(broker, "t/q", b"while-away")
@@ -69,8 +76,7 @@ def test_an_8_mib_payload_arrives_intact(tmp_path, kind):
         data = os.urandom(8 << 20)
         messages = []
         c, got = client(b, "big", messages=messages)
-        c.subscribe("t/big", 1)
-        threading.Event().wait(0.2)
+        subscribe(c, "t/big")
         publish(b, "t/big", data)
         assert got.wait(10)
         assert hashlib.sha256(messages[0]).digest() == hashlib.sha256(data).digest()

@@ -119,12 +119,11 @@ def test_the_generated_acl_confines_agents_and_monitors(provisioned):
         agents / "a2", "a2", port)  # fmt: skip
     monitor = Client(out / "monitor", "monitor", port)
     try:
-        server.client.subscribe(f"skyfed/{FED}/#", 1)
-        a1.client.subscribe(f"skyfed/{FED}/agent/a2/inbox", 1)
-        a1.client.subscribe(f"skyfed/{FED}/agent/a1/inbox", 1)
+        server.subscribe(f"skyfed/{FED}/#")
+        a1.subscribe(f"skyfed/{FED}/agent/a2/inbox")
+        a1.subscribe(f"skyfed/{FED}/agent/a1/inbox")
         for topic in (f"skyfed/{FED}/server/status", f"skyfed/{FED}/agent/+/status"):
-            monitor.client.subscribe(topic, 1)
-        time.sleep(0.5)
+            monitor.subscribe(topic)
         a1.publish(f"skyfed/{FED}/agent/a2/update", b"forged")
         a1.publish(f"skyfed/{FED}/agent/a1/update", b"own")
         a2.publish(f"skyfed/{FED}/agent/a2/status", b"a2 status", retain=True)
