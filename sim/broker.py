@@ -38,7 +38,8 @@ def ephemeral_ports_from(table: Path = Path("/proc/sys/net/ipv4/ip_local_port_ra
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on, drawn below the ephemeral range.
+    """A port nothing listens on, drawn below the ephemeral range (where that starts above 21000, as Linux's
+    default 32768 does; below that, from 20000-20999 all the same).
 
     A port the kernel hands out for binding to 0 is also one it hands out as the source of outgoing
     connections: while a broker is down for a restart, any client's connect (even an agent's retry to

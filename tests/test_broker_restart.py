@@ -96,6 +96,7 @@ def test_a_broker_restart_while_agents_train_sends_each_update_once(tmp_path, fo
         server_thread.join(40)
         assert not server_thread.is_alive(), "the rounds did not finish"
     finally:
+        asked_again.set()  # a failed wait above must not hold the trainings for SlowInRound's 120 s
         fed.close()
     assert [sorted(m.accepted) for m in fed.metrics()] == [["agent-01", "agent-02"]] * 2
     assert [m.rejected for m in fed.metrics()] == [[], []]  # no update refused, as a duplicate or otherwise
